@@ -1,0 +1,85 @@
+"""Test helpers other projects can reuse: a tiny random BERT wrapped as a SentenceTransformer.
+
+Nothing here touches the network: the tokenizer is built from a vocab file written to a
+temporary folder and the weights are random from a config.
+"""
+
+from __future__ import annotations
+
+import string
+import tempfile
+from pathlib import Path
+
+import torch
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+__all__ = ["tiny_model", "write_tiny_vocab", "WORDS"]
+
+# A small closed vocabulary: special tokens, common words, letters and digits, so that any
+# ASCII text tokenizes into something (WordPiece falls back to single characters).
+WORDS = (
+    "the a an of to in and is for on with what how why who which does do can are was "
+    "cell cells protein gene genes cancer risk disease patients study effect increase "
+    "decrease blood brain heart virus vaccine drug treatment dose trial mice human "
+    "python function class module return value list string file error data model train "
+    "query document search index vector embedding retrieval batch memory loss negative "
+    "positive hard chunk cache gradient sort length token text title body apple banana"
+).split()
+
+
+def write_tiny_vocab(folder: str | Path) -> Path:
+    """Write a BERT ``vocab.txt`` to ``folder`` and return its path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    pieces = ["##" + c for c in string.ascii_lowercase + string.digits]
+    vocab = specials + sorted(set(WORDS)) + chars + pieces
+    path = folder / "vocab.txt"
+    path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    return path
+
+
+def tiny_model(
+    folder: str | Path | None = None,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    max_seq_length: int = 64,
+    dropout: float = 0.1,
+    normalize: bool = False,
+    seed: int = 0,
+) -> SentenceTransformer:
+    """A random BERT (mean pooling) small enough for unit tests: builds in well under a second.
+
+    >>> model = tiny_model()
+    >>> model.encode(["hello world"]).shape
+    (1, 32)
+    """
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="densefit-tiny-"))
+    vocab = write_tiny_vocab(folder)
+    tokenizer = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        intermediate_size=hidden_size * 2,
+        max_position_embeddings=max(128, max_seq_length),
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
+    torch.manual_seed(seed)
+    BertModel(config).save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    transformer = Transformer(str(folder), max_seq_length=max_seq_length)
+    modules = [transformer, Pooling(hidden_size, pooling_mode="mean")]
+    if normalize:
+        modules.append(Normalize())
+    model = SentenceTransformer(modules=modules, device="cpu")
+    model._densefit_name = f"tiny-bert-{hidden_size}x{num_layers}"  # type: ignore[attr-defined]
+    return model

