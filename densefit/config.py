@@ -1,0 +1,103 @@
+"""Typed configuration: the one source of truth, saved as JSON beside every trained model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+__all__ = ["TrainConfig", "parse_bytes"]
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20,
+          "G": 2**30, "T": 2**40}
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """Parse a memory size such as ``8GiB``, ``512MB`` or ``1.5G`` into bytes.
+
+    >>> parse_bytes("8GiB")
+    8589934592
+    >>> parse_bytes("500MB")
+    500000000
+    """
+    if isinstance(text, (int, float)):
+        return int(text)
+    s = str(text).strip().upper().replace(" ", "")
+    number = s.rstrip("KMGTIB")
+    unit = s[len(number):]
+    if unit not in _UNITS or not number:
+        raise ValueError(f"cannot read memory size {text!r}: write e.g. 8GiB, 512MiB or 2GB")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"cannot read memory size {text!r}: write e.g. 8GiB, 512MiB or 2GB") from None
+    return int(value * _UNITS[unit])
+
+
+@dataclass
+class TrainConfig:
+    """Everything that decides a training run.
+
+    >>> TrainConfig(batch_size=64, loss="mnrl").batch_size
+    64
+    """
+
+    batch_size: int = 32
+    epochs: int = 1
+    max_steps: int | None = None
+    learning_rate: float = 2e-5
+    warmup_steps: int | None = None  # None: 10% of the steps
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 1.0
+    seed: int = 42
+    loss: str = "mnrl"  # mnrl | margin_mse
+    scale: float = 20.0  # MNRL inverse temperature
+    symmetric: bool = False
+    similarity: str = "cos"
+    amp: str | None = None  # None | bf16 | fp16
+    gradient_checkpointing: bool = False
+    memory: str = "plain"  # plain | checkpoint | cache | cache+checkpoint | auto
+    chunk_size: int | None = None  # rows per encoder chunk
+    token_budget: int | None = None  # padded tokens per encoder chunk
+    loss_chunk_size: int | None = None  # anchors per block of the MNRL score matrix
+    memory_budget: str | None = None  # e.g. "8GiB", for --memory auto
+    sort_by_length: bool = True
+    max_seq_length: int | None = None
+    gradient_accumulation_steps: int = 1
+    drop_last: bool = False
+    log_every: int = 1
+    device: str | None = None
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.batch_size >= 1, "batch_size must be >= 1"),
+            (self.epochs >= 1, "epochs must be >= 1"),
+            (self.max_steps is None or self.max_steps >= 1, "max_steps must be >= 1"),
+            (self.learning_rate > 0, "learning rate must be > 0"),
+            (self.loss in ("mnrl", "margin_mse"), f"loss must be mnrl or margin_mse, not {self.loss!r}"),
+            (self.amp in (None, "bf16", "fp16"), f"amp must be bf16 or fp16, not {self.amp!r}"),
+            (self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1"),
+            (self.memory in ("plain", "checkpoint", "cache", "cache+checkpoint", "auto"),
+             f"memory must be plain, checkpoint, cache, cache+checkpoint or auto, not {self.memory!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        if self.memory_budget is not None:
+            parse_bytes(self.memory_budget)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown training options: {', '.join(unknown)}")
+        return cls(**data)
+
+    def save(self, path: str | Path, **extra) -> None:
+        Path(path).write_text(json.dumps({**self.to_dict(), **extra}, indent=2, default=str))

@@ -1,0 +1,202 @@
+"""Contrastive losses as pure functions of embeddings: tensors in, a scalar out.
+
+They never hold the model, so every memory strategy (plain, checkpointing, gradient cache)
+and cross-device gathering works with every loss unchanged.
+
+Shapes: ``B`` rows in the batch, ``d`` embedding size, ``M`` hard negatives in total.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["mnrl", "margin_mse", "chunked_cross_entropy", "LOSSES"]
+
+
+def _as_matrix(x: torch.Tensor | None, d: int) -> torch.Tensor | None:
+    """Flatten (B, k, d) hard negatives to (B*k, d); pass (M, d) through."""
+    if x is None or x.numel() == 0:
+        return None
+    return x.reshape(-1, d)
+
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of ``scale * q @ k.T`` against ``labels``, in blocks of rows of q.
+
+    Forward keeps only the per-row log-sum-exp; backward recomputes each block's scores.
+    Peak extra memory is O(chunk x m) instead of O(n x m): the n x m score matrix is never
+    materialised. ``mask`` (n, m) bool, True = exclude that candidate for that row.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, labels, mask, scale: float, chunk: int):  # q (n, d), k (m, d)
+        n = q.shape[0]
+        lse = q.new_empty(n, dtype=torch.float32)
+        total = q.new_zeros((), dtype=torch.float32)
+        rows = torch.arange(n, device=q.device)
+        for start in range(0, n, chunk):
+            sl = slice(start, start + chunk)
+            scores = (q[sl] @ k.T).float() * scale  # (c, m)
+            if mask is not None:
+                scores = scores.masked_fill(mask[sl], float("-inf"))
+            lse[sl] = torch.logsumexp(scores, dim=1)
+            total = total + (lse[sl] - scores[rows[sl] - start, labels[sl]]).sum()
+        ctx.save_for_backward(q, k, labels, lse, mask if mask is not None else torch.empty(0))
+        ctx.scale, ctx.chunk, ctx.has_mask = scale, chunk, mask is not None
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, labels, lse, mask = ctx.saved_tensors
+        n, scale = q.shape[0], ctx.scale
+        grad_q = torch.empty_like(q) if ctx.needs_input_grad[0] else None
+        grad_k = torch.zeros_like(k, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        rows = torch.arange(n, device=q.device)
+        coef = grad_out.float() * scale / n
+        for start in range(0, n, ctx.chunk):
+            sl = slice(start, start + ctx.chunk)
+            scores = (q[sl] @ k.T).float() * scale  # (c, m)
+            if ctx.has_mask:
+                scores = scores.masked_fill(mask[sl], float("-inf"))
+            # d(lse - s_label)/ds = softmax(s) - onehot(label)
+            probs = torch.exp(scores - lse[sl, None])
+            probs[rows[sl] - start, labels[sl]] -= 1.0
+            probs = probs * coef
+            if grad_q is not None:
+                grad_q[sl] = (probs.to(k.dtype) @ k).to(q.dtype)
+            if grad_k is not None:
+                grad_k += probs.T @ q[sl].float()
+        if grad_k is not None:
+            grad_k = grad_k.to(k.dtype)
+        return grad_q, grad_k, None, None, None, None
+
+
+def chunked_cross_entropy(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    scale: float = 1.0,
+    chunk_size: int | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``F.cross_entropy(scale * q @ k.T, labels)``, computed in row blocks when ``chunk_size``.
+
+    >>> q, k = torch.randn(8, 4), torch.randn(12, 4)
+    >>> labels = torch.arange(8)
+    >>> full = F.cross_entropy(q @ k.T, labels)
+    >>> torch.allclose(chunked_cross_entropy(q, k, labels, chunk_size=3), full, atol=1e-6)
+    True
+    """
+    if chunk_size is None or chunk_size >= q.shape[0]:
+        scores = (q @ k.T).float() * scale  # (n, m)
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        return F.cross_entropy(scores, labels)
+    return _ChunkedCrossEntropy.apply(q, k, labels, mask, float(scale), int(chunk_size))
+
+
+def mnrl(
+    anchors: torch.Tensor,
+    positives: torch.Tensor,
+    negatives: torch.Tensor | None = None,
+    *,
+    scale: float = 20.0,
+    symmetric: bool = False,
+    similarity: str = "cos",
+    chunk_size: int | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Multiple Negatives Ranking Loss (InfoNCE with in-batch negatives).
+
+    Each anchor must pick its own positive among all positives of the batch plus all hard
+    negatives: cross-entropy over ``scale * sim(anchor, candidate)``. ``scale`` is the
+    inverse temperature (20 = temperature 0.05, as in sentence-transformers).
+
+    Args:
+        anchors: (B, d) query embeddings.
+        positives: (B, d) embeddings of each anchor's positive document.
+        negatives: optional hard negatives, (B, k, d) or (M, d); every one of them is a
+            candidate for every anchor.
+        scale: multiplies the similarities (inverse temperature).
+        symmetric: also ask each positive to pick its anchor among all anchors, and
+            average the two directions.
+        similarity: ``"cos"`` (normalise first) or ``"dot"``.
+        chunk_size: compute scores and their gradient in blocks of this many anchors,
+            so nothing of size B x B is ever held (exact; same result and gradients).
+        mask: optional (B, B + M) bool, True where a candidate must not count for that
+            anchor (false negatives); the anchor's own positive is never masked.
+
+    Inputs:
+        | anchors | positives | negatives (optional) |
+
+    References:
+        Henderson et al. 2017, "Efficient Natural Language Response Suggestion for Smart
+        Reply"; sentence-transformers ``MultipleNegativesRankingLoss``.
+
+    Example:
+        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
+        >>> mnrl(a, p).shape
+        torch.Size([])
+    """
+    B, d = anchors.shape
+    if positives.shape != anchors.shape:
+        raise ValueError(f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ")
+    neg = _as_matrix(negatives, d)
+    if similarity == "cos":
+        anchors, positives = F.normalize(anchors, dim=-1), F.normalize(positives, dim=-1)
+        neg = F.normalize(neg, dim=-1) if neg is not None else None
+    elif similarity != "dot":
+        raise ValueError(f"similarity must be 'cos' or 'dot', not {similarity!r}")
+    candidates = positives if neg is None else torch.cat([positives, neg])  # (B + M, d)
+    labels = torch.arange(B, device=anchors.device)
+    if mask is not None:
+        mask = mask.clone()
+        mask[labels, labels] = False  # the true positive always counts
+    loss = chunked_cross_entropy(
+        anchors, candidates, labels, scale=scale, chunk_size=chunk_size, mask=mask
+    )
+    if symmetric:
+        back_mask = mask[:, :B].T if mask is not None else None  # (B positives, B anchors)
+        back = chunked_cross_entropy(
+            positives, anchors, labels, scale=scale, chunk_size=chunk_size, mask=back_mask
+        )
+        loss = (loss + back) / 2
+    return loss
+
+
+def margin_mse(
+    anchors: torch.Tensor,
+    positives: torch.Tensor,
+    negatives: torch.Tensor,
+    scores: torch.Tensor,
+) -> torch.Tensor:
+    """MarginMSE: match the student's margin ``a.p - a.n`` to a teacher's margin ``scores``.
+
+    Args:
+        anchors: (B, d); positives: (B, d); negatives: (B, d) or (B, k, d).
+        scores: (B,) or (B, k) teacher margins (e.g. cross-encoder score(pos) - score(neg)).
+
+    References:
+        Hofstaetter et al. 2020, "Improving Efficient Neural Ranking Models with
+        Cross-Architecture Knowledge Distillation"; used by GPL / Haystack 1.x.
+
+    Example:
+        >>> a, p, n = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
+        >>> margin_mse(a, p, n, torch.ones(4)).shape
+        torch.Size([])
+    """
+    B, d = anchors.shape
+    negs = negatives.reshape(B, -1, d)  # (B, k, d)
+    pos = (anchors * positives).sum(-1, keepdim=True)  # (B, 1)
+    neg = torch.einsum("bd,bkd->bk", anchors, negs)  # (B, k)
+    target = scores.reshape(B, -1).to(pos.dtype)
+    if target.shape != neg.shape:
+        raise ValueError(
+            f"margin_mse: {target.shape[1]} score(s) per row but {neg.shape[1]} negative(s)"
+        )
+    return F.mse_loss((pos - neg).float(), target.float())
+
+
+LOSSES = {"mnrl": mnrl, "margin_mse": margin_mse}

@@ -1,0 +1,268 @@
+"""Memory strategies: they wrap the encoder call, so every loss works with every strategy.
+
+A strategy takes the batch's text columns and a loss over their embeddings, and leaves the
+parameter gradients of that loss in ``.grad``:
+
+- ``plain``: embed each column in length-sorted sub-batches that keep their graphs (same
+  gradients as one padded batch, less padding), loss, backward.
+- ``checkpoint``: the same with gradient checkpointing inside the transformer.
+- ``cache``: the gradient cache (Gao et al. 2021, "Scaling Deep Contrastive Learning Batch
+  Size under Memory Limited Setup"): embed every chunk without a graph, compute the loss
+  on all embeddings and back-propagate to the embeddings only (the cache), then re-embed
+  each chunk with a graph and back-propagate its slice of the cache. Each chunk's RNG
+  state is replayed, so dropout matches and gradients equal the full-batch ones.
+- ``cache+checkpoint``: the cache, with checkpointing inside each re-embedded chunk.
+
+Activation memory: plain is O(batch); cache is O(chunk) plus the (B, d) embeddings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from sentence_transformers import SentenceTransformer
+
+from densefit.memory.chunking import Chunk, make_chunks, padding_efficiency, tokenize
+from densefit.models import disable_gradient_checkpointing, enable_gradient_checkpointing
+
+__all__ = [
+    "StepStats",
+    "MemoryStrategy",
+    "PlainStrategy",
+    "CachedStrategy",
+    "make_strategy",
+    "STRATEGIES",
+]
+
+LossFn = Callable[[list[torch.Tensor]], torch.Tensor]
+STRATEGIES = ("plain", "checkpoint", "cache", "cache+checkpoint")
+
+
+@dataclass
+class StepStats:
+    """What one forward-backward did (logged per step)."""
+
+    loss: float
+    padding_efficiency: float
+    chunks: int
+    real_tokens: int
+    padded_tokens: int
+
+
+def _embed(model: SentenceTransformer, features: dict) -> torch.Tensor:
+    return model(features)["sentence_embedding"]
+
+
+def _to_device(features: dict, device: torch.device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()}
+
+
+class _RngState:
+    """The CPU (and current CUDA device) RNG state, to replay a chunk's dropout exactly."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.cpu_state = torch.get_rng_state()
+        self.cuda_state = torch.cuda.get_rng_state(device) if self.cuda else None
+        self.device = device
+
+    @contextlib.contextmanager
+    def replay(self):
+        devices = [self.device] if self.cuda else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(self.cpu_state)
+            if self.cuda:
+                torch.cuda.set_rng_state(self.cuda_state, self.device)
+            yield
+
+
+class MemoryStrategy:
+    """Base class: tokenise and chunk the columns; subclasses run forward and backward."""
+
+    name = "base"
+
+    def __init__(
+        self,
+        chunk_size: int | None = None,
+        *,
+        token_budget: int | None = None,
+        sort_by_length: bool = True,
+        checkpoint: bool = False,
+    ):
+        self.chunk_size = chunk_size
+        self.token_budget = token_budget
+        self.sort_by_length = sort_by_length
+        self.checkpoint = checkpoint
+
+    def describe(self) -> dict:
+        return {
+            "strategy": self.name,
+            "chunk_size": self.chunk_size,
+            "token_budget": self.token_budget,
+            "sort_by_length": self.sort_by_length,
+        }
+
+    def prepare(self, model: SentenceTransformer) -> None:
+        """Switch gradient checkpointing on or off inside the transformer to match."""
+        if self.checkpoint:
+            enable_gradient_checkpointing(model)
+        else:
+            disable_gradient_checkpointing(model)
+
+    def halve(self) -> bool:
+        """Halve the chunk (after an out-of-memory error). False when it cannot shrink."""
+        if self.token_budget is not None and self.token_budget > 16:
+            self.token_budget //= 2
+            return True
+        if self.chunk_size is not None and self.chunk_size > 1:
+            self.chunk_size = max(1, self.chunk_size // 2)
+            return True
+        return False
+
+    def chunk_columns(
+        self, model: SentenceTransformer, columns: Sequence[Sequence[str]]
+    ) -> list[list[Chunk]]:
+        out = []
+        for texts in columns:
+            if len(texts) == 0:
+                out.append([])
+                continue
+            features = _to_device(tokenize(model, list(texts)), model.device)
+            out.append(
+                make_chunks(
+                    features,
+                    chunk_size=self.chunk_size,
+                    token_budget=self.token_budget,
+                    sort_by_length=self.sort_by_length,
+                )
+            )
+        return out
+
+    def forward_backward(
+        self,
+        model: SentenceTransformer,
+        columns: Sequence[Sequence[str]],
+        loss_fn: LossFn,
+        *,
+        autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> StepStats:
+        raise NotImplementedError
+
+    @staticmethod
+    def _stats(loss: torch.Tensor, chunked: list[list[Chunk]]) -> StepStats:
+        flat = [c for col in chunked for c in col]
+        return StepStats(
+            loss=float(loss.detach()),
+            padding_efficiency=padding_efficiency(flat),
+            chunks=len(flat),
+            real_tokens=sum(c.real_tokens for c in flat),
+            padded_tokens=sum(c.padded_tokens for c in flat),
+        )
+
+
+def _scatter(pieces: list[torch.Tensor], chunks: list[Chunk], n: int) -> torch.Tensor:
+    """Put chunk embeddings back in column order (differentiable)."""
+    if not pieces:
+        return torch.empty(0)
+    order = torch.cat([c.index for c in chunks])  # (n,) column rows in chunk order
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(n, device=order.device)
+    return torch.cat(pieces)[inverse]
+
+
+class PlainStrategy(MemoryStrategy):
+    """Embed every chunk with its graph kept; one loss, one backward."""
+
+    name = "plain"
+
+    def forward_backward(self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None):
+        chunked = self.chunk_columns(model, columns)
+        embeddings = []
+        for texts, chunks in zip(columns, chunked):
+            if not chunks:
+                embeddings.append(torch.empty(0, device=model.device))
+                continue
+            with autocast():
+                pieces = [_embed(model, c.features) for c in chunks]
+            embeddings.append(_scatter(pieces, chunks, len(texts)).float())  # (n, d)
+        loss = loss_fn(embeddings)
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        return self._stats(loss, chunked)
+
+
+class CachedStrategy(MemoryStrategy):
+    """The exact gradient cache: memory O(chunk), gradients equal to the full batch's."""
+
+    name = "cache"
+
+    def forward_backward(self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None):
+        chunked = self.chunk_columns(model, columns)
+        device = model.device
+
+        # 1. Embed every chunk without a graph, remembering its RNG state for the replay.
+        rng: list[list[_RngState]] = []
+        cache_inputs = []
+        with torch.no_grad():
+            for texts, chunks in zip(columns, chunked):
+                states, pieces = [], []
+                for c in chunks:
+                    states.append(_RngState(device))
+                    with autocast():
+                        pieces.append(_embed(model, c.features))
+                rng.append(states)
+                if chunks:
+                    reps = _scatter(pieces, chunks, len(texts)).float()
+                else:
+                    reps = torch.empty(0, device=device)
+                cache_inputs.append(reps.requires_grad_(bool(chunks)))
+
+        # 2. Loss on all embeddings; backward stops at the embeddings: that is the cache.
+        loss = loss_fn(cache_inputs)
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+        # 3. Re-embed each chunk with a graph (same dropout) and push its cached gradient.
+        for chunks, states, reps in zip(chunked, rng, cache_inputs):
+            if not chunks:
+                continue
+            grad = reps.grad  # (n, d); scaled by the GradScaler when there is one
+            if grad is None:  # the loss does not use this column
+                continue
+            for c, state in zip(chunks, states):
+                with state.replay(), autocast():
+                    emb = _embed(model, c.features)  # (c, d)
+                # <emb, cached grad> has exactly the chunk's share of d(loss)/d(params).
+                torch.dot(emb.float().flatten(), grad[c.index].flatten()).backward()
+        return self._stats(loss, chunked)
+
+
+def make_strategy(
+    name: str,
+    chunk_size: int | None = None,
+    *,
+    token_budget: int | None = None,
+    sort_by_length: bool = True,
+) -> MemoryStrategy:
+    """Build a strategy by name: plain, checkpoint, cache, cache+checkpoint.
+
+    >>> make_strategy("cache", 32).describe()["strategy"]
+    'cache'
+    """
+    kwargs = dict(token_budget=token_budget, sort_by_length=sort_by_length)
+    if name == "plain":
+        strategy: MemoryStrategy = PlainStrategy(chunk_size, **kwargs)
+    elif name == "checkpoint":
+        strategy = PlainStrategy(chunk_size, checkpoint=True, **kwargs)
+    elif name == "cache":
+        strategy = CachedStrategy(chunk_size or 32, **kwargs)
+    elif name == "cache+checkpoint":
+        strategy = CachedStrategy(chunk_size or 32, checkpoint=True, **kwargs)
+    else:
+        raise ValueError(
+            f"unknown memory strategy {name!r}: choose one of {', '.join(STRATEGIES)} or auto"
+        )
+    strategy.name = name
+    return strategy

@@ -1,0 +1,376 @@
+"""One readable training loop: batches of text in, a fine-tuned SentenceTransformer out.
+
+    for each batch:
+        strategy.forward_backward(model, columns, loss)   # memory strategy wraps the encoder
+        clip, optimizer.step(), scheduler.step()
+        log one JSON line
+
+The memory strategy (plain, checkpoint, gradient cache) decides how the encoder is called;
+the loss is a pure function of the embeddings; nothing else is hidden.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+
+from densefit.config import TrainConfig
+from densefit.data.types import TrainingExample
+from densefit.losses import margin_mse, mnrl
+from densefit.memory.strategies import MemoryStrategy, make_strategy
+
+__all__ = ["train", "TrainResult", "batches", "make_loss_fn", "peak_rss_bytes", "build_strategy"]
+
+
+@dataclass
+class TrainResult:
+    """What a run did: steps, final loss, the memory plan and where the log went."""
+
+    steps: int
+    examples: int
+    final_loss: float
+    losses: list[float] = field(default_factory=list)
+    plan: dict = field(default_factory=dict)
+    log_path: str | None = None
+    seconds: float = 0.0
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux: ru_maxrss is in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def batches(
+    n: int, batch_size: int, *, seed: int, epoch: int, drop_last: bool = False
+) -> list[list[int]]:
+    """The row indices of each batch of one epoch: a seeded permutation cut into batches.
+
+    >>> batches(5, 2, seed=0, epoch=0)
+    [[4, 1], [2, 0], [3]]
+    """
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    order = torch.randperm(n, generator=generator).tolist()
+    out = [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    if drop_last and out and len(out[-1]) < batch_size:
+        out.pop()
+    return out
+
+
+def columns_of(rows: Sequence[TrainingExample]) -> list[list[str]]:
+    """Text columns of a batch: anchors, positives, then all hard negatives flattened."""
+    return [
+        [r.query for r in rows],
+        [r.positive for r in rows],
+        [n for r in rows for n in r.negatives],
+    ]
+
+
+def make_loss_fn(
+    config: TrainConfig, rows: Sequence[TrainingExample]
+) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+    """The batch's loss as a function of its column embeddings [anchors, positives, negatives]."""
+    if config.loss == "mnrl":
+
+        def loss_fn(emb: list[torch.Tensor]) -> torch.Tensor:
+            negatives = emb[2] if emb[2].numel() else None
+            return mnrl(
+                emb[0], emb[1], negatives,
+                scale=config.scale, symmetric=config.symmetric,
+                similarity=config.similarity, chunk_size=config.loss_chunk_size,
+            )
+
+        return loss_fn
+    scores = torch.tensor([r.score for r in rows], dtype=torch.float32)
+
+    def margin_loss(emb: list[torch.Tensor]) -> torch.Tensor:
+        return margin_mse(emb[0], emb[1], emb[2], scores.to(emb[0].device))
+
+    return margin_loss
+
+
+def _check_examples(examples: Sequence[TrainingExample], config: TrainConfig) -> None:
+    if not examples:
+        raise ValueError("no training examples: the data is empty")
+    if config.loss == "margin_mse":
+        for ex in examples:
+            if ex.score is None or len(ex.negatives) != 1:
+                where = ex.origin or "a row"
+                raise ValueError(
+                    f"{where}: loss margin_mse needs exactly one negative and a score per row "
+                    f"(found {len(ex.negatives)} negative(s), score {ex.score!r}); "
+                    "add neg_doc and score, or train with --loss mnrl"
+                )
+
+
+def _no_decay(name: str) -> bool:
+    return name.endswith(".bias") or "LayerNorm" in name or "layer_norm" in name or "norm." in name
+
+
+def _optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if _no_decay(name) else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=config.learning_rate)
+
+
+def _linear_schedule(optimizer, warmup: int, total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _autocast(config: TrainConfig, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    if config.amp is None:
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if config.amp == "bf16" else torch.float16
+    if config.amp == "fp16" and device.type != "cuda":
+        raise ValueError("--amp fp16 needs a CUDA device; on CPU use --amp bf16")
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def build_strategy(
+    model: SentenceTransformer, examples: Sequence[TrainingExample], config: TrainConfig
+) -> tuple[MemoryStrategy, dict]:
+    """The memory strategy for this run, and the plan that chose it (for the log)."""
+    name = config.memory
+    if config.gradient_checkpointing and name == "plain":
+        name = "checkpoint"
+    if name == "auto":
+        from densefit.memory.planner import plan_memory
+
+        plan = plan_memory(model, examples, config)
+        strategy = make_strategy(
+            plan.strategy, plan.chunk_size, token_budget=plan.token_budget,
+            sort_by_length=config.sort_by_length,
+        )
+        return strategy, plan.to_dict()
+    strategy = make_strategy(
+        name, config.chunk_size, token_budget=config.token_budget,
+        sort_by_length=config.sort_by_length,
+    )
+    return strategy, {"chosen_by": "user", **strategy.describe()}
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def train(
+    model: SentenceTransformer,
+    examples: Sequence[TrainingExample],
+    config: TrainConfig | None = None,
+    *,
+    output_dir: str | os.PathLike | None = None,
+    log_path: str | os.PathLike | None = None,
+    on_step: Callable[[dict], None] | None = None,
+) -> TrainResult:
+    """Fine-tune ``model`` on ``examples`` in place; save to ``output_dir`` when given.
+
+    >>> from densefit.testing import tiny_model
+    >>> from densefit.data import TrainingExample
+    >>> rows = [TrainingExample("what is a cell", "the cell is a unit"),
+    ...         TrainingExample("python list", "a list is a python value")]
+    >>> result = train(tiny_model(), rows, TrainConfig(batch_size=2, show_progress=False))
+    >>> result.steps
+    1
+    """
+    config = config or TrainConfig()
+    _check_examples(examples, config)
+    device = torch.device(config.device or model.device)
+    model.to(device)
+    if config.max_seq_length is not None:
+        model.max_seq_length = config.max_seq_length
+    if config.gradient_accumulation_steps > 1 and config.loss == "mnrl":
+        warnings.warn(
+            "gradient accumulation does not add in-batch negatives: each micro-batch only "
+            "sees its own rows as negatives. Use one large --batch-size with --memory auto "
+            "(gradient cache) instead.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    seed_everything(config.seed)
+    strategy, plan = build_strategy(model, examples, config)
+    strategy.prepare(model)
+
+    micro = config.batch_size // config.gradient_accumulation_steps or 1
+    steps_per_epoch = math.ceil(
+        len(batches(len(examples), micro, seed=config.seed, epoch=0, drop_last=config.drop_last))
+        / config.gradient_accumulation_steps
+    )
+    total_steps = config.max_steps or steps_per_epoch * config.epochs
+    warmup = config.warmup_steps if config.warmup_steps is not None else int(0.1 * total_steps)
+    optimizer = _optimizer(model, config)
+    scheduler = _linear_schedule(optimizer, warmup, total_steps)
+    autocast = _autocast(config, device)
+    scaler = torch.amp.GradScaler("cuda") if config.amp == "fp16" else None
+
+    if output_dir is not None:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        log_path = log_path or Path(output_dir) / "train_log.jsonl"
+    log_file = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+
+    progress = None
+    if config.show_progress:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
+
+    model.train()
+    step, seen, losses, started = 0, 0, [], time.perf_counter()
+    try:
+        epoch = 0
+        while step < total_steps:
+            micro_batches = batches(
+                len(examples), micro, seed=config.seed, epoch=epoch, drop_last=config.drop_last
+            )
+            for first in range(0, len(micro_batches), config.gradient_accumulation_steps):
+                if step >= total_steps:
+                    break
+                group = micro_batches[first : first + config.gradient_accumulation_steps]
+                t0 = time.perf_counter()
+                record = _optimizer_step(
+                    model, examples, group, config, strategy, optimizer, scheduler,
+                    autocast, scaler,
+                )
+                dt = time.perf_counter() - t0
+                rows = sum(len(b) for b in group)
+                step, seen = step + 1, seen + rows
+                losses.append(record["loss"])
+                record.update(
+                    step=step, epoch=epoch, examples=rows, step_time_s=round(dt, 4),
+                    examples_per_s=round(rows / dt, 2) if dt > 0 else None,
+                    lr=scheduler.get_last_lr()[0], peak_rss_mb=round(peak_rss_bytes() / 2**20, 1),
+                    strategy=strategy.name, chunk_size=strategy.chunk_size,
+                )
+                if device.type == "cuda":
+                    record["cuda_peak_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+                if log_file and step % config.log_every == 0:
+                    log_file.write(json.dumps(record) + "\n")
+                    log_file.flush()
+                if on_step is not None:
+                    on_step(record)
+                if progress is not None:
+                    progress.set_postfix(
+                        loss=f"{record['loss']:.4f}", ex_s=f"{record['examples_per_s']:.1f}",
+                        pad=f"{record['padding_efficiency']:.2f}",
+                    )
+                    progress.update(1)
+            epoch += 1
+    finally:
+        if progress is not None:
+            progress.close()
+        if log_file:
+            log_file.close()
+
+    model.eval()
+    result = TrainResult(
+        steps=step, examples=seen, final_loss=losses[-1] if losses else float("nan"),
+        losses=losses, plan=plan, log_path=str(log_path) if log_path else None,
+        seconds=time.perf_counter() - started,
+    )
+    if output_dir is not None:
+        save_model(model, output_dir, config, result)
+    return result
+
+
+def _optimizer_step(model, examples, group, config, strategy, optimizer, scheduler, autocast, scaler) -> dict:
+    """Forward-backward every micro-batch of ``group``, then one optimizer step.
+
+    On a CUDA out-of-memory error the chunk is halved and the whole step redone: no step
+    is lost and the run does not crash.
+    """
+    n_micro = len(group)
+    while True:
+        optimizer.zero_grad(set_to_none=True)
+        try:
+            stats = []
+            for indices in group:
+                rows = [examples[i] for i in indices]
+                loss_fn = make_loss_fn(config, rows)
+                if n_micro > 1:
+                    loss_fn = lambda emb, base=loss_fn: base(emb) / n_micro  # noqa: E731
+                stats.append(
+                    strategy.forward_backward(
+                        model, columns_of(rows), loss_fn, autocast=autocast, scaler=scaler
+                    )
+                )
+            break
+        except RuntimeError as exc:
+            if model.device.type != "cuda" or not _is_oom(exc):
+                raise
+            optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            old = (strategy.chunk_size, strategy.token_budget)
+            if not strategy.halve():
+                raise
+            warnings.warn(
+                f"CUDA out of memory with chunk {old[0]} / token budget {old[1]}: redoing the "
+                f"step with chunk {strategy.chunk_size} / token budget {strategy.token_budget}",
+                RuntimeWarning, stacklevel=2,
+            )
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grad_norm = None
+    if config.max_grad_norm is not None:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    scheduler.step()
+    real = sum(s.real_tokens for s in stats)
+    padded = sum(s.padded_tokens for s in stats)
+    return {
+        "loss": sum(s.loss for s in stats),  # micro losses are already divided by n_micro
+        "grad_norm": grad_norm,
+        "padding_efficiency": round(real / padded, 4) if padded else 1.0,
+        "chunks": sum(s.chunks for s in stats),
+    }
+
+
+def save_model(
+    model: SentenceTransformer, output_dir: str | os.PathLike, config: TrainConfig,
+    result: TrainResult | None = None,
+) -> Path:
+    """Save in sentence-transformers format, with ``densefit_config.json`` beside it."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save(str(out), safe_serialization=True)
+    import densefit
+
+    extra = {"densefit_version": densefit.__version__, "torch_version": torch.__version__}
+    if result is not None:
+        extra.update(steps=result.steps, examples=result.examples, final_loss=result.final_loss,
+                     memory_plan=result.plan, seconds=round(result.seconds, 2))
+    config.save(out / "densefit_config.json", **extra)
+    return out
