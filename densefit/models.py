@@ -19,6 +19,7 @@ __all__ = [
     "enable_gradient_checkpointing",
     "disable_gradient_checkpointing",
     "transformer_of",
+    "is_checkpointing",
     "model_name_of",
 ]
 
@@ -167,10 +168,19 @@ def enable_gradient_checkpointing(model: SentenceTransformer) -> SentenceTransfo
     return model
 
 
+def is_checkpointing(model: SentenceTransformer) -> bool:
+    """Whether gradient checkpointing is on inside the model's transformer."""
+    inner = transformer_of(model)
+    flag = "is_activation_checkpointing"
+    if not hasattr(type(inner), flag):  # transformers 4.x name
+        flag = "is_gradient_checkpointing"
+    return bool(getattr(inner, flag, False))
+
+
 def disable_gradient_checkpointing(model: SentenceTransformer) -> SentenceTransformer:
     """Undo :func:`enable_gradient_checkpointing`."""
     inner = transformer_of(model)
-    if getattr(inner, "is_gradient_checkpointing", False):
+    if is_checkpointing(model):
         disable = getattr(inner, "activation_checkpointing_disable", None)
         (disable or inner.gradient_checkpointing_disable)()
     return model

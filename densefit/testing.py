@@ -35,7 +35,8 @@ def write_tiny_vocab(folder: str | Path) -> Path:
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     chars = list(string.ascii_lowercase + string.digits + string.punctuation)
     pieces = ["##" + c for c in string.ascii_lowercase + string.digits]
-    vocab = specials + sorted(set(WORDS)) + chars + pieces
+    # Token ids are line numbers: a repeated entry would create ids past the vocab size.
+    vocab = list(dict.fromkeys(specials + sorted(set(WORDS)) + chars + pieces))
     path = folder / "vocab.txt"
     path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
     return path
@@ -62,9 +63,15 @@ def tiny_model(
 
     folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="densefit-tiny-"))
     vocab = write_tiny_vocab(folder)
-    tokenizer = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    import inspect
+
+    # transformers 5 takes the vocabulary as `vocab`, 4.x as `vocab_file`.
+    key = "vocab_file" if "vocab_file" in inspect.signature(BertTokenizerFast).parameters else "vocab"
+    tokenizer = BertTokenizerFast(**{key: str(vocab)}, do_lower_case=True)
+    if len(tokenizer) < 50:
+        raise RuntimeError(f"tiny tokenizer did not read {vocab} ({len(tokenizer)} tokens)")
     config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
+        vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,

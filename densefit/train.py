@@ -12,6 +12,7 @@ the loss is a pure function of the embeddings; nothing else is hidden.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -167,9 +168,10 @@ def build_strategy(
         from densefit.memory.planner import plan_memory
 
         plan = plan_memory(model, examples, config)
+        # Cached chunks are capped in padded tokens: chunks of short texts take more rows.
         strategy = make_strategy(
-            plan.strategy, plan.chunk_size, token_budget=plan.token_budget,
-            sort_by_length=config.sort_by_length,
+            plan.strategy, None if plan.token_budget else plan.chunk_size,
+            token_budget=plan.token_budget, sort_by_length=config.sort_by_length,
         )
         return strategy, plan.to_dict()
     strategy = make_strategy(
@@ -220,6 +222,8 @@ def train(
     seed_everything(config.seed)
     strategy, plan = build_strategy(model, examples, config)
     strategy.prepare(model)
+    if plan.get("loss_chunk_size") and config.loss_chunk_size is None:
+        config = dataclasses.replace(config, loss_chunk_size=plan["loss_chunk_size"])
 
     micro = config.batch_size // config.gradient_accumulation_steps or 1
     steps_per_epoch = math.ceil(
@@ -270,6 +274,7 @@ def train(
                     examples_per_s=round(rows / dt, 2) if dt > 0 else None,
                     lr=scheduler.get_last_lr()[0], peak_rss_mb=round(peak_rss_bytes() / 2**20, 1),
                     strategy=strategy.name, chunk_size=strategy.chunk_size,
+                    token_budget=strategy.token_budget, oom_retries=strategy.oom_retries,
                 )
                 if device.type == "cuda":
                     record["cuda_peak_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
@@ -325,15 +330,17 @@ def _optimizer_step(model, examples, group, config, strategy, optimizer, schedul
                 )
             break
         except RuntimeError as exc:
-            if model.device.type != "cuda" or not _is_oom(exc):
+            if not _is_oom(exc):
                 raise
             optimizer.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             old = (strategy.chunk_size, strategy.token_budget)
             if not strategy.halve():
                 raise
+            strategy.oom_retries += 1
             warnings.warn(
-                f"CUDA out of memory with chunk {old[0]} / token budget {old[1]}: redoing the "
+                f"out of memory with chunk {old[0]} / token budget {old[1]}: redoing the "
                 f"step with chunk {strategy.chunk_size} / token budget {strategy.token_budget}",
                 RuntimeWarning, stacklevel=2,
             )

@@ -96,6 +96,7 @@ class MemoryStrategy:
         self.token_budget = token_budget
         self.sort_by_length = sort_by_length
         self.checkpoint = checkpoint
+        self.oom_retries = 0  # chunk halvings after out-of-memory errors (logged per step)
 
     def describe(self) -> dict:
         return {
@@ -256,10 +257,10 @@ def make_strategy(
         strategy: MemoryStrategy = PlainStrategy(chunk_size, **kwargs)
     elif name == "checkpoint":
         strategy = PlainStrategy(chunk_size, checkpoint=True, **kwargs)
-    elif name == "cache":
-        strategy = CachedStrategy(chunk_size or 32, **kwargs)
-    elif name == "cache+checkpoint":
-        strategy = CachedStrategy(chunk_size or 32, checkpoint=True, **kwargs)
+    elif name in ("cache", "cache+checkpoint"):
+        if chunk_size is None and token_budget is None:
+            chunk_size = 32
+        strategy = CachedStrategy(chunk_size, checkpoint=name == "cache+checkpoint", **kwargs)
     else:
         raise ValueError(
             f"unknown memory strategy {name!r}: choose one of {', '.join(STRATEGIES)} or auto"

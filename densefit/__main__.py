@@ -1,0 +1,3 @@
+from densefit.cli import main
+
+main()

@@ -1,0 +1,203 @@
+"""The ``densefit`` command line: train | plan | index | search | eval."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    name="densefit",
+    help=(
+        "Fine-tune and serve dense retrievers (sentence-transformers bi-encoders) with "
+        "batch size independent of memory.\n\n"
+        "Examples:\n\n"
+        "  densefit train examples/scifact --model all-MiniLM-L6-v2 --output runs/m --batch-size 64\n\n"
+        "  densefit plan data.jsonl --model all-MiniLM-L6-v2 --batch-size 4096 --memory-budget 8GiB"
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console(stderr=True)
+
+
+class Loss(str, Enum):
+    mnrl = "mnrl"
+    margin_mse = "margin_mse"
+
+
+class Memory(str, Enum):
+    plain = "plain"
+    checkpoint = "checkpoint"
+    cache = "cache"
+    cache_checkpoint = "cache+checkpoint"
+    auto = "auto"
+
+
+class Amp(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class OnBadRow(str, Enum):
+    error = "error"
+    skip = "skip"
+
+
+def _fail(message: str, code: int = 2) -> None:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _load(model: str, max_seq_length: int | None, trust_remote_code: bool = False):
+    from densefit.models import ModelNotFoundError, load_model
+
+    try:
+        return load_model(model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code)
+    except ModelNotFoundError as exc:
+        _fail(str(exc))
+
+
+def _examples(data: Path, on_bad_row: str, split: str):
+    from densefit.data.types import BadRowError
+    from densefit.retriever import load_training_examples
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rows = load_training_examples(data, on_bad_row=on_bad_row, split=split)
+        for w in caught:
+            console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+        return rows
+    except (BadRowError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def train(
+    data: Path = typer.Argument(..., help="Training data: JSONL, CSV/TSV, Parquet or a BEIR folder."),
+    model: str = typer.Option("all-MiniLM-L6-v2", "--model", "-m", help="Model folder or name."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to save the trained model."),
+    batch_size: int = typer.Option(32, help="Rows per step: every other row's texts are negatives."),
+    epochs: int = typer.Option(1, help="Passes over the data."),
+    max_steps: int | None = typer.Option(None, help="Stop after this many steps (overrides epochs)."),
+    lr: float = typer.Option(2e-5, "--lr", help="Peak learning rate (AdamW)."),
+    warmup: int | None = typer.Option(None, help="Warm-up steps (default: 10% of the steps)."),
+    loss: Loss = typer.Option(Loss.mnrl, help="mnrl (in-batch + hard negatives) or margin_mse (needs score)."),
+    scale: float = typer.Option(20.0, help="MNRL inverse temperature."),
+    symmetric: bool = typer.Option(False, help="MNRL in both directions (query->doc, doc->query)."),
+    memory: Memory = typer.Option(Memory.plain, help="Memory strategy; auto plans from --memory-budget."),
+    memory_budget: str | None = typer.Option(None, help="For --memory auto: e.g. 8GiB, or 0.8 of free memory."),
+    chunk_size: int | None = typer.Option(None, help="Rows per encoder chunk (cache strategies)."),
+    token_budget: int | None = typer.Option(None, help="Padded tokens per encoder chunk."),
+    loss_chunk_size: int | None = typer.Option(None, help="Anchors per block of the score matrix."),
+    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="Recompute activations in backward."),
+    grad_accum: int = typer.Option(1, help="Gradient accumulation steps (does NOT add negatives)."),
+    amp: Amp | None = typer.Option(None, help="Mixed precision: bf16 (CPU/CUDA) or fp16 (CUDA)."),
+    max_seq_length: int | None = typer.Option(None, help="Truncate texts to this many tokens."),
+    seed: int = typer.Option(42, help="Random seed (data order, dropout)."),
+    split: str = typer.Option("train", help="qrels split to read from a BEIR folder."),
+    on_bad_row: OnBadRow = typer.Option(OnBadRow.error, help="error: stop at a bad row; skip: skip and report."),
+    device: str | None = typer.Option(None, help="cpu, cuda, cuda:1 ... (default: cpu)."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Fine-tune a retriever and save it in sentence-transformers format.
+
+    Example: densefit train examples/scifact --output runs/scifact --batch-size 64 --memory auto
+    """
+    from densefit.config import TrainConfig
+    from densefit.train import train as run_train
+
+    try:
+        config = TrainConfig(
+            batch_size=batch_size, epochs=epochs, max_steps=max_steps, learning_rate=lr,
+            warmup_steps=warmup, loss=loss.value, scale=scale, symmetric=symmetric,
+            memory=memory.value, memory_budget=memory_budget, chunk_size=chunk_size,
+            token_budget=token_budget, loss_chunk_size=loss_chunk_size,
+            gradient_checkpointing=gradient_checkpointing, gradient_accumulation_steps=grad_accum,
+            amp=amp.value if amp else None, max_seq_length=max_seq_length, seed=seed,
+            device=device, show_progress=progress,
+        )
+    except ValueError as exc:
+        _fail(str(exc))
+    examples = _examples(data, on_bad_row.value, split)
+    st_model = _load(model, max_seq_length)
+    if device:
+        st_model.to(device)
+    console.print(f"training on {len(examples)} rows from {data} -> {output}", highlight=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            result = run_train(st_model, examples, config, output_dir=output)
+        except (ValueError, MemoryError) as exc:
+            _fail(str(exc))
+    for w in caught:
+        if issubclass(w.category, (UserWarning, RuntimeWarning)):
+            console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+    plan = result.plan
+    console.print(
+        f"done: {result.steps} steps, {result.examples} examples in {result.seconds:.1f}s, "
+        f"final loss {result.final_loss:.4f}; memory: {plan.get('strategy')} "
+        f"(chunk {plan.get('chunk_size')}, tokens {plan.get('token_budget')}); "
+        f"model saved to {output}, log {result.log_path}",
+        highlight=False,
+    )
+
+
+@app.command()
+def plan(
+    data: Path = typer.Argument(..., help="Training data (the planner reads its real lengths)."),
+    model: str = typer.Option("all-MiniLM-L6-v2", "--model", "-m"),
+    batch_size: int = typer.Option(..., help="The batch size you want."),
+    memory_budget: str | None = typer.Option(None, help="e.g. 8GiB; default 0.8 of free memory."),
+    max_seq_length: int | None = typer.Option(None),
+    symmetric: bool = typer.Option(False),
+    split: str = typer.Option("train"),
+    on_bad_row: OnBadRow = typer.Option(OnBadRow.error),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    """Print the memory plan for a batch size and budget, with its predicted peak.
+
+    Example: densefit plan data.jsonl --batch-size 4096 --memory-budget 8GiB
+    """
+    from densefit.config import TrainConfig
+    from densefit.memory.planner import plan_memory
+
+    config = TrainConfig(batch_size=batch_size, memory="auto", memory_budget=memory_budget,
+                         max_seq_length=max_seq_length, symmetric=symmetric)
+    examples = _examples(data, on_bad_row.value, split)
+    st_model = _load(model, max_seq_length)
+    try:
+        result = plan_memory(st_model, examples, config)
+    except MemoryError as exc:
+        _fail(str(exc), code=3)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        typer.echo(result.table())
+
+
+def _register_optional_commands() -> None:
+    try:
+        from densefit.index.cli import register
+    except ImportError:  # the retrieval commands are not installed in this checkout
+        return
+    register(app)
+
+
+_register_optional_commands()
+
+
+def main() -> None:
+    """Entry point of the ``densefit`` script and ``python -m densefit``."""
+    app(prog_name="densefit")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""Read corpora, queries and qrels (BEIR layout) for indexing, evaluation and mining.
+
+A BEIR folder holds ``corpus.jsonl`` (or ``corpus.jsonl.gz``) with ``_id``, ``title``,
+``text``; ``queries.jsonl`` with ``_id``, ``text``; and ``qrels/<split>.tsv`` with the header
+``query-id corpus-id score``. Errors follow :mod:`densefit.data.readers`: ``path:line``, the
+field, and what to do.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+from densefit.data.readers import (
+    SKIP_HINT,
+    BadRows,
+    OnBadRow,
+    Record,
+    check_columns,
+    check_text,
+    first_present,
+    iter_rows,
+    require_text,
+    why_empty,
+)
+from densefit.data.types import BadRowError, Document, ReadReport, TrainingExample
+
+ID_KEYS = ("_id", "id")
+QRELS_COLUMNS = ("query-id", "corpus-id", "score")
+T = TypeVar("T")
+
+
+class Judgment(NamedTuple):
+    """One qrels row: ``origin`` is ``qrels/<split>.tsv:line``."""
+
+    origin: str
+    query_id: str
+    doc_id: str
+    score: int
+
+
+@dataclass
+class BeirDataset:
+    """A BEIR split: the corpus, the queries judged in the split, and their judgments.
+
+    ``judgments`` are the qrels rows in file order with their origins; ``qrels`` is the same
+    as ``{query_id: {doc_id: score}}``. ``report`` lists rows skipped with
+    ``on_bad_row="skip"``.
+    """
+
+    corpus: dict[str, Document]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+    judgments: list[Judgment]
+    report: ReadReport
+
+    def training_pairs(self) -> list[TrainingExample]:
+        """One (query, document text) example per judgment with score > 0.
+
+        Each example's ``positive_ids`` holds every positive document of its query, so the
+        trainer can keep them out of the negatives.
+        """
+        positives = {
+            q: tuple(d for d, s in docs.items() if s > 0) for q, docs in self.qrels.items()
+        }
+        return [
+            TrainingExample(
+                query=self.queries[j.query_id],
+                positive=self.corpus[j.doc_id].text,
+                origin=j.origin,
+                positive_ids=positives[j.query_id],
+            )
+            for j in self.judgments
+            if j.score > 0
+        ]
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+def read_corpus(
+    path: str | os.PathLike, *, on_bad_row: OnBadRow = "error"
+) -> tuple[list[Document], ReadReport]:
+    """Read every document of a corpus file (or of a BEIR folder's ``corpus.jsonl[.gz]``).
+
+    JSON Lines rows need ``_id`` (or ``id``) and ``text``, optionally ``title``; CSV, TSV and
+    Parquet files need the columns ``id`` (or ``_id``), ``text`` and optionally ``title``.
+    ``Document.text`` is ``title + " " + text`` when there is a title. A repeated id is a bad
+    row naming both lines (``on_bad_row="skip"`` keeps the first).
+
+    Example:
+        >>> docs, report = read_corpus("scifact/")  # doctest: +SKIP
+        >>> len(docs), docs[0].id  # doctest: +SKIP
+        (5183, '4983')
+    """
+    report = ReadReport(str(path))
+    documents = list(iter_corpus(path, on_bad_row=on_bad_row, report=report))
+    return documents, report
+
+
+def iter_corpus(
+    path: str | os.PathLike,
+    *,
+    on_bad_row: OnBadRow = "error",
+    report: ReadReport | None = None,
+) -> Iterator[Document]:
+    """Stream the documents of a corpus file or BEIR folder (see :func:`read_corpus`).
+
+    With ``on_bad_row="skip"``, pass a ``report`` to learn which rows were skipped.
+
+    Example:
+        >>> for doc in iter_corpus("corpus.jsonl.gz"):  # doctest: +SKIP
+        ...     index.add(doc)
+    """
+    path = _corpus_file(Path(path))
+    report = report if report is not None else ReadReport(str(path))
+    documents = _unique_rows(path, BadRows(on_bad_row, report), _document, "document")
+
+    def counted() -> Iterator[Document]:
+        for _, document in documents:
+            report.rows += 1
+            yield document
+
+    return counted()
+
+
+def _document(record: Record, origin: str) -> tuple[str, Document]:
+    doc_id = _check_id(record, origin)
+    text, title = (_optional_text(record, key, origin) for key in ("text", "title"))
+    if not (text.strip() or title.strip()):
+        raise BadRowError(origin, "text", "empty document (no text and no title)", SKIP_HINT)
+    return doc_id, Document(
+        id=doc_id, text=f"{title} {text}".strip() if title else text, title=title
+    )
+
+
+def _corpus_file(path: Path) -> Path:
+    if not path.is_dir():
+        return path
+    for name in ("corpus.jsonl", "corpus.jsonl.gz"):
+        if (path / name).is_file():
+            return path / name
+    raise FileNotFoundError(f"{path}: no corpus.jsonl or corpus.jsonl.gz in this BEIR folder")
+
+
+# ----------------------------------------------------------------------------- queries, qrels
+
+
+def read_queries(path: str | os.PathLike) -> dict[str, str]:
+    """Read a BEIR ``queries.jsonl`` (``_id``, ``text``) into ``{query_id: text}``.
+
+    Example:
+        >>> read_queries("scifact/queries.jsonl")["1"]  # doctest: +SKIP
+        '0-dimensional biomaterials show inductive properties.'
+    """
+    return _read_queries(Path(path), BadRows("error", ReadReport(str(path))))
+
+
+def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
+    """Read a BEIR qrels TSV (header ``query-id corpus-id score``) into ``{query: {doc: score}}``.
+
+    Example:
+        >>> read_qrels("scifact/qrels/test.tsv")["1"]  # doctest: +SKIP
+        {'31715818': 1}
+    """
+    path = Path(path)
+    qrels: dict[str, dict[str, int]] = {}
+    for judgment in _judgments(path, BadRows("error", ReadReport(str(path)))):
+        qrels.setdefault(judgment.query_id, {})[judgment.doc_id] = judgment.score
+    if not qrels:
+        raise ValueError(f"{path}: no judgments (there are no rows)")
+    return qrels
+
+
+def load_beir(
+    folder: str | os.PathLike,
+    split: str = "test",
+    *,
+    on_bad_row: OnBadRow = "error",
+    corpus: Mapping[str, Document] | None = None,
+) -> BeirDataset:
+    """Load one split of a BEIR folder; every judgment must name a known query and document.
+
+    ``queries`` keeps only the queries judged in ``split``. A judgment of a missing query or
+    document is a bad row at its qrels line (``on_bad_row="skip"`` drops it and reports it).
+    ``corpus`` reuses documents read earlier instead of reading the folder's corpus again.
+
+    Example:
+        >>> beir = load_beir("scifact", "test")  # doctest: +SKIP
+        >>> len(beir.corpus), len(beir.queries), len(beir.judgments)  # doctest: +SKIP
+        (5183, 300, 339)
+    """
+    folder = Path(folder)
+    qrels_path = folder / "qrels" / f"{split}.tsv"
+    if not qrels_path.is_file():
+        splits = sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
+        raise FileNotFoundError(f"{qrels_path}: no such file; the splits here are {splits}")
+    report = ReadReport(str(folder))
+    bad = BadRows(on_bad_row, report)
+    if corpus is None:
+        documents = _unique_rows(_corpus_file(folder), bad, _document, "document")
+        corpus = dict(documents)
+    all_queries = _read_queries(folder / "queries.jsonl", bad)
+
+    qrels: dict[str, dict[str, int]] = {}
+    judgments = []
+    for j in _judgments(qrels_path, bad):
+        if j.query_id not in all_queries:
+            hint = "add the query to queries.jsonl, or pass --on-bad-row skip to drop this judgment"
+            bad(
+                BadRowError(
+                    j.origin, "query-id", f"query {j.query_id!r} is not in queries.jsonl", hint
+                )
+            )
+        elif j.doc_id not in corpus:
+            hint = "add the document to the corpus, or pass --on-bad-row skip to drop this judgment"
+            bad(
+                BadRowError(
+                    j.origin, "corpus-id", f"document {j.doc_id!r} is not in the corpus", hint
+                )
+            )
+        else:
+            qrels.setdefault(j.query_id, {})[j.doc_id] = j.score
+            judgments.append(j)
+    if not judgments:
+        raise ValueError(f"{qrels_path}: no usable judgments{why_empty(report)}")
+    report.rows = len(judgments)
+    queries = {q: all_queries[q] for q in qrels}
+    return BeirDataset(dict(corpus), queries, qrels, judgments, report)
+
+
+def _read_queries(path: Path, bad: BadRows) -> dict[str, str]:
+    def query(record: Record, origin: str) -> tuple[str, str]:
+        return _check_id(record, origin), require_text(record, ("text",), origin)
+
+    return dict(_unique_rows(path, bad, query, "query"))
+
+
+def _judgments(path: Path, bad: BadRows) -> Iterator[Judgment]:
+    judged: set[tuple[str, str]] = set()
+    checked = False
+    for origin, record in iter_rows(path):
+        if isinstance(record, BadRowError):
+            bad(record)
+            continue
+        if not checked and not all(column in record for column in QRELS_COLUMNS):
+            raise ValueError(
+                f"{path}: found the columns {list(record)!r}; a qrels file starts with the"
+                " header line 'query-id<TAB>corpus-id<TAB>score'"
+            )
+        checked = True
+        try:
+            query_id = require_text(record, ("query-id",), origin)
+            doc_id = require_text(record, ("corpus-id",), origin)
+            score = _relevance(record["score"], origin)
+            if (query_id, doc_id) in judged:
+                problem = f"query {query_id!r} and document {doc_id!r} are already judged above"
+                raise BadRowError(origin, None, f"duplicate judgment: {problem}", SKIP_HINT)
+        except BadRowError as error:
+            bad(error)
+            continue
+        judged.add((query_id, doc_id))
+        yield Judgment(origin, query_id, doc_id, score)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _unique_rows(
+    path: Path, bad: BadRows, parse: Callable[[Record, str], tuple[str, T]], what: str
+) -> Iterator[tuple[str, T]]:
+    """``parse`` each row into ``(id, item)``; a repeated id is a bad row naming both lines."""
+    first_at: dict[str, str] = {}
+    checked = False
+    for origin, record in iter_rows(path):
+        if isinstance(record, BadRowError):
+            bad(record)
+            continue
+        if not checked:
+            check_columns(record, str(path), {"id": ID_KEYS, "text": ("text",)})
+            checked = True
+        try:
+            item_id, item = parse(record, origin)
+            if item_id in first_at:
+                problem = f"duplicate {what} id {item_id!r} (first at {first_at[item_id]})"
+                hint = f"give every {what} a unique id, or pass --on-bad-row skip to keep the first"
+                raise BadRowError(origin, None, problem, hint)
+        except BadRowError as error:
+            bad(error)
+            continue
+        first_at[item_id] = origin
+        yield item_id, item
+    if not first_at:
+        raise ValueError(f"{path}: no {what} rows{why_empty(bad.report)}")
+
+
+def _check_id(record: Record, origin: str) -> str:
+    key, value = first_present(record, ID_KEYS)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if value is None:
+        raise BadRowError(origin, None, "missing '_id' or 'id'", SKIP_HINT)
+    return check_text(value, origin, key, also="or an integer")
+
+
+def _optional_text(record: Record, key: str, origin: str) -> str:
+    value = record.get(key)
+    return "" if value is None else check_text(value, origin, key, empty_ok=True)
+
+
+def _relevance(value: Any, origin: str) -> int:
+    try:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise TypeError
+        return int(value)
+    except (TypeError, ValueError):
+        problem = "missing" if value is None else f"expected an integer relevance, got {value!r}"
+        raise BadRowError(origin, "score", problem, SKIP_HINT) from None

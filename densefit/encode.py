@@ -1,0 +1,181 @@
+"""Embedding texts with a SentenceTransformer: length-sorted batches, input order restored.
+
+Texts are tokenized once, sorted by token count so that each batch pads to nearly the same
+length, encoded under ``torch.inference_mode`` with the model in eval mode, and written back
+in the order they came in. The result equals ``SentenceTransformer.encode`` (tests check it)
+while processing fewer padding tokens and tokenizing each text once instead of per batch.
+
+Models whose first module is not a plain text :class:`~sentence_transformers.base.modules.
+Transformer` with a fast tokenizer (prompts, routers, custom processing kwargs) take the
+general path: ``model.preprocess`` per batch, batches still sorted by length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+
+__all__ = ["encode_texts", "embedding_dimension"]
+
+# Texts are tokenized in windows of this many batches: bounded memory on million-text inputs,
+# and enough texts per window for the token-length sort to leave little padding.
+_BATCHES_PER_WINDOW = 32
+_FEATURE_KEYS = {"input_ids", "attention_mask", "token_type_ids"}
+
+
+def embedding_dimension(model: SentenceTransformer) -> int:
+    """The size of ``model``'s sentence embeddings.
+
+    >>> from densefit.testing import tiny_model
+    >>> embedding_dimension(tiny_model())
+    32
+    """
+    getter = getattr(model, "get_embedding_dimension", None) or getattr(
+        model, "get_sentence_embedding_dimension"
+    )
+    dim = getter()
+    if dim is None:  # some module chains only know their size after a forward pass
+        dim = int(model.encode(["dimension probe"]).shape[1])
+    return int(dim)
+
+
+def encode_texts(
+    model: SentenceTransformer,
+    texts: Sequence[str],
+    *,
+    batch_size: int = 64,
+    show_progress: bool = False,
+    normalize: bool = False,
+) -> np.ndarray:
+    """Embed ``texts`` into a ``(len(texts), dim)`` float32 array, row i for ``texts[i]``.
+
+    Batches are formed from texts of similar token length (longest first) and the rows are
+    put back in input order. ``normalize=True`` scales each row to unit length (cosine
+    similarity becomes a dot product).
+
+    >>> from densefit.testing import tiny_model
+    >>> model = tiny_model()
+    >>> encode_texts(model, ["a short text", "a much longer text about cells and genes"]).shape
+    (2, 32)
+    """
+    if isinstance(texts, str):
+        raise TypeError("encode_texts takes a list of texts; wrap a single text as [text]")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(
+                f"texts[{i}] is a {type(text).__name__}, not a str: pass the document text "
+                "(Document.text), not the Document"
+            )
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    dim = embedding_dimension(model)
+    out = np.empty((len(texts), dim), dtype=np.float32)
+    if not texts:
+        return out
+
+    from tqdm.auto import tqdm
+
+    was_training = model.training
+    model.eval()
+    tokenizer = _fast_path_tokenizer(model)
+    # Coarse order by characters (free); each window is then re-sorted by exact token count.
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    window = batch_size * _BATCHES_PER_WINDOW
+    try:
+        with (
+            torch.inference_mode(),
+            tqdm(total=len(texts), desc="Encoding", unit="text", disable=not show_progress) as bar,
+        ):
+            for start in range(0, len(texts), window):
+                rows = order[start : start + window]
+                for batch_rows, features in _batches(model, tokenizer, texts, rows, batch_size):
+                    features = {
+                        k: v.to(model.device) if isinstance(v, torch.Tensor) else v
+                        for k, v in features.items()
+                    }
+                    embeddings = model(features)["sentence_embedding"]  # (b, dim)
+                    if normalize:
+                        embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+                    out[batch_rows] = embeddings.float().cpu().numpy()
+                    bar.update(len(batch_rows))
+    finally:
+        model.train(was_training)
+    return out
+
+
+def _batches(model, tokenizer, texts, rows: np.ndarray, batch_size: int):
+    """Yield (rows, features) for one window of texts, batches of similar token length."""
+    if tokenizer is None:
+        # General path: the model's own preprocessing, per batch, in character-length order.
+        for start in range(0, len(rows), batch_size):
+            batch_rows = rows[start : start + batch_size]
+            yield batch_rows, model.preprocess([texts[i] for i in batch_rows])
+        return
+    encoded = _tokenize(tokenizer, [texts[i] for i in rows])
+    lengths = np.array([len(ids) for ids in encoded["input_ids"]])
+    by_tokens = np.argsort(-lengths, kind="stable")
+    for start in range(0, len(rows), batch_size):
+        picks = by_tokens[start : start + batch_size]
+        yield rows[picks], _pad(encoded, picks, int(lengths[picks].max()), tokenizer)
+
+
+def _tokenize(tokenizer, texts: list[str]) -> dict:
+    # The same arguments as Transformer.preprocess, minus the padding (done per batch).
+    return tokenizer(texts, truncation="longest_first", padding=False)
+
+
+def _pad(encoded: dict, picks: np.ndarray, width: int, tokenizer) -> dict:
+    """Right- or left-pad the picked rows of ``encoded`` to ``width`` tokens."""
+    features: dict = {"modality": "text"}
+    left = tokenizer.padding_side == "left"
+    for key in _FEATURE_KEYS & encoded.keys():
+        pad_value = tokenizer.pad_token_id if key == "input_ids" else 0
+        if key == "token_type_ids":
+            pad_value = tokenizer.pad_token_type_id
+        block = np.full((len(picks), width), pad_value, dtype=np.int64)  # (b, width)
+        for r, i in enumerate(picks):
+            ids = encoded[key][i]
+            if left:
+                block[r, width - len(ids) :] = ids
+            else:
+                block[r, : len(ids)] = ids
+        features[key] = torch.from_numpy(block)
+    return features
+
+
+def _fast_path_tokenizer(model: SentenceTransformer):
+    """The tokenizer, when tokenizing once up front gives exactly ``model.preprocess``'s input.
+
+    Returns None (use the general path) for anything unusual; the check runs the model's own
+    preprocessing on two probe texts, one longer than ``max_seq_length``, and compares.
+    """
+    try:
+        from sentence_transformers.base.modules import Transformer
+    except ImportError:  # pragma: no cover - older sentence-transformers
+        return None
+    first = model[0] if len(model) else None
+    tokenizer = getattr(first, "tokenizer", None)
+    if not isinstance(first, Transformer) or not getattr(tokenizer, "is_fast", False):
+        return None
+    if getattr(model, "default_prompt_name", None) or getattr(first, "processing_kwargs", None):
+        return None
+    if tokenizer.pad_token_id is None:
+        return None
+    probe = ["densefit probe", "long " * (2 * (model.max_seq_length or 512))]
+    try:
+        reference = model.preprocess(probe)
+        ours = _pad(_tokenize(tokenizer, probe), np.arange(2), reference["input_ids"].shape[1], tokenizer)
+    except Exception:  # noqa: BLE001 - any surprise means: use the general path
+        return None
+    keys = {k for k, v in reference.items() if isinstance(v, torch.Tensor)}
+    if keys != _FEATURE_KEYS & ours.keys() or reference.get("modality", "text") != "text":
+        return None
+    if set(reference) - keys - {"modality"}:
+        return None
+    if not all(torch.equal(reference[k], ours[k]) for k in keys):
+        return None
+    return tokenizer

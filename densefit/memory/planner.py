@@ -1,0 +1,342 @@
+"""The automatic memory planner: pick the fastest strategy and chunk that fit a budget.
+
+It probes the model on the data's real length distribution:
+
+- CPU: the bytes the forward pass saves for backward (``saved_tensors_hooks``), at two
+  sequence lengths, fitted to ``rows * (a*L + b*L^2)`` (the L^2 term is attention);
+- CUDA: ``torch.cuda.max_memory_allocated`` around a forward and backward.
+
+and adds what does not depend on the batch: parameters, gradients and AdamW's two moments.
+Then: ``plain`` when the whole batch fits, else ``cache`` with the largest chunk that fits
+(chunks are capped in padded tokens, so a chunk of long texts never exceeds the plan),
+else ``cache+checkpoint``. Speed order: plain (3 passes' worth of work) is faster than
+cache and checkpoint (4), which are faster than cache+checkpoint (5).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from sentence_transformers import SentenceTransformer
+
+from densefit.config import TrainConfig, parse_bytes
+from densefit.data.types import TrainingExample
+from densefit.memory.chunking import tokenize
+from densefit.models import (
+    disable_gradient_checkpointing,
+    enable_gradient_checkpointing,
+    is_checkpointing,
+    transformer_of,
+)
+
+__all__ = ["MemoryPlan", "ActivationModel", "plan_memory", "saved_bytes", "resolve_budget"]
+
+# Relative cost of one step, in forward-pass units (backward ~ 2 forwards).
+_RELATIVE_TIME = {"plain": 3.0, "checkpoint": 4.0, "cache": 4.0, "cache+checkpoint": 5.0}
+# Backward briefly holds activation gradients next to the saved tensors: keep headroom.
+_HEADROOM = 1.25
+
+
+def saved_bytes(fn, *, exclude: Sequence[torch.Tensor] = ()) -> int:
+    """Bytes of the distinct tensors ``fn()`` saves for backward (parameters excluded).
+
+    >>> lin = torch.nn.Linear(4, 4)
+    >>> x = torch.randn(8, 4, requires_grad=True)
+    >>> saved_bytes(lambda: lin(x).relu().sum(), exclude=list(lin.parameters())) > 0
+    True
+    """
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in skip:
+            seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(seen.values())
+
+
+@dataclass
+class ActivationModel:
+    """Activation bytes of one row of ``L`` tokens: ``a*L + b*L*L`` (fitted by a probe)."""
+
+    per_token: float
+    per_token_squared: float
+
+    def bytes(self, rows: int, length: int) -> float:
+        return rows * (self.per_token * length + self.per_token_squared * length * length)
+
+
+@dataclass
+class MemoryPlan:
+    """The planner's decision and the numbers behind it."""
+
+    strategy: str
+    chunk_size: int | None
+    token_budget: int | None
+    loss_chunk_size: int | None
+    batch_size: int
+    budget_bytes: int
+    predicted_peak_bytes: int
+    static_bytes: int
+    fits: bool
+    reason: str
+    lengths: dict = field(default_factory=dict)
+    candidates: list[dict] = field(default_factory=list)
+    chosen_by: str = "planner"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> str:
+        gib = 2**30
+        lines = [
+            f"batch size {self.batch_size}, budget {self.budget_bytes / gib:.2f} GiB "
+            f"(static: params + grads + AdamW {self.static_bytes / gib:.2f} GiB)",
+            f"{'strategy':<18}{'chunk':>8}{'tokens/chunk':>14}{'peak GiB':>10}  fits",
+        ]
+        for c in self.candidates:
+            lines.append(
+                f"{c['strategy']:<18}{str(c['chunk_size'] or '-'):>8}"
+                f"{str(c['token_budget'] or '-'):>14}{c['peak_bytes'] / gib:>10.2f}  "
+                f"{'yes' if c['fits'] else 'no'}"
+            )
+        lines.append(
+            f"-> {self.strategy}"
+            + (f", chunk {self.chunk_size} rows / {self.token_budget} tokens" if self.chunk_size else "")
+            + f", predicted peak {self.predicted_peak_bytes / gib:.2f} GiB: {self.reason}"
+        )
+        return "\n".join(lines)
+
+
+def resolve_budget(budget: str | int | None, device: torch.device) -> int:
+    """Bytes from ``8GiB``-style sizes, or a fraction (``0.8`` / ``80%``) of free memory."""
+    text = None if budget is None else str(budget).strip()
+    fraction = 0.8
+    if text:
+        if text.endswith("%"):
+            fraction = float(text[:-1]) / 100
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                return parse_bytes(text)
+            if value > 1:
+                return int(value)
+            fraction = value
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * fraction)
+    import psutil
+
+    return int(psutil.virtual_memory().available * fraction)
+
+
+def _static_bytes(model: torch.nn.Module) -> int:
+    """Parameters + gradients + AdamW exp_avg and exp_avg_sq (all fp32)."""
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
+    return n * 4 * 4 + frozen
+
+
+def _column_lengths(
+    model: SentenceTransformer, examples: Sequence[TrainingExample], sample: int, seed: int
+) -> dict[str, list[int]]:
+    rng = random.Random(seed)
+    rows = list(examples) if len(examples) <= sample else rng.sample(list(examples), sample)
+    columns = {
+        "anchors": [r.query for r in rows],
+        "positives": [r.positive for r in rows],
+        "negatives": [n for r in rows for n in r.negatives],
+    }
+    out = {}
+    for name, texts in columns.items():
+        if texts:
+            mask = tokenize(model, texts)["attention_mask"]
+            out[name] = mask.sum(1).tolist()
+    return out
+
+
+def probe_activations(model: SentenceTransformer, max_length: int, rows: int = 4) -> ActivationModel:
+    """Fit ``a*L + b*L^2`` bytes per row from forward probes at two lengths (train mode)."""
+    device = model.device
+    lengths = sorted({max(2, max_length // 2), max(4, max_length)})
+    measured = []
+    was_training = model.training
+    model.train()
+    params = list(model.parameters())
+    vocab = getattr(transformer_of(model).config, "vocab_size", 1000)
+    template = tokenize(model, ["x"] * rows)
+    for length in lengths:
+        generator = torch.Generator().manual_seed(length)
+        low = 1000 if vocab > 2000 else 5  # skip special tokens
+        features = {k: v for k, v in template.items() if not isinstance(v, torch.Tensor)}
+        features["input_ids"] = torch.randint(low, vocab, (rows, length), generator=generator).to(device)
+        features["attention_mask"] = torch.ones(rows, length, dtype=torch.long, device=device)
+        if "token_type_ids" in template:
+            features["token_type_ids"] = torch.zeros(rows, length, dtype=torch.long, device=device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            out = model(features)["sentence_embedding"]
+            out.float().pow(2).sum().backward()
+            torch.cuda.synchronize(device)
+            used = torch.cuda.max_memory_allocated(device) - before
+            model.zero_grad(set_to_none=True)
+        else:
+            used = saved_bytes(lambda f=features: model(f)["sentence_embedding"], exclude=params)
+        measured.append((length, used / rows))
+    model.train(was_training)
+    if len(measured) == 1:
+        length, per_row = measured[0]
+        return ActivationModel(per_row / length, 0.0)
+    (l1, m1), (l2, m2) = measured
+    # Solve m = a*L + b*L^2 through both points; keep both coefficients non-negative.
+    b = max(0.0, (m2 / l2 - m1 / l1) / (l2 - l1))
+    a = max(0.0, m1 / l1 - b * l1)
+    if a == 0.0 and b == 0.0:
+        a = max(m1 / l1, m2 / l2)
+    return ActivationModel(a, b)
+
+
+def plan_memory(
+    model: SentenceTransformer,
+    examples: Sequence[TrainingExample],
+    config: TrainConfig,
+    *,
+    sample: int = 2048,
+    activation_model: ActivationModel | None = None,
+) -> MemoryPlan:
+    """Choose strategy and chunk for ``config.batch_size`` within ``config.memory_budget``.
+
+    The plan is for the worst batch the data can produce: every text at its column's
+    longest length seen in a sample (or the model's cap), so the plan holds for the whole
+    run, not just the first steps.
+    """
+    device = torch.device(config.device or model.device)
+    budget = resolve_budget(config.memory_budget, device)
+    if config.max_seq_length is not None:
+        model.max_seq_length = config.max_seq_length
+    lengths = _column_lengths(model, examples, sample, config.seed)
+    if not lengths:
+        raise ValueError("cannot plan memory: the training data has no texts")
+    cap = int(getattr(model, "max_seq_length", 0) or max(max(v) for v in lengths.values()))
+    longest = {k: min(cap, max(v)) for k, v in lengths.items()}
+    if activation_model is None:
+        was_checkpointing = is_checkpointing(model)
+        disable_gradient_checkpointing(model)
+        # The probe runs dropout: keep the run's random stream untouched by it.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            activation_model = probe_activations(model, max(longest.values()))
+        if was_checkpointing:
+            enable_gradient_checkpointing(model)
+    act = activation_model
+
+    B = config.batch_size
+    negs_per_row = len(lengths.get("negatives", [])) / max(1, len(lengths["anchors"]))
+    rows = {"anchors": B, "positives": B, "negatives": int(math.ceil(B * negs_per_row))}
+    n_candidates = rows["positives"] + rows["negatives"]
+    get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    dim = int(get_dim() or 768)
+    static = _static_bytes(model)
+    hidden = int(getattr(transformer_of(model).config, "hidden_size", dim))
+    layers = int(getattr(transformer_of(model).config, "num_hidden_layers", 12))
+
+    def loss_bytes(loss_chunk: int | None) -> int:
+        block = B if loss_chunk is None else min(B, loss_chunk)
+        # scores, softmax and its gradient for one block of anchors x all candidates
+        return int(3 * 4 * block * n_candidates * (2 if config.symmetric else 1))
+
+    loss_chunk = config.loss_chunk_size
+    if loss_chunk is None and loss_bytes(None) > 0.05 * budget:
+        loss_chunk = max(1, int(0.05 * budget / (3 * 4 * n_candidates)))
+    embeddings = 2 * 4 * dim * (rows["anchors"] + n_candidates)  # values + cached grads
+
+    def whole_batch(checkpoint: bool) -> float:
+        total = 0.0
+        for col, n in rows.items():
+            if n and col in longest:
+                full = act.bytes(n, longest[col])
+                # checkpointing keeps each layer's input (+ one layer recomputed at a time)
+                total += (n * longest[col] * hidden * 4 * (layers + 1) + full / layers) if checkpoint else full
+        return total
+
+    def chunk_peak(tokens: int, checkpoint: bool) -> float:
+        length = max(longest.values())
+        chunk_rows = max(1, tokens // length)
+        full = act.bytes(chunk_rows, length)
+        if checkpoint:
+            return chunk_rows * length * hidden * 4 * (layers + 1) + full / layers
+        return full
+
+    def peak(activations: float) -> int:
+        return int(static + _HEADROOM * activations + loss_bytes(loss_chunk) + embeddings)
+
+    candidates = []
+    for name in ("plain", "checkpoint"):
+        p = peak(whole_batch(name == "checkpoint"))
+        candidates.append({"strategy": name, "chunk_size": None, "token_budget": None,
+                           "peak_bytes": p, "fits": p <= budget})
+    length = max(longest.values())
+    sizes = [2**i for i in range(0, int(math.log2(max(1, B))) + 1)]
+    for name in ("cache", "cache+checkpoint"):
+        best = None
+        for size in sizes:
+            p = peak(chunk_peak(size * length, name == "cache+checkpoint"))
+            if p <= budget:
+                best = (size, p)
+        if best is None:
+            p = peak(chunk_peak(length, name == "cache+checkpoint"))
+            candidates.append({"strategy": name, "chunk_size": 1, "token_budget": length,
+                               "peak_bytes": p, "fits": False})
+        else:
+            candidates.append({"strategy": name, "chunk_size": best[0],
+                               "token_budget": best[0] * length, "peak_bytes": best[1],
+                               "fits": True})
+
+    fitting = [c for c in candidates if c["fits"]]
+    if not fitting:
+        smallest = min(candidates, key=lambda c: c["peak_bytes"])
+        raise MemoryError(
+            f"batch size {B} does not fit in {budget / 2**30:.2f} GiB with any strategy "
+            f"(smallest predicted peak {smallest['peak_bytes'] / 2**30:.2f} GiB with "
+            f"{smallest['strategy']}): raise --memory-budget, lower --max-seq-length, or "
+            "use a smaller model"
+        )
+
+    def cost(c: dict) -> tuple:
+        # fewer, larger chunks run faster; plain beats everything that fits
+        return (_RELATIVE_TIME[c["strategy"]], -(c["chunk_size"] or B))
+
+    chosen = min(fitting, key=cost)
+    if chosen["strategy"] == "plain":
+        reason = "the whole batch fits: no recomputation needed"
+    elif chosen["strategy"] == "checkpoint":
+        reason = "the whole batch fits with checkpointing"
+    else:
+        reason = f"plain needs {candidates[0]['peak_bytes'] / 2**30:.2f} GiB; largest chunk that fits"
+    return MemoryPlan(
+        strategy=chosen["strategy"],
+        chunk_size=chosen["chunk_size"],
+        token_budget=chosen["token_budget"],
+        loss_chunk_size=loss_chunk,
+        batch_size=B,
+        budget_bytes=budget,
+        predicted_peak_bytes=chosen["peak_bytes"],
+        static_bytes=static,
+        fits=True,
+        reason=reason,
+        lengths={k: {"max": max(v), "mean": round(sum(v) / len(v), 1), "cap": cap}
+                 for k, v in lengths.items()},
+        candidates=candidates,
+    )
