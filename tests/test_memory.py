@@ -1,0 +1,139 @@
+"""Equivalence tests: every memory strategy gives the full-batch loss and gradients."""
+
+import copy
+
+import pytest
+import torch
+
+from densefit.losses import mnrl
+from densefit.memory import make_chunks, make_strategy, padding_efficiency, tokenize
+from densefit.models import enable_gradient_checkpointing
+
+QUERIES = [("what is the cell " * (i % 5 + 1)) + str(i) for i in range(12)]
+DOCS = [("the protein gene cancer risk " * (i % 7 + 1)) + str(i) for i in range(12)]
+NEGS = [("python function class " * (i % 3 + 1)) + str(i) for i in range(24)]
+COLUMNS = [QUERIES, DOCS, NEGS]
+
+
+def loss_fn(emb):
+    return mnrl(emb[0], emb[1], emb[2], symmetric=True)
+
+
+def run(model, strategy_name, chunk=None, seed=1, columns=COLUMNS, **kw):
+    model = copy.deepcopy(model)
+    model.train()
+    strategy = make_strategy(strategy_name, chunk, **kw)
+    strategy.prepare(model)
+    torch.manual_seed(seed)
+    stats = strategy.forward_backward(model, columns, loss_fn)
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return stats, grads
+
+
+def full_batch(model, seed=1, columns=COLUMNS):
+    """Reference: one padded forward per column, no chunking, no sorting."""
+    model = copy.deepcopy(model)
+    model.train()
+    torch.manual_seed(seed)
+    emb = [model(tokenize(model, c))["sentence_embedding"] for c in columns]
+    loss = loss_fn(emb)
+    loss.backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return float(loss.detach()), grads
+
+
+@pytest.mark.parametrize("name", ["cache", "cache+checkpoint", "checkpoint"])
+@pytest.mark.parametrize("chunk", [1, 4, 5])
+def test_strategies_equal_plain_with_dropout_on(tiny, name, chunk):
+    """Same chunks, dropout on: RNG replay makes cached gradients exact."""
+    ref, ref_grads = run(tiny, "plain", chunk)
+    stats, got = run(tiny, name, chunk)
+    assert abs(stats.loss - ref.loss) < 1e-5
+    torch.testing.assert_close(got, ref_grads, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["plain", "cache", "checkpoint", "cache+checkpoint"])
+def test_chunked_and_sorted_equals_one_padded_batch(tiny, name):
+    """Regrouping rows and trimming padding changes no result (dropout off)."""
+    tiny[0].auto_model.config.hidden_dropout_prob = 0.0
+    for module in tiny.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    ref_loss, ref_grads = full_batch(tiny)
+    for kwargs in ({"chunk": 3}, {"chunk": None, "token_budget": 40}, {"chunk": 5, "sort_by_length": False}):
+        chunk = kwargs.pop("chunk")
+        stats, got = run(tiny, name, chunk, **kwargs)
+        assert abs(stats.loss - ref_loss) < 1e-5
+        torch.testing.assert_close(got, ref_grads, atol=1e-5, rtol=1e-4)
+
+
+def test_cache_matches_full_batch_with_dropout_when_one_chunk(tiny):
+    """With a single chunk per column the cache replays the exact full-batch dropout."""
+    ref_loss, ref_grads = full_batch(tiny)
+    stats, got = run(tiny, "cache", 1000, sort_by_length=False)
+    assert abs(stats.loss - ref_loss) < 1e-5
+    torch.testing.assert_close(got, ref_grads, atol=1e-5, rtol=1e-4)
+
+
+def test_cache_leaves_rng_stream_as_plain_does(tiny):
+    run(tiny, "plain", 4, seed=3)
+    after_plain = torch.get_rng_state()
+    run(tiny, "cache", 4, seed=3)
+    assert torch.equal(torch.get_rng_state(), after_plain)
+
+
+def test_length_sorted_chunks_trim_padding(tiny):
+    texts = ["a", "the cell " * 20] * 4
+    features = tokenize(tiny, texts)
+    unsorted = make_chunks(features, chunk_size=4, sort_by_length=False)
+    sorted_ = make_chunks(features, chunk_size=4)
+    assert padding_efficiency(sorted_) > padding_efficiency(unsorted)
+    assert padding_efficiency(sorted_) == pytest.approx(1.0)
+    # every row appears exactly once
+    rows = torch.cat([c.index for c in sorted_]).sort().values
+    assert rows.tolist() == list(range(len(texts)))
+
+
+def test_token_budget_caps_padded_tokens(tiny):
+    texts = [("the cell " * (i % 9 + 1)).strip() for i in range(40)]
+    chunks = make_chunks(tokenize(tiny, texts), token_budget=64)
+    assert all(c.padded_tokens <= 64 or len(c) == 1 for c in chunks)
+    assert sum(len(c) for c in chunks) == 40
+    # short texts get more rows per chunk than long ones
+    assert len(chunks[0]) > len(chunks[-1])
+
+
+def test_halve_shrinks_chunk_then_stops():
+    s = make_strategy("cache", 4)
+    assert s.halve() and s.chunk_size == 2
+    assert s.halve() and s.chunk_size == 1
+    assert not s.halve()
+
+
+def test_checkpointing_same_gradients_fewer_saved_bytes(tiny):
+    """Issue 2: checkpointing == plain (dropout off, atol 1e-6) and saves fewer bytes."""
+    for module in tiny.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    from densefit.memory.planner import saved_bytes
+
+    texts = DOCS
+    params = list(tiny.parameters())
+
+    def forward_backward(model):
+        model.zero_grad(set_to_none=True)
+        features = tokenize(model, texts)
+        nbytes = saved_bytes(lambda: model(features)["sentence_embedding"], exclude=params)
+        emb = model(features)["sentence_embedding"]
+        loss = mnrl(emb[:6], emb[6:])
+        loss.backward()
+        return float(loss), [p.grad.clone() for p in model.parameters() if p.grad is not None], nbytes
+
+    tiny.train()
+    loss_a, grads_a, bytes_plain = forward_backward(tiny)
+    enable_gradient_checkpointing(tiny)
+    loss_b, grads_b, bytes_ckpt = forward_backward(tiny)
+    assert abs(loss_a - loss_b) < 1e-6
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert bytes_ckpt < bytes_plain / 2, (bytes_ckpt, bytes_plain)
