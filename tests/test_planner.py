@@ -1,0 +1,70 @@
+import pytest
+import torch
+
+from densefit import TrainConfig, TrainingExample
+from densefit.config import parse_bytes
+from densefit.memory.planner import ActivationModel, plan_memory, resolve_budget, saved_bytes
+
+ROWS = [TrainingExample(f"query {i} " * (i % 4 + 1), f"the cell protein {i} " * (i % 9 + 1)) for i in range(50)]
+
+
+def test_parse_bytes():
+    assert parse_bytes("1GiB") == 2**30
+    assert parse_bytes("1.5 GB") == 1_500_000_000
+    assert parse_bytes(1024) == 1024
+    with pytest.raises(ValueError, match="8GiB"):
+        parse_bytes("eight gigs")
+
+
+def test_resolve_budget_fraction_and_size():
+    assert resolve_budget("2GiB", torch.device("cpu")) == 2 * 2**30
+    assert 0 < resolve_budget("10%", torch.device("cpu")) < resolve_budget("0.5", torch.device("cpu"))
+
+
+def test_plain_when_it_fits_cache_when_not(tiny):
+    big = plan_memory(tiny, ROWS, TrainConfig(batch_size=32, memory_budget="4GiB"))
+    assert big.strategy == "plain"
+    small = plan_memory(tiny, ROWS, TrainConfig(batch_size=4096, memory_budget="40MiB"))
+    assert small.strategy in ("cache", "cache+checkpoint")
+    assert small.predicted_peak_bytes <= small.budget_bytes
+    assert small.token_budget >= small.chunk_size
+    assert "largest chunk" in small.reason
+    assert "predicted peak" in small.table()
+
+
+def test_planner_raises_clear_error_when_nothing_fits(tiny):
+    with pytest.raises(MemoryError, match="raise --memory-budget"):
+        plan_memory(tiny, ROWS, TrainConfig(batch_size=64, memory_budget="1KiB"))
+
+
+def test_planner_picks_largest_fitting_chunk():
+    from densefit.testing import tiny_model
+
+    model = tiny_model()
+    act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
+    plan = plan_memory(model, ROWS, TrainConfig(batch_size=1024, memory_budget="12MiB"), activation_model=act)
+    # doubling the chosen chunk must not fit
+    longest = max(v["max"] for v in plan.lengths.values())
+    next_peak = plan.predicted_peak_bytes + 1.25 * act.bytes(plan.chunk_size, longest)
+    assert plan.strategy == "cache" and next_peak > plan.budget_bytes
+
+
+def test_probe_does_not_touch_the_random_stream(tiny):
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    plan_memory(tiny, ROWS, TrainConfig(batch_size=8, memory_budget="1GiB"))
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_probe_scales_with_tokens(tiny):
+    from densefit.memory.planner import probe_activations
+
+    act = probe_activations(tiny, 32)
+    assert act.bytes(8, 32) > act.bytes(4, 32) > act.bytes(4, 16) > 0
+
+
+def test_saved_bytes_counts_activations_not_parameters():
+    lin = torch.nn.Linear(64, 64)
+    x = torch.randn(100, 64, requires_grad=True)
+    n = saved_bytes(lambda: torch.tanh(lin(x)), exclude=list(lin.parameters()))
+    assert n == 2 * 100 * 64 * 4  # the input of the linear and the tanh output
