@@ -171,7 +171,7 @@ def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
     for judgment in _judgments(path, BadRows("error", ReadReport(str(path)))):
         qrels.setdefault(judgment.query_id, {})[judgment.doc_id] = judgment.score
     if not qrels:
-        raise ValueError(f"{path}: no judgments (there are no rows)")
+        raise ValueError(f"{path}: no judgments")
     return qrels
 
 
@@ -200,28 +200,20 @@ def load_beir(
         raise FileNotFoundError(f"{qrels_path}: no such file; the splits here are {splits}")
     report = ReadReport(str(folder))
     bad = BadRows(on_bad_row, report)
+    corpus_name = "the corpus passed in"
     if corpus is None:
-        documents = _unique_rows(_corpus_file(folder), bad, _document, "document")
-        corpus = dict(documents)
+        corpus_file = _corpus_file(folder)
+        corpus_name = corpus_file.name
+        corpus = dict(_unique_rows(corpus_file, bad, _document, "document"))
     all_queries = _read_queries(folder / "queries.jsonl", bad)
 
     qrels: dict[str, dict[str, int]] = {}
     judgments = []
     for j in _judgments(qrels_path, bad):
         if j.query_id not in all_queries:
-            hint = "add the query to queries.jsonl, or pass --on-bad-row skip to drop this judgment"
-            bad(
-                BadRowError(
-                    j.origin, "query-id", f"query {j.query_id!r} is not in queries.jsonl", hint
-                )
-            )
+            bad(_unknown(j, "query-id", "query", "queries.jsonl"))
         elif j.doc_id not in corpus:
-            hint = "add the document to the corpus, or pass --on-bad-row skip to drop this judgment"
-            bad(
-                BadRowError(
-                    j.origin, "corpus-id", f"document {j.doc_id!r} is not in the corpus", hint
-                )
-            )
+            bad(_unknown(j, "corpus-id", "document", corpus_name))
         else:
             qrels.setdefault(j.query_id, {})[j.doc_id] = j.score
             judgments.append(j)
@@ -230,6 +222,12 @@ def load_beir(
     report.rows = len(judgments)
     queries = {q: all_queries[q] for q in qrels}
     return BeirDataset(dict(corpus), queries, qrels, judgments, report)
+
+
+def _unknown(judgment: Judgment, field: str, what: str, where: str) -> BadRowError:
+    missing_id = judgment.query_id if field == "query-id" else judgment.doc_id
+    hint = f"add the {what} to {where}, or pass --on-bad-row skip to drop this judgment"
+    return BadRowError(judgment.origin, field, f"{what} {missing_id!r} is not in {where}", hint)
 
 
 def _read_queries(path: Path, bad: BadRows) -> dict[str, str]:

@@ -20,6 +20,7 @@ import numbers
 import os
 import re
 import zlib
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +38,7 @@ QUERY_KEYS = ("anchor", "query", "question")
 POSITIVE_KEYS = ("positive", "pos_doc")
 NEGATIVE_KEYS = ("negative", "neg_doc")  # each a text or a list of texts
 SCORE_KEYS = ("score", "label")
-_NUMBERED_NEGATIVE = re.compile(r"negative_(\d+)")
+_NUMBERED_NEGATIVE = re.compile(r"negative_(\d{1,9})")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # invalid UTF-8 (surrogateescape) or a bad \u escape
 _ASCII_SPACE = " \t\n\r\x0b\x0c"  # what bytes.isspace() calls blank
 
@@ -178,22 +179,27 @@ def _examples(rows: Rows, where: str, bad: BadRows) -> list[TrainingExample]:
 
 
 def _check_score(value: Any, origin: str, key: str) -> float:
-    try:
-        if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
-            raise TypeError
-        score = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise BadRowError(
-            origin, key, f"expected a number, got {_show(value)}", SKIP_HINT
-        ) from None
+    score = _to_float(value)
+    if score is None:
+        raise BadRowError(origin, key, f"expected a number, got {_show(value)}", SKIP_HINT)
     if not math.isfinite(score):
         raise BadRowError(origin, key, f"expected a finite number, got {score}", SKIP_HINT)
     return score
 
 
+def _to_float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+        return None
+    try:
+        return float(value)
+    except (ValueError, OverflowError):  # "abc", or an int too large for a float
+        return None
+
+
 def why_empty(report: ReadReport) -> str:
+    """The end of a "no rows" message: the file was empty, or the first bad row skipped."""
     if not report.skipped:
-        return " (there are no rows)"
+        return ""
     origin, reason = report.skipped[0]
     return f" ({report.n_skipped} bad rows skipped; the first: {origin}: {reason})"
 
@@ -257,7 +263,10 @@ def _type(value: Any) -> str:
 
 
 def _show(value: Any) -> str:
-    shown = repr(value)
+    try:
+        shown = repr(value)
+    except ValueError:  # an int with more digits than Python will print
+        return "a number too large to show"
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
@@ -329,6 +338,7 @@ def iter_rows(path: str | os.PathLike) -> Rows:
 
 
 def _binary_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)`` of each line of a plain or gzipped file, ``\n`` included."""
     gzipped = path.name.lower().endswith(".gz")
     with gzip.open(path, "rb") if gzipped else open(path, "rb") as file:
         try:
@@ -417,7 +427,7 @@ def _header(cells: list[str], origin: str) -> list[str]:
     names[0] = names[0].removeprefix("\ufeff")
     if any(_SURROGATE.search(name) for name in names):
         raise ValueError(f"{origin}: the header row is not valid UTF-8; save the file as UTF-8")
-    if duplicates := sorted({n for n in names if names.count(n) > 1}):
+    if duplicates := sorted(name for name, n in Counter(names).items() if n > 1):
         raise ValueError(
             f"{origin}: duplicate column names {duplicates!r} in the header row;"
             " give every column a unique name (the first line must be the header)"
