@@ -39,6 +39,10 @@ __all__ = [
 
 LossFn = Callable[[list[torch.Tensor]], torch.Tensor]
 STRATEGIES = ("plain", "checkpoint", "cache", "cache+checkpoint")
+# Rows per length-sorted sub-batch when none is given: small enough to trim most padding
+# on heavy-tailed data, large enough to keep matrix products efficient.
+DEFAULT_SUB_BATCH = 16
+DEFAULT_CACHE_CHUNK = 32
 
 
 @dataclass
@@ -253,13 +257,15 @@ def make_strategy(
     'cache'
     """
     kwargs = dict(token_budget=token_budget, sort_by_length=sort_by_length)
+    if name in ("plain", "checkpoint") and chunk_size is None and token_budget is None:
+        chunk_size = DEFAULT_SUB_BATCH
     if name == "plain":
         strategy: MemoryStrategy = PlainStrategy(chunk_size, **kwargs)
     elif name == "checkpoint":
         strategy = PlainStrategy(chunk_size, checkpoint=True, **kwargs)
     elif name in ("cache", "cache+checkpoint"):
         if chunk_size is None and token_budget is None:
-            chunk_size = 32
+            chunk_size = DEFAULT_CACHE_CHUNK
         strategy = CachedStrategy(chunk_size, checkpoint=name == "cache+checkpoint", **kwargs)
     else:
         raise ValueError(
