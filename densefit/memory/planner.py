@@ -144,6 +144,18 @@ def resolve_budget(budget: str | int | None, device: torch.device) -> int:
     return int(psutil.virtual_memory().available * fraction)
 
 
+def _release_freed_memory() -> None:
+    """Give the probe's freed buffers back to the OS (glibc keeps them otherwise)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
 def _static_bytes(model: torch.nn.Module) -> int:
     """Parameters + gradients + AdamW exp_avg and exp_avg_sq (all fp32)."""
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -243,6 +255,7 @@ def plan_memory(
             activation_model = probe_activations(model, max(longest.values()))
         if was_checkpointing:
             enable_gradient_checkpointing(model)
+        _release_freed_memory()
     act = activation_model
 
     B = config.batch_size

@@ -1,0 +1,214 @@
+"""Memory and speed of densefit's strategies against sentence-transformers, in one run.
+
+    OMP_NUM_THREADS=1 python bench/memory_speed.py            # everything (about an hour)
+    python bench/memory_speed.py --section speed --batches 32  # a part
+
+Every point is a fresh process (bench/_step_worker.py) on packaged all-MiniLM-L6-v2:
+a warm-up step on 4 rows, then timed full steps. Peers: sentence-transformers
+MultipleNegativesRankingLoss, the same with gradient checkpointing, and
+CachedMultipleNegativesRankingLoss with mini_batch_size equal to densefit's cache chunk.
+
+Sections:
+- speed: SciFact training pairs at sequence length 128, pydoc pairs at 256; batches 32,
+  64, 128; densefit plain / checkpoint / cache / auto vs the three peers.
+- scaling: NFCorpus training pairs truncated to 32 tokens; batches 64 .. 8192 for the
+  cached rows, plain rows until out of memory or a step over 300 s.
+
+Writes bench/results/memory_speed.{jsonl,csv,md,json} and memory_speed_{memory,time}.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+from _runner import RESULTS, machine_note, run_all
+
+CHUNK = 32  # densefit cache chunk == CachedMNRL mini_batch_size
+SPEED_BUDGET = "4GiB"  # for densefit auto in the speed table
+SCALING_BUDGET = "6GiB"
+DENSEFIT = ["plain", "checkpoint", "cache", "auto"]
+PEERS = ["st-mnrl", "st-mnrl-gc", "st-cmnrl"]
+
+
+def specs_for(section: str, batches: list[int] | None, threads: int) -> list[dict]:
+    specs = []
+    if section in ("speed", "all"):
+        for dataset, seq in (("scifact", 128), ("pydoc", 256)):
+            for B in batches or [32, 64, 128]:
+                for impl, methods in (("densefit", DENSEFIT), ("st", PEERS)):
+                    for method in methods:
+                        spec = {
+                            "section": "speed", "impl": impl, "method": method,
+                            "dataset": dataset, "max_seq_length": seq, "batch_size": B,
+                            "steps": 1 if B >= 64 else 2, "threads": threads, "rlimit_gib": 21,
+                        }
+                        if method in ("cache", "st-cmnrl"):
+                            spec["chunk_size"] = CHUNK
+                        if method == "auto":
+                            spec["memory_budget"] = SPEED_BUDGET
+                        spec["key"] = f"speed/{dataset}/{B}/{impl}/{method}"
+                        specs.append(spec)
+    if section in ("scaling", "all"):
+        for B in batches or [64, 256, 1024, 2048, 4096, 8192]:
+            for impl, method in (("densefit", "cache"), ("st", "st-cmnrl"), ("densefit", "auto"),
+                                 ("densefit", "plain"), ("st", "st-mnrl")):
+                spec = {
+                    "section": "scaling", "impl": impl, "method": method, "dataset": "nfcorpus",
+                    "max_seq_length": 32, "batch_size": B, "steps": 1, "threads": threads,
+                    "rlimit_gib": 21, "max_step_seconds": 300,
+                }
+                if method in ("cache", "st-cmnrl"):
+                    spec["chunk_size"] = CHUNK
+                if method == "auto":
+                    spec["memory_budget"] = SCALING_BUDGET
+                spec["key"] = f"scaling/nfcorpus/{B}/{impl}/{method}"
+                specs.append(spec)
+    return specs
+
+
+def skip_after_failure(specs: list[dict], results_so_far: dict) -> None:
+    """Plain rows stop at the first batch size that ran out of memory or was too slow."""
+    for spec in specs:
+        if spec["section"] != "scaling" or spec["method"] not in ("plain", "st-mnrl"):
+            continue
+        for other in results_so_far.values():
+            if (other.get("section") == "scaling" and other.get("method") == spec["method"]
+                    and other.get("status") in ("oom", "oom-killed", "too_slow", "timeout")
+                    and other["batch_size"] < spec["batch_size"]):
+                spec["skip_reason"] = f"skipped (after {other['status']} at {other['batch_size']})"
+
+
+def ratio_rows(results: list[dict]) -> list[dict]:
+    """densefit / peer ratios at equal dataset, batch size (and chunk for the cache)."""
+    by = {(r["section"], r["dataset"], r["batch_size"], r["method"]): r for r in results
+          if r.get("status") == "ok"}
+    pairs = [("plain", "st-mnrl"), ("checkpoint", "st-mnrl-gc"), ("cache", "st-cmnrl"),
+             ("cache", "plain"), ("auto", "fastest-fitting")]
+    out = []
+    for (section, dataset, B, method), r in sorted(by.items(), key=lambda kv: str(kv[0])):
+        for ours, peer in pairs:
+            if method != ours:
+                continue
+            if peer == "fastest-fitting":
+                budget = SPEED_BUDGET if section == "speed" else SCALING_BUDGET
+                from densefit.config import parse_bytes
+
+                limit = parse_bytes(budget) / 2**20
+                fitting = [by[k] for k in by if k[:3] == (section, dataset, B)
+                           and k[3] in ("plain", "checkpoint", "cache")
+                           and by[k]["peak_rss_mb"] - by[k]["baseline_rss_mb"] + 346 <= limit]  # + params, grads, AdamW
+                if not fitting:
+                    continue
+                other = min(fitting, key=lambda x: x["step_time_s"])
+                label = f"fastest that fits {budget}: {other['method']}"
+            else:
+                other = by.get((section, dataset, B, peer))
+                if other is None:
+                    continue
+                label = peer
+            out.append({
+                "section": section, "dataset": dataset, "batch_size": B,
+                "densefit": ours, "vs": label,
+                "time_ratio": round(r["step_time_s"] / other["step_time_s"], 3),
+                "activation_ratio": round(max(r["activation_mb"], 1) / max(other["activation_mb"], 1), 3),
+                "peak_ratio": round(r["peak_rss_mb"] / other["peak_rss_mb"], 3),
+            })
+    return out
+
+
+def write_outputs(results: list[dict], note: dict, name: str = "memory_speed") -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    cols = ["section", "dataset", "max_seq_length", "batch_size", "impl", "method", "chunk_size",
+            "status", "step_time_s", "activation_mb", "peak_rss_mb", "baseline_rss_mb",
+            "padding_efficiency", "threads", "loadavg_before", "loadavg_after"]
+    with (RESULTS / f"{name}.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols + ["plan"], extrasaction="ignore")
+        w.writeheader()
+        for r in results:
+            w.writerow({**r, "plan": json.dumps(r.get("plan")) if r.get("plan") else ""})
+    ratios = ratio_rows(results)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"machine": note, "results": results,
+                                                       "ratios": ratios}, indent=1))
+    lines = [f"# {name}", "", f"Machine: {json.dumps(note)}", "",
+             "| section | data | seq | batch | impl | method | status | step s | act MiB | peak MiB | pad eff | plan |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        plan = r.get("plan") or {}
+        plan_text = (f"{plan.get('strategy')} c={plan.get('chunk_size')} t={plan.get('token_budget')}"
+                     if r.get("method") == "auto" else "")
+        lines.append(
+            f"| {r['section']} | {r['dataset']} | {r['max_seq_length']} | {r['batch_size']} | "
+            f"{r['impl']} | {r['method']} | {r.get('status')} | {r.get('step_time_s', '')} | "
+            f"{r.get('activation_mb', '')} | {r.get('peak_rss_mb', '')} | "
+            f"{r.get('padding_efficiency', '')} | {plan_text} |"
+        )
+    lines += ["", "## Ratios (densefit / other, same data and batch size)", "",
+              "| section | data | batch | densefit | vs | time | activation | peak RSS |",
+              "|---|---|---|---|---|---|---|---|"]
+    for q in ratios:
+        lines.append(f"| {q['section']} | {q['dataset']} | {q['batch_size']} | {q['densefit']} | "
+                     f"{q['vs']} | {q['time_ratio']} | {q['activation_ratio']} | {q['peak_ratio']} |")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot(results, name)
+
+
+def plot(results: list[dict], name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results if r.get("status") == "ok"]
+    groups = sorted({(r["section"], r["dataset"]) for r in ok})
+    if not groups:
+        return
+    for metric, label, suffix in (("activation_mb", "activation memory (MiB)", "memory"),
+                                  ("step_time_s", "step time (s)", "time")):
+        fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
+        for ax, (section, dataset) in zip(axes[0], groups):
+            rows = [r for r in ok if (r["section"], r["dataset"]) == (section, dataset)]
+            for method in sorted({r["method"] for r in rows}):
+                pts = sorted((r["batch_size"], r[metric]) for r in rows if r["method"] == method)
+                style = "-o" if not method.startswith("st-") else "--s"
+                ax.plot([p[0] for p in pts], [max(p[1], 1e-3) for p in pts], style, label=method)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("batch size")
+            ax.set_ylabel(label)
+            ax.set_title(f"{section}: {dataset} (seq {rows[0]['max_seq_length']})")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(RESULTS / f"{name}_{suffix}.png", dpi=110)
+        plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--section", choices=["speed", "scaling", "all"], default="all")
+    parser.add_argument("--batches", type=int, nargs="*")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--fresh", action="store_true", help="ignore results already in the jsonl")
+    parser.add_argument("--name", default="memory_speed")
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"{args.name}.jsonl"
+    if args.fresh and out.exists():
+        out.unlink()
+    note = machine_note(args.threads)
+    specs = specs_for(args.section, args.batches, args.threads)
+    results: dict = {}
+    for spec in specs:  # one at a time, so failures of plain rows can skip larger batches
+        skip_after_failure([spec], results)
+        (r,) = run_all([spec], out)
+        results[spec["key"]] = r
+    all_results = [json.loads(x) for x in out.read_text().splitlines()]
+    write_outputs(all_results, note, args.name)
+
+
+if __name__ == "__main__":
+    main()
