@@ -12,13 +12,13 @@ general path: ``model.preprocess`` per batch, batches still sorted by length.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-__all__ = ["encode_texts", "embedding_dimension"]
+__all__ = ["encode_texts", "encode_with_callback", "embedding_dimension"]
 
 # Texts are tokenized in windows of this many batches: bounded memory on million-text inputs,
 # and enough texts per window for the token-length sort to leave little padding.
@@ -33,8 +33,8 @@ def embedding_dimension(model: SentenceTransformer) -> int:
     >>> embedding_dimension(tiny_model())
     32
     """
-    getter = getattr(model, "get_embedding_dimension", None) or getattr(
-        model, "get_sentence_embedding_dimension"
+    getter = (
+        getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     )
     dim = getter()
     if dim is None:  # some module chains only know their size after a forward pass
@@ -61,24 +61,39 @@ def encode_texts(
     >>> encode_texts(model, ["a short text", "a much longer text about cells and genes"]).shape
     (2, 32)
     """
-    if isinstance(texts, str):
-        raise TypeError("encode_texts takes a list of texts; wrap a single text as [text]")
-    texts = list(texts)
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise TypeError(
-                f"texts[{i}] is a {type(text).__name__}, not a str: pass the document text "
-                "(Document.text), not the Document"
-            )
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    texts = _checked_texts(texts, batch_size)
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(texts), desc="Encoding", unit="text", disable=not show_progress) as bar:
+        return encode_with_callback(
+            model, texts, batch_size=batch_size, normalize=normalize, on_batch=bar.update
+        )
+
+
+def encode_with_callback(
+    model: SentenceTransformer,
+    texts: list[str],
+    *,
+    batch_size: int = 64,
+    normalize: bool = False,
+    on_batch: Callable[[int], object] | None = None,
+) -> np.ndarray:
+    """:func:`encode_texts` reporting each finished batch's size to ``on_batch``.
+
+    For callers that drive their own progress bar (indexing counts documents, not texts).
+
+    >>> from densefit.testing import tiny_model
+    >>> done = []
+    >>> encode_with_callback(tiny_model(), ["a", "b", "c"], batch_size=2, on_batch=done.append).shape
+    (3, 32)
+    >>> done
+    [2, 1]
+    """
+    texts = _checked_texts(texts, batch_size)
     dim = embedding_dimension(model)
     out = np.empty((len(texts), dim), dtype=np.float32)
     if not texts:
         return out
-
-    from tqdm.auto import tqdm
-
     was_training = model.training
     model.eval()
     tokenizer = _fast_path_tokenizer(model)
@@ -86,10 +101,7 @@ def encode_texts(
     order = np.argsort([-len(t) for t in texts], kind="stable")
     window = batch_size * _BATCHES_PER_WINDOW
     try:
-        with (
-            torch.inference_mode(),
-            tqdm(total=len(texts), desc="Encoding", unit="text", disable=not show_progress) as bar,
-        ):
+        with torch.inference_mode():
             for start in range(0, len(texts), window):
                 rows = order[start : start + window]
                 for batch_rows, features in _batches(model, tokenizer, texts, rows, batch_size):
@@ -101,10 +113,26 @@ def encode_texts(
                     if normalize:
                         embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
                     out[batch_rows] = embeddings.float().cpu().numpy()
-                    bar.update(len(batch_rows))
+                    if on_batch is not None:
+                        on_batch(len(batch_rows))
     finally:
         model.train(was_training)
     return out
+
+
+def _checked_texts(texts: Sequence[str], batch_size: int) -> list[str]:
+    if isinstance(texts, str):
+        raise TypeError("encode_texts takes a list of texts; wrap a single text as [text]")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(
+                f"texts[{i}] is a {type(text).__name__}, not a str: pass the document text "
+                "(Document.text), not the Document"
+            )
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    return texts
 
 
 def _batches(model, tokenizer, texts, rows: np.ndarray, batch_size: int):
@@ -168,7 +196,9 @@ def _fast_path_tokenizer(model: SentenceTransformer):
     probe = ["densefit probe", "long " * (2 * (model.max_seq_length or 512))]
     try:
         reference = model.preprocess(probe)
-        ours = _pad(_tokenize(tokenizer, probe), np.arange(2), reference["input_ids"].shape[1], tokenizer)
+        ours = _pad(
+            _tokenize(tokenizer, probe), np.arange(2), reference["input_ids"].shape[1], tokenizer
+        )
     except Exception:  # noqa: BLE001 - any surprise means: use the general path
         return None
     keys = {k for k, v in reference.items() if isinstance(v, torch.Tensor)}

@@ -1,0 +1,379 @@
+"""The conformance suite every store backend must pass (Haystack-style: subclass and run).
+
+Subclass :class:`StoreConformance` in a test module and override the ``backend`` fixture with
+a backend spec (``"exact"``, ``"faiss"``, ``"faiss:Flat"``...) or a factory callable::
+
+    class TestMyBackend(StoreConformance):
+        @pytest.fixture
+        def backend(self):
+            return "faiss:Flat"
+
+The suite covers add / update / delete by id, reopening, compaction, a second process's
+writes, model mismatch errors, and crashes: a subprocess indexing the corpus is SIGKILLed
+(a forked child) between batches and in the middle of a write, and the store must reopen with its last
+committed state, documents and vectors still aligned, and a rerun must resume.
+
+Needs pytest; uses :func:`densefit.testing.tiny_model` (no downloads).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from densefit.data.types import Document
+from densefit.encode import encode_texts
+from densefit.index.base import ModelMismatchError
+from densefit.index.indexing import index_documents
+from densefit.index.store import LocalDocumentStore, open_store
+
+__all__ = ["StoreConformance", "make_corpus"]
+
+_TOPICS = ["cells", "genes", "python", "search", "cancer", "memory", "vaccine", "banana"]
+
+
+def make_corpus(n: int, *, seed: int = 0, prefix: str = "doc") -> list[Document]:
+    """``n`` small distinct documents built from the tiny model's vocabulary."""
+    rng = np.random.default_rng(seed)
+    from densefit.testing import WORDS
+
+    docs = []
+    for i in range(n):
+        words = rng.choice(WORDS, size=int(rng.integers(4, 24)))
+        topic = _TOPICS[i % len(_TOPICS)]
+        docs.append(Document(f"{prefix}-{i:04d}", f"{topic} {i} " + " ".join(words), title=topic))
+    return docs
+
+
+def _embed(model, docs) -> np.ndarray:
+    return encode_texts(model, [d.text for d in docs])
+
+
+class StoreConformance:
+    """Behaviour every backend must show through :class:`LocalDocumentStore`."""
+
+    n_docs = 40
+
+    @pytest.fixture
+    def backend(self):
+        raise NotImplementedError("override the `backend` fixture with a backend spec")
+
+    @pytest.fixture(scope="class")
+    def model_dir(self, tmp_path_factory) -> Path:
+        from densefit.testing import tiny_model
+
+        folder = tmp_path_factory.mktemp("tiny-model")
+        tiny_model(folder / "build").save(str(folder / "model"))
+        return folder / "model"
+
+    @pytest.fixture(scope="class")
+    def model(self, model_dir):
+        from densefit.models import load_model
+
+        return load_model(model_dir)
+
+    @pytest.fixture
+    def docs(self) -> list[Document]:
+        return make_corpus(self.n_docs)
+
+    @pytest.fixture
+    def store_dir(self, tmp_path) -> Path:
+        return tmp_path / "store"
+
+    @pytest.fixture
+    def store(self, store_dir, model, backend, docs):
+        store = open_store(store_dir, model, backend=backend)
+        store.write(docs, _embed(model, docs))
+        yield store
+        store.close()
+
+    # -- add, get, search ------------------------------------------------------------------
+
+    def test_add_count_get(self, store, docs):
+        assert store.count() == len(docs)
+        assert sorted(store.ids()) == sorted(d.id for d in docs)
+        got = store.get([docs[3].id, "no-such-id"])
+        assert got[0] == docs[3] and got[0].title == docs[3].title and got[1] is None
+
+    def test_each_document_finds_itself_first(self, store, model, docs):
+        hits = store.search(_embed(model, docs), top_k=3)
+        assert [h[0].id for h in hits] == [d.id for d in docs]
+        assert all(abs(h[0].score - 1.0) < 1e-4 for h in hits)  # cosine store: unit vectors
+        assert all(h[0].rank == 1 and h[1].rank == 2 for h in hits)
+        assert all(h[0].score >= h[1].score >= h[2].score for h in hits)
+
+    def test_results_match_brute_force(self, store, model, docs):
+        queries = encode_texts(model, ["cells and genes", "python function", "banana"])
+        vectors = store.vectors([d.id for d in docs])
+        expected = _normalise(queries) @ vectors.T  # (q, n)
+        for q, hits in enumerate(store.search(queries, top_k=5)):
+            best = np.argsort(-expected[q])[:5]
+            assert [h.id for h in hits] == [docs[i].id for i in best]
+            np.testing.assert_allclose([h.score for h in hits], expected[q][best], atol=1e-5)
+
+    def test_top_k_larger_than_store(self, store, model, docs):
+        hits = store.search(_embed(model, docs[:1]), top_k=len(docs) + 10)[0]
+        assert len(hits) == len(docs) and len({h.id for h in hits}) == len(docs)
+
+    def test_empty_store_finds_nothing(self, store_dir, model, backend):
+        with open_store(store_dir, model, backend=backend) as store:
+            assert store.search(encode_texts(model, ["cells"]), top_k=5) == [[]]
+            assert store.count() == 0
+
+    # -- update and delete -----------------------------------------------------------------
+
+    def test_update_replaces_text_and_vector(self, store, model, docs):
+        changed = Document(docs[5].id, "banana banana apple fruit salad", title="fruit")
+        result = store.write([changed], _embed(model, [changed]))
+        assert (result.added, result.updated) == (0, 1)
+        assert store.count() == len(docs) and store.dead_rows() == 1
+        assert store.get([changed.id])[0].text == changed.text
+        hit = store.search(_embed(model, [changed]), top_k=1)[0][0]
+        assert hit.id == changed.id and abs(hit.score - 1) < 1e-4
+        old_hits = store.search(_embed(model, [docs[5]]), top_k=len(docs))[0]
+        old_score = next(h.score for h in old_hits if h.id == changed.id)
+        assert old_score < 0.9999  # the old vector is gone
+
+    def test_delete(self, store, model, docs):
+        assert store.delete([docs[0].id, docs[1].id, "never-there"]) == 2
+        assert store.count() == len(docs) - 2
+        assert store.get([docs[0].id]) == [None]
+        hits = store.search(_embed(model, docs[:2]), top_k=len(docs))
+        found = {h.id for query_hits in hits for h in query_hits}
+        assert docs[0].id not in found and docs[1].id not in found
+        assert len(hits[0]) == len(docs) - 2
+
+    def test_write_metadata_keeps_vector(self, store, model, docs):
+        renamed = Document(docs[2].id, docs[2].text, title="renamed", meta={"lang": "en"})
+        assert store.write_metadata([renamed]) == 1
+        got = store.get([renamed.id])[0]
+        assert got.title == "renamed" and got.meta == {"lang": "en"}
+        assert store.dead_rows() == 0
+
+    def test_compact_keeps_results(self, store, model, docs):
+        store.write(docs[:10], _embed(model, docs[:10]))  # 10 dead rows
+        store.delete([docs[20].id])
+        queries = encode_texts(model, ["cells", "python search", "vaccine dose"])
+        before = _as_pairs(store.search(queries, top_k=8))
+        assert store.compact() == 11
+        assert store.dead_rows() == 0
+        assert _close(_as_pairs(store.search(queries, top_k=8)), before)
+        assert len(list(store.path.glob("vectors-*"))) == 1
+
+    # -- persistence and other processes ---------------------------------------------------
+
+    def test_reopen_gives_same_results(self, store, store_dir, model, backend, docs):
+        queries = encode_texts(model, ["cells genes", "memory batch"])
+        before = _as_pairs(store.search(queries, top_k=5))
+        store.delete([docs[7].id])
+        before_delete = _as_pairs(store.search(queries, top_k=5))
+        store.close()
+        with LocalDocumentStore(store_dir, backend=backend) as again:
+            assert again.count() == len(docs) - 1
+            assert _close(_as_pairs(again.search(queries, top_k=5)), before_delete)
+        assert before  # searched before closing too
+
+    def test_second_handle_sees_commits(self, store, store_dir, model, backend, docs):
+        with LocalDocumentStore(store_dir, backend=backend) as other:
+            assert other.count() == len(docs)
+            extra = make_corpus(3, seed=9, prefix="extra")
+            store.write(extra, _embed(model, extra))
+            store.delete([docs[0].id])
+            assert other.count() == len(docs) + 2
+            hit = other.search(_embed(model, extra[:1]), top_k=1)[0][0]
+            assert hit.id == extra[0].id
+            other.compact()
+            assert store.search(_embed(model, extra[1:2]), top_k=1)[0][0].id == extra[1].id
+
+    # -- the model -------------------------------------------------------------------------
+
+    def test_records_model(self, store, model):
+        from densefit.models import model_name_of
+
+        assert store.dim == 32 and store.similarity == "cosine"
+        assert store.model_name == str(Path(model_name_of(model)).resolve())
+        store.check_model(model)  # no error
+
+    def test_other_dimension_is_an_error(self, store, tmp_path):
+        from densefit.testing import tiny_model
+
+        wider = tiny_model(tmp_path / "wide", hidden_size=48, num_heads=2)
+        with pytest.raises(ModelMismatchError, match="32-d.*48-d"):
+            store.check_model(wider)
+        with pytest.raises(ModelMismatchError):
+            from densefit.index.search import search
+
+            search(store, wider, "cells")
+
+    def test_other_weights_same_dimension_is_an_error(self, store, store_dir, backend, tmp_path):
+        from densefit.testing import tiny_model
+
+        other = tiny_model(tmp_path / "other", seed=123)
+        with pytest.raises(ModelMismatchError, match="does not reproduce"):
+            store.check_model(other)
+        with pytest.raises(ModelMismatchError):
+            open_store(store_dir, other, backend=backend)
+
+    def test_weights_changed_in_place_is_an_error(self, store, model_dir, docs):
+        import torch
+
+        from densefit.index.search import search
+        from densefit.models import load_model
+
+        model = load_model(model_dir)
+        assert search(store, model, docs[0].text, top_k=1)[0].id == docs[0].id
+        torch.manual_seed(0)
+        with torch.no_grad():  # what an optimizer step does
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.05)
+        with pytest.raises(ModelMismatchError, match="weights changed"):
+            search(store, model, docs[0].text)
+
+    def test_same_weights_under_another_name_is_accepted(self, store, model_dir):
+        from densefit.models import load_model
+
+        model = load_model(model_dir)
+        model._densefit_name = "my-copy-of-the-model"
+        store.check_model(model)
+
+    # -- crashes ---------------------------------------------------------------------------
+
+    def _fork_indexer(self, model, store_dir, backend, mode: str, n: int) -> tuple[int, int]:
+        """Index ``make_corpus(n)`` in a forked child; returns (pid, read end of its pipe).
+
+        A fork rather than a fresh interpreter: the child starts in milliseconds with the
+        model already loaded, and dies by SIGKILL all the same. ``mode="between"`` writes a
+        byte to the pipe after each commit and pauses; ``mode="mid-write"`` kills itself
+        after the third batch's vectors reached the file, before SQLite commits them.
+        """
+        if not hasattr(os, "fork"):
+            pytest.skip("the crash tests need os.fork")
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid != 0:
+            os.close(write_end)
+            return pid, read_end
+        try:  # the child: never returns into pytest
+            os.close(read_end)
+            import torch
+
+            torch.set_num_threads(1)
+            from densefit.index import vectors
+
+            store = open_store(store_dir, model, backend=backend)
+            if mode == "mid-write":
+                original, calls = vectors.VectorFile.write, [0]
+
+                def write_then_die(self, start, array):
+                    original(self, start, array)
+                    calls[0] += 1
+                    if calls[0] == 3:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                vectors.VectorFile.write = write_then_die
+            else:
+                original_write = store.write
+
+                def write_slowly(docs, embeddings):
+                    result = original_write(docs, embeddings)
+                    os.write(write_end, b"c")
+                    time.sleep(0.3)
+                    return result
+
+                store.write = write_slowly
+            index_documents(store, model, make_corpus(n), batch_size=8, commit_every=16)
+            os.write(write_end, b"f")
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - report and leave without running pytest code
+            import traceback
+
+            traceback.print_exc()
+            os._exit(1)
+
+    @staticmethod
+    def _wait_killed(pid: int) -> None:
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
+            f"the indexing child ended with status {status}, not by SIGKILL"
+        )
+
+    def _check_consistent(self, store_dir, model, backend, n_expected=None):
+        with LocalDocumentStore(store_dir, backend=backend) as store:
+            ids = sorted(store.ids())
+            if n_expected is not None:
+                assert len(ids) == n_expected
+            docs = store.get(ids)
+            # Every stored document's vector is its own text's embedding: nothing misaligned.
+            np.testing.assert_allclose(
+                store.vectors(ids),
+                encode_texts(model, [d.text for d in docs], normalize=True),
+                atol=1e-5,
+            )
+            hits = store.search(encode_texts(model, [docs[-1].text]), top_k=1)[0]
+            assert hits[0].id == ids[-1]
+            return len(ids)
+
+    def _assert_resumes(self, store_dir, model, backend, committed, n):
+        with open_store(store_dir, model, backend=backend) as store:
+            report = index_documents(store, model, make_corpus(n), batch_size=8, commit_every=16)
+        assert report.unchanged == committed and report.added == n - committed
+        self._check_consistent(store_dir, model, backend, n_expected=n)
+
+    def test_killed_between_batches_reopens_and_resumes(self, model, backend, store_dir):
+        n = 160
+        with open_store(store_dir, model, backend=backend) as store:  # a flushed first part
+            index_documents(store, model, make_corpus(16), batch_size=8, commit_every=16)
+        pid, pipe = self._fork_indexer(model, store_dir, backend, "between", n)
+        try:
+            seen = b""
+            deadline = time.monotonic() + 60
+            while seen.count(b"c") < 3 and time.monotonic() < deadline:
+                chunk = os.read(pipe, 16)
+                if not chunk:
+                    break
+                seen += chunk
+            assert seen.count(b"c") >= 3, "the indexing child did not commit three batches"
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.close(pipe)
+            self._wait_killed(pid)
+        committed = self._check_consistent(store_dir, model, backend)
+        assert committed % 16 == 0 and 16 + 3 * 16 <= committed < n
+        self._assert_resumes(store_dir, model, backend, committed, n)
+
+    def test_killed_mid_write_keeps_last_commit(self, model, backend, store_dir):
+        n = 96
+        with open_store(store_dir, model, backend=backend) as store:
+            index_documents(store, model, make_corpus(16), batch_size=8, commit_every=16)
+        pid, pipe = self._fork_indexer(model, store_dir, backend, "mid-write", n)
+        os.close(pipe)
+        self._wait_killed(pid)
+        # The run skipped the 16 unchanged documents, committed two batches of 16, and died
+        # after writing the third batch's vectors but before its transaction committed.
+        vector_file = next(store_dir.glob("vectors-*"))
+        assert vector_file.stat().st_size > 48 * 32 * 4
+        committed = self._check_consistent(store_dir, model, backend, n_expected=48)
+        self._assert_resumes(store_dir, model, backend, committed, n)
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _as_pairs(results) -> list[list[tuple[str, float]]]:
+    return [[(h.id, h.score) for h in hits] for hits in results]
+
+
+def _close(a, b, atol: float = 1e-5) -> bool:
+    if [[i for i, _ in q] for q in a] != [[i for i, _ in q] for q in b]:
+        return False
+    return all(
+        abs(x - y) <= atol
+        for qa, qb in zip(a, b, strict=True)
+        for (_, x), (_, y) in zip(qa, qb, strict=True)
+    )

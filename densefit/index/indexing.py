@@ -1,0 +1,208 @@
+"""Indexing a corpus into a store: batched encoding, commits, resume, and a report.
+
+Documents are taken in chunks of ``commit_every``; each chunk is compared with the store by
+text hash (unchanged documents are skipped, changed ones re-embedded, title/metadata-only
+changes written without re-embedding), encoded in length-sorted batches, and committed in one
+transaction. A killed run therefore loses at most one chunk, and running it again resumes
+where it stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from densefit.data.types import Document
+from densefit.index.store import LocalDocumentStore, meta_hash, text_hash
+
+__all__ = ["IndexReport", "index_documents", "prune_documents"]
+
+
+@dataclass
+class IndexReport:
+    """What :func:`index_documents` did; nothing in the input goes unaccounted for.
+
+    ``seen`` = ``added + updated + metadata_updated + unchanged + duplicates``.
+    """
+
+    store: str
+    model: str
+    seen: int = 0
+    added: int = 0
+    updated: int = 0
+    metadata_updated: int = 0
+    unchanged: int = 0
+    duplicates: int = 0
+    duplicate_ids: list[str] = field(default_factory=list)  # the first few, for messages
+    encoded: int = 0
+    commits: int = 0
+    seconds: float = 0.0
+    encode_seconds: float = 0.0
+    pruned: int = 0
+    compacted: int = 0
+
+    @property
+    def docs_per_second(self) -> float:
+        """Documents encoded per second of encoding."""
+        return self.encoded / self.encode_seconds if self.encode_seconds else 0.0
+
+    def summary(self) -> str:
+        parts = [
+            f"{self.seen} documents read: {self.added} added, {self.updated} re-embedded "
+            f"(text changed), {self.unchanged} unchanged (skipped)"
+        ]
+        if self.metadata_updated:
+            parts.append(f"{self.metadata_updated} title/metadata updated")
+        if self.duplicates:
+            shown = ", ".join(repr(i) for i in self.duplicate_ids)
+            parts.append(
+                f"{self.duplicates} repeated ids replaced an earlier document with the same id "
+                f"(e.g. {shown})"
+            )
+        if self.pruned:
+            parts.append(f"{self.pruned} documents not in the input deleted")
+        if self.encoded:
+            parts.append(f"{self.docs_per_second:.1f} docs/s encoding")
+        return "; ".join(parts) + f"; {self.seconds:.1f}s in all"
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["docs_per_second"] = round(self.docs_per_second, 2)
+        return out
+
+
+def index_documents(
+    store: LocalDocumentStore,
+    model,
+    documents: Iterable[Document],
+    *,
+    batch_size: int = 64,
+    commit_every: int = 1024,
+    show_progress: bool = False,
+    total: int | None = None,
+    compact: bool = True,
+) -> IndexReport:
+    """Embed ``documents`` with ``model`` and write them to ``store``, resuming where it left.
+
+    The store must have been created for ``model`` (:class:`~densefit.index.base.
+    ModelMismatchError` otherwise). Documents already stored with the same text are skipped;
+    a repeated id replaces the earlier document and is counted in the report. ``compact``
+    rewrites the vector file when more than half of it is dead rows.
+
+    >>> from densefit.testing import tiny_model
+    >>> from densefit.index.store import open_store
+    >>> model = tiny_model()
+    >>> store = open_store(None, model)
+    >>> docs = [Document("a", "cells divide"), Document("b", "python functions")]
+    >>> index_documents(store, model, docs).added
+    2
+    >>> index_documents(store, model, docs).unchanged  # a second run skips them
+    2
+    """
+    from tqdm.auto import tqdm
+
+    from densefit.encode import encode_with_callback
+    from densefit.models import model_name_of
+
+    if commit_every < 1:
+        raise ValueError(f"commit_every must be at least 1, got {commit_every}")
+    store.check_model(model)
+    if total is None and isinstance(documents, Sequence):
+        total = len(documents)
+    report = IndexReport(store=str(store.path), model=model_name_of(model))
+    seen_ids: set[str] = set()
+    started = time.perf_counter()
+    with tqdm(
+        total=total, desc="Indexing", unit="doc", disable=not show_progress, smoothing=0.1
+    ) as bar:
+        for chunk in _chunks(documents, commit_every):
+            unique, repeats = _dedupe(chunk, seen_ids, report)
+            stored = store.hashes(list(unique))
+            to_embed, meta_only = [], []
+            for doc in unique.values():
+                hashes = stored.get(doc.id)
+                if hashes is None or hashes[0] != text_hash(doc.text):
+                    to_embed.append(doc)
+                    outcome = "added" if hashes is None else "updated"
+                elif hashes[1] != meta_hash(doc):
+                    meta_only.append(doc)
+                    outcome = "metadata_updated"
+                else:
+                    outcome = "unchanged"
+                if doc.id not in repeats:  # repeats of earlier chunks count as duplicates
+                    setattr(report, outcome, getattr(report, outcome) + 1)
+            skipped = len(chunk) - len(to_embed)
+            bar.update(skipped)
+            if to_embed:
+                encode_started = time.perf_counter()
+                embeddings = encode_with_callback(
+                    model,
+                    [d.text for d in to_embed],
+                    batch_size=batch_size,
+                    on_batch=bar.update,
+                )
+                report.encode_seconds += time.perf_counter() - encode_started
+                report.encoded += len(to_embed)
+                store.write(to_embed, embeddings)
+                report.commits += 1
+            if meta_only:
+                store.write_metadata(meta_only)
+                report.commits += 1
+            bar.set_postfix(new=report.added, changed=report.updated, skipped=report.unchanged)
+    if compact and store.dead_rows() > max(1024, store.count()):
+        report.compacted = store.compact()
+    store.flush()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def prune_documents(store: LocalDocumentStore, keep_ids: Iterable[str]) -> int:
+    """Delete every stored document whose id is not in ``keep_ids``; returns how many.
+
+    >>> from densefit.testing import tiny_model
+    >>> from densefit.index.store import open_store
+    >>> model = tiny_model()
+    >>> store = open_store(None, model)
+    >>> _ = index_documents(store, model, [Document("a", "x"), Document("b", "y")])
+    >>> prune_documents(store, ["a"])
+    1
+    """
+    keep = set(keep_ids)
+    return store.delete([i for i in store.ids() if i not in keep])
+
+
+def _chunks(documents: Iterable[Document], size: int):
+    chunk: list[Document] = []
+    for doc in documents:
+        chunk.append(doc)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _dedupe(
+    chunk: list, seen_ids: set[str], report: IndexReport
+) -> tuple[dict[str, Document], set[str]]:
+    """The chunk by id (last occurrence wins) and the ids already seen in earlier chunks."""
+    unique: dict[str, Document] = {}
+    earlier: set[str] = set()
+    for i, doc in enumerate(chunk):
+        if not isinstance(doc, Document):
+            raise TypeError(
+                f"document {report.seen + i} is a {type(doc).__name__}, not a Document: build "
+                "Documents (densefit.data.types.Document) or read them with read_corpus"
+            )
+        if doc.id in seen_ids:
+            if doc.id not in unique:
+                earlier.add(doc.id)
+            report.duplicates += 1
+            if len(report.duplicate_ids) < 5:
+                report.duplicate_ids.append(doc.id)
+            unique.pop(doc.id, None)  # re-insert: the last occurrence is the one written
+        seen_ids.add(doc.id)
+        unique[doc.id] = doc
+    report.seen += len(chunk)
+    return unique, earlier

@@ -1,0 +1,141 @@
+"""The store conformance suite, run against every backend (FAISS skipped when absent)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from densefit.data.types import Document
+from densefit.encode import encode_texts
+from densefit.index import LocalDocumentStore, StoreError, open_store
+from densefit.index.conformance import StoreConformance, make_corpus
+
+needs_faiss = pytest.mark.skipif(
+    importlib.util.find_spec("faiss") is None, reason="faiss is not installed (densefit[index])"
+)
+
+
+class TestExactBackend(StoreConformance):
+    @pytest.fixture
+    def backend(self):
+        return "exact"
+
+
+@needs_faiss
+class TestFaissBackend(StoreConformance):
+    @pytest.fixture
+    def backend(self):
+        return "faiss"  # HNSW32: approximate, but exact on stores this small
+
+
+# -- store behaviour that does not depend on the backend ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from densefit.testing import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def test_temporary_store_is_removed_on_close(model):
+    store = open_store(None, model)
+    path = store.path
+    assert path.is_dir()
+    store.close()
+    assert not path.exists()
+
+
+def test_open_missing_store_says_how_to_create_it(tmp_path):
+    with pytest.raises(StoreError, match="densefit index CORPUS --model MODEL --store"):
+        open_store(tmp_path / "nothing-here")
+    with pytest.raises(StoreError, match="not a densefit store"):
+        LocalDocumentStore(tmp_path)
+
+
+def test_refuses_to_create_in_a_non_empty_folder(tmp_path, model):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="not empty"):
+        open_store(tmp_path, model)
+
+
+def test_write_validation(model, tmp_path):
+    docs = make_corpus(3)
+    with open_store(tmp_path / "s", model) as store:
+        with pytest.raises(ValueError, match=r"shape \(3, 32\)"):
+            store.write(docs, np.zeros((3, 16), dtype=np.float32))
+        with pytest.raises(ValueError, match="appears twice"):
+            store.write([docs[0], docs[0]], np.ones((2, 32), dtype=np.float32))
+        bad = np.ones((3, 32), dtype=np.float32)
+        bad[1, 4] = np.nan
+        with pytest.raises(ValueError, match=docs[1].id):
+            store.write(docs, bad)
+        with pytest.raises(TypeError, match="not a Document"):
+            store.write(["text"], np.ones((1, 32), dtype=np.float32))
+        with pytest.raises(ValueError, match="32-d"):
+            store.search(np.ones((1, 8), dtype=np.float32))
+        assert store.count() == 0  # nothing half-written
+
+
+def test_float16_store_ranks_like_float32(model, tmp_path):
+    docs = make_corpus(60)
+    embeddings = encode_texts(model, [d.text for d in docs])
+    queries = encode_texts(model, ["cells genes", "python search", "banana apple"])
+    with (
+        open_store(tmp_path / "f32", model) as f32,
+        open_store(tmp_path / "f16", model, dtype="float16") as f16,
+    ):
+        f32.write(docs, embeddings)
+        f16.write(docs, embeddings)
+        assert f16.dtype == "float16" and next(f16.path.glob("vectors-*")).suffix == ".f16"
+        for a, b in zip(f32.search(queries, top_k=5), f16.search(queries, top_k=5), strict=True):
+            assert a[0].id == b[0].id
+            np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=2e-3)
+
+
+def test_dot_product_store_keeps_norms(tmp_path):
+    from densefit.testing import tiny_model
+
+    model = tiny_model(tmp_path / "m")
+    model.similarity_fn_name = "dot"
+    docs = make_corpus(5)
+    embeddings = encode_texts(model, [d.text for d in docs])
+    with open_store(tmp_path / "s", model) as store:
+        assert store.similarity == "dot"
+        store.write(docs, embeddings)
+        hits = store.search(embeddings[:1], top_k=5)[0]
+        expected = np.sort(embeddings @ embeddings[0])[::-1]
+        np.testing.assert_allclose([h.score for h in hits], expected, rtol=1e-5)
+
+
+def test_unknown_backend_lists_the_choices(model, tmp_path):
+    with pytest.raises(ValueError, match="'exact', 'faiss'"):
+        open_store(tmp_path / "s", model, backend="annoy")
+
+
+def test_snippet_and_hit_dict():
+    from densefit.index import SearchHit
+
+    hit = SearchHit("d", 0.5, 1, text="word " * 100, title="t")
+    assert hit.snippet(40).endswith(" ...") and len(hit.snippet(40)) <= 44
+    assert hit.to_dict()["id"] == "d"
+
+
+def test_store_satisfies_the_protocol(model):
+    from densefit.index import DocumentStore, ExactBackend, VectorBackend
+
+    with open_store(None, model) as store:
+        assert isinstance(store, DocumentStore)
+        assert isinstance(store.backend, VectorBackend)
+    assert isinstance(ExactBackend(), VectorBackend)
+
+
+def test_documents_roundtrip_unicode_and_meta(model, tmp_path):
+    docs = [Document("ü-1", "naïve café — 東京", title="t", meta={"n": 1, "tags": ["a"]})]
+    with open_store(tmp_path / "s", model) as store:
+        store.write(docs, encode_texts(model, [d.text for d in docs]))
+    with LocalDocumentStore(tmp_path / "s") as store:
+        got = store.get(["ü-1"])[0]
+        assert got.text == docs[0].text and got.meta == {"n": 1, "tags": ["a"]}
