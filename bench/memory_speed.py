@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-from pathlib import Path
 
 from _runner import RESULTS, machine_note, run_all
 

@@ -157,7 +157,11 @@ def plan(
     batch_size: int = typer.Option(..., help="The batch size you want."),
     memory_budget: str | None = typer.Option(None, help="e.g. 8GiB; default 0.8 of free memory."),
     max_seq_length: int | None = typer.Option(None),
+    epochs: int = typer.Option(1, help="Epochs of the run to plan for (its batches are known)."),
+    max_steps: int | None = typer.Option(None),
+    chunk_size: int | None = typer.Option(None, help="Rows per sub-batch / chunk to plan with."),
     symmetric: bool = typer.Option(False),
+    seed: int = typer.Option(42),
     split: str = typer.Option("train"),
     on_bad_row: OnBadRow = typer.Option(OnBadRow.error),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
@@ -170,11 +174,15 @@ def plan(
     from densefit.memory.planner import plan_memory
 
     config = TrainConfig(batch_size=batch_size, memory="auto", memory_budget=memory_budget,
-                         max_seq_length=max_seq_length, symmetric=symmetric)
+                         max_seq_length=max_seq_length, symmetric=symmetric, epochs=epochs,
+                         max_steps=max_steps, chunk_size=chunk_size, seed=seed)
     examples = _examples(data, on_bad_row.value, split)
     st_model = _load(model, max_seq_length)
+    from densefit.train import planned_batches
+
     try:
-        result = plan_memory(st_model, examples, config)
+        result = plan_memory(st_model, examples, config,
+                             batches=planned_batches(len(examples), config))
     except MemoryError as exc:
         _fail(str(exc), code=3)
     if as_json:

@@ -30,6 +30,7 @@ from sentence_transformers import SentenceTransformer
 from densefit.config import TrainConfig
 from densefit.data.types import TrainingExample
 from densefit.losses import margin_mse, mnrl
+from densefit.memory.planner import auto_loss_chunk
 from densefit.memory.strategies import MemoryStrategy, make_strategy
 
 __all__ = ["train", "TrainResult", "batches", "make_loss_fn", "peak_rss_bytes", "build_strategy"]
@@ -77,6 +78,20 @@ def batches(
     return out
 
 
+def planned_batches(n: int, config: TrainConfig) -> list[list[int]]:
+    """Row indices of every forward-backward (micro-batch) the run will do, in order."""
+    micro = config.batch_size // config.gradient_accumulation_steps or 1
+    per_epoch = batches(n, micro, seed=config.seed, epoch=0, drop_last=config.drop_last)
+    steps = math.ceil(len(per_epoch) / config.gradient_accumulation_steps)
+    total = (config.max_steps or steps * config.epochs) * config.gradient_accumulation_steps
+    out: list[list[int]] = []
+    epoch = 0
+    while len(out) < total and per_epoch:
+        out += batches(n, micro, seed=config.seed, epoch=epoch, drop_last=config.drop_last)
+        epoch += 1
+    return out[:total]
+
+
 def columns_of(rows: Sequence[TrainingExample]) -> list[list[str]]:
     """Text columns of a batch: anchors, positives, then all hard negatives flattened."""
     return [
@@ -91,13 +106,15 @@ def make_loss_fn(
 ) -> Callable[[list[torch.Tensor]], torch.Tensor]:
     """The batch's loss as a function of its column embeddings [anchors, positives, negatives]."""
     if config.loss == "mnrl":
+        n_negatives = sum(len(r.negatives) for r in rows)
+        loss_chunk = config.loss_chunk_size or auto_loss_chunk(len(rows), n_negatives)
 
         def loss_fn(emb: list[torch.Tensor]) -> torch.Tensor:
             negatives = emb[2] if emb[2].numel() else None
             return mnrl(
                 emb[0], emb[1], negatives,
                 scale=config.scale, symmetric=config.symmetric,
-                similarity=config.similarity, chunk_size=config.loss_chunk_size,
+                similarity=config.similarity, chunk_size=loss_chunk,
             )
 
         return loss_fn
@@ -167,7 +184,7 @@ def build_strategy(
     if name == "auto":
         from densefit.memory.planner import plan_memory
 
-        plan = plan_memory(model, examples, config)
+        plan = plan_memory(model, examples, config, batches=planned_batches(len(examples), config))
         # Cached chunks are capped in padded tokens: chunks of short texts take more rows.
         strategy = make_strategy(
             plan.strategy, None if plan.token_budget else plan.chunk_size,

@@ -137,3 +137,11 @@ def test_checkpointing_same_gradients_fewer_saved_bytes(tiny):
     for a, b in zip(grads_a, grads_b):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     assert bytes_ckpt < bytes_plain / 2, (bytes_ckpt, bytes_plain)
+
+
+def test_chunks_close_early_when_padding_would_be_wasteful(tiny):
+    texts = ["a"] * 8 + ["the cell " * 25] * 8
+    features = tokenize(tiny, texts)
+    chunks = make_chunks(features, chunk_size=16)
+    assert [len(c) for c in chunks] == [8, 8]  # not one chunk padded to the long texts
+    assert len(make_chunks(features, chunk_size=16, min_efficiency=None)) == 1

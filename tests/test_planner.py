@@ -68,3 +68,28 @@ def test_saved_bytes_counts_activations_not_parameters():
     x = torch.randn(100, 64, requires_grad=True)
     n = saved_bytes(lambda: torch.tanh(lin(x)), exclude=list(lin.parameters()))
     assert n == 2 * 100 * 64 * 4  # the input of the linear and the tanh output
+
+
+def test_plan_for_the_runs_real_batches_is_tighter_than_worst_case(tiny):
+    from densefit.train import planned_batches
+
+    rows = [TrainingExample("q", "cell " * (60 if i < 8 else 2)) for i in range(64)]
+    config = TrainConfig(batch_size=8, memory_budget="4GiB", chunk_size=4)
+    act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
+    exact = plan_memory(tiny, rows, config, batches=planned_batches(64, config), activation_model=act)
+    worst = plan_memory(tiny, rows, config, activation_model=act)
+    plain = lambda p: next(c for c in p.candidates if c["strategy"] == "plain")["peak_bytes"]  # noqa: E731
+    assert plain(exact) < plain(worst)
+    assert exact.lengths["positives"]["exact"] is True
+    assert "largest batch of this run" in exact.reason
+
+
+def test_group_rows_is_what_make_chunks_runs(tiny):
+    from densefit.memory.chunking import group_rows, make_chunks, tokenize
+
+    texts = [("the cell " * (i % 11 + 1)).strip() for i in range(50)]
+    features = tokenize(tiny, texts)
+    lengths = features["attention_mask"].sum(1).tolist()
+    for kw in ({"chunk_size": 8}, {"token_budget": 100}, {"chunk_size": 16, "sort_by_length": False}):
+        chunks = make_chunks(features, **kw)
+        assert [c.index.tolist() for c in chunks] == group_rows(lengths, **kw)

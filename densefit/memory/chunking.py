@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from sentence_transformers import SentenceTransformer
 
-__all__ = ["Chunk", "tokenize", "make_chunks", "padding_efficiency"]
+__all__ = ["Chunk", "tokenize", "make_chunks", "group_rows", "padding_efficiency"]
 
 
 @dataclass
@@ -56,19 +56,70 @@ def _select(features: dict, rows: torch.Tensor, n: int) -> dict:
     return out
 
 
+def group_rows(
+    lengths: list[int],
+    *,
+    chunk_size: int | None = None,
+    token_budget: int | None = None,
+    sort_by_length: bool = True,
+    min_efficiency: float | None = 0.8,
+    min_rows: int = 4,
+) -> list[list[int]]:
+    """Row indices of each chunk, from token lengths alone (see :func:`make_chunks`).
+
+    The planner calls this too, so it predicts exactly the chunks training will run.
+
+    >>> group_rows([5, 50, 6, 48], chunk_size=2)
+    [[0, 2], [3, 1]]
+    """
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    n = len(lengths)
+    if sort_by_length:
+        order = sorted(range(n), key=lengths.__getitem__)  # stable
+    else:
+        order, min_efficiency = list(range(n)), None  # unsorted rows: only the caps apply
+    groups: list[list[int]] = []
+    start = 0
+    while start < n:
+        end, longest, real = start, 0, 0
+        while end < n:
+            length = lengths[order[end]]
+            longest_next, rows = max(longest, length), end - start + 1
+            if end > start:
+                over_rows = chunk_size is not None and rows > chunk_size
+                over_budget = token_budget is not None and rows * longest_next > token_budget
+                wasteful = (
+                    min_efficiency is not None
+                    and rows > min_rows
+                    and (real + length) < min_efficiency * rows * longest_next
+                )
+                if over_rows or over_budget or wasteful:
+                    break
+            longest, real, end = longest_next, real + length, end + 1
+        groups.append(order[start:end])
+        start = end
+    return groups
+
+
 def make_chunks(
     features: dict,
     *,
     chunk_size: int | None = None,
     token_budget: int | None = None,
     sort_by_length: bool = True,
+    min_efficiency: float | None = 0.8,
+    min_rows: int = 4,
 ) -> list[Chunk]:
     """Split a tokenised column into chunks.
 
     ``chunk_size`` caps rows per chunk; ``token_budget`` caps padded tokens per chunk
     (rows x longest text), so a chunk of long texts never exceeds what was planned. With
-    neither, the whole column is one chunk. Sorting is stable, so equal lengths keep their
-    order and chunking is deterministic.
+    neither, the whole column is one chunk. With ``sort_by_length`` rows are sorted by
+    token length (stable, so chunking is deterministic) and a chunk is also closed early
+    once it holds ``min_rows`` rows and the next, longer row would drop its padding
+    efficiency (real / padded tokens) under ``min_efficiency``: smaller chunks never need
+    more memory than planned, and heavy-tailed data stops paying for padding.
 
     >>> from densefit.testing import tiny_model
     >>> m = tiny_model()
@@ -79,31 +130,13 @@ def make_chunks(
     mask = features["attention_mask"]
     n = mask.shape[0]
     lengths = mask.sum(dim=1)  # (n,)
-    order = (
-        torch.sort(lengths, stable=True).indices if sort_by_length else torch.arange(n)
-    )
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    groups: list[torch.Tensor] = []
-    if token_budget is None:
-        size = chunk_size or n
-        groups = list(order.split(size))
-    else:
-        # Greedy over length-sorted rows: a chunk's cost is rows x its longest row.
-        start = 0
-        sorted_len = lengths[order].tolist()
-        while start < n:
-            end, longest = start, 0
-            while end < n:
-                longest_next = max(longest, sorted_len[end])
-                rows = end - start + 1
-                over_budget = rows * longest_next > token_budget
-                over_rows = chunk_size is not None and rows > chunk_size
-                if end > start and (over_budget or over_rows):
-                    break
-                longest, end = longest_next, end + 1
-            groups.append(order[start:end])
-            start = end
+    groups = [
+        torch.tensor(g, dtype=torch.long, device=mask.device)
+        for g in group_rows(
+            lengths.tolist(), chunk_size=chunk_size, token_budget=token_budget,
+            sort_by_length=sort_by_length, min_efficiency=min_efficiency, min_rows=min_rows,
+        )
+    ]
     chunks = []
     for rows in groups:
         sub = _select(features, rows, n)

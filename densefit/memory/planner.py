@@ -25,7 +25,7 @@ from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig, parse_bytes
 from densefit.data.types import TrainingExample
-from densefit.memory.chunking import tokenize
+from densefit.memory.chunking import group_rows, tokenize
 from densefit.memory.strategies import DEFAULT_SUB_BATCH
 from densefit.models import (
     disable_gradient_checkpointing,
@@ -34,7 +34,29 @@ from densefit.models import (
     transformer_of,
 )
 
-__all__ = ["MemoryPlan", "ActivationModel", "plan_memory", "saved_bytes", "resolve_budget"]
+__all__ = [
+    "MemoryPlan",
+    "ActivationModel",
+    "plan_memory",
+    "saved_bytes",
+    "resolve_budget",
+    "auto_loss_chunk",
+]
+
+# Score-matrix blocks above this many elements are computed in blocks of anchors.
+_LOSS_BLOCK_ELEMENTS = 2**22
+
+
+def auto_loss_chunk(batch_size: int, n_negatives: int = 0) -> int | None:
+    """Anchors per score block so a block holds at most ~4M scores (None: no blocking).
+
+    >>> auto_loss_chunk(64) is None, auto_loss_chunk(8192)
+    (True, 512)
+    """
+    candidates = batch_size + n_negatives
+    if batch_size * candidates <= _LOSS_BLOCK_ELEMENTS:
+        return None
+    return max(1, _LOSS_BLOCK_ELEMENTS // candidates)
 
 # Relative cost of one step, in forward-pass units (backward ~ 2 forwards).
 _RELATIVE_TIME = {"plain": 3.0, "checkpoint": 4.0, "cache": 4.0, "cache+checkpoint": 5.0}
@@ -163,22 +185,45 @@ def _static_bytes(model: torch.nn.Module) -> int:
     return n * 4 * 4 + frozen
 
 
-def _column_lengths(
-    model: SentenceTransformer, examples: Sequence[TrainingExample], sample: int, seed: int
-) -> dict[str, list[int]]:
-    rng = random.Random(seed)
-    rows = list(examples) if len(examples) <= sample else rng.sample(list(examples), sample)
-    columns = {
-        "anchors": [r.query for r in rows],
-        "positives": [r.positive for r in rows],
-        "negatives": [n for r in rows for n in r.negatives],
-    }
-    out = {}
-    for name, texts in columns.items():
-        if texts:
-            mask = tokenize(model, texts)["attention_mask"]
-            out[name] = mask.sum(1).tolist()
+def _token_lengths(model: SentenceTransformer, texts: list[str], block: int = 1024) -> list[int]:
+    """Token length of each text after the model's own truncation (tokenised in blocks)."""
+    out: list[int] = []
+    for i in range(0, len(texts), block):
+        out += tokenize(model, texts[i : i + block])["attention_mask"].sum(1).tolist()
     return out
+
+
+@dataclass
+class _RowLengths:
+    """Token lengths per row: anchors, positives, and each row's negatives."""
+
+    anchors: list[int]
+    positives: list[int]
+    negatives: list[list[int]]
+    exact: bool  # every row measured (else a sample)
+
+    def column(self, name: str) -> list[int]:
+        if name == "negatives":
+            return [n for row in self.negatives for n in row]
+        return getattr(self, name)
+
+
+def _row_lengths(
+    model: SentenceTransformer, examples: Sequence[TrainingExample], limit: int, seed: int
+) -> _RowLengths:
+    exact = len(examples) <= limit
+    rows = list(examples) if exact else random.Random(seed).sample(list(examples), limit)
+    negs = _token_lengths(model, [n for r in rows for n in r.negatives])
+    per_row, at = [], 0
+    for r in rows:
+        per_row.append(negs[at : at + len(r.negatives)])
+        at += len(r.negatives)
+    return _RowLengths(
+        _token_lengths(model, [r.query for r in rows]),
+        _token_lengths(model, [r.positive for r in rows]),
+        per_row,
+        exact,
+    )
 
 
 def probe_activations(model: SentenceTransformer, max_length: int, rows: int = 4) -> ActivationModel:
@@ -229,24 +274,31 @@ def plan_memory(
     examples: Sequence[TrainingExample],
     config: TrainConfig,
     *,
-    sample: int = 2048,
+    batches: Sequence[Sequence[int]] | None = None,
+    exact_limit: int = 200_000,
     activation_model: ActivationModel | None = None,
 ) -> MemoryPlan:
     """Choose strategy and chunk for ``config.batch_size`` within ``config.memory_budget``.
 
-    The plan is for the worst batch the data can produce: every text at its column's
-    longest length seen in a sample (or the model's cap), so the plan holds for the whole
-    run, not just the first steps.
+    ``batches`` are the row indices of every forward-backward the run will do (the trainer
+    passes them: the data order is seeded, so it is known in advance). With up to
+    ``exact_limit`` rows every text is tokenised and ``plain`` is planned for the largest
+    batch the run will actually see, chunked exactly as training will chunk it. Beyond
+    that, or without ``batches``, it plans for the worst batch the data could produce (the
+    longest texts of a sample). Cached chunks are capped in padded tokens, so they fit
+    whatever the batch holds. Either way the plan holds for the whole run.
     """
     device = torch.device(config.device or model.device)
     budget = resolve_budget(config.memory_budget, device)
     if config.max_seq_length is not None:
         model.max_seq_length = config.max_seq_length
-    lengths = _column_lengths(model, examples, sample, config.seed)
-    if not lengths:
-        raise ValueError("cannot plan memory: the training data has no texts")
-    cap = int(getattr(model, "max_seq_length", 0) or max(max(v) for v in lengths.values()))
-    longest = {k: min(cap, max(v)) for k, v in lengths.items()}
+    if not examples:
+        raise ValueError("cannot plan memory: the training data has no rows")
+    lengths = _row_lengths(model, examples, exact_limit, config.seed)
+    columns = {c: lengths.column(c) for c in ("anchors", "positives", "negatives")}
+    columns = {c: v for c, v in columns.items() if v}
+    cap = int(getattr(model, "max_seq_length", 0) or max(max(v) for v in columns.values()))
+    longest = {k: min(cap, max(v)) for k, v in columns.items()}
     if activation_model is None:
         was_checkpointing = is_checkpointing(model)
         disable_gradient_checkpointing(model)
@@ -259,9 +311,8 @@ def plan_memory(
     act = activation_model
 
     B = config.batch_size
-    negs_per_row = len(lengths.get("negatives", [])) / max(1, len(lengths["anchors"]))
-    rows = {"anchors": B, "positives": B, "negatives": int(math.ceil(B * negs_per_row))}
-    n_candidates = rows["positives"] + rows["negatives"]
+    negs_per_row = len(columns.get("negatives", [])) / max(1, len(lengths.anchors))
+    n_candidates = B + int(math.ceil(B * negs_per_row))
     get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     dim = int(get_dim() or 768)
     static = _static_bytes(model)
@@ -273,41 +324,44 @@ def plan_memory(
         # scores, softmax and its gradient for one block of anchors x all candidates
         return int(3 * 4 * block * n_candidates * (2 if config.symmetric else 1))
 
-    loss_chunk = config.loss_chunk_size
-    if loss_chunk is None and loss_bytes(None) > 0.05 * budget:
+    loss_chunk = config.loss_chunk_size or auto_loss_chunk(B, n_candidates - B)
+    if config.loss_chunk_size is None and loss_bytes(loss_chunk) > 0.05 * budget:
+        # keep the score blocks to a small share of a tight budget
         loss_chunk = max(1, int(0.05 * budget / (3 * 4 * n_candidates)))
-    embeddings = 2 * 4 * dim * (rows["anchors"] + n_candidates)  # values + cached grads
-
-    def longest_rows(column: str, n: int) -> list[int]:
-        """Lengths of the n longest texts the data can put in one column of a batch.
-
-        With the whole data sampled this is exact; otherwise the sample's upper quantiles
-        stand in for the data's n longest texts.
-        """
-        ranked = sorted(lengths[column], reverse=True)
-        total = max(len(ranked), int(len(examples) * len(ranked) / max(1, len(lengths["anchors"]))))
-        return [ranked[min(len(ranked) - 1, r * len(ranked) // total)] for r in range(n)]
-
+    embeddings = 2 * 4 * dim * (B + n_candidates)  # values + cached grads
     sub_batch = config.chunk_size or DEFAULT_SUB_BATCH
 
-    def whole_batch(checkpoint: bool) -> float:
-        """Worst-case activation bytes when the whole batch keeps its graph.
-
-        The batch is embedded in length-sorted sub-batches, each padded to its longest row.
-        """
+    def graph_bytes(column_lengths: list[int], checkpoint: bool) -> float:
+        """Activation bytes of one column embedded in sub-batches that keep their graphs."""
         total = 0.0
-        for col, n in rows.items():
-            if not n or col not in lengths:
-                continue
-            ranked = longest_rows(col, n)  # descending: a sub-batch pads to its first row
-            for start in range(0, n, sub_batch):
-                count, length = len(ranked[start : start + sub_batch]), ranked[start]
-                full = act.bytes(count, length)
-                # checkpointing keeps each layer's input (+ one layer recomputed at a time)
-                if checkpoint:
-                    full = count * length * hidden * 4 * (layers + 1) + full / layers
-                total += full
+        for group in group_rows(column_lengths, chunk_size=sub_batch):
+            count, length = len(group), max(column_lengths[i] for i in group)
+            full = act.bytes(count, length)
+            if checkpoint:  # each layer's input is kept; one layer is recomputed at a time
+                full = count * length * hidden * 4 * (layers + 1) + full / layers
+            total += full
         return total
+
+    def batch_bytes(rows: Sequence[int], checkpoint: bool) -> float:
+        cols = [[lengths.anchors[i] for i in rows], [lengths.positives[i] for i in rows],
+                [n for i in rows for n in lengths.negatives[i]]]
+        return sum(graph_bytes(c, checkpoint) for c in cols if c)
+
+    def worst_case_bytes(checkpoint: bool) -> float:
+        """No batch list or a sample: the longest texts the data holds, all in one batch."""
+        total = 0.0
+        for name, values in columns.items():
+            n = B if name != "negatives" else n_candidates - B
+            ranked = sorted(values, reverse=True)
+            scale = len(examples) / len(lengths.anchors)  # > 1 when sampled
+            picks = [ranked[min(len(ranked) - 1, int(r / scale))] for r in range(n)]
+            total += graph_bytes(picks, checkpoint)
+        return total
+
+    def whole_batch(checkpoint: bool) -> float:
+        if batches is not None and lengths.exact:
+            return max(batch_bytes(b, checkpoint) for b in batches)
+        return worst_case_bytes(checkpoint)
 
     def chunk_peak(tokens: int, checkpoint: bool) -> float:
         length = max(longest.values())
@@ -357,12 +411,15 @@ def plan_memory(
         return (_RELATIVE_TIME[c["strategy"]], -(c["token_budget"] or c["chunk_size"] or B))
 
     chosen = min(fitting, key=cost)
+    basis = ("the largest batch of this run" if batches is not None and lengths.exact
+             else "the longest texts of the data in one batch")
     if chosen["strategy"] == "plain":
-        reason = "the whole batch fits: no recomputation needed"
+        reason = f"{basis} fits whole: no recomputation needed"
     elif chosen["strategy"] == "checkpoint":
-        reason = "the whole batch fits with checkpointing"
+        reason = f"{basis} fits with checkpointing"
     else:
-        reason = f"plain needs {candidates[0]['peak_bytes'] / 2**30:.2f} GiB; largest chunk that fits"
+        reason = (f"plain needs {candidates[0]['peak_bytes'] / 2**30:.2f} GiB for {basis}; "
+                  "largest chunk that fits")
     return MemoryPlan(
         strategy=chosen["strategy"],
         chunk_size=chosen["chunk_size"],
@@ -374,7 +431,8 @@ def plan_memory(
         static_bytes=static,
         fits=True,
         reason=reason,
-        lengths={k: {"max": max(v), "mean": round(sum(v) / len(v), 1), "cap": cap}
-                 for k, v in lengths.items()},
+        lengths={k: {"max": max(v), "mean": round(sum(v) / len(v), 1), "cap": cap,
+                     "rows_measured": len(lengths.anchors), "exact": lengths.exact}
+                 for k, v in columns.items()},
         candidates=candidates,
     )
