@@ -25,6 +25,8 @@ def machine_note(threads: int) -> dict:
         "python": platform.python_version(),
         "processor": platform.processor() or platform.machine(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "pinned_cpus": os.environ.get("DENSEFIT_BENCH_CPUS", "none"),
+        "note": os.environ.get("DENSEFIT_BENCH_NOTE", ""),
     }
 
 
@@ -37,8 +39,11 @@ def run_point(spec: dict, *, timeout: float = 1800) -> dict:
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     try:
+        # DENSEFIT_BENCH_CPUS=0 pins points to CPU 0 (other work goes to the other core).
+        pin = os.environ.get("DENSEFIT_BENCH_CPUS")
+        prefix = ["taskset", "-c", pin] if pin else []
         proc = subprocess.run(
-            [sys.executable, str(HERE / "_step_worker.py"), json.dumps(spec)],
+            [*prefix, sys.executable, str(HERE / "_step_worker.py"), json.dumps(spec)],
             capture_output=True, text=True, timeout=timeout, env=env,
         )
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
