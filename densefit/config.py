@@ -63,6 +63,8 @@ class TrainConfig:
     loss_chunk_size: int | None = None  # anchors per block of the MNRL score matrix
     memory_budget: str | None = None  # e.g. "8GiB", for --memory auto
     sort_by_length: bool = True
+    mask_false_negatives: bool = True  # mask duplicates / known positives in MNRL
+    no_duplicates: bool = False  # batches without repeated texts (same count and sizes)
     max_seq_length: int | None = None
     gradient_accumulation_steps: int = 1
     drop_last: bool = False

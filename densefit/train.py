@@ -28,8 +28,10 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig
+from densefit.data.samplers import no_duplicate_batches
 from densefit.data.types import TrainingExample
 from densefit.losses import margin_mse, mnrl
+from densefit.masking import false_negative_mask, health_postfix, merge_health, score_health
 from densefit.memory.planner import auto_loss_chunk
 from densefit.memory.strategies import MemoryStrategy, make_strategy
 
@@ -102,25 +104,36 @@ def columns_of(rows: Sequence[TrainingExample]) -> list[list[str]]:
 
 
 def make_loss_fn(
-    config: TrainConfig, rows: Sequence[TrainingExample]
+    config: TrainConfig, rows: Sequence[TrainingExample], health: dict | None = None
 ) -> Callable[[list[torch.Tensor]], torch.Tensor]:
-    """The batch's loss as a function of its column embeddings [anchors, positives, negatives]."""
+    """The batch's loss as a function of its column embeddings [anchors, positives, negatives].
+
+    MNRL masks false negatives (duplicates, known positives: :mod:`densefit.masking`);
+    ``health`` receives the batch's telemetry (counts now, scores when the loss runs).
+    """
+    health = {} if health is None else health
     if config.loss == "mnrl":
         n_negatives = sum(len(r.negatives) for r in rows)
         loss_chunk = config.loss_chunk_size or auto_loss_chunk(len(rows), n_negatives)
+        found = false_negative_mask(rows)
+        mask = found.mask if config.mask_false_negatives else None  # (B, B + M) or None
+        health.update(found.telemetry())
 
         def loss_fn(emb: list[torch.Tensor]) -> torch.Tensor:
             negatives = emb[2] if emb[2].numel() else None
+            health.update(score_health(emb, rows, config.similarity))
             return mnrl(
                 emb[0], emb[1], negatives,
                 scale=config.scale, symmetric=config.symmetric,
                 similarity=config.similarity, chunk_size=loss_chunk,
+                mask=None if mask is None else mask.to(emb[0].device),
             )
 
         return loss_fn
     scores = torch.tensor([r.score for r in rows], dtype=torch.float32)
 
     def margin_loss(emb: list[torch.Tensor]) -> torch.Tensor:
+        health.update(score_health(emb, rows, config.similarity))
         return margin_mse(emb[0], emb[1], emb[2], scores.to(emb[0].device))
 
     return margin_loss
@@ -273,6 +286,8 @@ def train(
             micro_batches = batches(
                 len(examples), micro, seed=config.seed, epoch=epoch, drop_last=config.drop_last
             )
+            if config.no_duplicates:  # same batch count and sizes, texts unique per batch
+                micro_batches = no_duplicate_batches(examples, micro_batches)
             for first in range(0, len(micro_batches), config.gradient_accumulation_steps):
                 if step >= total_steps:
                     break
@@ -303,7 +318,7 @@ def train(
                 if progress is not None:
                     progress.set_postfix(
                         loss=f"{record['loss']:.4f}", ex_s=f"{record['examples_per_s']:.1f}",
-                        pad=f"{record['padding_efficiency']:.2f}",
+                        pad=f"{record['padding_efficiency']:.2f}", **health_postfix(record),
                     )
                     progress.update(1)
             epoch += 1
@@ -334,10 +349,11 @@ def _optimizer_step(model, examples, group, config, strategy, optimizer, schedul
     while True:
         optimizer.zero_grad(set_to_none=True)
         try:
-            stats = []
+            stats, health = [], []
             for indices in group:
                 rows = [examples[i] for i in indices]
-                loss_fn = make_loss_fn(config, rows)
+                health.append({})
+                loss_fn = make_loss_fn(config, rows, health[-1])
                 if n_micro > 1:
                     loss_fn = lambda emb, base=loss_fn: base(emb) / n_micro  # noqa: E731
                 stats.append(
@@ -378,6 +394,7 @@ def _optimizer_step(model, examples, group, config, strategy, optimizer, schedul
         "loss": sum(s.loss for s in stats),  # micro losses are already divided by n_micro
         "grad_norm": grad_norm,
         "padding_efficiency": round(real / padded, 4) if padded else 1.0,
+        **merge_health(health),  # unique candidates, masked false negatives, mean scores
         "chunks": sum(s.chunks for s in stats),
     }
 

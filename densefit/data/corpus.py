@@ -72,6 +72,7 @@ class BeirDataset:
                 positive=self.corpus[j.doc_id].text,
                 origin=j.origin,
                 positive_ids=positives[j.query_id],
+                positive_id=j.doc_id,
             )
             for j in self.judgments
             if j.score > 0

@@ -59,7 +59,10 @@ def read_training_data(
     and ``.tsv`` (header row required; TSV has no quoting), ``.parquet``. Column names:
     query ``anchor``/``query``/``question``; positive ``positive``/``pos_doc``; negatives
     ``negative`` or ``neg_doc`` (a text or a list of texts) and ``negative_1``, ``negative_2``,
-    ... (in numeric order); score ``score``/``label``. Other columns are ignored.
+    ... (in numeric order); score ``score``/``label``. Optional document ids (as written by
+    ``densefit mine``, used to mask false negatives): ``positive_ids`` (every known positive
+    of the query), ``positive_id`` and ``negative_ids`` (one per negative). Other columns are
+    ignored.
 
     A BEIR folder (``corpus.jsonl[.gz]``, ``queries.jsonl``, ``qrels/<split>.tsv``) gives
     one (query, document) pair per judgment with score > 0, and every pair carries all
@@ -134,7 +137,7 @@ def example_from_record(record: Mapping[str, Any], origin: str) -> TrainingExamp
 
     Example:
         >>> example_from_record({"anchor": "q", "positive": "p", "negative_1": "n"}, "x:1")
-        TrainingExample(query='q', positive='p', negatives=('n',), score=None, origin='x:1', positive_ids=())
+        TrainingExample(query='q', positive='p', negatives=('n',), score=None, origin='x:1', positive_ids=(), positive_id='', negative_ids=())
     """
     query = require_text(record, QUERY_KEYS, origin)
     positive = require_text(record, POSITIVE_KEYS, origin)
@@ -152,13 +155,34 @@ def example_from_record(record: Mapping[str, Any], origin: str) -> TrainingExamp
     )
     negatives += [check_text(record[k], origin, k) for _, k in numbered if record[k] is not None]
     score_key, score = first_present(record, SCORE_KEYS)
+    negative_ids = _ids(record.get("negative_ids"), origin, "negative_ids")
+    if negative_ids and len(negative_ids) != len(negatives):
+        problem = f"{len(negative_ids)} id(s) for {len(negatives)} negative(s)"
+        raise BadRowError(origin, "negative_ids", problem, "give one id per negative, or none")
+    positive_id = _ids(record.get("positive_id"), origin, "positive_id")
     return TrainingExample(
         query=query,
         positive=positive,
         negatives=tuple(negatives),
         score=None if score is None else _check_score(score, origin, score_key),
         origin=origin,
+        positive_ids=_ids(record.get("positive_ids"), origin, "positive_ids"),
+        positive_id=positive_id[0] if positive_id else "",
+        negative_ids=negative_ids,
     )
+
+
+def _ids(value: Any, origin: str, key: str) -> tuple[str, ...]:
+    """Document ids (written by ``densefit mine``): a list of ids, one id, or nothing."""
+    if value is None:
+        return ()
+    items = value if isinstance(value, (list, tuple)) else [value]
+    ids = []
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool):
+            item = str(item)
+        ids.append(check_text(item, origin, key, also="id (or a list of ids)"))
+    return tuple(ids)
 
 
 def _examples(rows: Rows, where: str, bad: BadRows) -> list[TrainingExample]:

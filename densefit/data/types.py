@@ -12,7 +12,9 @@ class TrainingExample:
     ``origin`` is ``"path:line"`` (or ``"<list>:index"``) so that every later message can
     point back at the row. ``score`` is the teacher margin used by ``margin_mse``.
     ``positive_ids`` holds known positive document ids of the query (used to mask false
-    negatives), when the source knows them.
+    negatives), when the source knows them. ``positive_id`` is the id of this row's own
+    positive and ``negative_ids`` the ids of ``negatives`` (same order), where known: the
+    trainer masks a candidate whose id is a known positive of the anchor.
     """
 
     query: str
@@ -21,6 +23,8 @@ class TrainingExample:
     score: float | None = None
     origin: str = ""
     positive_ids: tuple[str, ...] = ()
+    positive_id: str = ""
+    negative_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
