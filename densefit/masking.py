@@ -157,7 +157,10 @@ def score_health(
         anchors, positives = F.normalize(anchors, dim=-1), F.normalize(positives, dim=-1)
         if negatives is not None:
             negatives = F.normalize(negatives, dim=-1)
-    out = {"pos_score": round(float((anchors * positives).sum(-1).mean()), 4), "hard_neg_score": None}
+    out = {
+        "pos_score": round(float((anchors * positives).sum(-1).mean()), 4),
+        "hard_neg_score": None,
+    }
     if negatives is not None and negatives.numel():
         owner = torch.tensor([i for i, r in enumerate(rows) for _ in r.negatives])  # (M,)
         if len(owner) == len(negatives):

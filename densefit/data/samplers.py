@@ -5,7 +5,8 @@
 it, no text (query, positive or hard negative) appears in two rows of one batch. The batch
 count and sizes never change (every rank of a distributed run gets the same count), every
 row is used exactly once per epoch, and the work is O(rows x texts per row): texts are
-hashed, and each batch looks at a bounded number of deferred rows.
+hashed, each batch looks at a bounded number of deferred rows, and the swaps that place
+the last leftovers have a fixed budget per row.
 
 A duplicate in a batch is also handled by the loss (:mod:`densefit.masking` masks it), so
 this sampler is an optimisation: every batch keeps its full number of distinct negatives.
@@ -13,7 +14,7 @@ this sampler is an optimisation: every batch keeps its full number of distinct n
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from hashlib import blake2b
 
@@ -24,6 +25,10 @@ __all__ = ["no_duplicate_batches", "row_keys"]
 # Deferred rows each batch re-examines before taking new ones, as a multiple of its size:
 # bounds the work per batch (O(n) overall) even when the data is full of duplicates.
 _DEFERRED_LOOKS = 2
+# Leftover rows may be swapped into one of the last _SWAP_BATCHES batches; the rows looked
+# at for swaps are capped at _SWAP_WORK per row of the epoch (O(n) overall).
+_SWAP_BATCHES = 16
+_SWAP_WORK = 4
 
 
 def row_keys(row: TrainingExample) -> frozenset[bytes]:
@@ -33,7 +38,9 @@ def row_keys(row: TrainingExample) -> frozenset[bytes]:
     of a distributed run must build the same batches.
     """
     texts = (row.query, row.positive, *row.negatives)
-    return frozenset(blake2b(t.encode("utf-8", "surrogatepass"), digest_size=8).digest() for t in texts)
+    return frozenset(
+        blake2b(t.encode("utf-8", "surrogatepass"), digest_size=8).digest() for t in texts
+    )
 
 
 def no_duplicate_batches(
@@ -43,21 +50,24 @@ def no_duplicate_batches(
 
     Rows are taken in the order of ``batches`` (the seeded shuffle). A row sharing a text
     with the batch being filled is deferred to a later batch; each batch first retries the
-    deferred rows. When no duplicate-free choice is left (the last batches of data that is
-    mostly one text), the remaining rows fill the batches anyway: sizes and coverage are
-    never traded for uniqueness.
+    deferred rows. Once every row has been dealt, a leftover row that still conflicts is
+    swapped into one of the last few batches for a row of it that does not conflict. Where
+    no duplicate-free choice is left (data that is mostly one text), the remaining rows fill
+    the batches anyway: sizes and coverage are never traded for uniqueness.
 
     Example:
         >>> rows = [TrainingExample(q, p) for q, p in [("a", "x"), ("a", "y"), ("b", "z"), ("c", "w")]]
         >>> no_duplicate_batches(rows, [[0, 1], [2, 3]])  # rows 0 and 1 share the query "a"
         [[0, 2], [1, 3]]
     """
-    sizes = [len(b) for b in batches]
+    n = sum(len(b) for b in batches)
     stream = (i for b in batches for i in b)
     keys = _Keys(examples)
     deferred: deque[int] = deque()
+    recent: deque[tuple[list[int], Counter]] = deque()  # the last batches, for swaps
+    swap_budget = [_SWAP_WORK * n]
     out: list[list[int]] = []
-    for size in sizes:
+    for size in (len(b) for b in batches):
         batch: list[int] = []
         seen: set[bytes] = set()
         _retry_deferred(deferred, batch, seen, size, keys)
@@ -70,17 +80,22 @@ def no_duplicate_batches(
                 seen.update(keys[i])
             else:
                 deferred.append(i)
-        if len(batch) < size:  # the stream is exhausted: a last look, then accept duplicates
+        if len(batch) < size:  # every row is dealt: retry, swap, then accept duplicates
             _retry_deferred(deferred, batch, seen, size, keys)
             while len(batch) < size:
-                batch.append(deferred.popleft())
-        keys.forget(batch)
+                i = deferred.popleft()
+                if not _swap_in(i, batch, seen, recent, keys, swap_budget):
+                    batch.append(i)
+                    seen.update(keys[i])
         out.append(batch)
+        recent.append((batch, Counter(h for i in batch for h in keys[i])))
+        if len(recent) > _SWAP_BATCHES:
+            keys.forget(recent.popleft()[0])
     return out
 
 
 class _Keys(dict):
-    """Row index -> its text hashes, computed on first use and dropped once placed."""
+    """Row index -> its text hashes, computed on first use, dropped when no longer needed."""
 
     def __init__(self, examples: Sequence[TrainingExample]):
         super().__init__()
@@ -108,3 +123,28 @@ def _retry_deferred(
             seen.update(keys[i])
         else:
             deferred.append(i)
+
+
+def _swap_in(row, batch, seen, recent, keys, budget) -> bool:
+    """Put ``row`` into a recent batch in exchange for one of its rows that fits ``batch``."""
+    mine = keys[row]
+    for earlier, counts in reversed(recent):
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False
+        clashes = {h for h in mine if counts[h]}
+        if any(counts[h] > 1 for h in clashes):
+            continue  # two rows there hold the text: one swap cannot free it
+        for position, other in enumerate(earlier):
+            budget[0] -= 1
+            if budget[0] < 0:
+                return False
+            theirs = keys[other]
+            if clashes <= theirs and seen.isdisjoint(theirs):
+                earlier[position] = row
+                counts.subtract(theirs)
+                counts.update(mine)
+                batch.append(other)
+                seen.update(theirs)
+                return True
+    return False
