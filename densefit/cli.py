@@ -1,4 +1,4 @@
-"""The ``densefit`` command line: train | plan | index | search | eval."""
+"""The ``densefit`` command line: train | plan | mine | index | search | eval."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+
+from densefit.index.cli import register as register_retrieval_commands
 
 app = typer.Typer(
     name="densefit",
@@ -79,6 +81,12 @@ def _examples(data: Path, on_bad_row: str, split: str):
         _fail(str(exc))
 
 
+def _print_warnings(caught) -> None:
+    for w in caught:
+        if issubclass(w.category, (UserWarning, RuntimeWarning)):
+            console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+
+
 @app.command()
 def train(
     data: Path = typer.Argument(..., help="Training data: JSONL, CSV/TSV, Parquet or a BEIR folder."),
@@ -106,6 +114,13 @@ def train(
     on_bad_row: OnBadRow = typer.Option(OnBadRow.error, help="error: stop at a bad row; skip: skip and report."),
     device: str | None = typer.Option(None, help="cpu, cuda, cuda:1 ... (default: cpu)."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    mask_false_negatives: bool = typer.Option(True, help="Mask duplicate texts and known positives (by id) among the MNRL negatives."),
+    no_duplicates: bool = typer.Option(False, "--no-duplicates", help="Batches without repeated texts (same number of batches)."),
+    checkpoint_every: int | None = typer.Option(None, help="Checkpoint every N steps to OUTPUT/checkpoints (always at each epoch end)."),
+    keep_checkpoints: int = typer.Option(2, help="How many of the newest checkpoints to keep; 0: write none."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from the newest good checkpoint in OUTPUT/checkpoints."),
+    resume_from: Path | None = typer.Option(None, help="Continue from this checkpoint folder (OUTPUT/checkpoints/step-...)."),
+    max_nonfinite: int = typer.Option(5, help="Stop after this many steps in a row with a non-finite loss or gradient (each is skipped); 0: never."),
 ) -> None:
     """Fine-tune a retriever and save it in sentence-transformers format.
 
@@ -122,7 +137,9 @@ def train(
             token_budget=token_budget, loss_chunk_size=loss_chunk_size,
             gradient_checkpointing=gradient_checkpointing, gradient_accumulation_steps=grad_accum,
             amp=amp.value if amp else None, max_seq_length=max_seq_length, seed=seed,
-            device=device, show_progress=progress,
+            mask_false_negatives=mask_false_negatives, no_duplicates=no_duplicates,
+            device=device, show_progress=progress, checkpoint_every=checkpoint_every,
+            keep_checkpoints=keep_checkpoints, max_nonfinite=max_nonfinite,
         )
     except ValueError as exc:
         _fail(str(exc))
@@ -134,12 +151,11 @@ def train(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         try:
-            result = run_train(st_model, examples, config, output_dir=output)
-        except (ValueError, MemoryError) as exc:
+            result = run_train(st_model, examples, config, output_dir=output, resume=resume_from or resume)
+        except (ValueError, MemoryError, FloatingPointError) as exc:  # FloatingPointError: NaN
+            _print_warnings(caught)  # e.g. which checkpoints were skipped as corrupt
             _fail(str(exc))
-    for w in caught:
-        if issubclass(w.category, (UserWarning, RuntimeWarning)):
-            console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+    _print_warnings(caught)
     plan = result.plan
     console.print(
         f"done: {result.steps} steps, {result.examples} examples in {result.seconds:.1f}s, "
@@ -191,15 +207,69 @@ def plan(
         typer.echo(result.table())
 
 
-def _register_optional_commands() -> None:
+class MineMethod(str, Enum):
+    bm25 = "bm25"
+    dense = "dense"
+    hybrid = "hybrid"
+
+
+class Sampling(str, Enum):
+    top = "top"
+    random = "random"
+
+
+@app.command()
+def mine(
+    pairs: Path = typer.Argument(..., help="(query, positive) pairs: a BEIR folder (its --split) or a training file."),
+    corpus: Path = typer.Option(..., "--corpus", "-c", help="Documents to mine from: a corpus file or a BEIR folder."),
+    output: Path = typer.Option(..., "--output", "-o", help="The mined rows (JSON Lines, read by densefit train)."),
+    method: MineMethod = typer.Option(MineMethod.bm25, help="bm25, dense (the model's embeddings) or hybrid (both, rank-fused)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model for dense and hybrid mining."),
+    num_negatives: int = typer.Option(4, help="Negatives per row (1: question/pos_doc/neg_doc; more: anchor/positive/negative_1..k)."),
+    range_: str = typer.Option("10:100", "--range", help="MIN:MAX: skip the MIN best non-positive candidates, look no deeper than MAX."),
+    relative_margin: float | None = typer.Option(None, help="Skip candidates scoring above (1 - margin) x the positive's score, e.g. 0.05."),
+    sampling: Sampling = typer.Option(Sampling.top, help="top: the hardest in range; random: a seeded sample of them."),
+    batch_size: int = typer.Option(64, help="Encoder batch size (dense, hybrid)."),
+    query_block: int = typer.Option(256, help="Queries searched at once (bounds the score memory)."),
+    max_seq_length: int | None = typer.Option(None, help="Truncate texts to this many tokens (dense, hybrid)."),
+    split: str = typer.Option("train", help="qrels split of a BEIR folder of pairs."),
+    on_bad_row: OnBadRow = typer.Option(OnBadRow.error, help="error: stop at a bad row; skip: skip and report."),
+    seed: int = typer.Option(42, help="Seed for --sampling random."),
+    progress: bool = typer.Option(True, help="Show progress bars."),
+) -> None:
+    """Mine hard negatives for training pairs, skipping known positives (false negatives).
+
+    Example: densefit mine scifact --corpus scifact --method bm25 --num-negatives 4 --range 10:100 --relative-margin 0.05 --output mined.jsonl
+    """
+    from densefit.data.types import BadRowError
+    from densefit.mine import mine_files, parse_range
+
     try:
-        from densefit.index.cli import register
-    except ImportError:  # the retrieval commands are not installed in this checkout
-        return
-    register(app)
+        range_min, range_max = parse_range(range_)
+    except ValueError as exc:
+        _fail(str(exc))
+    if method != MineMethod.bm25 and model is None:
+        _fail(f"--method {method.value} embeds the corpus: pass --model (e.g. --model all-MiniLM-L6-v2)")
+    st_model = _load(model, max_seq_length) if method != MineMethod.bm25 else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            report = mine_files(
+                pairs, corpus, output, split=split, on_bad_row=on_bad_row.value,
+                method=method.value, model=st_model, num_negatives=num_negatives,
+                range_min=range_min, range_max=range_max, relative_margin=relative_margin,
+                sampling=sampling.value, seed=seed, query_block=query_block,
+                batch_size=batch_size, show_progress=progress,
+            )
+        except (BadRowError, ValueError, FileNotFoundError, ImportError) as exc:
+            _fail(str(exc))
+    for w in caught:
+        if issubclass(w.category, UserWarning):
+            console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
+    console.print(f"wrote {output}: {report.summary()}", highlight=False)
 
 
-_register_optional_commands()
+register_retrieval_commands(app)  # index, search, eval
 
 
 def main() -> None:

@@ -7,12 +7,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig
 from densefit.data.types import TrainingExample
+from densefit.encode import encode_texts
 from densefit.models import load_model
+from densefit.retrieval_api import RetrievalMixin, as_document
 from densefit.train import TrainResult, save_model, train
 
 __all__ = ["Retriever", "load_training_examples"]
@@ -46,8 +47,8 @@ def load_training_examples(
     return examples
 
 
-class Retriever:
-    """A dense retriever around a SentenceTransformer: train, save, embed.
+class Retriever(RetrievalMixin):
+    """A dense retriever around a SentenceTransformer: train, save, embed, index, retrieve.
 
     >>> from densefit.testing import tiny_model
     >>> retriever = Retriever(tiny_model())
@@ -118,11 +119,6 @@ class Retriever:
     def _embed(self, texts: Sequence[str], batch_size: int | None) -> np.ndarray:
         if isinstance(texts, str):
             raise TypeError("pass a list of texts, not a single string")
-        try:
-            from densefit.encode import encode_texts
-        except ImportError:  # pragma: no cover - encode lands with the retriever issue
-            with torch.inference_mode():
-                return self.model.encode(list(texts), batch_size=batch_size or self.batch_size)
         return encode_texts(self.model, list(texts), batch_size=batch_size or self.batch_size)
 
     def embed_queries(self, queries: Sequence[str], batch_size: int | None = None) -> np.ndarray:
@@ -131,15 +127,5 @@ class Retriever:
 
     def embed_documents(self, documents: Sequence, batch_size: int | None = None) -> np.ndarray:
         """(n, d) float32 embeddings of documents (strings, Documents or dicts with content)."""
-        texts = [_document_text(d) for d in documents]
+        texts = [as_document(d, i).text for i, d in enumerate(documents)]
         return self._embed(texts, batch_size)
-
-
-def _document_text(doc) -> str:
-    if isinstance(doc, str):
-        return doc
-    if isinstance(doc, Mapping):
-        text = doc.get("content", doc.get("text", ""))
-        title = doc.get("title") or ""
-        return f"{title} {text}".strip() if title else text
-    return getattr(doc, "text", None) or getattr(doc, "content", "")
