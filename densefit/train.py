@@ -27,9 +27,11 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
+from densefit.checkpoint import Checkpointer, resume_checkpoint, truncate_log
 from densefit.config import TrainConfig
 from densefit.data.samplers import no_duplicate_batches
 from densefit.data.types import TrainingExample
+from densefit.guards import NonFiniteGuard, guarded_step
 from densefit.losses import margin_mse, mnrl
 from densefit.masking import false_negative_mask, health_postfix, merge_health, score_health
 from densefit.memory.planner import auto_loss_chunk
@@ -49,6 +51,7 @@ class TrainResult:
     plan: dict = field(default_factory=dict)
     log_path: str | None = None
     seconds: float = 0.0
+    skipped_nonfinite: int = 0  # optimizer steps skipped for a non-finite loss or gradient
 
 
 def peak_rss_bytes() -> int:
@@ -166,7 +169,9 @@ def _optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optim
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=config.learning_rate)
+    # The fused kernel updates in place: no per-step temporaries the size of the model.
+    device = next(model.parameters()).device.type
+    return torch.optim.AdamW(groups, lr=config.learning_rate, fused=device in ("cpu", "cuda"))
 
 
 def _linear_schedule(optimizer, warmup: int, total: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -223,8 +228,15 @@ def train(
     output_dir: str | os.PathLike | None = None,
     log_path: str | os.PathLike | None = None,
     on_step: Callable[[dict], None] | None = None,
+    resume: bool | str | os.PathLike = False,
 ) -> TrainResult:
     """Fine-tune ``model`` on ``examples`` in place; save to ``output_dir`` when given.
+
+    With ``output_dir``, checkpoints go to ``output_dir/checkpoints`` (every
+    ``config.checkpoint_every`` steps and at each epoch end; see :mod:`densefit.checkpoint`).
+    ``resume=True`` continues from the newest good one there, ``resume=<folder>`` from that
+    one: same batches, same RNG stream, the weights an uninterrupted run would end with.
+    A step with a non-finite loss or gradient is skipped (see :mod:`densefit.guards`).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data import TrainingExample
@@ -250,7 +262,12 @@ def train(
         )
 
     seed_everything(config.seed)
-    strategy, plan = build_strategy(model, examples, config)
+    resumed = resume_checkpoint(resume, output_dir) if resume else None
+    if resumed is not None:
+        resumed.check_matches(config, examples)
+        strategy, plan = resumed.strategy(), resumed.state["plan"]  # after any OOM halving
+    else:
+        strategy, plan = build_strategy(model, examples, config)
     strategy.prepare(model)
     if plan.get("loss_chunk_size") and config.loss_chunk_size is None:
         config = dataclasses.replace(config, loss_chunk_size=plan["loss_chunk_size"])
@@ -266,29 +283,47 @@ def train(
     scheduler = _linear_schedule(optimizer, warmup, total_steps)
     autocast = _autocast(config, device)
     scaler = torch.amp.GradScaler("cuda") if config.amp == "fp16" else None
+    guard = NonFiniteGuard(config.max_nonfinite)
 
+    step, seen, losses, epoch, first_batch = 0, 0, [], 0, 0
+    if resumed is not None:  # weights, optimizer, scheduler, scaler, counters, then RNG states
+        resumed.restore(model, optimizer, scheduler, scaler, guard)
+        step, seen, losses = resumed.step, resumed.state["seen"], resumed.state["losses"]
+        epoch, first_batch = resumed.state["epoch"], resumed.state["batch"]  # the next batch
+
+    checkpoints = None
     if output_dir is not None:
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         log_path = log_path or Path(output_dir) / "train_log.jsonl"
+        if config.keep_checkpoints:
+            checkpoints = Checkpointer(
+                output_dir, config, examples, model=model, optimizer=optimizer,
+                scheduler=scheduler, scaler=scaler, strategy=strategy, plan=plan, guard=guard,
+                resumed=resumed,
+            )
+    elif config.checkpoint_every:
+        raise ValueError("checkpoint_every needs output_dir (checkpoints go to OUTPUT/checkpoints)")
+    if resume and log_path:
+        truncate_log(log_path, step)  # steps after the checkpoint (or all: none yet) are redone
     log_file = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
 
     progress = None
     if config.show_progress:
         from tqdm.auto import tqdm
 
-        progress = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
+        progress = tqdm(total=total_steps, initial=step, desc="train", unit="step",
+                        dynamic_ncols=True)
 
     model.train()
-    step, seen, losses, started = 0, 0, [], time.perf_counter()
+    started = time.perf_counter()
     try:
-        epoch = 0
         while step < total_steps:
             micro_batches = batches(
                 len(examples), micro, seed=config.seed, epoch=epoch, drop_last=config.drop_last
             )
             if config.no_duplicates:  # same batch count and sizes, texts unique per batch
                 micro_batches = no_duplicate_batches(examples, micro_batches)
-            for first in range(0, len(micro_batches), config.gradient_accumulation_steps):
+            for first in range(first_batch, len(micro_batches), config.gradient_accumulation_steps):
                 if step >= total_steps:
                     break
                 group = micro_batches[first : first + config.gradient_accumulation_steps]
@@ -301,18 +336,29 @@ def train(
                 rows = sum(len(b) for b in group)
                 step, seen = step + 1, seen + rows
                 losses.append(record["loss"])
+                guard.update(record.pop("outcome"))
                 record.update(
                     step=step, epoch=epoch, examples=rows, step_time_s=round(dt, 4),
                     examples_per_s=round(rows / dt, 2) if dt > 0 else None,
                     lr=scheduler.get_last_lr()[0], peak_rss_mb=round(peak_rss_bytes() / 2**20, 1),
                     strategy=strategy.name, chunk_size=strategy.chunk_size,
                     token_budget=strategy.token_budget, oom_retries=strategy.oom_retries,
+                    skipped_nonfinite=guard.total,
                 )
                 if device.type == "cuda":
                     record["cuda_peak_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
                 if log_file and step % config.log_every == 0:
                     log_file.write(json.dumps(record) + "\n")
                     log_file.flush()
+                guard.check(step, record, [examples[i].origin for b in group for i in b],
+                            learning_rate=config.learning_rate, amp=config.amp)
+                next_batch = first + config.gradient_accumulation_steps
+                epoch_end = next_batch >= len(micro_batches)
+                last = step >= total_steps
+                if checkpoints is not None and checkpoints.due(step, epoch_end=epoch_end, last=last):
+                    resume_at = (epoch + 1, 0) if epoch_end else (epoch, next_batch)
+                    checkpoints.save(step, epoch=resume_at[0], batch=resume_at[1], seen=seen,
+                                     losses=losses)
                 if on_step is not None:
                     on_step(record)
                 if progress is not None:
@@ -321,7 +367,7 @@ def train(
                         pad=f"{record['padding_efficiency']:.2f}", **health_postfix(record),
                     )
                     progress.update(1)
-            epoch += 1
+            epoch, first_batch = epoch + 1, 0
     finally:
         if progress is not None:
             progress.close()
@@ -332,7 +378,7 @@ def train(
     result = TrainResult(
         steps=step, examples=seen, final_loss=losses[-1] if losses else float("nan"),
         losses=losses, plan=plan, log_path=str(log_path) if log_path else None,
-        seconds=time.perf_counter() - started,
+        seconds=time.perf_counter() - started, skipped_nonfinite=guard.total,
     )
     if output_dir is not None:
         save_model(model, output_dir, config, result)
@@ -377,22 +423,18 @@ def _optimizer_step(model, examples, group, config, strategy, optimizer, schedul
                 f"step with chunk {strategy.chunk_size} / token budget {strategy.token_budget}",
                 RuntimeWarning, stacklevel=2,
             )
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    grad_norm = None
-    if config.max_grad_norm is not None:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    scheduler.step()
+    loss = sum(s.loss for s in stats)  # micro losses are already divided by n_micro
+    # Clip and step; a non-finite loss or gradient skips the step (densefit.guards).
+    outcome = guarded_step(
+        model, optimizer, scheduler, scaler, loss=loss, max_grad_norm=config.max_grad_norm
+    )
     real = sum(s.real_tokens for s in stats)
     padded = sum(s.padded_tokens for s in stats)
     return {
-        "loss": sum(s.loss for s in stats),  # micro losses are already divided by n_micro
-        "grad_norm": grad_norm,
+        "loss": loss,
+        "grad_norm": outcome.grad_norm,
+        "skipped": outcome.skipped,
+        "outcome": outcome,
         "padding_efficiency": round(real / padded, 4) if padded else 1.0,
         **merge_health(health),  # unique candidates, masked false negatives, mean scores
         "chunks": sum(s.chunks for s in stats),
