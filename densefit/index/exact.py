@@ -2,7 +2,7 @@
 
 Each chunk of rows is scored against all queries at once (one BLAS call), dead rows are
 masked, and a running top-k is merged chunk by chunk, so memory stays bounded however many
-rows there are. float16 stores are widened to float32 one chunk at a time.
+rows there are. float16 stores are widened to float32 a few thousand rows at a time.
 
 For a handful of queries a matrix-vector product is memory-bound and BLAS ``sgemv`` reaches a
 fraction of the memory bandwidth, while FAISS's fused inner-product + heap kernel reaches all
@@ -23,6 +23,8 @@ __all__ = ["ExactBackend", "exact_search"]
 # Score-matrix budget per chunk (queries x rows), in float32 values: 16M = 64 MiB.
 _SCORE_BUDGET = 1 << 24
 _MIN_CHUNK, _MAX_CHUNK = 1 << 12, 1 << 18
+# float16 rows are widened this many at a time into a reused float32 buffer (6 MiB at 384-d).
+_WIDEN_CHUNK = 1 << 12
 # Measured crossover (1M x 384, one thread): FAISS wins below ~8 queries, torch.mm above.
 _FAISS_MAX_QUERIES = 8
 
@@ -94,22 +96,38 @@ def exact_search(
         return best_scores.numpy(), best_rows.numpy()
     if alive is not None and alive.all():
         alive = None
-    faiss = _faiss_module() if use_faiss is not False and n_queries < _FAISS_MAX_QUERIES else None
-    if use_faiss and faiss is None and n_queries < _FAISS_MAX_QUERIES:
+    small_batch = n_queries < _FAISS_MAX_QUERIES
+    faiss = _faiss_module() if use_faiss is not False and small_batch else None
+    if use_faiss and faiss is None and small_batch:
         raise ImportError("use_faiss=True needs faiss: pip install 'densefit[index]'")
-    if faiss is not None:
-        chunk = chunk_rows or _MAX_CHUNK
-        score_chunk = _faiss_chunk_top_k
+    widen = vectors.dtype != np.float32
+    if chunk_rows:
+        chunk = chunk_rows
+    elif widen:
+        chunk = _WIDEN_CHUNK
+    elif faiss is not None:
+        chunk = _MAX_CHUNK
     else:
-        chunk = chunk_rows or min(_MAX_CHUNK, max(_MIN_CHUNK, _SCORE_BUDGET // n_queries))
-        score_chunk = _torch_chunk_top_k
+        chunk = min(_MAX_CHUNK, max(_MIN_CHUNK, _SCORE_BUDGET // n_queries))
+    chunk = min(chunk, n_rows)
+    # Buffers reused across chunks: fresh multi-megabyte allocations cost a page fault per
+    # 4 KiB, which at a million rows costs more than the arithmetic.
+    widened = torch.empty((chunk, queries.shape[1])) if widen else None  # (c, d)
+    scores_buffer = None if faiss is not None else torch.empty(n_queries * chunk)
     query_tensor = torch.from_numpy(queries)
     for start in range(0, n_rows, chunk):
-        block = np.asarray(vectors[start : start + chunk])  # (c, d)
         block_alive = None if alive is None else np.asarray(alive[start : start + chunk])
         if block_alive is not None and not block_alive.any():
             continue
-        top_scores, top_idx = score_chunk(queries, query_tensor, block, block_alive, k)
+        block = _float_block(vectors[start : start + chunk], widened)  # (c, d) float32
+        if faiss is not None:
+            top_scores, top_idx = _faiss_chunk_top_k(faiss, queries, block.numpy(), block_alive, k)
+        else:
+            scores = scores_buffer[: n_queries * len(block)].view(n_queries, len(block))
+            torch.mm(query_tensor, block.T, out=scores)  # (q, c)
+            if block_alive is not None:
+                scores.masked_fill_(~torch.from_numpy(block_alive), float("-inf"))
+            top_scores, top_idx = torch.topk(scores, min(k, len(block)), dim=1)  # (q, <=k)
         merged_scores = torch.cat([best_scores, top_scores], dim=1)
         merged_rows = torch.cat([best_rows, top_idx + start], dim=1)
         best_scores, pick = torch.topk(merged_scores, k, dim=1)
@@ -118,16 +136,17 @@ def exact_search(
     return best_scores.numpy(), best_rows.numpy()
 
 
-def _torch_chunk_top_k(queries, query_tensor, block, block_alive, k):
-    scores = query_tensor @ _as_float_tensor(block).T  # (q, c)
-    if block_alive is not None:
-        scores.masked_fill_(~torch.from_numpy(block_alive), float("-inf"))
-    return torch.topk(scores, min(k, scores.shape[1]), dim=1)  # (q, <=k) each
+def _float_block(block: np.ndarray, widened: torch.Tensor | None) -> torch.Tensor:
+    """``block`` as a float32 tensor: shared memory, or widened into the reusable buffer."""
+    block = np.asarray(block)
+    if widened is None:
+        return _as_tensor(np.ascontiguousarray(block, dtype=np.float32))
+    out = widened[: len(block)]
+    out.copy_(_as_tensor(block))
+    return out
 
 
-def _faiss_chunk_top_k(queries, query_tensor, block, block_alive, k):
-    faiss = _faiss_module()
-    block = np.ascontiguousarray(block, dtype=np.float32)
+def _faiss_chunk_top_k(faiss, queries, block, block_alive, k):
     n_queries, (n_rows, dim) = len(queries), block.shape
     k = min(k, n_rows)
     scores = np.empty((n_queries, k), dtype=np.float32)
@@ -153,12 +172,10 @@ def _faiss_module():
     return faiss
 
 
-def _as_float_tensor(array: np.ndarray) -> torch.Tensor:
-    """A float32 tensor sharing memory with ``array`` when it is float32 already."""
-    if not array.flags.writeable:  # read-only memmaps: torch warns but never writes to them
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor sharing memory with ``array`` (read-only memmaps included: never written)."""
+    if not array.flags.writeable:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            tensor = torch.from_numpy(array)
-    else:
-        tensor = torch.from_numpy(array)
-    return tensor if tensor.dtype == torch.float32 else tensor.to(torch.float32)
+            return torch.from_numpy(array)
+    return torch.from_numpy(array)

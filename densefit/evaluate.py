@@ -1,0 +1,417 @@
+"""IR evaluation: nDCG, MRR, Recall, MAP through pytrec_eval, on BEIR folders or stores.
+
+Every metric is computed by ``pytrec_eval`` (trec_eval's C code); nothing is re-implemented.
+MRR@k is trec_eval's ``recip_rank`` on the run cut to its top k, cut with trec_eval's own
+ordering (score descending, then document id descending), so it agrees with trec_eval on ties.
+
+Conventions match BEIR / MTEB, so the numbers compare with published tables: linear-gain
+nDCG (``ndcg_cut``), documents whose id equals the query id are dropped from the run
+(``ignore_identical_ids``), and the mean is over every judged query -- a judged query with no
+results (or no text) scores 0 and is listed in ``missing_queries`` rather than silently left
+out of the average, as pytrec_eval alone would do.
+
+>>> qrels = {"q1": {"d1": 1}, "q2": {"d3": 2}}
+>>> run = {"q1": {"d1": 0.9, "d2": 0.5}, "q2": {"d2": 0.8, "d3": 0.4}}
+>>> evaluate_run(run, qrels, ["mrr@10", "recall@1"]).metrics
+{'mrr@10': 0.75, 'recall@1': 0.5}
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_METRICS",
+    "EvalResult",
+    "compare_results",
+    "evaluate_beir",
+    "evaluate_run",
+    "evaluate_store",
+    "format_table",
+    "paired_randomization_test",
+    "retrieve_run",
+]
+
+DEFAULT_METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100")
+# Our metric name -> (pytrec_eval measure family, the key pytrec_eval reports for cutoff k).
+_PYTREC = {
+    "ndcg": ("ndcg_cut", "ndcg_cut_{k}"),
+    "recall": ("recall", "recall_{k}"),
+    "map": ("map_cut", "map_cut_{k}"),
+    "precision": ("P", "P_{k}"),
+}
+_METRIC = re.compile(r"^(ndcg|mrr|recall|map|precision)@(\d+)$")
+
+
+@dataclass
+class EvalResult:
+    """Mean metrics over the judged queries, per-query scores, and how they were produced."""
+
+    name: str
+    metrics: dict[str, float]
+    per_query: dict[str, dict[str, float]] = field(repr=False)
+    n_queries: int = 0
+    missing_queries: list[str] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+    def to_dict(self, *, per_query: bool = False) -> dict:
+        out = {
+            "name": self.name,
+            "metrics": {k: round(v, 6) for k, v in self.metrics.items()},
+            "n_queries": self.n_queries,
+            "missing_queries": self.missing_queries,
+            "info": self.info,
+        }
+        if per_query:
+            out["per_query"] = self.per_query
+        return out
+
+
+def parse_metric(name: str) -> tuple[str, int]:
+    """``"ndcg@10"`` -> ``("ndcg", 10)``, with an error listing what is supported."""
+    match = _METRIC.match(name.strip().lower())
+    if not match or int(match.group(2)) < 1:
+        raise ValueError(
+            f"unknown metric {name!r}: use ndcg@K, mrr@K, recall@K, map@K or precision@K "
+            "(K a positive integer)"
+        )
+    return match.group(1), int(match.group(2))
+
+
+def evaluate_run(
+    run: Mapping[str, Mapping[str, float]],
+    qrels: Mapping[str, Mapping[str, int]],
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    *,
+    ignore_identical_ids: bool = True,
+    name: str = "run",
+) -> EvalResult:
+    """Score a run ``{query_id: {doc_id: score}}`` against ``{query_id: {doc_id: relevance}}``.
+
+    The mean is over every query in ``qrels``; queries of ``run`` without judgments are
+    ignored (as trec_eval does). See the module docstring for the conventions.
+
+    >>> result = evaluate_run({"q": {"a": 2.0, "b": 1.0}}, {"q": {"b": 1}}, ["ndcg@10"])
+    >>> round(result.metrics["ndcg@10"], 4)  # 1 / log2(3): the relevant document is second
+    0.6309
+    """
+    import pytrec_eval
+
+    parsed = [(m, *parse_metric(m)) for m in metrics]
+    qrels = {str(q): {str(d): int(r) for d, r in docs.items()} for q, docs in qrels.items()}
+    if not qrels:
+        raise ValueError("qrels are empty: there is nothing to evaluate against")
+    clean_run: dict[str, dict[str, float]] = {}
+    for query_id, docs in run.items():
+        scored = {str(d): float(s) for d, s in docs.items()}
+        if ignore_identical_ids:
+            scored.pop(str(query_id), None)
+        if scored:
+            clean_run[str(query_id)] = scored
+
+    families: dict[str, set[int]] = {}
+    for _, kind, k in parsed:
+        if kind != "mrr":
+            families.setdefault(_PYTREC[kind][0], set()).add(k)
+    per_query_raw: dict[str, dict[str, float]] = {}
+    if families:
+        measures = {f"{fam}.{','.join(map(str, sorted(ks)))}" for fam, ks in families.items()}
+        per_query_raw = pytrec_eval.RelevanceEvaluator(qrels, measures).evaluate(clean_run)
+    reciprocal: dict[int, dict[str, dict[str, float]]] = {}
+    for k in sorted({k for _, kind, k in parsed if kind == "mrr"}):
+        cut = {q: dict(_trec_order(docs)[:k]) for q, docs in clean_run.items()}
+        reciprocal[k] = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(cut)
+
+    per_query: dict[str, dict[str, float]] = {}
+    missing = sorted(q for q in qrels if q not in clean_run)
+    for query_id in qrels:
+        scores = {}
+        for metric, kind, k in parsed:
+            if kind == "mrr":
+                value = reciprocal[k].get(query_id, {}).get("recip_rank", 0.0)
+            else:
+                value = per_query_raw.get(query_id, {}).get(_PYTREC[kind][1].format(k=k), 0.0)
+            scores[metric] = float(value)
+        per_query[query_id] = scores
+    means = {m: float(np.mean([per_query[q][m] for q in qrels])) for m, _, _ in parsed}
+    return EvalResult(name, means, per_query, n_queries=len(qrels), missing_queries=missing)
+
+
+def _trec_order(docs: Mapping[str, float]) -> list[tuple[str, float]]:
+    """trec_eval's ranking: score descending, ties broken by document id descending."""
+    return sorted(docs.items(), key=lambda item: (item[1], item[0]), reverse=True)
+
+
+def retrieve_run(
+    store,
+    model,
+    queries: Mapping[str, str],
+    *,
+    top_k: int = 100,
+    batch_size: int = 64,
+    show_progress: bool = False,
+) -> dict[str, dict[str, float]]:
+    """Search ``store`` for every query: ``{query_id: {doc_id: score}}`` with ``top_k`` each.
+
+    >>> from densefit.testing import tiny_model
+    >>> from densefit.index import open_store
+    >>> retrieve_run(open_store(None, tiny_model()), tiny_model(), {"q1": "cells"})
+    {'q1': {}}
+    """
+    from tqdm.auto import tqdm
+
+    from densefit.encode import encode_texts
+
+    store.check_model(model)
+    ids = list(queries)
+    run: dict[str, dict[str, float]] = {}
+    block = 256  # queries searched together: one matrix product per store chunk
+    with tqdm(total=len(ids), desc="Searching", unit="query", disable=not show_progress) as bar:
+        for start in range(0, len(ids), block):
+            part = ids[start : start + block]
+            embeddings = encode_texts(model, [queries[q] for q in part], batch_size=batch_size)
+            for query_id, hits in zip(part, store.search(embeddings, top_k=top_k), strict=True):
+                run[query_id] = {hit.id: hit.score for hit in hits}
+            bar.update(len(part))
+    return run
+
+
+def evaluate_store(
+    store,
+    model,
+    queries: Mapping[str, str],
+    qrels: Mapping[str, Mapping[str, int]],
+    *,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    top_k: int | None = None,
+    batch_size: int = 64,
+    show_progress: bool = False,
+    name: str | None = None,
+) -> EvalResult:
+    """Search ``store`` with the judged queries and score the run against ``qrels``.
+
+    Judged queries without text in ``queries`` score 0 and are listed in
+    ``missing_queries``. ``top_k`` defaults to the largest metric cutoff.
+
+    >>> from densefit.testing import tiny_model
+    >>> from densefit.data.types import Document
+    >>> from densefit.index import open_store
+    >>> from densefit.index.indexing import index_documents
+    >>> model = tiny_model()
+    >>> store = open_store(None, model)
+    >>> _ = index_documents(store, model, [Document("d1", "cells divide"), Document("d2", "python")])
+    >>> result = evaluate_store(store, model, {"q1": "python"}, {"q1": {"d2": 1}}, metrics=["recall@2"])
+    >>> result.metrics
+    {'recall@2': 1.0}
+    """
+    from densefit.models import model_name_of
+
+    top_k = top_k or max(parse_metric(m)[1] for m in metrics)
+    judged = {q: queries[q] for q in qrels if q in queries}
+    started = time.perf_counter()
+    run = retrieve_run(
+        store, model, judged, top_k=top_k, batch_size=batch_size, show_progress=show_progress
+    )
+    search_seconds = time.perf_counter() - started
+    result = evaluate_run(run, qrels, metrics, name=name or model_name_of(model))
+    result.info.update(
+        {
+            "model": model_name_of(model),
+            "store": str(getattr(store, "path", "")),
+            "documents": store.count(),
+            "top_k": top_k,
+            "queries_without_text": sorted(q for q in qrels if q not in queries),
+            "search_seconds": round(search_seconds, 3),
+            "torch_threads": _threads(),
+        }
+    )
+    return result
+
+
+def evaluate_beir(
+    model,
+    dataset,
+    split: str = "test",
+    *,
+    store_dir: str | os.PathLike | None = None,
+    backend: str = "exact",
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    top_k: int | None = None,
+    batch_size: int = 64,
+    show_progress: bool = False,
+    on_bad_row: str = "error",
+    name: str | None = None,
+) -> EvalResult:
+    """Index a BEIR folder's corpus with ``model``, search its ``split`` queries, score them.
+
+    ``dataset`` is a BEIR folder or a loaded :class:`~densefit.data.corpus.BeirDataset`.
+    The index goes to a temporary store unless ``store_dir`` is given, in which case it is
+    kept and reused (documents already embedded are skipped).
+
+    >>> result = evaluate_beir("all-MiniLM-L6-v2", "datasets/scifact")  # doctest: +SKIP
+    >>> round(result.metrics["ndcg@10"], 3)  # doctest: +SKIP
+    0.645
+    """
+    from densefit.data.corpus import BeirDataset, load_beir
+    from densefit.index.indexing import index_documents
+    from densefit.index.store import open_store
+    from densefit.models import load_model, model_name_of
+
+    model = load_model(model)
+    beir = (
+        dataset
+        if isinstance(dataset, BeirDataset)
+        else load_beir(dataset, split, on_bad_row=on_bad_row)
+    )
+    store = open_store(store_dir, model, backend=backend)
+    try:
+        report = index_documents(
+            store,
+            model,
+            beir.corpus.values(),
+            batch_size=batch_size,
+            show_progress=show_progress,
+            total=len(beir.corpus),
+        )
+        result = evaluate_store(
+            store,
+            model,
+            beir.queries,
+            beir.qrels,
+            metrics=metrics,
+            top_k=top_k,
+            batch_size=batch_size,
+            show_progress=show_progress,
+            name=name or model_name_of(model),
+        )
+    finally:
+        store.close()
+    result.info.update(
+        {
+            "dataset": str(dataset) if not isinstance(dataset, BeirDataset) else "<BeirDataset>",
+            "split": split,
+            "backend": backend,
+            "index": report.to_dict(),
+            "skipped_rows": beir.report.n_skipped,
+        }
+    )
+    if store_dir is None:
+        result.info["store"] = None
+    return result
+
+
+def paired_randomization_test(
+    a: Sequence[float], b: Sequence[float], *, n_resamples: int = 10_000, seed: int = 0
+) -> float:
+    """Two-sided p-value that the mean of ``b - a`` is 0 (paired sign-flip permutation test).
+
+    The usual significance test for IR metrics over the same queries (Smucker et al. 2007).
+
+    >>> round(paired_randomization_test([0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4]), 2)
+    1.0
+    """
+    diffs = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
+    if diffs.size == 0 or not np.any(diffs):
+        return 1.0
+    observed = abs(diffs.mean())
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for start in range(0, n_resamples, 1000):
+        n = min(1000, n_resamples - start)
+        signs = rng.choice(np.array([-1.0, 1.0]), size=(n, diffs.size))
+        hits += int(np.sum(np.abs((signs * diffs).mean(axis=1)) >= observed - 1e-12))
+    return (hits + 1) / (n_resamples + 1)
+
+
+def compare_results(base: EvalResult, other: EvalResult) -> dict:
+    """Per metric: both means, the difference, wins/losses/ties over queries and a p-value.
+
+    >>> a = EvalResult("base", {"ndcg@10": 0.5}, {"q1": {"ndcg@10": 0.5}})
+    >>> b = EvalResult("tuned", {"ndcg@10": 0.7}, {"q1": {"ndcg@10": 0.7}})
+    >>> compare_results(a, b)["ndcg@10"]["wins"]
+    1
+    """
+    if set(base.per_query) != set(other.per_query):
+        raise ValueError(
+            "the two results were computed on different queries; compare like with like"
+        )
+    queries = sorted(base.per_query)
+    out = {}
+    for metric in base.metrics:
+        if metric not in other.metrics:
+            continue
+        x = [base.per_query[q][metric] for q in queries]
+        y = [other.per_query[q][metric] for q in queries]
+        diff = np.asarray(y) - np.asarray(x)
+        out[metric] = {
+            base.name: base.metrics[metric],
+            other.name: other.metrics[metric],
+            "delta": other.metrics[metric] - base.metrics[metric],
+            "wins": int(np.sum(diff > 1e-12)),
+            "losses": int(np.sum(diff < -1e-12)),
+            "ties": int(np.sum(np.abs(diff) <= 1e-12)),
+            "p_value": paired_randomization_test(x, y),
+        }
+    return out
+
+
+def format_table(results: Sequence[EvalResult], *, title: str | None = None):
+    """A :class:`rich.table.Table`: one row per metric, one column per result (+ delta).
+
+    With two results a delta column and the paired-test p-value are added.
+    """
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    for result in results:
+        table.add_column(result.name, justify="right")
+    comparison = compare_results(results[0], results[1]) if len(results) == 2 else None
+    if comparison:
+        table.add_column("delta", justify="right")
+        table.add_column("wins/losses", justify="right")
+        table.add_column("p", justify="right")
+    for metric in results[0].metrics:
+        row = [metric] + [f"{r.metrics.get(metric, float('nan')):.4f}" for r in results]
+        if comparison and metric in comparison:
+            c = comparison[metric]
+            row += [f"{c['delta']:+.4f}", f"{c['wins']}/{c['losses']}", f"{c['p_value']:.3f}"]
+        table.add_row(*row)
+    table.caption = f"{results[0].n_queries} queries"
+    return table
+
+
+def format_markdown(results: Sequence[EvalResult]) -> str:
+    """The same table as :func:`format_table`, as GitHub markdown."""
+    names = [r.name for r in results]
+    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for metric in results[0].metrics:
+        values = " | ".join(f"{r.metrics.get(metric, float('nan')):.4f}" for r in results)
+        lines.append(f"| {metric} | {values} |")
+    return "\n".join(lines)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def load_queries_and_qrels(
+    queries: str | os.PathLike | Mapping[str, str], qrels: str | os.PathLike | Mapping
+) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+    """Queries and qrels from files (BEIR ``queries.jsonl``, qrels TSV) or from mappings."""
+    from densefit.data.corpus import read_qrels, read_queries
+
+    if isinstance(queries, (str, os.PathLike)):
+        queries = read_queries(Path(queries))
+    if isinstance(qrels, (str, os.PathLike)):
+        qrels = read_qrels(Path(qrels))
+    return dict(queries), {q: dict(d) for q, d in qrels.items()}

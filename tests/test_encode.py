@@ -1,0 +1,111 @@
+"""encode_texts equals SentenceTransformer.encode, in input order, on both code paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from densefit.encode import _fast_path_tokenizer, encode_texts, encode_with_callback
+
+TEXTS = [
+    "cells",
+    "",
+    "the protein gene cancer risk " * 40,  # longer than max_seq_length: truncated
+    "What does a vaccine dose do?",
+    "python function return value list string file error data model train",
+    "a b c",
+    "banana apple",
+] * 3
+
+
+def test_matches_sentence_transformers_encode(tiny):
+    assert _fast_path_tokenizer(tiny) is not None  # the tokenize-once path is taken
+    ours = encode_texts(tiny, TEXTS, batch_size=4)
+    reference = tiny.encode(TEXTS, batch_size=4, convert_to_numpy=True)
+    assert ours.dtype == np.float32 and ours.shape == (len(TEXTS), 32)
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+
+
+def test_general_path_matches_too(tiny, monkeypatch):
+    import densefit.encode as encode
+
+    monkeypatch.setattr(encode, "_fast_path_tokenizer", lambda model: None)
+    np.testing.assert_allclose(
+        encode_texts(tiny, TEXTS, batch_size=3), tiny.encode(TEXTS, batch_size=3), atol=1e-5
+    )
+
+
+def test_rows_follow_input_order_whatever_the_batching(tiny):
+    alone = np.stack([encode_texts(tiny, [t])[0] for t in TEXTS[:7]])
+    for batch_size in (1, 2, 5, 64):
+        np.testing.assert_allclose(
+            encode_texts(tiny, TEXTS[:7], batch_size=batch_size), alone, atol=1e-5
+        )
+
+
+def test_normalize(tiny):
+    vectors = encode_texts(tiny, TEXTS[:5], normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_eval_mode_inside_training_mode_restored(tiny):
+    tiny.train()  # dropout 0.1: train-mode outputs would differ run to run
+    first = encode_texts(tiny, TEXTS[:4])
+    assert tiny.training
+    np.testing.assert_array_equal(first, encode_texts(tiny, TEXTS[:4]))
+
+
+def test_no_autograd_graph(tiny):
+    seen = []
+    tiny.register_forward_hook(
+        lambda module, inputs, output: seen.append(torch.is_inference_mode_enabled())
+    )
+    encode_texts(tiny, ["cells"])
+    assert seen == [True]
+
+
+def test_empty_input_and_errors(tiny):
+    assert encode_texts(tiny, []).shape == (0, 32)
+    with pytest.raises(TypeError, match="list of texts"):
+        encode_texts(tiny, "one string")
+    with pytest.raises(TypeError, match=r"texts\[1\] is a int"):
+        encode_texts(tiny, ["ok", 3])
+    with pytest.raises(ValueError, match="batch_size"):
+        encode_texts(tiny, ["ok"], batch_size=0)
+
+
+def test_batches_are_length_sorted(tiny, monkeypatch):
+    widths = []
+    original = tiny.forward
+
+    def spy(features, **kwargs):
+        widths.append(tuple(features["attention_mask"].sum(dim=1).tolist()))
+        return original(features, **kwargs)
+
+    monkeypatch.setattr(tiny, "forward", spy)
+    texts = [("cells " * n).strip() for n in (1, 30, 2, 29, 3, 28, 4, 27)]
+    encode_texts(tiny, texts, batch_size=2)
+    # Longest first, and each batch pairs texts of neighbouring lengths.
+    assert all(max(w) - min(w) <= 1 for w in widths)
+    assert [max(w) for w in widths] == sorted((max(w) for w in widths), reverse=True)
+
+
+def test_callback_counts_every_text(tiny):
+    done = []
+    encode_with_callback(tiny, TEXTS, batch_size=4, on_batch=done.append)
+    assert sum(done) == len(TEXTS) and max(done) == 4
+
+
+def test_show_progress_does_not_change_results(tiny, capsys):
+    np.testing.assert_array_equal(
+        encode_texts(tiny, TEXTS, show_progress=True), encode_texts(tiny, TEXTS)
+    )
+
+
+@pytest.mark.slow
+def test_matches_minilm(minilm):
+    texts = TEXTS[:7] + ["0-dimensional biomaterials show inductive properties."]
+    np.testing.assert_allclose(
+        encode_texts(minilm, texts), minilm.encode(texts, batch_size=64), atol=1e-5
+    )

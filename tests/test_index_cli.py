@@ -1,0 +1,256 @@
+"""`densefit index | search | eval` round trips through typer's CliRunner, offline, tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from densefit.index.cli import register
+from densefit.index.conformance import make_corpus
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def app():
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from densefit.testing import tiny_model
+
+    folder = tmp_path_factory.mktemp("models")
+    tiny_model(folder / "build").save(str(folder / "tiny"))
+    tiny_model(folder / "build2", seed=7).save(str(folder / "tiny-other"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    docs = make_corpus(30)
+    with open(folder / "corpus.jsonl", "w") as fh:
+        for d in docs:
+            fh.write(
+                json.dumps({"_id": d.id, "title": d.title, "text": d.text[len(d.title) + 1 :]})
+                + "\n"
+            )
+    queries = {f"q{i}": docs[i].text for i in range(0, 30, 3)}
+    with open(folder / "queries.jsonl", "w") as fh:
+        for q, text in queries.items():
+            fh.write(json.dumps({"_id": q, "text": text}) + "\n")
+    (folder / "qrels").mkdir()
+    rows = ["query-id\tcorpus-id\tscore"] + [f"q{i}\t{docs[i].id}\t1" for i in range(0, 30, 3)]
+    (folder / "qrels" / "test.tsv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
+def invoke(app, args):
+    result = runner.invoke(app, [str(a) for a in args])
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def test_round_trip_index_search_eval(app, model_dir, data, tmp_path):
+    store = tmp_path / "store"
+    model = model_dir / "tiny"
+    result = invoke(
+        app,
+        [
+            "index",
+            data / "corpus.jsonl",
+            "--model",
+            model,
+            "--store",
+            store,
+            "--batch-size",
+            8,
+            "--commit-every",
+            10,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "30 added" in result.stderr and "30 documents" in result.stderr
+
+    again = invoke(
+        app, ["index", data, "--model", model, "--store", store, "--json", "--no-progress"]
+    )
+    report = json.loads(again.stdout)["report"]
+    assert (report["unchanged"], report["added"]) == (30, 0)  # the BEIR folder, same corpus
+
+    docs = make_corpus(30)
+    hits = json.loads(
+        invoke(
+            app, ["search", "--store", store, docs[4].text, docs[9].text, "-k", 3, "--json"]
+        ).stdout
+    )
+    assert [h["hits"][0]["id"] for h in hits] == [docs[4].id, docs[9].id]
+    assert len(hits[0]["hits"]) == 3 and hits[0]["hits"][0]["rank"] == 1
+
+    table = invoke(app, ["search", "--store", store, docs[4].text, "-k", 2])
+    assert table.exit_code == 0 and docs[4].id in table.stdout and "score" in table.stdout
+
+    evaluated = invoke(
+        app,
+        [
+            "eval",
+            "--store",
+            store,
+            "--queries",
+            data / "queries.jsonl",
+            "--qrels",
+            data / "qrels" / "test.tsv",
+            "--json",
+            "--no-progress",
+            "--output",
+            tmp_path / "eval.json",
+        ],
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    payload = json.loads(evaluated.stdout)
+    assert payload["results"][0]["metrics"]["ndcg@10"] == pytest.approx(1.0)
+    assert json.loads((tmp_path / "eval.json").read_text()) == payload
+
+
+def test_eval_dataset_compare(app, model_dir, data):
+    result = invoke(
+        app,
+        [
+            "eval",
+            "--dataset",
+            data,
+            "--model",
+            model_dir / "tiny",
+            "--compare",
+            model_dir / "tiny-other",
+            "--metrics",
+            "ndcg@10,mrr@10",
+            "--no-progress",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "delta" in result.stdout and "wins/losses" in result.stdout
+    as_json = invoke(
+        app,
+        [
+            "eval",
+            "--dataset",
+            data,
+            "--model",
+            model_dir / "tiny",
+            "--compare",
+            model_dir / "tiny-other",
+            "--json",
+            "--no-progress",
+        ],
+    )
+    payload = json.loads(as_json.stdout)
+    assert len(payload["results"]) == 2 and "ndcg@10" in payload["comparison"]
+
+
+def test_other_formats_prune_and_bad_rows(app, model_dir, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = make_corpus(12)
+    pq.write_table(
+        pa.table({"id": [d.id for d in docs], "text": [d.text for d in docs]}),
+        tmp_path / "c.parquet",
+    )
+    store = tmp_path / "store"
+    model = model_dir / "tiny"
+    assert (
+        invoke(app, ["index", tmp_path / "c.parquet", "--model", model, "--store", store]).exit_code
+        == 0
+    )
+    csv = tmp_path / "c.csv"
+    csv.write_text("id,text\n" + "".join(f"{d.id},{d.text}\n" for d in docs[:5]) + "bad-row,\n")
+    failed = invoke(app, ["index", csv, "--model", model, "--store", store])
+    assert (
+        failed.exit_code == 2
+        and "c.csv:7" in failed.stderr
+        and "--on-bad-row skip" in failed.stderr
+    )
+    pruned = invoke(
+        app,
+        [
+            "index",
+            csv,
+            "--model",
+            model,
+            "--store",
+            store,
+            "--on-bad-row",
+            "skip",
+            "--prune",
+            "--json",
+        ],
+    )
+    assert pruned.exit_code == 0, pruned.output
+    out = json.loads(pruned.stdout)
+    assert out["report"]["pruned"] == 7 and out["store"]["documents"] == 5
+    assert len(out["read"]["skipped"]) == 1
+
+
+def test_errors_are_one_clear_line(app, model_dir, data, tmp_path):
+    missing = invoke(app, ["search", "--store", tmp_path / "nope", "cells"])
+    assert missing.exit_code == 2 and "densefit index CORPUS" in missing.stderr
+
+    store = tmp_path / "store"
+    invoke(app, ["index", data, "--model", model_dir / "tiny", "--store", store, "--no-progress"])
+    mismatch = invoke(
+        app, ["search", "--store", store, "cells", "--model", model_dir / "tiny-other"]
+    )
+    assert mismatch.exit_code == 2 and "does not reproduce" in mismatch.stderr
+    reindex = invoke(app, ["index", data, "--model", model_dir / "tiny-other", "--store", store])
+    assert reindex.exit_code == 2 and "NEW_DIR" in reindex.stderr
+
+    usage = invoke(app, ["eval", "--store", store])
+    assert usage.exit_code == 2 and "--dataset BEIR_DIR" in usage.stderr
+    compare = invoke(
+        app,
+        [
+            "eval",
+            "--store",
+            store,
+            "--queries",
+            data / "queries.jsonl",
+            "--qrels",
+            data / "qrels" / "test.tsv",
+            "--compare",
+            "x",
+        ],
+    )
+    assert compare.exit_code == 2 and "--compare needs --dataset" in compare.stderr
+    bad_metric = invoke(
+        app, ["eval", "--dataset", data, "--model", model_dir / "tiny", "--metrics", "f1"]
+    )
+    assert bad_metric.exit_code == 2 and "ndcg@K" in bad_metric.stderr
+    no_corpus = invoke(
+        app,
+        [
+            "index",
+            tmp_path / "none.jsonl",
+            "--model",
+            model_dir / "tiny",
+            "--store",
+            tmp_path / "s2",
+        ],
+    )
+    assert no_corpus.exit_code == 2 and "none.jsonl" in no_corpus.stderr
+
+
+def test_search_uses_the_recorded_model_or_explains(app, tmp_path, data):
+    from densefit.index import open_store
+    from densefit.testing import tiny_model
+
+    open_store(tmp_path / "s", tiny_model(tmp_path / "m")).close()  # name "tiny-bert-32x2"
+    result = invoke(app, ["search", "--store", tmp_path / "s", "cells"])
+    assert result.exit_code == 2 and "pass --model" in result.stderr
