@@ -71,6 +71,9 @@ class TrainConfig:
     log_every: int = 1
     device: str | None = None
     show_progress: bool = True
+    checkpoint_every: int | None = None  # steps; checkpoints are also written at epoch ends
+    keep_checkpoints: int = 2  # 0: write no checkpoints
+    max_nonfinite: int = 5  # stop after this many non-finite steps in a row; 0: never
 
     def __post_init__(self) -> None:
         checks = [
@@ -81,6 +84,10 @@ class TrainConfig:
             (self.loss in ("mnrl", "margin_mse"), f"loss must be mnrl or margin_mse, not {self.loss!r}"),
             (self.amp in (None, "bf16", "fp16"), f"amp must be bf16 or fp16, not {self.amp!r}"),
             (self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1"),
+            (self.checkpoint_every is None or self.checkpoint_every >= 1,
+             "checkpoint_every must be >= 1 (or None: only at epoch ends)"),
+            (self.keep_checkpoints >= 0, "keep_checkpoints must be >= 0 (0: no checkpoints)"),
+            (self.max_nonfinite >= 0, "max_nonfinite must be >= 0 (0: never stop)"),
             (self.memory in ("plain", "checkpoint", "cache", "cache+checkpoint", "auto"),
              f"memory must be plain, checkpoint, cache, cache+checkpoint or auto, not {self.memory!r}"),
         ]
