@@ -352,3 +352,35 @@ def test_beir_judgments_are_kept_or_reported(doc_ids, query_ids, judgments):
         for j in skipped.judgments:
             assert j.doc_id in skipped.corpus and j.query_id in skipped.queries
             assert skipped.qrels[j.query_id][j.doc_id] == j.score
+
+
+# Deep JSON and very long lines are fuzzed above for training files only; documents and
+# queries go through the same JSON path but keep their own id checks (duplicates).
+hostile_id_lines = st.sampled_from(
+    [
+        b"[" * 20_000,  # deeply nested, cut off
+        b'{"_id": "d", "text": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",  # valid, too deep
+        json.dumps({"_id": "long", "text": "w " * 100_000}).encode(),  # a very long line
+        json.dumps({"_id": "a", "text": "again"}).encode(),  # a duplicate id, often
+    ]
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=st.lists(st.one_of(doc_rows.map(json_line), hostile_id_lines), max_size=6))
+def test_hostile_corpus_and_query_lines_are_kept_or_reported(lines):
+    data = b"\n".join(lines) + b"\n"
+    with tempfile.TemporaryDirectory() as folder:
+        corpus, queries = Path(folder) / "corpus.jsonl", Path(folder) / "queries.jsonl"
+        corpus.write_bytes(data)
+        queries.write_bytes(data)
+        skipped = outcome(lambda: read_corpus(corpus, on_bad_row="skip"), corpus)
+        by_id = outcome(lambda: read_queries(queries), queries)
+    if skipped is not None:
+        docs, report = skipped
+        assert len(docs) + report.n_skipped == len(non_blank_lines(data))
+        assert len({d.id for d in docs}) == len(docs)
+        for doc in docs:
+            assert_valid_document(doc)
+    if by_id is not None:
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in by_id.items())
