@@ -100,7 +100,10 @@ def main(spec: dict) -> dict:
     )
     optimizer = _optimizer(model, config)
     materialize_optimizer(model, optimizer)
-    out: dict = {**spec, "threads": threads, "torch": torch.__version__}
+    import densefit
+
+    out: dict = {**spec, "threads": threads, "torch": torch.__version__,
+                 "densefit_path": str(Path(densefit.__file__).parent)}
 
     if spec["impl"] == "densefit":
         t0 = time.perf_counter()
