@@ -129,6 +129,9 @@ def _sha256(path: Path) -> str:
 
 
 def _fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable (POSIX; Windows cannot open folders)."""
+    if os.name == "nt":
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

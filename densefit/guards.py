@@ -138,7 +138,8 @@ class NonFiniteGuard:
             f"in a row (steps {first}-{step}; last loss {record.get('loss')}, grad norm "
             f"{record.get('grad_norm')}). Those optimizer steps were skipped, so the weights "
             f"are still those after step {first - 1}; stopping. Try: a lower learning rate"
-            f"{lr}{fp16}; or check the data rows of the last bad step ({rows}). "
+            f"{lr}{fp16}, in a new run (a resume keeps the checkpoint's options); or check "
+            f"the data rows of the last bad step ({rows}). "
             f"--max-nonfinite sets how many skips in a row to tolerate (now {self.limit}; "
             "0: never stop)."
         )
