@@ -89,7 +89,8 @@ def main(spec: dict) -> dict:
     B, steps = spec["batch_size"], spec.get("steps", 1)
     warmup_rows = spec.get("warmup_rows", 4)
     rows = load_rows(spec["dataset"], B * steps + warmup_rows, seed=spec.get("seed", 0))
-    model = load_model("all-MiniLM-L6-v2", max_seq_length=spec["max_seq_length"])
+    device = spec.get("device", "cpu")
+    model = load_model("all-MiniLM-L6-v2", max_seq_length=spec["max_seq_length"], device=device)
     model.train()
     torch.manual_seed(0)
     config = TrainConfig(
@@ -169,10 +170,17 @@ def main(spec: dict) -> dict:
     gc.collect()
     out["baseline_rss_mb"] = round(rss_mb(), 1)
     reset_peak_rss()
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        out["baseline_cuda_mb"] = round(torch.cuda.memory_allocated() / 2**20, 1)
     # Warm-up on a few rows (lazy initialisation, first allocations), then timed full steps.
     step(rows[B * steps :])
     gc.collect()
     reset_peak_rss()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     times, pads = [], []
     status = "ok"
     try:
@@ -180,11 +188,13 @@ def main(spec: dict) -> dict:
             batch = rows[i * B : (i + 1) * B]
             t0 = time.perf_counter()
             pads.append(step(batch))
+            if cuda:
+                torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             if times[-1] > spec.get("max_step_seconds", 1e9):
                 status = "too_slow"
                 break
-    except (RuntimeError, MemoryError) as exc:
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
         if "alloc" not in str(exc).lower() and "memory" not in str(exc).lower() and not isinstance(exc, MemoryError):
             raise
         status = "oom"
@@ -197,6 +207,9 @@ def main(spec: dict) -> dict:
         peak_rss_mb=round(peak_rss_mb(), 1),
     )
     out["activation_mb"] = round(out["peak_rss_mb"] - out["baseline_rss_mb"], 1)
+    if cuda:  # on CUDA, activation memory is what the allocator peaked at above the baseline
+        out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        out["activation_mb"] = round(out["peak_cuda_mb"] - out["baseline_cuda_mb"], 1)
     return out
 
 

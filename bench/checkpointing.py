@@ -32,7 +32,7 @@ def main() -> None:
     specs = [
         {"key": f"ckpt/{B}/{method}", "section": "checkpointing", "impl": "densefit",
          "method": method, "dataset": "scifact", "max_seq_length": 128, "batch_size": B,
-         "steps": 2 if B <= 32 else 1, "threads": args.threads, "rlimit_gib": 21}
+         "steps": 2 if B <= 32 else 1, "threads": args.threads, "rlimit_gib": 16}
         for B in args.batches for method in ("plain", "checkpoint")
     ]
     run_all(specs, out)

@@ -32,8 +32,9 @@ DENSEFIT = ["plain", "checkpoint", "cache", "auto"]
 PEERS = ["st-mnrl", "st-mnrl-gc", "st-cmnrl"]
 
 
-def specs_for(section: str, batches: list[int] | None, threads: int) -> list[dict]:
+def specs_for(section: str, batches: list[int] | None, threads: int, device: str = "cpu") -> list[dict]:
     specs = []
+    gpu = device.startswith("cuda")
     if section in ("speed", "all"):
         for dataset, seq in (("scifact", 128), ("pydoc", 256)):
             for B in batches or [32, 64, 128]:
@@ -42,12 +43,14 @@ def specs_for(section: str, batches: list[int] | None, threads: int) -> list[dic
                         spec = {
                             "section": "speed", "impl": impl, "method": method,
                             "dataset": dataset, "max_seq_length": seq, "batch_size": B,
-                            "steps": 1 if B >= 64 else 2, "threads": threads, "rlimit_gib": 21,
+                            "steps": 1 if B >= 64 else 2, "threads": threads, "rlimit_gib": 16,
                         }
                         if method in ("cache", "st-cmnrl"):
                             spec["chunk_size"] = CHUNK
                         if method == "auto":
                             spec["memory_budget"] = SPEED_BUDGET
+                        if gpu:
+                            spec.update(device=device, steps=3, rlimit_gib=None)
                         spec["key"] = f"speed/{dataset}/{B}/{impl}/{method}"
                         specs.append(spec)
     if section in ("scaling", "all"):
@@ -57,12 +60,14 @@ def specs_for(section: str, batches: list[int] | None, threads: int) -> list[dic
                 spec = {
                     "section": "scaling", "impl": impl, "method": method, "dataset": "nfcorpus",
                     "max_seq_length": 32, "batch_size": B, "steps": 1, "threads": threads,
-                    "rlimit_gib": 21, "max_step_seconds": 300,
+                    "rlimit_gib": 16, "max_step_seconds": 300,
                 }
                 if method in ("cache", "st-cmnrl"):
                     spec["chunk_size"] = CHUNK
                 if method == "auto":
                     spec["memory_budget"] = SCALING_BUDGET
+                if gpu:
+                    spec.update(device=device, steps=2, rlimit_gib=None)
                 spec["key"] = f"scaling/nfcorpus/{B}/{impl}/{method}"
                 specs.append(spec)
     return specs
@@ -193,13 +198,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--fresh", action="store_true", help="ignore results already in the jsonl")
     parser.add_argument("--name", default="memory_speed")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (bench/gpu.sh)")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.name}.jsonl"
     if args.fresh and out.exists():
         out.unlink()
     note = machine_note(args.threads)
-    specs = specs_for(args.section, args.batches, args.threads)
+    specs = specs_for(args.section, args.batches, args.threads, args.device)
     results: dict = {}
     for spec in specs:  # one at a time, so failures of plain rows can skip larger batches
         skip_after_failure([spec], results)

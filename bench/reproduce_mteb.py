@@ -1,0 +1,214 @@
+"""Reproduce the published MTEB retrieval numbers of all-MiniLM-L6-v2 with densefit's pipeline.
+
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python bench/reproduce_mteb.py        # ~15 min, 1 thread
+    python bench/reproduce_mteb.py --datasets scifact                        # one dataset
+
+Each dataset goes through exactly what ``densefit eval --dataset DIR --split test --model
+all-MiniLM-L6-v2`` runs: read the BEIR folder, index the corpus into a (temporary) store with
+length-sorted batches, exact search for the top 100 of every test query, pytrec_eval metrics.
+
+References (MTEB 0.0.2 results of sentence-transformers/all-MiniLM-L6-v2, quoted in
+/work/shared/datasets/*/README.md) and the tolerances of the issue:
+
+    SciFact  test  nDCG@10 0.64508 +- 0.003, Recall@100 0.925 +- 0.005
+    NFCorpus test  nDCG@10 0.31594 +- 0.003   (Recall@100 0.31151 reported, not a target)
+
+Writes bench/results/reproduce_mteb.json and .md; exits 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results"
+
+# dataset -> {metric: (published, tolerance or None when only reported)}
+REFERENCES = {
+    "scifact": {"ndcg@10": (0.64508, 0.003), "recall@100": (0.925, 0.005)},
+    "nfcorpus": {"ndcg@10": (0.31594, 0.003), "recall@100": (0.31151, None)},
+}
+SOURCE = "embeddings-benchmark/mtebpaper results/all-MiniLM-L6-v2/{name}.json (MTEB 0.0.2)"
+NAMES = {"scifact": "SciFact", "nfcorpus": "NFCorpus"}
+
+
+def find_datasets(given: str | None) -> Path:
+    candidates = (
+        [Path(given)]
+        if given
+        else [ROOT.parent / "shared" / "datasets", ROOT / "shared" / "datasets"]
+    )
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    sys.exit(f"no datasets folder among {[str(c) for c in candidates]}: pass --datasets-dir")
+
+
+def environment() -> dict:
+    import sentence_transformers
+    import torch
+    import transformers
+
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "torch": torch.__version__,
+        "sentence_transformers": sentence_transformers.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
+        "git_commit": commit,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--datasets", default="scifact,nfcorpus")
+    parser.add_argument("--datasets-dir", default=None)
+    parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--out", default=str(RESULTS / "reproduce_mteb"))
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    from densefit.evaluate import evaluate_beir
+    from densefit.models import load_model
+
+    root = find_datasets(args.datasets_dir)
+    model = load_model(args.model)
+    rows, all_ok = [], True
+    for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
+        print(f"== {dataset}: indexing and evaluating with {args.model}", flush=True)
+        started = time.perf_counter()
+        result = evaluate_beir(
+            model, root / dataset, "test", batch_size=args.batch_size, show_progress=True
+        )
+        seconds = time.perf_counter() - started
+        checks = []
+        for metric, (published, tolerance) in REFERENCES.get(dataset, {}).items():
+            ours = result.metrics[metric]
+            ok = None if tolerance is None else abs(ours - published) <= tolerance
+            all_ok &= ok is not False
+            checks.append(
+                {
+                    "metric": metric,
+                    "densefit": round(ours, 5),
+                    "published": published,
+                    "tolerance": tolerance,
+                    "difference": round(ours - published, 5),
+                    "pass": ok,
+                }
+            )
+        index = result.info["index"]
+        rows.append(
+            {
+                "dataset": dataset,
+                "split": "test",
+                "queries": result.n_queries,
+                "documents": index["added"] + index["unchanged"],
+                "metrics": {k: round(v, 5) for k, v in result.metrics.items()},
+                "checks": checks,
+                "reference": SOURCE.format(name=NAMES.get(dataset, dataset)),
+                "encode_docs_per_second": round(index["docs_per_second"], 2),
+                "index_seconds": round(index["seconds"], 1),
+                "search_seconds": result.info["search_seconds"],
+                "total_seconds": round(seconds, 1),
+            }
+        )
+        for check in checks:
+            verdict = {True: "PASS", False: "FAIL", None: "reported"}[check["pass"]]
+            print(
+                f"   {check['metric']}: {check['densefit']:.5f} vs {check['published']} -> {verdict}",
+                flush=True,
+            )
+    payload = {
+        "model": args.model,
+        "command": "python bench/reproduce_mteb.py " + " ".join(sys.argv[1:]),
+        "pipeline": "densefit.evaluate.evaluate_beir: BEIR reader -> temporary LocalDocumentStore "
+        "(exact backend, float32, cosine) -> top-100 search -> pytrec_eval",
+        "environment": environment(),
+        "results": rows,
+        "all_targets_met": all_ok,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(payload))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+    return 0 if all_ok else 1
+
+
+def markdown(payload: dict) -> str:
+    env = payload["environment"]
+    lines = [
+        f"# Reproducing MTEB: {payload['model']} with densefit",
+        "",
+        f"`{payload['command']}` — {payload['pipeline']}.",
+        "",
+        "| dataset | metric | densefit | published | tolerance | result |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in payload["results"]:
+        for c in row["checks"]:
+            tol = f"± {c['tolerance']}" if c["tolerance"] is not None else "—"
+            verdict = {True: "pass", False: "**FAIL**", None: "reported"}[c["pass"]]
+            lines.append(
+                f"| {row['dataset']} ({row['queries']} queries) | {c['metric']} | {c['densefit']:.5f} "
+                f"| {c['published']} | {tol} | {verdict} |"
+            )
+    lines += [
+        "",
+        "All metrics (test split):",
+        "",
+        "| dataset | " + " | ".join(payload["results"][0]["metrics"]) + " |",
+    ]
+    lines.append("|---|" + "---|" * len(payload["results"][0]["metrics"]))
+    for row in payload["results"]:
+        lines.append(
+            f"| {row['dataset']} | "
+            + " | ".join(f"{v:.5f}" for v in row["metrics"].values())
+            + " |"
+        )
+    lines += [
+        "",
+        "| dataset | documents | encode docs/s | index s | search s |",
+        "|---|---|---|---|---|",
+    ]
+    for row in payload["results"]:
+        lines.append(
+            f"| {row['dataset']} | {row['documents']} | {row['encode_docs_per_second']} | "
+            f"{row['index_seconds']} | {row['search_seconds']} |"
+        )
+    lines += [
+        "",
+        f"References: {', '.join(sorted({r['reference'] for r in payload['results']}))}.",
+        f"Environment: torch {env['torch']}, sentence-transformers {env['sentence_transformers']}, "
+        f"transformers {env['transformers']}, {env['torch_threads']} torch thread(s) "
+        f"(OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, MKL_NUM_THREADS={env['MKL_NUM_THREADS']}), "
+        f"{env['cpu_count']} CPUs, git {env['git_commit']}. Timings were taken on a shared machine.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
