@@ -12,7 +12,7 @@ fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
 cd bench
-timeout 460 ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu --fresh \
+timeout 280 ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu --fresh \
   --section speed --batches 64 256
-timeout 300 ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu \
+timeout 180 ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu \
   --section scaling --batches 1024 8192 65536 || true
