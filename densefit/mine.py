@@ -118,6 +118,7 @@ def mine_hard_negatives(
     sampling: str = "top",
     seed: int = 42,
     query_block: int = 256,
+    corpus_embeddings: np.ndarray | None = None,
     batch_size: int = 64,
     rrf_k: int = 60,
     show_progress: bool = True,
@@ -139,6 +140,9 @@ def mine_hard_negatives(
         query_block: queries searched together (bounds the score memory).
         batch_size: encoder batch size (dense).
         rrf_k: the reciprocal rank fusion constant (hybrid).
+        corpus_embeddings: dense and hybrid: the corpus already embedded by ``model``,
+            ``(len(corpus), d)`` and L2-normalised (e.g. vectors kept from an index), so
+            that it is not embedded again.
 
     Returns:
         The rows with ``negatives``, ``negative_ids``, ``positive_id`` (when the positive
@@ -167,7 +171,7 @@ def mine_hard_negatives(
     dense = None
     if method in ("dense", "hybrid"):
         t0 = time.perf_counter()
-        dense = _Dense(plan, _model(model), batch_size, show_progress)
+        dense = _Dense(plan, _model(model), batch_size, show_progress, corpus_embeddings)
         searchers.append(dense)
         report.seconds["dense_encode"] = round(time.perf_counter() - t0, 3)
 
@@ -361,15 +365,28 @@ class _Bm25:
 class _Dense:
     """Cosine similarity of the model's embeddings, searched in blocks of queries."""
 
-    def __init__(self, plan: _Plan, model, batch_size: int, show_progress: bool):
+    def __init__(self, plan: _Plan, model, batch_size: int, show_progress: bool, given=None):
         from densefit.encode import encode_texts
 
         self.plan, self.model, self.batch_size = plan, model, batch_size
         self.encode = encode_texts
-        texts = [d.text for d in plan.corpus] + plan.outside
-        self.vectors = encode_texts(
-            model, texts, batch_size=batch_size, show_progress=show_progress, normalize=True
-        )  # (n_docs + outside, d)
+        texts = [d.text for d in plan.corpus] if given is None else []
+        outside = encode_texts(
+            model,
+            texts + plan.outside,
+            batch_size=batch_size,
+            show_progress=show_progress,
+            normalize=True,
+        )
+        if given is None:
+            self.vectors = outside  # (n_docs + outside, d)
+        else:
+            if given.shape != (plan.n_docs, outside.shape[1]):
+                raise ValueError(
+                    f"corpus_embeddings has shape {given.shape}; expected ({plan.n_docs}, "
+                    f"{outside.shape[1]}): one row per corpus document, made by the same model"
+                )
+            self.vectors = np.concatenate([np.asarray(given, dtype=np.float32), outside])
         self._queries: dict[int, np.ndarray] = {}
 
     def search(self, block: list[int], depth: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -347,3 +347,17 @@ def test_mined_file_trains_with_masking(tmp_path, tiny):
     )
     # rows 0 and 17 share a query: each one's positive is a known positive of the other
     assert records[0]["masked_known_positives"] >= 2
+
+
+def test_precomputed_corpus_embeddings_give_the_same_negatives(tiny):
+    kwargs = dict(method="dense", model=tiny, num_negatives=3, range_min=2, range_max=20)
+    vectors = encode_texts(tiny, [d.text for d in CORPUS], normalize=True)
+    given, _ = mine_hard_negatives(
+        PAIRS, CORPUS, corpus_embeddings=vectors, show_progress=False, **kwargs
+    )
+    fresh, _ = mine_hard_negatives(PAIRS, CORPUS, show_progress=False, **kwargs)
+    assert [r.negative_ids for r in given] == [r.negative_ids for r in fresh]
+    with pytest.raises(ValueError, match="one row per corpus document"):
+        mine_hard_negatives(
+            PAIRS, CORPUS, corpus_embeddings=vectors[:5], show_progress=False, **kwargs
+        )
