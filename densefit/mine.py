@@ -333,25 +333,23 @@ class _Bm25:
         tokens = bm25s.tokenize(texts, stopwords="en", show_progress=show_progress)
         self.retriever = bm25s.BM25()
         self.retriever.index(tokens, show_progress=show_progress)
-        self._scores: dict[int, np.ndarray] = {}  # the current block's full score vectors
+        self._positive_scores: dict[int, float] = {}  # row -> its positive's score
 
-    def _query_scores(self, q: int) -> np.ndarray:
-        if q not in self._scores:
+    def search(self, block: list[int], depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        # One query's full score vector at a time (O(corpus) memory); only the top `depth`
+        # and the scores of the query's positives are kept.
+        self._positive_scores = {}
+        n = self.plan.n_docs
+        out = []
+        for q in block:
             tokens = self.bm25s.tokenize(
                 [self.plan.queries[q]], stopwords="en", return_ids=False, show_progress=False
             )[0]
             ids = self.retriever.get_tokens_ids(tokens)
-            self._scores[q] = self.retriever.get_scores_from_ids(ids)  # (n_docs + outside,)
-        return self._scores[q]
-
-    def search(self, block: list[int], depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        # One query's full score vector at a time (O(corpus) memory), kept for the block so
-        # that positive_score can read the positives' scores.
-        self._scores = {}
-        n = self.plan.n_docs
-        out = []
-        for q in block:
-            scores = self._query_scores(q)[:n]
+            full = self.retriever.get_scores_from_ids(ids)  # (n_docs + outside,)
+            for row in self.plan.rows_of[q]:
+                self._positive_scores[row] = float(full[self.plan.positive_doc[row]])
+            scores = full[:n]
             top = np.argpartition(-scores, depth - 1)[:depth] if depth < n else np.arange(n)
             top = top[scores[top] > 0]  # no shared term: not retrieved at all
             top = top[np.lexsort((top, -scores[top]))]  # best first, ties by document order
@@ -359,7 +357,7 @@ class _Bm25:
         return out
 
     def positive_score(self, q: int, row: int) -> float:
-        return float(self._query_scores(q)[self.plan.positive_doc[row]])
+        return self._positive_scores[row]
 
 
 class _Dense:

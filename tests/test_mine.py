@@ -361,3 +361,28 @@ def test_precomputed_corpus_embeddings_give_the_same_negatives(tiny):
         mine_hard_negatives(
             PAIRS, CORPUS, corpus_embeddings=vectors[:5], show_progress=False, **kwargs
         )
+
+
+def test_bm25_margin_rule():
+    import bm25s
+
+    margin = 0.3
+    rows, report = mine_hard_negatives(
+        PAIRS[:16],
+        CORPUS,
+        num_negatives=3,
+        range_min=0,
+        range_max=60,
+        relative_margin=margin,
+        show_progress=False,
+    )
+    retriever = bm25s.BM25()
+    tokens = bm25s.tokenize([d.text for d in CORPUS], stopwords="en", show_progress=False)
+    retriever.index(tokens, show_progress=False)
+    index_of = {d.id: i for i, d in enumerate(CORPUS)}
+    for row in rows:
+        query = bm25s.tokenize([row.query], stopwords="en", return_ids=False, show_progress=False)
+        scores = retriever.get_scores_from_ids(retriever.get_tokens_ids(query[0]))
+        pos = scores[index_of[row.positive_id]]
+        assert all(scores[index_of[i]] <= (1 - margin) * pos + 1e-5 for i in row.negative_ids)
+    assert report.skipped_margin > 0
