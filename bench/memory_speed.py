@@ -199,9 +199,17 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="ignore results already in the jsonl")
     parser.add_argument("--name", default="memory_speed")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (bench/gpu.sh)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite the tables and plots from the jsonl, run nothing")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.name}.jsonl"
+    if args.report_only:
+        rows = [json.loads(x) for x in out.read_text().splitlines()]
+        note = json.loads((RESULTS / f"{args.name}.json").read_text())["machine"] if (
+            RESULTS / f"{args.name}.json").exists() else machine_note(args.threads)
+        write_outputs(rows, note, args.name)
+        return
     if args.fresh and out.exists():
         out.unlink()
     note = machine_note(args.threads)
