@@ -178,9 +178,29 @@ def _pad(encoded: dict, picks: np.ndarray, width: int, tokenizer) -> dict:
 def _fast_path_tokenizer(model: SentenceTransformer):
     """The tokenizer, when tokenizing once up front gives exactly ``model.preprocess``'s input.
 
-    Returns None (use the general path) for anything unusual; the check runs the model's own
-    preprocessing on two probe texts, one longer than ``max_seq_length``, and compares.
+    Returns None (use the general path) for anything unusual. The answer is remembered on the
+    model until its tokenizer, maximum length, prompt or padding side change (the check costs
+    a few milliseconds: too much to pay on every single-query call).
     """
+    first = model[0] if len(model) else None
+    tokenizer = getattr(first, "tokenizer", None)
+    key = (
+        id(first),
+        id(tokenizer),
+        getattr(model, "max_seq_length", None),
+        getattr(model, "default_prompt_name", None),
+        getattr(tokenizer, "padding_side", None),
+    )
+    cached = getattr(model, "_densefit_fast_path", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    decision = _check_fast_path(model)
+    model._densefit_fast_path = (key, decision)
+    return decision
+
+
+def _check_fast_path(model: SentenceTransformer):
+    """Run the model's own preprocessing on two probes (one over ``max_seq_length``), compare."""
     try:
         from sentence_transformers.base.modules import Transformer
     except ImportError:  # pragma: no cover - older sentence-transformers

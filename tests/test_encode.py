@@ -109,3 +109,9 @@ def test_matches_minilm(minilm):
     np.testing.assert_allclose(
         encode_texts(minilm, texts), minilm.encode(texts, batch_size=64), atol=1e-5
     )
+
+
+def test_changing_max_seq_length_is_noticed(tiny):
+    encode_texts(tiny, TEXTS[:3])  # the fast-path decision is cached on the model...
+    tiny.max_seq_length = 8  # ...and must be revisited when truncation changes
+    np.testing.assert_allclose(encode_texts(tiny, TEXTS), tiny.encode(TEXTS), atol=1e-5)

@@ -10,7 +10,7 @@ from densefit.encode import encode_texts
 from densefit.index import ModelMismatchError, StoreError, open_store
 from densefit.index.conformance import make_corpus
 from densefit.index.indexing import index_documents, prune_documents
-from densefit.index.search import search, search_batch
+from densefit.index.searching import search, search_batch
 from densefit.retrieval_api import RetrievalMixin, as_document
 
 

@@ -139,3 +139,36 @@ def test_documents_roundtrip_unicode_and_meta(model, tmp_path):
     with LocalDocumentStore(tmp_path / "s") as store:
         got = store.get(["ü-1"])[0]
         assert got.text == docs[0].text and got.meta == {"n": 1, "tags": ["a"]}
+
+
+def test_one_store_shared_by_threads(model, tmp_path):
+    import threading
+
+    docs = make_corpus(60)
+    embeddings = encode_texts(model, [d.text for d in docs])
+    errors = []
+    with open_store(tmp_path / "s", model) as store:
+        store.write(docs[:20], embeddings[:20])
+
+        def reader():
+            try:
+                for _ in range(15):
+                    assert store.search(embeddings[:3], top_k=3)[0][0].id == docs[0].id
+            except Exception as exc:  # noqa: BLE001 - surfaced below
+                errors.append(exc)
+
+        def writer():
+            try:
+                for start in range(20, 60, 5):
+                    store.write(docs[start : start + 5], embeddings[start : start + 5])
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=reader) for _ in range(3)] + [
+            threading.Thread(target=writer)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors and store.count() == 60

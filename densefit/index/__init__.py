@@ -1,7 +1,24 @@
-"""Document stores and vector search: an embedded SQLite + vector-file store, exact and FAISS
-backends behind one Protocol, indexing with resume, and search.
+"""Document stores and vector search.
 
->>> from densefit.index import open_store, index_documents, search  # doctest: +SKIP
+An embedded store (SQLite for documents, an append-only vector file for embeddings) with
+exact and FAISS backends behind one small Protocol, transactional indexing that resumes after
+a crash, and search::
+
+    from densefit.index import open_store, index_documents, search
+    from densefit.models import load_model
+    from densefit.data.corpus import iter_corpus
+
+    model = load_model("all-MiniLM-L6-v2")
+    with open_store("stores/scifact", model) as store:          # created for this model
+        index_documents(store, model, iter_corpus("datasets/scifact"), show_progress=True)
+        for hit in search(store, model, "vitamin D and bone density", top_k=5):
+            print(hit.rank, hit.score, hit.id, hit.snippet())
+
+The same from the shell: ``densefit index``, ``densefit search``, ``densefit eval``.
+
+>>> from densefit.index import LocalDocumentStore, ExactBackend, VectorBackend
+>>> isinstance(ExactBackend(), VectorBackend)
+True
 """
 
 from densefit.index.base import (
@@ -13,11 +30,14 @@ from densefit.index.base import (
     WriteResult,
 )
 from densefit.index.exact import ExactBackend, exact_search
+from densefit.index.indexing import IndexReport, index_documents, prune_documents
+from densefit.index.searching import search, search_batch
 from densefit.index.store import LocalDocumentStore, make_backend, open_store
 
 __all__ = [
     "DocumentStore",
     "ExactBackend",
+    "IndexReport",
     "LocalDocumentStore",
     "ModelMismatchError",
     "SearchHit",
@@ -25,6 +45,10 @@ __all__ = [
     "VectorBackend",
     "WriteResult",
     "exact_search",
+    "index_documents",
     "make_backend",
     "open_store",
+    "prune_documents",
+    "search",
+    "search_batch",
 ]

@@ -180,7 +180,7 @@ def search(
 
     Example: densefit search --store stores/scifact "vitamin D and bone density" -k 5
     """
-    from densefit.index.search import search_batch
+    from densefit.index.searching import search_batch
     from densefit.index.store import LocalDocumentStore
 
     with _clean_errors():
@@ -280,13 +280,16 @@ def evaluate(
                 _fail("--dataset brings its own queries and qrels: drop --queries/--qrels")
             if model is None:
                 _fail("--dataset needs --model (the model to evaluate)")
+            if compare is not None and compare == model:
+                _fail("--compare names the same model as --model; give the other model")
             if compare is not None and store is not None:
                 _fail("--store keeps the index of one model; drop it when using --compare")
             from densefit.data.corpus import load_beir
 
             beir = load_beir(dataset, split, on_bad_row=on_bad_row.value)
             results = []
-            for name in [model] + ([compare] if compare else []):
+            labels = _labels([model] + ([compare] if compare else []))
+            for name, label in labels.items():
                 if progress:
                     err.print(f"evaluating {name} on {dataset} ({split})", highlight=False)
                 result = evaluate_beir(
@@ -299,7 +302,7 @@ def evaluate(
                     top_k=top_k,
                     batch_size=batch_size,
                     show_progress=progress,
-                    name=name,
+                    name=label,
                 )
                 result.info["dataset"] = str(dataset)
                 results.append(result)
@@ -352,6 +355,14 @@ def evaluate(
         typer.echo(json.dumps(payload, indent=2))
     else:
         out.print(format_table(results, title=title))
+
+
+def _labels(names: list[str]) -> dict[str, str]:
+    """Short column labels: a model folder's name, unless two models would share it."""
+    short = {name: Path(name).name or name for name in names}
+    if len(set(short.values())) < len(names):
+        return {name: name for name in names}
+    return short
 
 
 def register(app: typer.Typer) -> None:

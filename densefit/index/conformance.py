@@ -8,10 +8,11 @@ a backend spec (``"exact"``, ``"faiss"``, ``"faiss:Flat"``...) or a factory call
         def backend(self):
             return "faiss:Flat"
 
-The suite covers add / update / delete by id, reopening, compaction, a second process's
-writes, model mismatch errors, and crashes: a subprocess indexing the corpus is SIGKILLed
-(a forked child) between batches and in the middle of a write, and the store must reopen with its last
-committed state, documents and vectors still aligned, and a rerun must resume.
+The suite covers add / update / delete by id, reopening, compaction, writes made through a
+second connection (as another process makes them), model mismatch errors, and crashes: a
+child process (forked) indexing a corpus is SIGKILLed between batches and in the middle of a
+write, and the store must reopen with its last committed state, documents and vectors still
+aligned, and a rerun must resume.
 
 Needs pytest; uses :func:`densefit.testing.tiny_model` (no downloads).
 """
@@ -190,6 +191,18 @@ class StoreConformance:
             other.compact()
             assert store.search(_embed(model, extra[1:2]), top_k=1)[0][0].id == extra[1].id
 
+    def test_files_of_a_running_compaction_survive_another_open(self, store, store_dir, backend):
+        # Another process compacting holds the write lock while it writes the next
+        # generation's file; opening the store meanwhile must not delete that file.
+        next_file = store_dir / "vectors-1.f32"
+        with store._transaction():
+            next_file.write_bytes(b"being written")
+            LocalDocumentStore(store_dir, backend=backend).close()
+            assert next_file.exists()
+        # Once nobody holds the lock, a leftover of an interrupted compaction is removed.
+        LocalDocumentStore(store_dir, backend=backend).close()
+        assert not next_file.exists()
+
     # -- the model -------------------------------------------------------------------------
 
     def test_records_model(self, store, model):
@@ -206,7 +219,7 @@ class StoreConformance:
         with pytest.raises(ModelMismatchError, match="32-d.*48-d"):
             store.check_model(wider)
         with pytest.raises(ModelMismatchError):
-            from densefit.index.search import search
+            from densefit.index.searching import search
 
             search(store, wider, "cells")
 
@@ -222,7 +235,7 @@ class StoreConformance:
     def test_weights_changed_in_place_is_an_error(self, store, model_dir, docs):
         import torch
 
-        from densefit.index.search import search
+        from densefit.index.searching import search
         from densefit.models import load_model
 
         model = load_model(model_dir)

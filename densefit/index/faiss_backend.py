@@ -124,9 +124,16 @@ class FaissBackend:
         if index.ntotal < n_rows:
             if not index.is_trained:
                 self._train(index)
-            for start in range(index.ntotal, n_rows, _ADD_CHUNK):
-                block = self._vectors[start : min(start + _ADD_CHUNK, n_rows)]
-                index.add(np.ascontiguousarray(block, dtype=np.float32))
+            from tqdm.auto import tqdm
+
+            todo = n_rows - index.ntotal
+            with tqdm(
+                total=todo, desc=f"FAISS {self.factory}", unit="vec", disable=todo < 4 * _ADD_CHUNK
+            ) as bar:
+                for start in range(index.ntotal, n_rows, _ADD_CHUNK):
+                    block = self._vectors[start : min(start + _ADD_CHUNK, n_rows)]
+                    index.add(np.ascontiguousarray(block, dtype=np.float32))
+                    bar.update(len(block))
             self._dirty = True
         return index
 

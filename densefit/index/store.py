@@ -28,9 +28,11 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import wraps
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +123,17 @@ def canonical_model_name(name: str) -> str:
     return lowered.removeprefix("sentence-transformers/")
 
 
+def _locked(method):
+    """Serialise calls on one store object: it may be shared by a server's threads."""
+
+    @wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 def _normalise_rows(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.where(norms == 0, 1, norms)
@@ -153,7 +166,11 @@ class LocalDocumentStore:
                 f"{self.path} is not a densefit store (no {DB_NAME}): create it with "
                 f"`densefit index CORPUS --model MODEL --store {self.path}`"
             )
-        self._conn = sqlite3.connect(db, isolation_level=None, timeout=60.0)
+        self._lock = threading.RLock()
+        # One connection shared by threads, serialised by self._lock.
+        self._conn = sqlite3.connect(
+            db, isolation_level=None, timeout=60.0, check_same_thread=False
+        )
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=FULL")
         meta = self._read_meta()
@@ -240,6 +257,7 @@ class LocalDocumentStore:
 
     # -- the model -------------------------------------------------------------------------
 
+    @_locked
     def check_model(self, model) -> None:
         """Raise :class:`ModelMismatchError` unless ``model`` made this store's embeddings.
 
@@ -283,6 +301,7 @@ class LocalDocumentStore:
 
     # -- reading ---------------------------------------------------------------------------
 
+    @_locked
     def count(self) -> int:
         """The number of documents."""
         self._refresh()
@@ -291,6 +310,7 @@ class LocalDocumentStore:
     def __len__(self) -> int:
         return self.count()
 
+    @_locked
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         """The documents with these ids, None where an id is unknown."""
         found: dict[str, Document] = {}
@@ -302,6 +322,7 @@ class LocalDocumentStore:
                 found[doc_id] = Document(doc_id, text, title, json.loads(meta))
         return [found.get(i) for i in ids]
 
+    @_locked
     def hashes(self, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         """``{id: (text_hash, meta_hash)}`` for the ids that are stored."""
         out: dict[str, tuple[str, str]] = {}
@@ -317,14 +338,16 @@ class LocalDocumentStore:
         """Every document id, in id order."""
         last = ""
         while True:
-            page = self._conn.execute(
-                "SELECT id FROM documents WHERE id > ? ORDER BY id LIMIT 10000", (last,)
-            ).fetchall()
+            with self._lock:
+                page = self._conn.execute(
+                    "SELECT id FROM documents WHERE id > ? ORDER BY id LIMIT 10000", (last,)
+                ).fetchall()
             if not page:
                 return
             yield from (row[0] for row in page)
             last = page[-1][0]
 
+    @_locked
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
         """The stored (normalised, for cosine stores) embeddings of ``ids`` as float32."""
         self._refresh()
@@ -340,6 +363,7 @@ class LocalDocumentStore:
         view = self._vector_file.view(self._n_rows)
         return np.asarray(view[[rows[i] for i in ids]], dtype=np.float32)
 
+    @_locked
     def search(self, query_embeddings: np.ndarray, top_k: int = 10) -> list[list[SearchHit]]:
         """The ``top_k`` best documents for each query embedding, best first.
 
@@ -385,6 +409,7 @@ class LocalDocumentStore:
 
     # -- writing ---------------------------------------------------------------------------
 
+    @_locked
     def write(self, documents: Sequence[Document], embeddings: np.ndarray) -> WriteResult:
         """Add or replace ``documents`` (by id) with their embeddings, in one transaction.
 
@@ -420,6 +445,7 @@ class LocalDocumentStore:
         self._after_commit(fresh, dead=list(replaced.values()), n_rows=start + len(documents))
         return WriteResult(added=len(documents) - len(replaced), updated=len(replaced))
 
+    @_locked
     def write_metadata(self, documents: Sequence[Document]) -> int:
         """Replace title and metadata of stored documents (their text and vector stay)."""
         with self._transaction():
@@ -432,6 +458,7 @@ class LocalDocumentStore:
             )
         return cursor.rowcount
 
+    @_locked
     def delete(self, ids: Iterable[str]) -> int:
         """Delete documents by id in one transaction; unknown ids are ignored.
 
@@ -446,11 +473,13 @@ class LocalDocumentStore:
         self._after_commit(fresh, dead=list(rows.values()), n_rows=self._n_rows)
         return len(rows)
 
+    @_locked
     def dead_rows(self) -> int:
         """Vectors kept for updated or deleted documents, until :meth:`compact`."""
         self._refresh()
         return int(self._n_rows - self._alive[: self._n_rows].sum())
 
+    @_locked
     def compact(self) -> int:
         """Rewrite the vector file without dead rows; returns how many were dropped."""
         with self._transaction():
@@ -479,11 +508,13 @@ class LocalDocumentStore:
         self._remove_stale_files()
         return dropped
 
+    @_locked
     def flush(self) -> None:
         """Let the backend persist its caches (the FAISS index); documents are always durable."""
         if self.backend is not None:
             self.backend.flush()
 
+    @_locked
     def close(self) -> None:
         """Flush caches and close the database. Temporary stores are deleted."""
         if self._conn is None:
@@ -508,6 +539,7 @@ class LocalDocumentStore:
             f"backend={getattr(self.backend, 'name', self.backend_spec)!r})"
         )
 
+    @_locked
     def info(self) -> dict:
         """A summary for humans and ``--json``: model, sizes, dtype, backend."""
         self._refresh()
@@ -627,14 +659,30 @@ class LocalDocumentStore:
         self.backend.update(vectors, alive)
 
     def _remove_stale_files(self) -> None:
-        """Vector files and caches of older generations (left by an interrupted compaction)."""
-        current = {self._vector_file.path.name}
-        for path in self.path.glob("vectors-*.*"):
-            if path.name not in current:
-                path.unlink(missing_ok=True)
-        for path in self.path.glob("faiss-*.index*"):
-            if not path.name.startswith(f"faiss-{self._generation}-"):
-                path.unlink(missing_ok=True)
+        """Delete vector files and caches of other generations (an interrupted compaction's).
+
+        Only under the write lock, taken without waiting: a compaction in another process
+        writes the next generation's file while holding that lock, and it must not be
+        mistaken for garbage. When another process is writing, cleaning up waits for later.
+        """
+        self._conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return
+        finally:
+            self._conn.execute("PRAGMA busy_timeout = 60000")
+        try:
+            generation = int(self._meta_value("generation"))
+            keep = self._file_for(generation).path.name
+            for path in self.path.glob("vectors-*.*"):
+                if path.name != keep:
+                    path.unlink(missing_ok=True)
+            for path in self.path.glob("faiss-*.index*"):
+                if not path.name.startswith(f"faiss-{generation}-"):
+                    path.unlink(missing_ok=True)
+        finally:
+            self._conn.execute("COMMIT")
 
 
 class _Transaction:
