@@ -43,10 +43,14 @@ def test_planner_picks_largest_fitting_chunk():
     model = tiny_model()
     act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
     plan = plan_memory(model, ROWS, TrainConfig(batch_size=1024, memory_budget="12MiB"), activation_model=act)
-    # doubling the chosen chunk must not fit
+    # doubling the chosen chunk must not fit (on CPU the planner also stops at 32 rows)
+    from densefit.memory.planner import _CPU_MAX_CHUNK_ROWS, _HEADROOM
+
     longest = max(v["max"] for v in plan.lengths.values())
-    next_peak = plan.predicted_peak_bytes + 1.25 * act.bytes(plan.chunk_size, longest)
-    assert plan.strategy == "cache" and next_peak > plan.budget_bytes
+    next_peak = plan.predicted_peak_bytes + _HEADROOM * act.bytes(plan.chunk_size, longest)
+    assert plan.strategy == "cache"
+    assert plan.chunk_size == _CPU_MAX_CHUNK_ROWS or next_peak > plan.budget_bytes
+    assert plan.chunk_size <= _CPU_MAX_CHUNK_ROWS
 
 
 def test_probe_does_not_touch_the_random_stream(tiny):

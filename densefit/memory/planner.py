@@ -61,9 +61,13 @@ def auto_loss_chunk(batch_size: int, n_negatives: int = 0) -> int | None:
 # Relative cost of one step, in forward-pass units (backward ~ 2 forwards).
 _RELATIVE_TIME = {"plain": 3.0, "checkpoint": 4.0, "cache": 4.0, "cache+checkpoint": 5.0}
 # Backward briefly holds activation gradients next to the saved tensors: keep headroom.
-# Measured on CPU (all-MiniLM-L6-v2): peak RSS of forward+backward is 0.8-1.45x the bytes
-# saved for backward (allocator reuse, transient attention scores).
-_HEADROOM = 1.5
+# Measured (bench/results/memory_speed.md, all-MiniLM-L6-v2 on CPU, batches 16-256): a
+# training step's peak RSS above the model and optimizer is 1.15-1.27x the bytes saved for
+# backward (activation gradients, transient attention scores, the optimizer step).
+_HEADROOM = 1.35
+# On CPU a gradient-cache chunk larger than this many rows (at the longest length) runs no
+# faster (same benchmark): the planner leaves the rest of the budget unused there.
+_CPU_MAX_CHUNK_ROWS = 32
 
 
 def saved_bytes(fn, *, exclude: Sequence[torch.Tensor] = ()) -> int:
@@ -380,7 +384,8 @@ def plan_memory(
         candidates.append({"strategy": name, "chunk_size": sub_batch, "token_budget": None,
                            "peak_bytes": p, "fits": p <= budget})
     length = max(longest.values())
-    sizes = [2**i for i in range(0, int(math.log2(max(1, B))) + 1)]
+    largest = B if device.type != "cpu" else min(B, _CPU_MAX_CHUNK_ROWS)
+    sizes = [2**i for i in range(0, int(math.log2(max(1, largest))) + 1)]
     for name in ("cache", "cache+checkpoint"):
         best = None
         for size in sizes:
