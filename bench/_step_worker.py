@@ -94,19 +94,31 @@ def main(spec: dict) -> dict:
     model.train()
     torch.manual_seed(0)
     config = TrainConfig(
-        batch_size=B, memory=spec["method"] if spec["impl"] == "densefit" else "plain",
-        chunk_size=spec.get("chunk_size"), memory_budget=spec.get("memory_budget"),
-        max_seq_length=spec["max_seq_length"], show_progress=False, learning_rate=1e-5,
+        batch_size=B,
+        memory=spec["method"] if spec["impl"] == "densefit" else "plain",
+        chunk_size=spec.get("chunk_size"),
+        memory_budget=spec.get("memory_budget"),
+        max_seq_length=spec["max_seq_length"],
+        show_progress=False,
+        learning_rate=1e-5,
         token_budget=spec.get("token_budget"),
     )
     optimizer = _optimizer(model, config)
     materialize_optimizer(model, optimizer)
     import densefit
 
-    out: dict = {**spec, "threads": threads, "torch": torch.__version__,
-                 "densefit_path": str(Path(densefit.__file__).parent)}
+    out: dict = {
+        **spec,
+        "threads": threads,
+        "torch": torch.__version__,
+        "densefit_path": str(Path(densefit.__file__).parent),
+    }
 
     if spec["impl"] == "densefit":
+        if device == "cpu" and spec.get("release_cpu_memory", True):
+            from densefit.memory.allocator import release_freed_memory_promptly
+
+            release_freed_memory_promptly()  # as train() does on CPU
         t0 = time.perf_counter()
         if spec["method"] == "auto":
             # plan for exactly the batches this worker runs (the trainer passes its own)
@@ -129,15 +141,30 @@ def main(spec: dict) -> dict:
             import dataclasses
 
             config = dataclasses.replace(config, loss_chunk_size=plan["loss_chunk_size"])
-        out["plan"] = {k: plan.get(k) for k in ("strategy", "chunk_size", "token_budget",
-                                                  "loss_chunk_size", "predicted_peak_bytes")}
+        out["plan"] = {
+            k: plan.get(k)
+            for k in (
+                "strategy",
+                "chunk_size",
+                "token_budget",
+                "loss_chunk_size",
+                "predicted_peak_bytes",
+            )
+        }
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
         import contextlib
 
         def step(batch):
             record = _optimizer_step(
-                model, batch, [list(range(len(batch)))], config, strategy, optimizer,
-                scheduler, contextlib.nullcontext, None,
+                model,
+                batch,
+                [list(range(len(batch)))],
+                config,
+                strategy,
+                optimizer,
+                scheduler,
+                contextlib.nullcontext,
+                None,
             )
             return record["padding_efficiency"]
     else:
@@ -195,7 +222,11 @@ def main(spec: dict) -> dict:
                 status = "too_slow"
                 break
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-        if "alloc" not in str(exc).lower() and "memory" not in str(exc).lower() and not isinstance(exc, MemoryError):
+        if (
+            "alloc" not in str(exc).lower()
+            and "memory" not in str(exc).lower()
+            and not isinstance(exc, MemoryError)
+        ):
             raise
         status = "oom"
         out["error"] = str(exc).splitlines()[0][:200]

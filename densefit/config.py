@@ -63,6 +63,7 @@ class TrainConfig:
     loss_chunk_size: int | None = None  # anchors per block of the MNRL score matrix
     memory_budget: str | None = None  # e.g. "8GiB", for --memory auto
     sort_by_length: bool = True
+    release_cpu_memory: bool = True  # glibc: return freed activations to the OS (CPU runs)
     mask_false_negatives: bool = True  # mask duplicates / known positives in MNRL
     no_duplicates: bool = False  # batches without repeated texts (same count and sizes)
     max_seq_length: int | None = None

@@ -34,6 +34,7 @@ from densefit.data.types import TrainingExample
 from densefit.guards import NonFiniteGuard, guarded_step
 from densefit.losses import margin_mse, mnrl
 from densefit.masking import false_negative_mask, health_postfix, merge_health, score_health
+from densefit.memory.allocator import release_freed_memory_promptly
 from densefit.memory.planner import auto_loss_chunk
 from densefit.memory.strategies import MemoryStrategy, make_strategy
 
@@ -261,6 +262,8 @@ def train(
             stacklevel=2,
         )
 
+    if device.type == "cpu" and config.release_cpu_memory:
+        release_freed_memory_promptly()  # chunks of varying sizes would fragment the heap
     seed_everything(config.seed)
     resumed = resume_checkpoint(resume, output_dir) if resume else None
     if resumed is not None:
