@@ -254,3 +254,14 @@ def test_search_uses_the_recorded_model_or_explains(app, tmp_path, data):
     open_store(tmp_path / "s", tiny_model(tmp_path / "m")).close()  # name "tiny-bert-32x2"
     result = invoke(app, ["search", "--store", tmp_path / "s", "cells"])
     assert result.exit_code == 2 and "pass --model" in result.stderr
+
+
+def test_interrupted_index_says_how_to_resume(app, model_dir, data, tmp_path, monkeypatch):
+    import densefit.index.indexing as indexing
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(indexing, "index_documents", interrupted)
+    result = invoke(app, ["index", data, "--model", model_dir / "tiny", "--store", tmp_path / "s"])
+    assert result.exit_code == 130 and "run the same command again to resume" in result.stderr

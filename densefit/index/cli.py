@@ -128,15 +128,23 @@ def index(
                 yield doc
 
         with document_store:
-            report = index_documents(
-                document_store,
-                st_model,
-                remember(documents) if prune else documents,
-                batch_size=batch_size,
-                commit_every=commit_every,
-                show_progress=progress,
-                total=_count_rows(corpus),
-            )
+            try:
+                report = index_documents(
+                    document_store,
+                    st_model,
+                    remember(documents) if prune else documents,
+                    batch_size=batch_size,
+                    commit_every=commit_every,
+                    show_progress=progress,
+                    total=_count_rows(corpus),
+                )
+            except KeyboardInterrupt:
+                err.print(
+                    f"\ninterrupted: {store} holds {document_store.count()} committed documents; "
+                    "run the same command again to resume",
+                    highlight=False,
+                )
+                raise typer.Exit(130) from None
             if prune:
                 report.pruned = prune_documents(document_store, seen)
             info = document_store.info()
