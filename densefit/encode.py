@@ -91,6 +91,19 @@ def encode_with_callback(
     """
     texts = _checked_texts(texts, batch_size)
     dim = embedding_dimension(model)
+    # Identical texts are encoded once and share one row: fewer forward passes, and copies
+    # of a document get exactly equal scores (a float-level difference from landing in
+    # batches of other widths would otherwise break their tie arbitrarily; trec_eval breaks
+    # exact ties by id, which is how the published BEIR/MTEB numbers were computed).
+    index_of: dict[str, int] = {}
+    inverse = np.array([index_of.setdefault(t, len(index_of)) for t in texts], dtype=np.int64)
+    if len(index_of) < len(texts):
+        distinct = encode_with_callback(
+            model, list(index_of), batch_size=batch_size, normalize=normalize, on_batch=on_batch
+        )
+        if on_batch is not None:
+            on_batch(len(texts) - len(index_of))
+        return distinct[inverse]
     out = np.empty((len(texts), dim), dtype=np.float32)
     if not texts:
         return out
