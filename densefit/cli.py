@@ -121,6 +121,7 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from the newest good checkpoint in OUTPUT/checkpoints."),
     resume_from: Path | None = typer.Option(None, help="Continue from this checkpoint folder (OUTPUT/checkpoints/step-...)."),
     max_nonfinite: int = typer.Option(5, help="Stop after this many steps in a row with a non-finite loss or gradient (each is skipped); 0: never."),
+    release_cpu_memory: bool = typer.Option(True, help="CPU: return freed activations to the OS (less memory, slower steps)."),
 ) -> None:
     """Fine-tune a retriever and save it in sentence-transformers format.
 
@@ -138,7 +139,8 @@ def train(
             gradient_checkpointing=gradient_checkpointing, gradient_accumulation_steps=grad_accum,
             amp=amp.value if amp else None, max_seq_length=max_seq_length, seed=seed,
             mask_false_negatives=mask_false_negatives, no_duplicates=no_duplicates,
-            device=device, show_progress=progress, checkpoint_every=checkpoint_every,
+            device=device, show_progress=progress, release_cpu_memory=release_cpu_memory,
+            checkpoint_every=checkpoint_every,
             keep_checkpoints=keep_checkpoints, max_nonfinite=max_nonfinite,
         )
     except ValueError as exc:
