@@ -34,8 +34,12 @@ def run_point(spec: dict, *, timeout: float = 1800) -> dict:
     """Run one point in a fresh interpreter; returns its result (status 'crashed' on failure)."""
     env = dict(os.environ)
     threads = str(spec.get("threads", 1))
-    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false")
+    env.update(
+        OMP_NUM_THREADS=threads,
+        MKL_NUM_THREADS=threads,
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     try:
@@ -44,16 +48,22 @@ def run_point(spec: dict, *, timeout: float = 1800) -> dict:
         prefix = ["taskset", "-c", pin] if pin else []
         proc = subprocess.run(
             [*prefix, sys.executable, str(HERE / "_step_worker.py"), json.dumps(spec)],
-            capture_output=True, text=True, timeout=timeout, env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
         )
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if lines:
-            result = json.loads(lines[-1][len("RESULT "):])
+            result = json.loads(lines[-1][len("RESULT ") :])
         else:
             killed = proc.returncode in (-9, 137)
             tail = (proc.stderr or "").strip().splitlines()[-3:]
-            result = {**spec, "status": "oom-killed" if killed else "crashed",
-                      "error": " | ".join(tail)[:300]}
+            result = {
+                **spec,
+                "status": "oom-killed" if killed else "crashed",
+                "error": " | ".join(tail)[:300],
+            }
     except subprocess.TimeoutExpired:
         result = {**spec, "status": "timeout"}
     result["wall_s"] = round(time.perf_counter() - started, 1)

@@ -20,7 +20,9 @@ from _runner import RESULTS, machine_note, run_all
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, nargs="*", default=[16, 32, 64, 128, 256])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--fresh", action="store_true")
@@ -30,10 +32,20 @@ def main() -> None:
     if args.fresh and out.exists():
         out.unlink()
     specs = [
-        {"key": f"ckpt/{B}/{method}", "section": "checkpointing", "impl": "densefit",
-         "method": method, "dataset": "scifact", "max_seq_length": 128, "batch_size": B,
-         "steps": 2 if B <= 32 else 1, "threads": args.threads, "rlimit_gib": 16}
-        for B in args.batches for method in ("plain", "checkpoint")
+        {
+            "key": f"ckpt/{B}/{method}",
+            "section": "checkpointing",
+            "impl": "densefit",
+            "method": method,
+            "dataset": "scifact",
+            "max_seq_length": 128,
+            "batch_size": B,
+            "steps": 2 if B <= 32 else 1,
+            "threads": args.threads,
+            "rlimit_gib": 16,
+        }
+        for B in args.batches
+        for method in ("plain", "checkpoint")
     ]
     run_all(specs, out)
     results = [json.loads(x) for x in out.read_text().splitlines()]
@@ -43,31 +55,45 @@ def main() -> None:
         plain, ckpt = by.get((B, "plain")), by.get((B, "checkpoint"))
         if not (plain and ckpt):
             continue
-        rows.append({
-            "batch_size": B,
-            "plain_activation_mb": plain["activation_mb"], "ckpt_activation_mb": ckpt["activation_mb"],
-            "memory_saving_x": round(plain["activation_mb"] / max(1.0, ckpt["activation_mb"]), 2),
-            "plain_peak_mb": plain["peak_rss_mb"], "ckpt_peak_mb": ckpt["peak_rss_mb"],
-            "plain_step_s": plain["step_time_s"], "ckpt_step_s": ckpt["step_time_s"],
-            "time_overhead": round(ckpt["step_time_s"] / plain["step_time_s"] - 1, 3),
-            "loadavg": max(plain["loadavg_before"], ckpt["loadavg_before"]),
-        })
+        rows.append(
+            {
+                "batch_size": B,
+                "plain_activation_mb": plain["activation_mb"],
+                "ckpt_activation_mb": ckpt["activation_mb"],
+                "memory_saving_x": round(
+                    plain["activation_mb"] / max(1.0, ckpt["activation_mb"]), 2
+                ),
+                "plain_peak_mb": plain["peak_rss_mb"],
+                "ckpt_peak_mb": ckpt["peak_rss_mb"],
+                "plain_step_s": plain["step_time_s"],
+                "ckpt_step_s": ckpt["step_time_s"],
+                "time_overhead": round(ckpt["step_time_s"] / plain["step_time_s"] - 1, 3),
+                "loadavg": max(plain["loadavg_before"], ckpt["loadavg_before"]),
+            }
+        )
     note = machine_note(args.threads)
-    (RESULTS / "checkpointing.json").write_text(json.dumps({"machine": note, "rows": rows,
-                                                            "points": results}, indent=1))
+    (RESULTS / "checkpointing.json").write_text(
+        json.dumps({"machine": note, "rows": rows, "points": results}, indent=1)
+    )
     header = list(rows[0]) if rows else []
     with (RESULTS / "checkpointing.csv").open("w") as f:
         f.write(",".join(header) + "\n")
         for r in rows:
             f.write(",".join(str(r[h]) for h in header) + "\n")
-    lines = ["# Gradient checkpointing (all-MiniLM-L6-v2, SciFact, seq 128)", "",
-             f"Machine: {json.dumps(note)}", "",
-             "| batch | act MiB plain | act MiB ckpt | saving | peak MiB plain | peak MiB ckpt | step s plain | step s ckpt | time overhead | load |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Gradient checkpointing (all-MiniLM-L6-v2, SciFact, seq 128)",
+        "",
+        f"Machine: {json.dumps(note)}",
+        "",
+        "| batch | act MiB plain | act MiB ckpt | saving | peak MiB plain | peak MiB ckpt | step s plain | step s ckpt | time overhead | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['batch_size']} | {r['plain_activation_mb']} | {r['ckpt_activation_mb']} | "
-                     f"{r['memory_saving_x']}x | {r['plain_peak_mb']} | {r['ckpt_peak_mb']} | "
-                     f"{r['plain_step_s']} | {r['ckpt_step_s']} | {r['time_overhead']:+.0%} | {r['loadavg']} |")
+        lines.append(
+            f"| {r['batch_size']} | {r['plain_activation_mb']} | {r['ckpt_activation_mb']} | "
+            f"{r['memory_saving_x']}x | {r['plain_peak_mb']} | {r['ckpt_peak_mb']} | "
+            f"{r['plain_step_s']} | {r['ckpt_step_s']} | {r['time_overhead']:+.0%} | {r['loadavg']} |"
+        )
     (RESULTS / "checkpointing.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -32,7 +32,9 @@ DENSEFIT = ["plain", "checkpoint", "cache", "auto"]
 PEERS = ["st-mnrl", "st-mnrl-gc", "st-cmnrl"]
 
 
-def specs_for(section: str, batches: list[int] | None, threads: int, device: str = "cpu") -> list[dict]:
+def specs_for(
+    section: str, batches: list[int] | None, threads: int, device: str = "cpu"
+) -> list[dict]:
     specs = []
     gpu = device.startswith("cuda")
     if section in ("speed", "all"):
@@ -41,9 +43,15 @@ def specs_for(section: str, batches: list[int] | None, threads: int, device: str
                 for impl, methods in (("densefit", DENSEFIT), ("st", PEERS)):
                     for method in methods:
                         spec = {
-                            "section": "speed", "impl": impl, "method": method,
-                            "dataset": dataset, "max_seq_length": seq, "batch_size": B,
-                            "steps": 1 if B >= 64 else 2, "threads": threads, "rlimit_gib": 16,
+                            "section": "speed",
+                            "impl": impl,
+                            "method": method,
+                            "dataset": dataset,
+                            "max_seq_length": seq,
+                            "batch_size": B,
+                            "steps": 1 if B >= 64 else 2,
+                            "threads": threads,
+                            "rlimit_gib": 16,
                         }
                         if method in ("cache", "st-cmnrl"):
                             spec["chunk_size"] = CHUNK
@@ -55,12 +63,24 @@ def specs_for(section: str, batches: list[int] | None, threads: int, device: str
                         specs.append(spec)
     if section in ("scaling", "all"):
         for B in batches or [64, 256, 1024, 2048, 4096, 8192]:
-            for impl, method in (("densefit", "cache"), ("st", "st-cmnrl"), ("densefit", "auto"),
-                                 ("densefit", "plain"), ("st", "st-mnrl")):
+            for impl, method in (
+                ("densefit", "cache"),
+                ("st", "st-cmnrl"),
+                ("densefit", "auto"),
+                ("densefit", "plain"),
+                ("st", "st-mnrl"),
+            ):
                 spec = {
-                    "section": "scaling", "impl": impl, "method": method, "dataset": "nfcorpus",
-                    "max_seq_length": 32, "batch_size": B, "steps": 1, "threads": threads,
-                    "rlimit_gib": 16, "max_step_seconds": 300,
+                    "section": "scaling",
+                    "impl": impl,
+                    "method": method,
+                    "dataset": "nfcorpus",
+                    "max_seq_length": 32,
+                    "batch_size": B,
+                    "steps": 1,
+                    "threads": threads,
+                    "rlimit_gib": 16,
+                    "max_step_seconds": 300,
                 }
                 if method in ("cache", "st-cmnrl"):
                     spec["chunk_size"] = CHUNK
@@ -79,18 +99,29 @@ def skip_after_failure(specs: list[dict], results_so_far: dict) -> None:
         if spec["section"] != "scaling" or spec["method"] not in ("plain", "st-mnrl"):
             continue
         for other in results_so_far.values():
-            if (other.get("section") == "scaling" and other.get("method") == spec["method"]
-                    and other.get("status") in ("oom", "oom-killed", "too_slow", "timeout")
-                    and other["batch_size"] < spec["batch_size"]):
+            if (
+                other.get("section") == "scaling"
+                and other.get("method") == spec["method"]
+                and other.get("status") in ("oom", "oom-killed", "too_slow", "timeout")
+                and other["batch_size"] < spec["batch_size"]
+            ):
                 spec["skip_reason"] = f"skipped (after {other['status']} at {other['batch_size']})"
 
 
 def ratio_rows(results: list[dict]) -> list[dict]:
     """densefit / peer ratios at equal dataset, batch size (and chunk for the cache)."""
-    by = {(r["section"], r["dataset"], r["batch_size"], r["method"]): r for r in results
-          if r.get("status") == "ok"}
-    pairs = [("plain", "st-mnrl"), ("checkpoint", "st-mnrl-gc"), ("cache", "st-cmnrl"),
-             ("cache", "plain"), ("auto", "fastest-fitting")]
+    by = {
+        (r["section"], r["dataset"], r["batch_size"], r["method"]): r
+        for r in results
+        if r.get("status") == "ok"
+    }
+    pairs = [
+        ("plain", "st-mnrl"),
+        ("checkpoint", "st-mnrl-gc"),
+        ("cache", "st-cmnrl"),
+        ("cache", "plain"),
+        ("auto", "fastest-fitting"),
+    ]
     out = []
     for (section, dataset, B, method), r in sorted(by.items(), key=lambda kv: str(kv[0])):
         for ours, peer in pairs:
@@ -101,9 +132,13 @@ def ratio_rows(results: list[dict]) -> list[dict]:
                 from densefit.config import parse_bytes
 
                 limit = parse_bytes(budget) / 2**20
-                fitting = [by[k] for k in by if k[:3] == (section, dataset, B)
-                           and k[3] in ("plain", "checkpoint", "cache")
-                           and by[k]["peak_rss_mb"] - by[k]["baseline_rss_mb"] + 346 <= limit]  # + params, grads, AdamW
+                fitting = [
+                    by[k]
+                    for k in by
+                    if k[:3] == (section, dataset, B)
+                    and k[3] in ("plain", "checkpoint", "cache")
+                    and by[k]["peak_rss_mb"] - by[k]["baseline_rss_mb"] + 346 <= limit
+                ]  # + params, grads, AdamW
                 if not fitting:
                     continue
                 other = min(fitting, key=lambda x: x["step_time_s"])
@@ -113,48 +148,85 @@ def ratio_rows(results: list[dict]) -> list[dict]:
                 if other is None:
                     continue
                 label = peer
-            out.append({
-                "section": section, "dataset": dataset, "batch_size": B,
-                "densefit": ours, "vs": label,
-                "time_ratio": round(r["step_time_s"] / other["step_time_s"], 3),
-                "activation_ratio": round(max(r["activation_mb"], 1) / max(other["activation_mb"], 1), 3),
-                "peak_ratio": round(r["peak_rss_mb"] / other["peak_rss_mb"], 3),
-            })
+            out.append(
+                {
+                    "section": section,
+                    "dataset": dataset,
+                    "batch_size": B,
+                    "densefit": ours,
+                    "vs": label,
+                    "time_ratio": round(r["step_time_s"] / other["step_time_s"], 3),
+                    "activation_ratio": round(
+                        max(r["activation_mb"], 1) / max(other["activation_mb"], 1), 3
+                    ),
+                    "peak_ratio": round(r["peak_rss_mb"] / other["peak_rss_mb"], 3),
+                }
+            )
     return out
 
 
 def write_outputs(results: list[dict], note: dict, name: str = "memory_speed") -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    cols = ["section", "dataset", "max_seq_length", "batch_size", "impl", "method", "chunk_size",
-            "status", "step_time_s", "activation_mb", "peak_rss_mb", "baseline_rss_mb",
-            "padding_efficiency", "threads", "loadavg_before", "loadavg_after"]
+    cols = [
+        "section",
+        "dataset",
+        "max_seq_length",
+        "batch_size",
+        "impl",
+        "method",
+        "chunk_size",
+        "status",
+        "step_time_s",
+        "activation_mb",
+        "peak_rss_mb",
+        "baseline_rss_mb",
+        "padding_efficiency",
+        "threads",
+        "loadavg_before",
+        "loadavg_after",
+    ]
     with (RESULTS / f"{name}.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols + ["plan"], extrasaction="ignore")
         w.writeheader()
         for r in results:
             w.writerow({**r, "plan": json.dumps(r.get("plan")) if r.get("plan") else ""})
     ratios = ratio_rows(results)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"machine": note, "results": results,
-                                                       "ratios": ratios}, indent=1))
-    lines = [f"# {name}", "", f"Machine: {json.dumps(note)}", "",
-             "| section | data | seq | batch | impl | method | status | step s | act MiB | peak MiB | pad eff | plan |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    (RESULTS / f"{name}.json").write_text(
+        json.dumps({"machine": note, "results": results, "ratios": ratios}, indent=1)
+    )
+    lines = [
+        f"# {name}",
+        "",
+        f"Machine: {json.dumps(note)}",
+        "",
+        "| section | data | seq | batch | impl | method | status | step s | act MiB | peak MiB | pad eff | plan |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         plan = r.get("plan") or {}
-        plan_text = (f"{plan.get('strategy')} c={plan.get('chunk_size')} t={plan.get('token_budget')}"
-                     if r.get("method") == "auto" else "")
+        plan_text = (
+            f"{plan.get('strategy')} c={plan.get('chunk_size')} t={plan.get('token_budget')}"
+            if r.get("method") == "auto"
+            else ""
+        )
         lines.append(
             f"| {r['section']} | {r['dataset']} | {r['max_seq_length']} | {r['batch_size']} | "
             f"{r['impl']} | {r['method']} | {r.get('status')} | {r.get('step_time_s', '')} | "
             f"{r.get('activation_mb', '')} | {r.get('peak_rss_mb', '')} | "
             f"{r.get('padding_efficiency', '')} | {plan_text} |"
         )
-    lines += ["", "## Ratios (densefit / other, same data and batch size)", "",
-              "| section | data | batch | densefit | vs | time | activation | peak RSS |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Ratios (densefit / other, same data and batch size)",
+        "",
+        "| section | data | batch | densefit | vs | time | activation | peak RSS |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for q in ratios:
-        lines.append(f"| {q['section']} | {q['dataset']} | {q['batch_size']} | {q['densefit']} | "
-                     f"{q['vs']} | {q['time_ratio']} | {q['activation_ratio']} | {q['peak_ratio']} |")
+        lines.append(
+            f"| {q['section']} | {q['dataset']} | {q['batch_size']} | {q['densefit']} | "
+            f"{q['vs']} | {q['time_ratio']} | {q['activation_ratio']} | {q['peak_ratio']} |"
+        )
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(results, name)
@@ -170,8 +242,10 @@ def plot(results: list[dict], name: str) -> None:
     groups = sorted({(r["section"], r["dataset"]) for r in ok})
     if not groups:
         return
-    for metric, label, suffix in (("activation_mb", "activation memory (MiB)", "memory"),
-                                  ("step_time_s", "step time (s)", "time")):
+    for metric, label, suffix in (
+        ("activation_mb", "activation memory (MiB)", "memory"),
+        ("step_time_s", "step time (s)", "time"),
+    ):
         fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
         for ax, (section, dataset) in zip(axes[0], groups):
             rows = [r for r in ok if (r["section"], r["dataset"]) == (section, dataset)]
@@ -192,22 +266,30 @@ def plot(results: list[dict], name: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--section", choices=["speed", "scaling", "all"], default="all")
     parser.add_argument("--batches", type=int, nargs="*")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--fresh", action="store_true", help="ignore results already in the jsonl")
     parser.add_argument("--name", default="memory_speed")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (bench/gpu.sh)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="rewrite the tables and plots from the jsonl, run nothing")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the tables and plots from the jsonl, run nothing",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.name}.jsonl"
     if args.report_only:
         rows = [json.loads(x) for x in out.read_text().splitlines()]
-        note = json.loads((RESULTS / f"{args.name}.json").read_text())["machine"] if (
-            RESULTS / f"{args.name}.json").exists() else machine_note(args.threads)
+        note = (
+            json.loads((RESULTS / f"{args.name}.json").read_text())["machine"]
+            if (RESULTS / f"{args.name}.json").exists()
+            else machine_note(args.threads)
+        )
         write_outputs(rows, note, args.name)
         return
     if args.fresh and out.exists():
