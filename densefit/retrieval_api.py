@@ -134,7 +134,7 @@ class RetrievalMixin:
 
     def retrieve_batch(self, queries: Sequence[str], top_k: int = 10) -> list[list[SearchHit]]:
         """:meth:`retrieve` for many queries, embedded and searched together."""
-        from densefit.index.search import search_batch
+        from densefit.index.searching import search_batch
 
         return search_batch(
             self._require_store(),
