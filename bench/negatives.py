@@ -192,6 +192,7 @@ def main() -> None:
     if not Path(args.data).is_dir():
         sys.exit(f"{args.data}: no SciFact folder; pass --data /path/to/scifact")
     started = time.perf_counter()
+    machine_info = machine(args)  # at the start: start time and load before the run
     common = [
         "--data",
         args.data,
@@ -220,7 +221,7 @@ def main() -> None:
         ),
     }
     summary = {
-        "machine": machine(args),
+        "machine": machine_info,
         "settings": {
             "model": "all-MiniLM-L6-v2 (packaged)",
             "dataset": "SciFact",
