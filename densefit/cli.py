@@ -200,7 +200,7 @@ def plan(
 
     try:
         result = plan_memory(st_model, examples, config,
-                             batches=planned_batches(len(examples), config))
+                             batches=planned_batches(examples, config))
     except MemoryError as exc:
         _fail(str(exc), code=3)
     if as_json:

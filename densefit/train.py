@@ -84,16 +84,26 @@ def batches(
     return out
 
 
-def planned_batches(n: int, config: TrainConfig) -> list[list[int]]:
-    """Row indices of every forward-backward (micro-batch) the run will do, in order."""
+def epoch_batches(
+    examples: Sequence[TrainingExample], config: TrainConfig, epoch: int
+) -> list[list[int]]:
+    """Row indices of each micro-batch of one epoch: seeded, then de-duplicated if asked."""
     micro = config.batch_size // config.gradient_accumulation_steps or 1
-    per_epoch = batches(n, micro, seed=config.seed, epoch=0, drop_last=config.drop_last)
+    out = batches(len(examples), micro, seed=config.seed, epoch=epoch, drop_last=config.drop_last)
+    if config.no_duplicates:  # same batch count and sizes, texts unique per batch
+        out = no_duplicate_batches(examples, out)
+    return out
+
+
+def planned_batches(examples: Sequence[TrainingExample], config: TrainConfig) -> list[list[int]]:
+    """Row indices of every forward-backward (micro-batch) the run will do, in order."""
+    per_epoch = epoch_batches(examples, config, 0)
     steps = math.ceil(len(per_epoch) / config.gradient_accumulation_steps)
     total = (config.max_steps or steps * config.epochs) * config.gradient_accumulation_steps
     out: list[list[int]] = []
     epoch = 0
     while len(out) < total and per_epoch:
-        out += batches(n, micro, seed=config.seed, epoch=epoch, drop_last=config.drop_last)
+        out += per_epoch if epoch == 0 else epoch_batches(examples, config, epoch)
         epoch += 1
     return out[:total]
 
@@ -203,7 +213,7 @@ def build_strategy(
     if name == "auto":
         from densefit.memory.planner import plan_memory
 
-        plan = plan_memory(model, examples, config, batches=planned_batches(len(examples), config))
+        plan = plan_memory(model, examples, config, batches=planned_batches(examples, config))
         # Cached chunks are capped in padded tokens: chunks of short texts take more rows.
         strategy = make_strategy(
             plan.strategy, None if plan.token_budget else plan.chunk_size,
@@ -275,11 +285,9 @@ def train(
     if plan.get("loss_chunk_size") and config.loss_chunk_size is None:
         config = dataclasses.replace(config, loss_chunk_size=plan["loss_chunk_size"])
 
-    micro = config.batch_size // config.gradient_accumulation_steps or 1
-    steps_per_epoch = math.ceil(
-        len(batches(len(examples), micro, seed=config.seed, epoch=0, drop_last=config.drop_last))
-        / config.gradient_accumulation_steps
-    )
+    micro_per_epoch = len(batches(len(examples), config.batch_size // config.gradient_accumulation_steps or 1,
+                                  seed=config.seed, epoch=0, drop_last=config.drop_last))
+    steps_per_epoch = math.ceil(micro_per_epoch / config.gradient_accumulation_steps)
     total_steps = config.max_steps or steps_per_epoch * config.epochs
     warmup = config.warmup_steps if config.warmup_steps is not None else int(0.1 * total_steps)
     optimizer = _optimizer(model, config)
@@ -321,11 +329,7 @@ def train(
     started = time.perf_counter()
     try:
         while step < total_steps:
-            micro_batches = batches(
-                len(examples), micro, seed=config.seed, epoch=epoch, drop_last=config.drop_last
-            )
-            if config.no_duplicates:  # same batch count and sizes, texts unique per batch
-                micro_batches = no_duplicate_batches(examples, micro_batches)
+            micro_batches = epoch_batches(examples, config, epoch)
             for first in range(first_batch, len(micro_batches), config.gradient_accumulation_steps):
                 if step >= total_steps:
                     break

@@ -80,7 +80,7 @@ def test_plan_for_the_runs_real_batches_is_tighter_than_worst_case(tiny):
     rows = [TrainingExample("q", "cell " * (60 if i < 8 else 2)) for i in range(64)]
     config = TrainConfig(batch_size=8, memory_budget="4GiB", chunk_size=4)
     act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
-    exact = plan_memory(tiny, rows, config, batches=planned_batches(64, config), activation_model=act)
+    exact = plan_memory(tiny, rows, config, batches=planned_batches(rows, config), activation_model=act)
     worst = plan_memory(tiny, rows, config, activation_model=act)
     plain = lambda p: next(c for c in p.candidates if c["strategy"] == "plain")["peak_bytes"]  # noqa: E731
     assert plain(exact) < plain(worst)
