@@ -26,6 +26,8 @@ import json
 from _runner import RESULTS, machine_note, run_all
 
 CHUNK = 32  # densefit cache chunk == CachedMNRL mini_batch_size
+# Statuses of points whose timed step finished ("too_slow": it took over max_step_seconds).
+DONE = ("ok", "too_slow")
 SPEED_BUDGET = "4GiB"  # for densefit auto in the speed table
 SCALING_BUDGET = "6GiB"
 DENSEFIT = ["plain", "checkpoint", "cache", "auto"]
@@ -80,8 +82,9 @@ def specs_for(
                     "steps": 1,
                     "threads": threads,
                     "rlimit_gib": 16,
-                    "max_step_seconds": 300,
                 }
+                if method in ("plain", "st-mnrl"):  # plain rows stop past 300 s a step
+                    spec["max_step_seconds"] = 300
                 if method in ("cache", "st-cmnrl"):
                     spec["chunk_size"] = CHUNK
                 if method == "auto":
@@ -113,7 +116,7 @@ def ratio_rows(results: list[dict]) -> list[dict]:
     by = {
         (r["section"], r["dataset"], r["batch_size"], r["method"]): r
         for r in results
-        if r.get("status") == "ok"
+        if r.get("status") in DONE
     }
     pairs = [
         ("plain", "st-mnrl"),
@@ -162,6 +165,36 @@ def ratio_rows(results: list[dict]) -> list[dict]:
                     "peak_ratio": round(r["peak_rss_mb"] / other["peak_rss_mb"], 3),
                 }
             )
+    return out
+
+
+def scaling_table(results: list[dict]) -> list[str]:
+    """Activation memory against batch size, relative to the smallest batch, per method."""
+    rows = [r for r in results if r["section"] == "scaling"]
+    if not rows:
+        return []
+    sizes = sorted({r["batch_size"] for r in rows})
+    out = [
+        "",
+        "## Memory scaling (activation MiB; x = relative to the smallest batch)",
+        "",
+        "| method | " + " | ".join(str(b) for b in sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
+    for method in dict.fromkeys(r["method"] for r in rows):
+        by = {r["batch_size"]: r for r in rows if r["method"] == method}
+        base = by.get(sizes[0], {}).get("activation_mb")
+        cells = []
+        for b in sizes:
+            r = by.get(b)
+            if r is None:
+                cells.append("not run")
+            elif r.get("status") not in DONE:
+                cells.append(str(r.get("status")))
+            else:
+                rel = f" ({r['activation_mb'] / base:.2f}x)" if base else ""
+                cells.append(f"{r['activation_mb']:.0f}{rel}, {r['step_time_s']:.0f} s")
+        out.append(f"| {method} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -227,6 +260,7 @@ def write_outputs(results: list[dict], note: dict, name: str = "memory_speed") -
             f"| {q['section']} | {q['dataset']} | {q['batch_size']} | {q['densefit']} | "
             f"{q['vs']} | {q['time_ratio']} | {q['activation_ratio']} | {q['peak_ratio']} |"
         )
+    lines += scaling_table(results)
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     plot(results, name)
@@ -238,7 +272,7 @@ def plot(results: list[dict], name: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [r for r in results if r.get("status") == "ok"]
+    ok = [r for r in results if r.get("status") in DONE]
     groups = sorted({(r["section"], r["dataset"]) for r in ok})
     if not groups:
         return
