@@ -71,6 +71,19 @@ def test_stored_vectors_are_the_texts_embeddings(store, model):
     )
 
 
+def test_identical_texts_share_one_vector_across_commits(store, model):
+    docs = make_corpus(20)
+    copies = [Document(f"copy-{i}", docs[i].text) for i in (2, 15)]
+    report = index_documents(store, model, docs[:10] + copies + docs[10:], commit_every=8)
+    # copy-2 finds docs[2] stored; docs[15] comes after copy-15 was stored.
+    assert report.encoded == 20 and report.reused == 2
+    assert "vectors copied" in report.summary()
+    vectors = store.vectors([docs[2].id, "copy-2", docs[15].id, "copy-15"])
+    assert (vectors[0] == vectors[1]).all() and (vectors[2] == vectors[3]).all()  # bit for bit
+    hits = store.search(vectors[:1], top_k=2)[0]
+    assert {h.id for h in hits} == {docs[2].id, "copy-2"} and hits[0].score == hits[1].score
+
+
 def test_generator_input_and_progress_bar(store, model, capsys):
     report = index_documents(store, model, (d for d in make_corpus(20)), show_progress=True)
     assert report.added == 20

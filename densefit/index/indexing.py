@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from densefit.data.types import Document
 from densefit.index.store import LocalDocumentStore, meta_hash, text_hash
 
@@ -36,6 +38,7 @@ class IndexReport:
     duplicates: int = 0
     duplicate_ids: list[str] = field(default_factory=list)  # the first few, for messages
     encoded: int = 0
+    reused: int = 0  # texts already stored under another id: vector copied, not encoded
     commits: int = 0
     seconds: float = 0.0
     encode_seconds: float = 0.0
@@ -60,6 +63,8 @@ class IndexReport:
                 f"{self.duplicates} repeated ids replaced an earlier document with the same id "
                 f"(e.g. {shown})"
             )
+        if self.reused:
+            parts.append(f"{self.reused} identical texts already stored: vectors copied")
         if self.pruned:
             parts.append(f"{self.pruned} documents not in the input deleted")
         if self.encoded:
@@ -102,7 +107,6 @@ def index_documents(
     """
     from tqdm.auto import tqdm
 
-    from densefit.encode import encode_with_callback
     from densefit.models import model_name_of
 
     if commit_every < 1:
@@ -135,16 +139,7 @@ def index_documents(
             skipped = len(chunk) - len(to_embed)
             bar.update(skipped)
             if to_embed:
-                encode_started = time.perf_counter()
-                embeddings = encode_with_callback(
-                    model,
-                    [d.text for d in to_embed],
-                    batch_size=batch_size,
-                    on_batch=bar.update,
-                )
-                report.encode_seconds += time.perf_counter() - encode_started
-                report.encoded += len(to_embed)
-                store.write(to_embed, embeddings)
+                store.write(to_embed, _embeddings(store, model, to_embed, batch_size, bar, report))
                 report.commits += 1
             if meta_only:
                 store.write_metadata(meta_only)
@@ -155,6 +150,33 @@ def index_documents(
     store.flush()
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _embeddings(store, model, docs: list[Document], batch_size: int, bar, report) -> np.ndarray:
+    """Vectors for ``docs``: copied from the store for texts it already holds, else encoded.
+
+    Copies keep duplicate documents' vectors identical (their scores tie exactly, as when a
+    whole corpus is encoded in one call), and skip the forward pass.
+    """
+    from densefit.encode import embedding_dimension, encode_with_callback
+
+    hashes = [text_hash(d.text) for d in docs]
+    known = store.vectors_for_texts(hashes)
+    vectors = np.empty((len(docs), embedding_dimension(model)), dtype=np.float32)
+    todo = [i for i, h in enumerate(hashes) if h not in known]
+    for i, h in enumerate(hashes):
+        if h in known:
+            vectors[i] = known[h]
+    report.reused += len(docs) - len(todo)
+    bar.update(len(docs) - len(todo))
+    if todo:
+        started = time.perf_counter()
+        vectors[todo] = encode_with_callback(
+            model, [docs[i].text for i in todo], batch_size=batch_size, on_batch=bar.update
+        )
+        report.encode_seconds += time.perf_counter() - started
+        report.encoded += len(todo)
+    return vectors
 
 
 def prune_documents(store: LocalDocumentStore, keep_ids: Iterable[str]) -> int:

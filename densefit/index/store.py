@@ -74,6 +74,7 @@ CREATE TABLE IF NOT EXISTS documents (
     text_hash TEXT NOT NULL,
     meta_hash TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS documents_text_hash ON documents(text_hash);
 """
 
 
@@ -135,8 +136,11 @@ def _locked(method):
 
 
 def _normalise_rows(vectors: np.ndarray) -> np.ndarray:
+    """Unit-length rows. Rows already of unit length (to 1e-6) are left bit-for-bit alone, so
+    that writing back a stored vector (an identical text's) gives exactly the same vector."""
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.where(norms == 0, 1, norms)
+    norms = np.where((norms == 0) | (np.abs(norms - 1) <= 1e-6), 1, norms)
+    return vectors / norms
 
 
 class LocalDocumentStore:
@@ -362,6 +366,28 @@ class LocalDocumentStore:
             raise KeyError(f"{len(missing)} ids are not in the store, e.g. {missing[:3]}")
         view = self._vector_file.view(self._n_rows)
         return np.asarray(view[[rows[i] for i in ids]], dtype=np.float32)
+
+    @_locked
+    def vectors_for_texts(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:
+        """Stored vectors of documents whose :func:`text_hash` is in ``hashes``, one per hash.
+
+        Lets indexing copy the vector of a text that is already stored (a duplicate document)
+        instead of encoding it again.
+        """
+        self._refresh()
+        rows: dict[str, int] = {}
+        for part in _parts(list(set(hashes))):
+            marks = ",".join("?" * len(part))
+            query = (
+                f"SELECT text_hash, MIN(row) FROM documents WHERE text_hash IN ({marks}) "
+                "GROUP BY text_hash"
+            )
+            rows.update((h, r) for h, r in self._conn.execute(query, part) if r < self._n_rows)
+        if not rows:
+            return {}
+        view = self._vector_file.view(self._n_rows)
+        found = np.asarray(view[list(rows.values())], dtype=np.float32)  # (n, dim)
+        return dict(zip(rows, found, strict=True))
 
     @_locked
     def search(self, query_embeddings: np.ndarray, top_k: int = 10) -> list[list[SearchHit]]:
@@ -659,7 +685,8 @@ class LocalDocumentStore:
         self.backend.update(vectors, alive)
 
     def _remove_stale_files(self) -> None:
-        """Delete vector files and caches of other generations (an interrupted compaction's).
+        """Delete vector files and caches of other generations (an interrupted compaction's);
+        add the text-hash index to stores made before it existed.
 
         Only under the write lock, taken without waiting: a compaction in another process
         writes the next generation's file while holding that lock, and it must not be
@@ -673,6 +700,9 @@ class LocalDocumentStore:
         finally:
             self._conn.execute("PRAGMA busy_timeout = 60000")
         try:
+            self._conn.execute(
+                "CREATE INDEX IF NOT EXISTS documents_text_hash ON documents(text_hash)"
+            )
             generation = int(self._meta_value("generation"))
             keep = self._file_for(generation).path.name
             for path in self.path.glob("vectors-*.*"):
