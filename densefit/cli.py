@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from densefit._cli_common import OnBadRow, fail
 from densefit.index.cli import register as register_retrieval_commands
 
 app = typer.Typer(
@@ -47,14 +48,6 @@ class Amp(str, Enum):
     fp16 = "fp16"
 
 
-class OnBadRow(str, Enum):
-    error = "error"
-    skip = "skip"
-
-
-def _fail(message: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code)
 
 
 def _load(model: str, max_seq_length: int | None, trust_remote_code: bool = False):
@@ -63,7 +56,7 @@ def _load(model: str, max_seq_length: int | None, trust_remote_code: bool = Fals
     try:
         return load_model(model, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code)
     except ModelNotFoundError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _examples(data: Path, on_bad_row: str, split: str):
@@ -78,7 +71,7 @@ def _examples(data: Path, on_bad_row: str, split: str):
             console.print(f"[yellow]warning:[/] {w.message}", highlight=False)
         return rows
     except (BadRowError, ValueError, FileNotFoundError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _print_warnings(caught) -> None:
@@ -144,7 +137,7 @@ def train(
             keep_checkpoints=keep_checkpoints, max_nonfinite=max_nonfinite,
         )
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     examples = _examples(data, on_bad_row.value, split)
     st_model = _load(model, max_seq_length)
     if device:
@@ -156,7 +149,7 @@ def train(
             result = run_train(st_model, examples, config, output_dir=output, resume=resume_from or resume)
         except (ValueError, MemoryError, FloatingPointError) as exc:  # FloatingPointError: NaN
             _print_warnings(caught)  # e.g. which checkpoints were skipped as corrupt
-            _fail(str(exc))
+            fail(str(exc))
     _print_warnings(caught)
     plan = result.plan
     console.print(
@@ -202,7 +195,7 @@ def plan(
         result = plan_memory(st_model, examples, config,
                              batches=planned_batches(examples, config))
     except MemoryError as exc:
-        _fail(str(exc), code=3)
+        fail(str(exc), code=3)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
@@ -249,9 +242,9 @@ def mine(
     try:
         range_min, range_max = parse_range(range_)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if method != MineMethod.bm25 and model is None:
-        _fail(f"--method {method.value} embeds the corpus: pass --model (e.g. --model all-MiniLM-L6-v2)")
+        fail(f"--method {method.value} embeds the corpus: pass --model (e.g. --model all-MiniLM-L6-v2)")
     st_model = _load(model, max_seq_length) if method != MineMethod.bm25 else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
@@ -264,7 +257,7 @@ def mine(
                 batch_size=batch_size, show_progress=progress,
             )
         except (BadRowError, ValueError, FileNotFoundError, ImportError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
     for w in caught:
         if issubclass(w.category, UserWarning):
             console.print(f"[yellow]warning:[/] {w.message}", highlight=False)

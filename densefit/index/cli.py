@@ -15,15 +15,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from densefit._cli_common import OnBadRow, err, fail
+
 __all__ = ["register"]
 
-err = Console(stderr=True)
 out = Console(highlight=False)
-
-
-class OnBadRow(str, Enum):
-    error = "error"
-    skip = "skip"
 
 
 class Dtype(str, Enum):
@@ -31,9 +27,6 @@ class Dtype(str, Enum):
     float16 = "float16"
 
 
-def _fail(message: str, code: int = 2):
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 @contextmanager
@@ -46,9 +39,9 @@ def _clean_errors():
     try:
         yield
     except (StoreError, BadRowError, ModelNotFoundError, FileNotFoundError, ImportError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _load_model(name: str, max_seq_length: int | None = None):
@@ -200,7 +193,7 @@ def search(
             except Exception as exc:  # noqa: BLE001 - explain which model and how to fix
                 if model:
                     raise
-                _fail(
+                fail(
                     f"{store} was indexed with {name!r}, which cannot be loaded here "
                     f"({exc.__class__.__name__}: {str(exc)[:200]}): pass --model PATH_TO_THAT_MODEL"
                 )
@@ -285,13 +278,13 @@ def evaluate(
             parse_metric(metric)
         if dataset is not None:
             if queries is not None or qrels is not None:
-                _fail("--dataset brings its own queries and qrels: drop --queries/--qrels")
+                fail("--dataset brings its own queries and qrels: drop --queries/--qrels")
             if model is None:
-                _fail("--dataset needs --model (the model to evaluate)")
+                fail("--dataset needs --model (the model to evaluate)")
             if compare is not None and compare == model:
-                _fail("--compare names the same model as --model; give the other model")
+                fail("--compare names the same model as --model; give the other model")
             if compare is not None and store is not None:
-                _fail("--store keeps the index of one model; drop it when using --compare")
+                fail("--store keeps the index of one model; drop it when using --compare")
             from densefit.data.corpus import load_beir
 
             beir = load_beir(dataset, split, on_bad_row=on_bad_row.value)
@@ -317,12 +310,12 @@ def evaluate(
             title = f"{dataset} ({split})"
         else:
             if store is None or queries is None or qrels is None:
-                _fail(
+                fail(
                     "give either --dataset BEIR_DIR --model M, or --store DIR --queries FILE "
                     "--qrels FILE"
                 )
             if compare is not None:
-                _fail(
+                fail(
                     "--compare needs --dataset (each model needs its own index); or run eval "
                     "once per store"
                 )
