@@ -6,7 +6,9 @@
 Steps: evaluate the base model on SciFact test (nDCG@10, Recall@100 ...), train with
 in-batch negatives (MNRL) and the memory planner (`memory="auto"`), evaluate the trained
 model the same way, print both side by side, and write runs/quickstart/report.json.
-About 5-8 minutes on a 2-core CPU.
+On a 2-core CPU most of the time is the two evaluations: all-MiniLM-L6-v2 embeds the
+5,183 abstracts at about 5 documents/s there (bench/results/reproduce_mteb.md), so a run
+takes roughly 40 minutes; `--eval-max-seq-length 128` roughly halves that.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--max-seq-length", type=int, default=128, help="for training")
     parser.add_argument("--memory-budget", default="4GiB")
+    parser.add_argument("--eval-max-seq-length", type=int, default=None,
+                        help="truncate documents for both evaluations (default: the model's 256)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -47,7 +51,7 @@ def main() -> None:
     started = time.perf_counter()
 
     console.rule("1/3 base model on SciFact test")
-    base = Retriever(args.model)
+    base = Retriever(args.model, max_seq_length=args.eval_max_seq_length)
     before = evaluate_beir(base.model, args.data, "test", show_progress=True, name="base")
 
     console.rule("2/3 fine-tune on SciFact train (MNRL, memory auto)")
