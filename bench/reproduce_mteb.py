@@ -86,7 +86,16 @@ def main() -> int:
     parser.add_argument("--model", default="all-MiniLM-L6-v2")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--out", default=str(RESULTS / "reproduce_mteb"))
+    parser.add_argument(
+        "--report-only", action="store_true", help="rebuild the .md from the .json, no run"
+    )
     args = parser.parse_args()
+    if args.report_only:
+        out = Path(args.out)
+        out.with_suffix(".md").write_text(
+            markdown(json.loads(out.with_suffix(".json").read_text()))
+        )
+        return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -214,6 +223,12 @@ def markdown(payload: dict) -> str:
         f"transformers {env['transformers']}, {env['torch_threads']} torch thread(s) "
         f"(OMP_NUM_THREADS={env['OMP_NUM_THREADS']}, MKL_NUM_THREADS={env['MKL_NUM_THREADS']}), "
         f"{env['cpu_count']} CPUs, git {env['git_commit']}. Timings were taken on a shared machine.",
+        "",
+        "Note: NFCorpus holds 40 documents whose text repeats another document's. densefit gives",
+        "identical texts one shared vector (encoded once), so their scores tie exactly and",
+        "trec_eval orders them by id, as when BEIR/MTEB encoded the corpus in one call. Encoding",
+        "each copy separately (in batches of other widths) moves their scores by ~1e-7 and",
+        "nDCG@10 to 0.31636 (rounding the scores to 6 decimals gives 0.31594 back).",
         "",
     ]
     return "\n".join(lines)
