@@ -37,18 +37,21 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         rows = torch.arange(n, device=q.device)
         for start in range(0, n, chunk):
             sl = slice(start, start + chunk)
-            scores = (q[sl] @ k.T).float() * scale  # (c, m)
-            if mask is not None:
-                scores = scores.masked_fill(mask[sl], float("-inf"))
+            scores = (q[sl] @ k.T).float().mul_(scale)  # (c, m); in place: one block held
+            if mask is not None:  # a tensor or a CandidateMask: rows built per block
+                scores.masked_fill_(mask[sl], float("-inf"))
             lse[sl] = torch.logsumexp(scores, dim=1)
             total = total + (lse[sl] - scores[rows[sl] - start, labels[sl]]).sum()
-        ctx.save_for_backward(q, k, labels, lse, mask if mask is not None else torch.empty(0))
+        dense = isinstance(mask, torch.Tensor)
+        ctx.save_for_backward(q, k, labels, lse, mask if dense else torch.empty(0))
+        ctx.lazy_mask = None if dense else mask  # compact: nothing B x m is kept
         ctx.scale, ctx.chunk, ctx.has_mask = scale, chunk, mask is not None
         return total / n
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, labels, lse, mask = ctx.saved_tensors
+        mask = ctx.lazy_mask if ctx.lazy_mask is not None else mask
         n, scale = q.shape[0], ctx.scale
         grad_q = torch.empty_like(q) if ctx.needs_input_grad[0] else None
         grad_k = torch.zeros_like(k, dtype=torch.float32) if ctx.needs_input_grad[1] else None
@@ -56,13 +59,13 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         coef = grad_out.float() * scale / n
         for start in range(0, n, ctx.chunk):
             sl = slice(start, start + ctx.chunk)
-            scores = (q[sl] @ k.T).float() * scale  # (c, m)
+            probs = (q[sl] @ k.T).float().mul_(scale)  # (c, m) scores, then in place:
             if ctx.has_mask:
-                scores = scores.masked_fill(mask[sl], float("-inf"))
+                probs.masked_fill_(mask[sl], float("-inf"))
             # d(lse - s_label)/ds = softmax(s) - onehot(label)
-            probs = torch.exp(scores - lse[sl, None])
+            probs.sub_(lse[sl, None]).exp_()
             probs[rows[sl] - start, labels[sl]] -= 1.0
-            probs = probs * coef
+            probs.mul_(coef)
             if grad_q is not None:
                 grad_q[sl] = (probs.to(k.dtype) @ k).to(q.dtype)
             if grad_k is not None:
@@ -92,7 +95,7 @@ def chunked_cross_entropy(
     if chunk_size is None or chunk_size >= q.shape[0]:
         scores = (q @ k.T).float() * scale  # (n, m)
         if mask is not None:
-            scores = scores.masked_fill(mask, float("-inf"))
+            scores = scores.masked_fill(mask if isinstance(mask, torch.Tensor) else mask[:], float("-inf"))
         return F.cross_entropy(scores, labels)
     return _ChunkedCrossEntropy.apply(q, k, labels, mask, float(scale), int(chunk_size))
 
@@ -126,7 +129,9 @@ def mnrl(
         chunk_size: compute scores and their gradient in blocks of this many anchors,
             so nothing of size B x B is ever held (exact; same result and gradients).
         mask: optional (B, B + M) bool, True where a candidate must not count for that
-            anchor (false negatives); the anchor's own positive is never masked.
+            anchor (false negatives); the anchor's own positive is never masked. A
+            :class:`densefit.masking.CandidateMask` works too and is never materialised
+            whole: the chunked path builds its rows one block at a time.
 
     Inputs:
         | anchors | positives | negatives (optional) |
@@ -151,14 +156,17 @@ def mnrl(
         raise ValueError(f"similarity must be 'cos' or 'dot', not {similarity!r}")
     candidates = positives if neg is None else torch.cat([positives, neg])  # (B + M, d)
     labels = torch.arange(B, device=anchors.device)
-    if mask is not None:
+    if isinstance(mask, torch.Tensor):
         mask = mask.clone()
-        mask[labels, labels] = False  # the true positive always counts
+        mask[labels, labels] = False  # the true positive always counts (CandidateMask: built in)
     loss = chunked_cross_entropy(
         anchors, candidates, labels, scale=scale, chunk_size=chunk_size, mask=mask
     )
     if symmetric:
-        back_mask = mask[:, :B].T if mask is not None else None  # (B positives, B anchors)
+        if mask is None:
+            back_mask = None
+        else:  # (B positives, B anchors)
+            back_mask = mask[:, :B].T if isinstance(mask, torch.Tensor) else mask.transposed()
         back = chunked_cross_entropy(
             positives, anchors, labels, scale=scale, chunk_size=chunk_size, mask=back_mask
         )

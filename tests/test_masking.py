@@ -62,7 +62,7 @@ def test_duplicate_rows_see_each_text_once():
     rows = [CLEAN[0], TrainingExample("q0 again", "p0 cells divide"), CLEAN[1]]
     found = false_negative_mask(rows)
     # candidates: p0, p0 (row 1's copy), p1, n0, n1
-    assert found.mask.int().tolist() == [[0, 1, 0, 0, 0], [1, 0, 0, 0, 0], [0, 1, 0, 0, 0]]
+    assert found.mask.dense().int().tolist() == [[0, 1, 0, 0, 0], [1, 0, 0, 0, 0], [0, 1, 0, 0, 0]]
     assert (found.candidates, found.unique_candidates) == (5, 4)
 
 
@@ -89,7 +89,7 @@ def test_known_positive_ids_are_masked_for_their_anchor_only():
     ]
     found = false_negative_mask(rows)
     # candidates: doc a, doc b, doc c, doc x
-    assert found.mask.int().tolist() == [[0, 1, 0, 1], [1, 0, 0, 1], [0, 0, 0, 0]]
+    assert found.mask.dense().int().tolist() == [[0, 1, 0, 1], [1, 0, 0, 1], [0, 0, 0, 0]]
     assert found.known_positives == 4 and found.duplicates == 0
 
     emb = embed_lookup(columns_of(rows))
@@ -186,3 +186,73 @@ def test_score_health_and_merge():
         ]
     )
     assert merged == {"masked_duplicates": 3, "hard_neg_score": 0.5}
+
+
+def _reference_dense_mask(rows):
+    """The (B, C) mask written out the obvious way, pair by pair."""
+    from densefit.masking import candidates_of
+
+    texts, ids = candidates_of(rows)
+    B, C = len(rows), len(texts)
+    mask = torch.zeros(B, C, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        known = {p for p in (*row.positive_ids, row.positive_id) if p}
+        for c in range(C):
+            if c == i:
+                continue
+            duplicate = texts[c] == texts[i] or texts[c] in texts[:c]
+            mask[i, c] = duplicate or (ids[c] in known and ids[c] != "")
+    return mask
+
+
+def _random_rows(seed, n=40):
+    import random
+
+    rng = random.Random(seed)
+    docs = [f"doc {k}" for k in range(25)]
+    rows = []
+    for i in range(n):
+        pos = rng.randrange(25)
+        negs = tuple(rng.sample(range(25), rng.randrange(3)))
+        rows.append(TrainingExample(
+            f"q{i}", docs[pos], tuple(docs[k] for k in negs),
+            positive_id=f"d{pos}" if rng.random() < 0.8 else "",
+            negative_ids=tuple(f"d{k}" for k in negs),
+            positive_ids=tuple(f"d{k}" for k in rng.sample(range(25), rng.randrange(4))),
+        ))
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_compact_mask_equals_dense_reference_blockwise_and_transposed(seed):
+    rows = _random_rows(seed)
+    found = false_negative_mask(rows)
+    expected = _reference_dense_mask(rows)
+    mask = found.mask
+    assert mask is not None and mask.shape == tuple(expected.shape)
+    torch.testing.assert_close(mask.dense(), expected)
+    torch.testing.assert_close(torch.cat([mask[s : s + 7] for s in range(0, len(rows), 7)]), expected)
+    B = len(rows)
+    back = mask.transposed()
+    torch.testing.assert_close(back.dense(), expected[:, :B].T)
+    torch.testing.assert_close(torch.cat([back[s : s + 6] for s in range(0, B, 6)]), expected[:, :B].T)
+    n_dup_known = int(expected.sum())
+    assert found.duplicates + found.known_positives == n_dup_known
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_compact_mask_loss_equals_dense_mask_loss(symmetric):
+    from densefit.losses import mnrl
+
+    rows = _random_rows(7, n=30)
+    emb = embed_lookup(columns_of(rows))
+    emb = [e.clone().requires_grad_(True) for e in emb]
+    mask = false_negative_mask(rows).mask
+    neg = emb[2].reshape(-1, D)
+    ref = mnrl(emb[0], emb[1], neg, mask=_reference_dense_mask(rows), symmetric=symmetric)
+    grads_ref = torch.autograd.grad(ref, emb[:2])
+    for chunk in (None, 4):
+        got = mnrl(emb[0], emb[1], neg, mask=mask, symmetric=symmetric, chunk_size=chunk)
+        torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
+        for g, r in zip(torch.autograd.grad(got, emb[:2]), grads_ref):
+            torch.testing.assert_close(g, r, atol=1e-6, rtol=1e-6)

@@ -145,3 +145,22 @@ def test_chunks_close_early_when_padding_would_be_wasteful(tiny):
     chunks = make_chunks(features, chunk_size=16)
     assert [len(c) for c in chunks] == [8, 8]  # not one chunk padded to the long texts
     assert len(make_chunks(features, chunk_size=16, min_efficiency=None)) == 1
+
+
+@pytest.mark.parametrize("name", ["plain", "cache"])
+def test_chunk_features_do_not_keep_model_outputs(tiny, name):
+    """The model writes token embeddings into the dict it is given: not into the chunks'."""
+    strategy = make_strategy(name, 2)
+    seen = []
+    original = strategy.chunk_columns
+
+    def spy(model, columns):
+        chunked = original(model, columns)
+        seen.extend(c for col in chunked for c in col)
+        return chunked
+
+    strategy.chunk_columns = spy
+    columns = [["a b", "c d e", "f", "g h"], ["x", "y z", "w v u", "t"]]
+    strategy.forward_backward(tiny, columns, lambda emb: mnrl(emb[0], emb[1]))
+    assert seen and all(set(c.features) <= {"input_ids", "attention_mask", "token_type_ids", "modality"}
+                        for c in seen)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import sys
 
-__all__ = ["release_freed_memory_promptly"]
+__all__ = ["release_freed_memory_promptly", "trim"]
 
 _M_MMAP_THRESHOLD = -3
 _done: set[int] = set()
@@ -41,3 +41,20 @@ def release_freed_memory_promptly(threshold_bytes: int = 1 << 20) -> bool:
     if ok:
         _done.add(threshold_bytes)
     return ok
+
+
+def trim() -> bool:
+    """Return free heap pages to the OS now (glibc ``malloc_trim``), once prompt release is on.
+
+    The tokenizer frees its working memory in many small blocks that stay in the heap:
+    tokenising 4,096 NFCorpus abstracts leaves ~270 MiB of RSS behind, for the whole step,
+    under activations that could never reuse it (they are above the mmap threshold). A trim
+    after tokenising gives it back (measured: +269 MiB -> +6 MiB). A no-op unless
+    :func:`release_freed_memory_promptly` was applied (CPU training does).
+    """
+    if not _done:
+        return False
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

@@ -44,14 +44,14 @@ __all__ = [
 ]
 
 # Score-matrix blocks above this many elements are computed in blocks of anchors.
-_LOSS_BLOCK_ELEMENTS = 2**22
+_LOSS_BLOCK_ELEMENTS = 2**20  # 4 MiB of fp32 scores per block: the loss stays small next to a chunk
 
 
 def auto_loss_chunk(batch_size: int, n_negatives: int = 0) -> int | None:
-    """Anchors per score block so a block holds at most ~4M scores (None: no blocking).
+    """Anchors per score block so a block holds at most ~1M scores (None: no blocking).
 
     >>> auto_loss_chunk(64) is None, auto_loss_chunk(8192)
-    (True, 512)
+    (True, 128)
     """
     candidates = batch_size + n_negatives
     if batch_size * candidates <= _LOSS_BLOCK_ELEMENTS:

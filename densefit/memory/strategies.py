@@ -57,7 +57,10 @@ class StepStats:
 
 
 def _embed(model: SentenceTransformer, features: dict) -> torch.Tensor:
-    return model(features)["sentence_embedding"]
+    # A copy: SentenceTransformer.forward writes its outputs (token_embeddings: rows x
+    # length x d floats) into the dict it is given. Into the chunk's own features, they
+    # would stay alive for the whole step, O(batch) memory that no strategy can plan for.
+    return model(dict(features))["sentence_embedding"]
 
 
 def _to_device(features: dict, device: torch.device) -> dict:
