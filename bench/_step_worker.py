@@ -115,7 +115,12 @@ def main(spec: dict) -> dict:
     }
 
     if spec["impl"] == "densefit":
-        if device == "cpu" and spec.get("release_cpu_memory", True):
+        release = spec.get("release_cpu_memory", True)
+        if device == "cpu" and release == "trim":  # glibc's default threshold, trims only
+            from densefit.memory.allocator import enable_trim
+
+            enable_trim()
+        elif device == "cpu" and release:
             from densefit.memory.allocator import release_freed_memory_promptly
 
             release_freed_memory_promptly()  # as train() does on CPU

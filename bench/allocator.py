@@ -18,9 +18,10 @@ from _runner import RESULTS, machine_note, run_all
 def main() -> None:
     specs = []
     for dataset, seq in (("scifact", 128), ("pydoc", 256)):
-        for release in (False, True):
+        for release in (False, "trim", True):
+            name = {False: "default", "trim": "default+trim", True: "fixed+trim"}[release]
             specs.append({
-                "key": f"alloc/{dataset}/128/{'fixed' if release else 'default'}",
+                "key": f"alloc/{dataset}/128/{name}",
                 "section": "allocator", "impl": "densefit", "method": "cache", "chunk_size": 32,
                 "dataset": dataset, "max_seq_length": seq, "batch_size": 128, "steps": 1,
                 "threads": 1, "rlimit_gib": 16, "release_cpu_memory": release,

@@ -306,6 +306,7 @@ def main() -> None:
     parser.add_argument("--section", choices=["speed", "scaling", "all"], default="all")
     parser.add_argument("--batches", type=int, nargs="*")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--methods", nargs="*", help="only these methods (e.g. cache st-cmnrl)")
     parser.add_argument("--fresh", action="store_true", help="ignore results already in the jsonl")
     parser.add_argument("--name", default="memory_speed")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (bench/gpu.sh)")
@@ -330,6 +331,8 @@ def main() -> None:
         out.unlink()
     note = machine_note(args.threads)
     specs = specs_for(args.section, args.batches, args.threads, args.device)
+    if args.methods:
+        specs = [s for s in specs if s["method"] in args.methods]
     results: dict = {}
     for spec in specs:  # one at a time, so failures of plain rows can skip larger batches
         skip_after_failure([spec], results)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from sentence_transformers import SentenceTransformer
 
+from densefit.memory.allocator import trim
 from densefit.memory.chunking import Chunk, make_chunks, padding_efficiency, tokenize
 from densefit.models import disable_gradient_checkpointing, enable_gradient_checkpointing
 
@@ -244,6 +245,7 @@ class CachedStrategy(MemoryStrategy):
                     emb = _embed(model, c.features)  # (c, d)
                 # <emb, cached grad> has exactly the chunk's share of d(loss)/d(params).
                 torch.dot(emb.float().flatten(), grad[c.index].flatten()).backward()
+                trim()  # this chunk's activations are gone: give their heap pages back
         return self._stats(loss, chunked)
 
 
