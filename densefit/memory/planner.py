@@ -59,7 +59,9 @@ def auto_loss_chunk(batch_size: int, n_negatives: int = 0) -> int | None:
     return max(1, _LOSS_BLOCK_ELEMENTS // candidates)
 
 # Relative cost of one step, in forward-pass units (backward ~ 2 forwards).
-_RELATIVE_TIME = {"plain": 3.0, "checkpoint": 4.0, "cache": 4.0, "cache+checkpoint": 5.0}
+# Checkpointing measured +6..30% over plain at batches 64-256 (bench/results/checkpointing.md),
+# the cache +3..41% and slower with small chunks (memory_speed.md): checkpointing wins ties.
+_RELATIVE_TIME = {"plain": 3.0, "checkpoint": 3.9, "cache": 4.0, "cache+checkpoint": 5.0}
 # Backward briefly holds activation gradients next to the saved tensors: keep headroom.
 # Measured (bench/results/memory_speed.md, all-MiniLM-L6-v2 on CPU, batches 16-256): a
 # training step's peak RSS above the model and optimizer is 1.15-1.27x the bytes saved for
