@@ -107,6 +107,7 @@ def mnrl(
     similarity: str = "cos",
     chunk_size: int | None = None,
     mask: torch.Tensor | None = None,
+    rows: slice | None = None,
 ) -> torch.Tensor:
     """Multiple Negatives Ranking Loss (InfoNCE with in-batch negatives).
 
@@ -127,6 +128,13 @@ def mnrl(
             so nothing of size B x B is ever held (exact; same result and gradients).
         mask: optional (B, B + M) bool, True where a candidate must not count for that
             anchor (false negatives); the anchor's own positive is never masked.
+        rows: only the loss terms of these rows of the batch, averaged over them (one
+            device's share when the batch is gathered across devices, see
+            :mod:`densefit.distributed`). ``positives``, ``negatives`` and ``mask`` are
+            then the whole batch's; ``anchors`` the whole batch's or just these rows
+            (``symmetric`` needs all of them: they are the candidates of the other
+            direction). The batch's loss is the sum over a partition of its rows of
+            ``len(rows) / B * mnrl(..., rows=part)``.
 
     Inputs:
         | anchors | positives | negatives (optional) |
@@ -140,27 +148,39 @@ def mnrl(
         >>> mnrl(a, p).shape
         torch.Size([])
     """
-    B, d = anchors.shape
-    if positives.shape != anchors.shape:
-        raise ValueError(f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ")
+    B, d = positives.shape
+    start, stop = (0, B) if rows is None else (rows.start or 0, B if rows.stop is None else rows.stop)
+    n = stop - start  # rows whose loss terms are computed (all B unless ``rows``)
+    if anchors.shape[-1] != d or anchors.shape[0] not in (B, n) or not 0 <= start <= stop <= B:
+        where = "" if rows is None else f" (rows {start}:{stop})"
+        raise ValueError(
+            f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ{where}"
+        )
     neg = _as_matrix(negatives, d)
     if similarity == "cos":
         anchors, positives = F.normalize(anchors, dim=-1), F.normalize(positives, dim=-1)
         neg = F.normalize(neg, dim=-1) if neg is not None else None
     elif similarity != "dot":
         raise ValueError(f"similarity must be 'cos' or 'dot', not {similarity!r}")
+    every_anchor = anchors.shape[0] == B
+    queries = anchors[start:stop] if every_anchor else anchors  # (n, d)
     candidates = positives if neg is None else torch.cat([positives, neg])  # (B + M, d)
-    labels = torch.arange(B, device=anchors.device)
+    labels = torch.arange(start, stop, device=anchors.device)
     if mask is not None:
         mask = mask.clone()
-        mask[labels, labels] = False  # the true positive always counts
+        diag = torch.arange(B, device=mask.device)
+        mask[diag, diag] = False  # the true positive always counts
     loss = chunked_cross_entropy(
-        anchors, candidates, labels, scale=scale, chunk_size=chunk_size, mask=mask
+        queries, candidates, labels, scale=scale, chunk_size=chunk_size,
+        mask=None if mask is None else mask[start:stop],
     )
     if symmetric:
-        back_mask = mask[:, :B].T if mask is not None else None  # (B positives, B anchors)
+        if not every_anchor:
+            raise ValueError("symmetric mnrl with rows= needs the anchors of the whole batch")
+        back_mask = mask[:, start:stop].T if mask is not None else None  # (n positives, B anchors)
         back = chunked_cross_entropy(
-            positives, anchors, labels, scale=scale, chunk_size=chunk_size, mask=back_mask
+            positives[start:stop], anchors, labels, scale=scale, chunk_size=chunk_size,
+            mask=back_mask,
         )
         loss = (loss + back) / 2
     return loss
