@@ -148,19 +148,22 @@ def plot(results: list[dict], path: Path) -> None:
     axes[0].set_title(
         f"global batch {ok[0]['batch_size']}, chunks of {ok[0]['chunk_size']}" if ok else ""
     )
+    x = list(range(len(ok)))
     axes[1].bar(
-        labels,
+        [i - 0.2 for i in x],
         [r.get("grad_allreduce_calls", 0) for r in ok],
+        0.4,
         color="tab:orange",
         label="gradient all-reduce calls",
     )
     axes[1].bar(
-        labels,
+        [i + 0.2 for i in x],
         [r.get("embedding_collectives", 0) for r in ok],
+        0.4,
         color="tab:green",
-        alpha=0.6,
         label="embedding collectives",
     )
+    axes[1].set_xticks(x, labels)
     axes[1].set_ylabel("per step")
     axes[1].legend()
     fig.tight_layout()
@@ -216,7 +219,12 @@ def main() -> None:
     )
     parser.add_argument("--name", default="distributed")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--report-only", action="store_true", help="re-plot the saved json")
     args = parser.parse_args()
+    if args.report_only:
+        saved = json.loads((RESULTS / f"{args.name}.json").read_text())
+        plot(saved["points"], RESULTS / f"{args.name}.png")
+        return
 
     note = {
         **machine_note(1),
