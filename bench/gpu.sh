@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The memory/speed comparison on one CUDA GPU, in under 8 minutes on a current GPU.
+# The memory/speed comparison on one CUDA GPU, in under 8 minutes on a current GPU; with
+# two or more GPUs also 1 vs all GPUs on one global batch (bench/results/distributed_gpu.*).
 # Run from the repository root on a machine with a GPU and ../shared/datasets (or set
 # DENSEFIT_DATASETS). Results: bench/results/memory_speed_gpu.{jsonl,csv,md,json,png}.
 set -euo pipefail
@@ -14,5 +15,13 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 cd bench
 timeout 280 ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu --fresh \
   --section speed --batches 64 256
-timeout 180 ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu \
+GPUS=$(../.venv/bin/python -c "import torch; print(torch.cuda.device_count())")
+# Several GPUs: 1 vs all of them on the same global batch (bench/distributed.py, nccl);
+# the scaling section then gets less time so the whole script stays under 8 minutes.
+SCALING_S=$([ "$GPUS" -ge 2 ] && echo 90 || echo 180)
+timeout "$SCALING_S" ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu \
   --section scaling --batches 1024 8192 65536 || true
+if [ "$GPUS" -ge 2 ]; then
+  timeout 90 ../.venv/bin/python distributed.py --device cuda --nproc 1 "$GPUS" \
+    --batch-size 1024 --chunk-size 64 --steps 2 --timeout 40 --name distributed_gpu || true
+fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from enum import Enum
@@ -48,6 +49,35 @@ class Amp(str, Enum):
     fp16 = "fp16"
 
 
+class Gather(str, Enum):
+    none = "none"
+    candidates = "candidates"
+    both = "both"
+
+
+def _launch_torchrun(nproc: int) -> None:
+    """Re-run this very command under torchrun with ``nproc`` processes, without --nproc."""
+    import subprocess
+
+    argv = sys.argv[1:]
+    if "train" not in argv:
+        fail("--nproc: cannot find the train command in the command line; run "
+             "torchrun --nproc-per-node N -m densefit train ... yourself")
+    rest, skip = [], False
+    for arg in argv[argv.index("train"):]:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            rest.append(arg)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "densefit", *rest]
+    console.print(f"launching: {' '.join(cmd)}", highlight=False)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    raise typer.Exit(subprocess.call(cmd, env=env))
+
+
 
 
 def _load(model: str, max_seq_length: int | None, trust_remote_code: bool = False):
@@ -85,7 +115,7 @@ def train(
     data: Path = typer.Argument(..., help="Training data: JSONL, CSV/TSV, Parquet or a BEIR folder."),
     model: str = typer.Option("all-MiniLM-L6-v2", "--model", "-m", help="Model folder or name."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to save the trained model."),
-    batch_size: int = typer.Option(32, help="Rows per step: every other row's texts are negatives."),
+    batch_size: int = typer.Option(32, help="Rows per step: every other row's texts are negatives. With several processes: the global batch, split across them."),
     epochs: int = typer.Option(1, help="Passes over the data."),
     max_steps: int | None = typer.Option(None, help="Stop after this many steps (overrides epochs)."),
     lr: float = typer.Option(2e-5, "--lr", help="Peak learning rate (AdamW)."),
@@ -115,12 +145,23 @@ def train(
     resume_from: Path | None = typer.Option(None, help="Continue from this checkpoint folder (OUTPUT/checkpoints/step-...)."),
     max_nonfinite: int = typer.Option(5, help="Stop after this many steps in a row with a non-finite loss or gradient (each is skipped); 0: never."),
     release_cpu_memory: bool = typer.Option(True, help="CPU: return freed activations to the OS (less memory, slower steps)."),
+    nproc: int | None = typer.Option(None, help="Train with N processes on this machine (launches torchrun; one GPU each with --device cuda)."),
+    gather: Gather = typer.Option(Gather.candidates, help="Several processes: candidates = every device's texts are negatives for every anchor; both = anchors too, each device computes the whole loss; none = each device's rows only."),
 ) -> None:
     """Fine-tune a retriever and save it in sentence-transformers format.
 
     Example: densefit train examples/scifact --output runs/scifact --batch-size 64 --memory auto
+
+    Several GPUs: densefit train ... --device cuda --nproc 4, or
+    torchrun --nproc-per-node 4 -m densefit train ... --device cuda (and across nodes).
     """
+    from densefit import distributed
     from densefit.config import TrainConfig
+
+    if nproc is not None and nproc < 1:
+        fail("--nproc must be >= 1")
+    if nproc is not None and nproc > 1 and not distributed.launched_by_torchrun():
+        _launch_torchrun(nproc)
     from densefit.train import train as run_train
 
     try:
@@ -134,15 +175,27 @@ def train(
             mask_false_negatives=mask_false_negatives, no_duplicates=no_duplicates,
             device=device, show_progress=progress, release_cpu_memory=release_cpu_memory,
             checkpoint_every=checkpoint_every,
-            keep_checkpoints=keep_checkpoints, max_nonfinite=max_nonfinite,
+            keep_checkpoints=keep_checkpoints, max_nonfinite=max_nonfinite, gather=gather.value,
         )
     except ValueError as exc:
         fail(str(exc))
+    world, main = 1, True
+    if distributed.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        resolved = distributed.init_distributed(device)  # cuda -> cuda:LOCAL_RANK
+        device = str(resolved)
+        config.device = device
+        world, main = distributed.world_size(), distributed.is_main_process()
     examples = _examples(data, on_bad_row.value, split)
     st_model = _load(model, max_seq_length)
     if device:
         st_model.to(device)
-    console.print(f"training on {len(examples)} rows from {data} -> {output}", highlight=False)
+    if main:
+        scale_out = ""
+        if world > 1:
+            scale_out = (f"; global batch {batch_size} = {world} processes x "
+                         f"{-(-batch_size // world)} rows at most, gather {gather.value}")
+        console.print(f"training on {len(examples)} rows from {data} -> {output}{scale_out}",
+                      highlight=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         try:
@@ -150,6 +203,10 @@ def train(
         except (ValueError, MemoryError, FloatingPointError) as exc:  # FloatingPointError: NaN
             _print_warnings(caught)  # e.g. which checkpoints were skipped as corrupt
             fail(str(exc))
+    if world > 1:
+        distributed.teardown_distributed()
+    if not main:
+        return
     _print_warnings(caught)
     plan = result.plan
     console.print(

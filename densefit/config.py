@@ -75,6 +75,7 @@ class TrainConfig:
     checkpoint_every: int | None = None  # steps; checkpoints are also written at epoch ends
     keep_checkpoints: int = 2  # 0: write no checkpoints
     max_nonfinite: int = 5  # stop after this many non-finite steps in a row; 0: never
+    gather: str = "candidates"  # several processes: none | candidates | both (densefit.distributed)
 
     def __post_init__(self) -> None:
         checks = [
@@ -89,6 +90,8 @@ class TrainConfig:
              "checkpoint_every must be >= 1 (or None: only at epoch ends)"),
             (self.keep_checkpoints >= 0, "keep_checkpoints must be >= 0 (0: no checkpoints)"),
             (self.max_nonfinite >= 0, "max_nonfinite must be >= 0 (0: never stop)"),
+            (self.gather in ("none", "candidates", "both"),
+             f"gather must be none, candidates or both, not {self.gather!r}"),
             (self.memory in ("plain", "checkpoint", "cache", "cache+checkpoint", "auto"),
              f"memory must be plain, checkpoint, cache, cache+checkpoint or auto, not {self.memory!r}"),
         ]

@@ -110,6 +110,7 @@ def mnrl(
     similarity: str = "cos",
     chunk_size: int | None = None,
     mask: torch.Tensor | None = None,
+    rows: slice | None = None,
 ) -> torch.Tensor:
     """Multiple Negatives Ranking Loss (InfoNCE with in-batch negatives).
 
@@ -132,6 +133,13 @@ def mnrl(
             anchor (false negatives); the anchor's own positive is never masked. A
             :class:`densefit.masking.CandidateMask` works too and is never materialised
             whole: the chunked path builds its rows one block at a time.
+        rows: only the loss terms of these rows of the batch, averaged over them (one
+            device's share when the batch is gathered across devices, see
+            :mod:`densefit.distributed`). ``positives``, ``negatives`` and ``mask`` are
+            then the whole batch's; ``anchors`` the whole batch's or just these rows
+            (``symmetric`` needs all of them: they are the candidates of the other
+            direction). The batch's loss is the sum over a partition of its rows of
+            ``len(rows) / B * mnrl(..., rows=part)``.
 
     Inputs:
         | anchors | positives | negatives (optional) |
@@ -145,30 +153,43 @@ def mnrl(
         >>> mnrl(a, p).shape
         torch.Size([])
     """
-    B, d = anchors.shape
-    if positives.shape != anchors.shape:
-        raise ValueError(f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ")
+    B, d = positives.shape
+    start, stop = (0, B) if rows is None else (rows.start or 0, B if rows.stop is None else rows.stop)
+    n = stop - start  # rows whose loss terms are computed (all B unless ``rows``)
+    if anchors.shape[-1] != d or anchors.shape[0] not in (B, n) or not 0 <= start <= stop <= B:
+        where = "" if rows is None else f" (rows {start}:{stop})"
+        raise ValueError(
+            f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ{where}"
+        )
     neg = _as_matrix(negatives, d)
     if similarity == "cos":
         anchors, positives = F.normalize(anchors, dim=-1), F.normalize(positives, dim=-1)
         neg = F.normalize(neg, dim=-1) if neg is not None else None
     elif similarity != "dot":
         raise ValueError(f"similarity must be 'cos' or 'dot', not {similarity!r}")
+    every_anchor = anchors.shape[0] == B
+    queries = anchors[start:stop] if every_anchor else anchors  # (n, d)
     candidates = positives if neg is None else torch.cat([positives, neg])  # (B + M, d)
-    labels = torch.arange(B, device=anchors.device)
+    labels = torch.arange(start, stop, device=anchors.device)
+    own_mask = back_mask = None
     if isinstance(mask, torch.Tensor):
         mask = mask.clone()
-        mask[labels, labels] = False  # the true positive always counts (CandidateMask: built in)
+        diag = torch.arange(B, device=mask.device)
+        mask[diag, diag] = False  # the true positive always counts
+        own_mask = mask[start:stop]
+        back_mask = mask[:, start:stop].T  # (n positives, B anchors)
+    elif mask is not None:  # a CandidateMask: own positives built in, rows made per block
+        own_mask = mask.rows(start, stop)
+        back_mask = mask.transposed().rows(start, stop)
     loss = chunked_cross_entropy(
-        anchors, candidates, labels, scale=scale, chunk_size=chunk_size, mask=mask
+        queries, candidates, labels, scale=scale, chunk_size=chunk_size, mask=own_mask,
     )
     if symmetric:
-        if mask is None:
-            back_mask = None
-        else:  # (B positives, B anchors)
-            back_mask = mask[:, :B].T if isinstance(mask, torch.Tensor) else mask.transposed()
+        if not every_anchor:
+            raise ValueError("symmetric mnrl with rows= needs the anchors of the whole batch")
         back = chunked_cross_entropy(
-            positives, anchors, labels, scale=scale, chunk_size=chunk_size, mask=back_mask
+            positives[start:stop], anchors, labels, scale=scale, chunk_size=chunk_size,
+            mask=back_mask,
         )
         loss = (loss + back) / 2
     return loss

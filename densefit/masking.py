@@ -92,6 +92,12 @@ class CandidateMask:
         out.is_transposed = not self.is_transposed
         return out
 
+    def rows(self, start: int, stop: int) -> CandidateMask | _RowView:
+        """Rows ``start:stop`` only, still compact (one device's share of the anchors)."""
+        if (start, stop) == (0, self.shape[0]):
+            return self
+        return _RowView(self, start, stop)
+
     def __getitem__(self, rows: slice) -> torch.Tensor:
         start, stop, step = rows.indices(self.shape[0])
         if step != 1:
@@ -163,6 +169,26 @@ class CandidateMask:
         table[which, sets] = True
         column = torch.where(self.anchor_set >= 0, self.anchor_set, n_sets)  # none: never
         return table[:, column]
+
+
+class _RowView:
+    """Rows ``start:stop`` of a :class:`CandidateMask`, indexed from 0, built per block."""
+
+    def __init__(self, base: CandidateMask, start: int, stop: int):
+        self.base, self.start, self.stop = base, start, stop
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.stop - self.start, self.base.shape[1])
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        start, stop, step = rows.indices(self.stop - self.start)
+        if step != 1:
+            raise IndexError("CandidateMask rows are taken in contiguous blocks")
+        return self.base[self.start + start : self.start + stop]
+
+    def dense(self) -> torch.Tensor:
+        return self[:]
 
 
 def _expand(keys: torch.Tensor, values: torch.Tensor, wanted: torch.Tensor):

@@ -31,6 +31,7 @@ from densefit.checkpoint import Checkpointer, resume_checkpoint, truncate_log
 from densefit.config import TrainConfig
 from densefit.data.samplers import no_duplicate_batches
 from densefit.data.types import TrainingExample
+from densefit.distributed import DistributedRun, broadcast_parameters
 from densefit.guards import NonFiniteGuard, guarded_step
 from densefit.losses import margin_mse, mnrl
 from densefit.masking import false_negative_mask, health_postfix, merge_health, score_health
@@ -248,6 +249,9 @@ def train(
     ``resume=True`` continues from the newest good one there, ``resume=<folder>`` from that
     one: same batches, same RNG stream, the weights an uninterrupted run would end with.
     A step with a non-finite loss or gradient is skipped (see :mod:`densefit.guards`).
+    Inside an initialised process group of several ranks (torchrun), ``config.batch_size``
+    is the global batch, each rank trains on its share with cross-device negatives, and
+    only rank 0 logs, checkpoints and saves (see :mod:`densefit.distributed`).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data import TrainingExample
@@ -274,11 +278,22 @@ def train(
 
     if device.type == "cpu" and config.release_cpu_memory:
         release_freed_memory_promptly()  # chunks of varying sizes would fragment the heap
-    seed_everything(config.seed)
+    run = DistributedRun.detect(model, config)  # None: one process
+    main = run is None or run.is_main  # the process that logs, checkpoints and saves
+    if run is not None and resume:
+        raise ValueError(
+            "resuming a multi-process run is not supported yet (each rank's RNG state is not "
+            "checkpointed): resume it in one process with the same options (same global "
+            "batches and gradients), or start a new run"
+        )
+    seed_everything(config.seed + (run.rank if run else 0))  # dropout differs across ranks
     resumed = resume_checkpoint(resume, output_dir) if resume else None
     if resumed is not None:
         resumed.check_matches(config, examples)
         strategy, plan = resumed.strategy(), resumed.state["plan"]  # after any OOM halving
+    elif run is not None:
+        broadcast_parameters(model)  # identical starting weights on every rank
+        strategy, plan = run.agree_on_strategy(model, examples, config)  # rank 0 plans
     else:
         strategy, plan = build_strategy(model, examples, config)
     strategy.prepare(model)
@@ -304,9 +319,10 @@ def train(
 
     checkpoints = None
     if output_dir is not None:
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        if main:
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
         log_path = log_path or Path(output_dir) / "train_log.jsonl"
-        if config.keep_checkpoints:
+        if config.keep_checkpoints and main:
             checkpoints = Checkpointer(
                 output_dir, config, examples, model=model, optimizer=optimizer,
                 scheduler=scheduler, scaler=scaler, strategy=strategy, plan=plan, guard=guard,
@@ -316,10 +332,10 @@ def train(
         raise ValueError("checkpoint_every needs output_dir (checkpoints go to OUTPUT/checkpoints)")
     if resume and log_path:
         truncate_log(log_path, step)  # steps after the checkpoint (or all: none yet) are redone
-    log_file = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115
+    log_file = open(log_path, "a", encoding="utf-8") if log_path and main else None  # noqa: SIM115
 
     progress = None
-    if config.show_progress:
+    if config.show_progress and main:
         from tqdm.auto import tqdm
 
         progress = tqdm(total=total_steps, initial=step, desc="train", unit="step",
@@ -337,7 +353,7 @@ def train(
                 t0 = time.perf_counter()
                 record = _optimizer_step(
                     model, examples, group, config, strategy, optimizer, scheduler,
-                    autocast, scaler,
+                    autocast, scaler, run,
                 )
                 dt = time.perf_counter() - t0
                 rows = sum(len(b) for b in group)
@@ -366,7 +382,7 @@ def train(
                     resume_at = (epoch + 1, 0) if epoch_end else (epoch, next_batch)
                     checkpoints.save(step, epoch=resume_at[0], batch=resume_at[1], seen=seen,
                                      losses=losses)
-                if on_step is not None:
+                if on_step is not None and main:
                     on_step(record)
                 if progress is not None:
                     progress.set_postfix(
@@ -387,16 +403,20 @@ def train(
         losses=losses, plan=plan, log_path=str(log_path) if log_path else None,
         seconds=time.perf_counter() - started, skipped_nonfinite=guard.total,
     )
-    if output_dir is not None:
+    if output_dir is not None and main:
         save_model(model, output_dir, config, result)
+    if run is not None:
+        run.barrier()  # every rank returns once the model is saved
     return result
 
 
-def _optimizer_step(model, examples, group, config, strategy, optimizer, scheduler, autocast, scaler) -> dict:
+def _optimizer_step(model, examples, group, config, strategy, optimizer, scheduler, autocast, scaler,
+                    run: DistributedRun | None = None) -> dict:
     """Forward-backward every micro-batch of ``group``, then one optimizer step.
 
     On a CUDA out-of-memory error the chunk is halved and the whole step redone: no step
-    is lost and the run does not crash.
+    is lost and the run does not crash. With several ranks each micro-batch is this rank's
+    share of the global batch, and one all-reduce sums gradients and loss before the step.
     """
     n_micro = len(group)
     while True:
@@ -406,7 +426,10 @@ def _optimizer_step(model, examples, group, config, strategy, optimizer, schedul
             for indices in group:
                 rows = [examples[i] for i in indices]
                 health.append({})
-                loss_fn = make_loss_fn(config, rows, health[-1])
+                if run is None:
+                    loss_fn = make_loss_fn(config, rows, health[-1])
+                else:  # this rank's rows; the loss gathers the other ranks' candidates
+                    rows, loss_fn = run.local_loss_fn(config, rows, health[-1])
                 if n_micro > 1:
                     loss_fn = lambda emb, base=loss_fn: base(emb) / n_micro  # noqa: E731
                 stats.append(
@@ -418,6 +441,13 @@ def _optimizer_step(model, examples, group, config, strategy, optimizer, schedul
         except RuntimeError as exc:
             if not _is_oom(exc):
                 raise
+            if run is not None:  # the other ranks are already in the step's collectives
+                raise RuntimeError(
+                    f"out of memory on rank {run.rank} with chunk {strategy.chunk_size} / token "
+                    f"budget {strategy.token_budget}: with several processes a step cannot be "
+                    "redone with smaller chunks; lower --chunk-size / --token-budget or "
+                    "--memory-budget"
+                ) from exc
             optimizer.zero_grad(set_to_none=True)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -431,12 +461,18 @@ def _optimizer_step(model, examples, group, config, strategy, optimizer, schedul
                 RuntimeWarning, stacklevel=2,
             )
     loss = sum(s.loss for s in stats)  # micro losses are already divided by n_micro
+    real = sum(s.real_tokens for s in stats)
+    padded = sum(s.padded_tokens for s in stats)
+    extra = {}
+    if run is not None:  # the step's one synchronisation: gradients and loss, summed
+        local_rows = sum(run.shard(len(b))[1] - run.shard(len(b))[0] for b in group)
+        loss, real, padded = run.sync(model, loss, real, padded)
+        extra = {"world_size": run.world_size, "per_device_examples": local_rows,
+                 **run.take_comm_stats()}
     # Clip and step; a non-finite loss or gradient skips the step (densefit.guards).
     outcome = guarded_step(
         model, optimizer, scheduler, scaler, loss=loss, max_grad_norm=config.max_grad_norm
     )
-    real = sum(s.real_tokens for s in stats)
-    padded = sum(s.padded_tokens for s in stats)
     return {
         "loss": loss,
         "grad_norm": outcome.grad_norm,
@@ -445,6 +481,7 @@ def _optimizer_step(model, examples, group, config, strategy, optimizer, schedul
         "padding_efficiency": round(real / padded, 4) if padded else 1.0,
         **merge_health(health),  # unique candidates, masked false negatives, mean scores
         "chunks": sum(s.chunks for s in stats),
+        **extra,
     }
 
 

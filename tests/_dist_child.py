@@ -1,0 +1,127 @@
+"""One rank of a multi-process test, for tests/test_distributed.py (gloo on 127.0.0.1).
+
+    RANK=r WORLD_SIZE=w MASTER_ADDR=127.0.0.1 MASTER_PORT=p python tests/_dist_child.py SPEC.json
+
+Every collective is counted by wrapping ``torch.distributed.all_reduce`` / ``all_gather`` /
+``broadcast`` (the test's own count, independent of densefit's). SPEC:
+
+- ``cases``: one optimizer step each (``densefit.train._optimizer_step``, the training
+  loop's own code, with no clipping so the gradients are left as summed) on ``rows`` with
+  the ``config`` of the case; rank 0 writes ``OUT/case-i.pt`` with the loss, every
+  parameter gradient and the collectives of the step;
+- ``train``: a whole ``densefit.train.train`` run; every rank writes ``OUT/train-RANK.json``
+  with the losses, the collectives and whether it wrote a log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from sentence_transformers import SentenceTransformer
+
+from densefit import TrainConfig, TrainingExample
+from densefit.distributed import DistributedRun, init_distributed, teardown_distributed
+from densefit.memory.strategies import make_strategy
+from densefit.train import _linear_schedule, _optimizer, _optimizer_step, train
+
+CALLS: list[tuple[str, int]] = []
+
+
+def count(name, original):
+    def wrapped(*args, **kwargs):
+        first = args[0]
+        numel = sum(t.numel() for t in first) if isinstance(first, list) else first.numel()
+        CALLS.append((name, int(numel)))
+        return original(*args, **kwargs)
+
+    return wrapped
+
+
+for _name in ("all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_gather_into_tensor"):
+    setattr(dist, _name, count(_name, getattr(dist, _name)))
+
+
+def rows_of(spec_rows: list[dict]) -> list[TrainingExample]:
+    return [
+        TrainingExample(
+            r["query"],
+            r["positive"],
+            tuple(r.get("negatives", ())),
+            score=r.get("score"),
+            positive_id=r.get("positive_id", ""),
+            positive_ids=tuple(r.get("positive_ids", ())),
+        )
+        for r in spec_rows
+    ]
+
+
+def one_step(base: str, rows, case: dict, out: Path, index: int) -> None:
+    config = TrainConfig(**{"max_grad_norm": None, "show_progress": False, **case["config"]})
+    model = SentenceTransformer(base, device="cpu")
+    model.train()
+    run = DistributedRun.detect(model, config)
+    strategy = make_strategy(case["strategy"], case.get("chunk"))
+    strategy.prepare(model)
+    optimizer = _optimizer(model, config)
+    scheduler = _linear_schedule(optimizer, 0, 10)
+    torch.manual_seed(case.get("seed", 0) + dist.get_rank())
+    CALLS.clear()
+    record = _optimizer_step(
+        model,
+        rows,
+        [list(range(len(rows)))],
+        config,
+        strategy,
+        optimizer,
+        scheduler,
+        contextlib.nullcontext,
+        None,
+        run,
+    )
+    if dist.get_rank() == 0:
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        torch.save(
+            {
+                "loss": record["loss"],
+                "grads": grads,
+                "calls": list(CALLS),
+                "record": {k: v for k, v in record.items() if k != "outcome"},
+            },
+            out / f"case-{index}.pt",
+        )
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(1)
+    init_distributed("cpu")
+    out = Path(spec["out"])
+    for i, case in enumerate(spec.get("cases", [])):
+        one_step(case.get("base", spec["base"]), rows_of(case["rows"]), case, out, i)
+    if "train" in spec:
+        job = spec["train"]
+        model = SentenceTransformer(spec["base"], device="cpu")
+        CALLS.clear()
+        result = train(
+            model, rows_of(job["rows"]), TrainConfig(**job["config"]), output_dir=job["output"]
+        )
+        rank = dist.get_rank()
+        (out / f"train-{rank}.json").write_text(
+            json.dumps(
+                {
+                    "losses": result.losses,
+                    "steps": result.steps,
+                    "calls": CALLS,
+                }
+            )
+        )
+    teardown_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

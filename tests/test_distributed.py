@@ -1,0 +1,407 @@
+"""Two gloo processes on 127.0.0.1 against one process on the union batch.
+
+Each multi-process run is a set of child processes (tests/_dist_child.py, or torchrun for
+the CLI) with a timeout: a hang fails the test instead of freezing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from sentence_transformers import SentenceTransformer
+
+from densefit import TrainConfig, TrainingExample
+from densefit.distributed import shard_bounds
+from densefit.losses import mnrl
+from densefit.memory.strategies import make_strategy
+from densefit.testing import tiny_model
+from densefit.train import _linear_schedule, _optimizer, _optimizer_step, make_loss_fn, train
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT = 240  # seconds for a whole multi-process run (imports take ~8 s per process here)
+
+# 7 rows: rank 0 takes 4, rank 1 takes 3; 0-2 hard negatives per row (so the ranks hold
+# different numbers of negatives); row 5's negative is row 1's positive (a false negative
+# across devices) and rows 2 and 6 share a known positive id.
+ROWS = [
+    {"query": "what is the cell", "positive": "the cell is a unit", "negatives": ["python list"]},
+    {"query": "gene risk", "positive": "genes increase cancer risk", "negatives": []},
+    {
+        "query": "blood heart",
+        "positive": "the heart pumps blood",
+        "positive_id": "d2",
+        "negatives": ["brain virus", "vaccine dose"],
+    },
+    {"query": "python function", "positive": "a function returns a value", "negatives": []},
+    {"query": "mice trial", "positive": "a trial in mice", "negatives": ["human study"]},
+    {
+        "query": "cancer genes",
+        "positive": "gene protein cancer",
+        "negatives": ["genes increase cancer risk"],
+    },
+    {
+        "query": "heart blood pump",
+        "positive": "blood and the heart",
+        "positive_ids": ["d2"],
+        "negatives": [],
+    },
+]
+MARGIN_ROWS = [
+    {
+        "query": f"query {w}",
+        "positive": f"the {w} document",
+        "negatives": [f"a {w} cancer"],
+        "score": float(i % 3),
+    }
+    for i, w in enumerate(["cell", "gene", "heart", "python", "mice"])
+]
+CASES = [  # (strategy, chunk, config); dropout off: the base model
+    ("plain", 2, {"gather": "candidates"}),
+    ("cache", 2, {"gather": "candidates", "symmetric": True}),
+    ("cache", 1, {"gather": "both"}),
+    ("plain", 3, {"gather": "both", "symmetric": True}),
+    ("cache", 2, {"gather": "none"}),
+    ("cache", 2, {"gather": "candidates", "loss_chunk_size": 2, "similarity": "dot", "scale": 1.0}),
+]
+MARGIN_CASE = ("cache", 2, {"loss": "margin_mse"})
+DROPOUT_CASES = [("plain", 2, {"gather": "candidates"}), ("cache", 2, {"gather": "candidates"})]
+
+
+def examples(rows: list[dict]) -> list[TrainingExample]:
+    return [
+        TrainingExample(
+            r["query"],
+            r["positive"],
+            tuple(r.get("negatives", ())),
+            score=r.get("score"),
+            positive_id=r.get("positive_id", ""),
+            positive_ids=tuple(r.get("positive_ids", ())),
+        )
+        for r in rows
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(spec: dict, tmp: Path, world: int = 2) -> None:
+    """Run tests/_dist_child.py as ``world`` gloo ranks; fail (and kill them) on a hang."""
+    spec_path = tmp / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    port = free_port()
+    procs = []
+    for r in range(world):
+        env = {
+            **os.environ,
+            "RANK": str(r),
+            "LOCAL_RANK": str(r),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO),
+            "HF_HUB_OFFLINE": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(REPO / "tests" / "_dist_child.py"), str(spec_path)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=TIMEOUT)
+            outputs.append(out)
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"the {world} processes did not finish in {TIMEOUT}s (a hang)")
+    for r, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"rank {r} failed:\n{out[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory) -> dict[str, str]:
+    """The tiny model saved once (dropout off and on): every process loads the same weights."""
+    root = tmp_path_factory.mktemp("bases")
+    out = {}
+    for name, dropout in (("still", 0.0), ("dropout", 0.1)):
+        model = tiny_model(root / f"build-{name}", dropout=dropout)
+        model.save(str(root / name))
+        out[name] = str(root / name)
+    return out
+
+
+def reference_step(
+    base: str, rows: list[dict], strategy: str, chunk: int, config: dict, seed: int = 0
+):
+    """One process on the union batch: the same training-loop step."""
+    cfg = TrainConfig(**{"max_grad_norm": None, "show_progress": False, **config})
+    model = SentenceTransformer(base, device="cpu")
+    model.train()
+    s = make_strategy(strategy, chunk)
+    s.prepare(model)
+    optimizer = _optimizer(model, cfg)
+    torch.manual_seed(seed)
+    record = _optimizer_step(
+        model,
+        examples(rows),
+        [list(range(len(rows)))],
+        cfg,
+        s,
+        optimizer,
+        _linear_schedule(optimizer, 0, 10),
+        contextlib.nullcontext,
+        None,
+    )
+    return record["loss"], {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def per_rank_reference(base: str, rows: list[dict], chunk: int, config: dict):
+    """gather=none: each rank's rows are their own batch; losses weighted by rows."""
+    cfg = TrainConfig(**{"max_grad_norm": None, "show_progress": False, **config})
+    model = SentenceTransformer(base, device="cpu")
+    model.train()
+    s = make_strategy("cache", chunk)
+    total = 0.0
+    for r in range(2):
+        a, b = shard_bounds(len(rows), 2, r)
+        part = examples(rows)[a:b]
+        loss_fn = make_loss_fn(cfg, part)
+        stats = s.forward_backward(
+            model,
+            [
+                [x.query for x in part],
+                [x.positive for x in part],
+                [n for x in part for n in x.negatives],
+            ],
+            lambda emb, f=loss_fn, w=(b - a) / len(rows): f(emb) * w,
+        )
+        total += stats.loss
+    return total, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(bases, tmp_path_factory) -> Path:
+    """One 2-process launch: every case of the module, then a short training run."""
+    tmp = tmp_path_factory.mktemp("dist")
+    cases = [{"strategy": s, "chunk": c, "config": cfg, "rows": ROWS} for s, c, cfg in CASES]
+    s, c, cfg = MARGIN_CASE
+    cases.append({"strategy": s, "chunk": c, "config": cfg, "rows": MARGIN_ROWS})
+    for s, c, cfg in DROPOUT_CASES:
+        cases.append(
+            {
+                "strategy": s,
+                "chunk": c,
+                "config": cfg,
+                "rows": ROWS,
+                "seed": 7,
+                "base": bases["dropout"],
+            }
+        )
+    spec = {
+        "base": bases["still"],
+        "out": str(tmp),
+        "cases": cases,
+        "train": {"rows": ROWS * 2, "output": str(tmp / "run"), "config": TRAIN_CONFIG},
+    }
+    launch(spec, tmp)
+    return tmp
+
+
+TRAIN_CONFIG = {
+    "batch_size": 6,
+    "memory": "cache",
+    "chunk_size": 2,
+    "learning_rate": 1e-3,
+    "show_progress": False,
+    "keep_checkpoints": 0,
+    "seed": 3,
+}
+
+
+def n_params(base: str) -> int:
+    return sum(p.numel() for p in SentenceTransformer(base, device="cpu").parameters())
+
+
+@pytest.mark.parametrize("index", range(len(CASES)))
+def test_two_processes_equal_one_process_on_the_union_batch(two_ranks, bases, index):
+    strategy, chunk, config = CASES[index]
+    got = torch.load(two_ranks / f"case-{index}.pt", weights_only=False)
+    if config["gather"] == "none":
+        loss, grads = per_rank_reference(bases["still"], ROWS, chunk, config)
+    else:
+        loss, grads = reference_step(bases["still"], ROWS, strategy, chunk, config)
+    assert abs(got["loss"] - loss) < 1e-5, (got["loss"], loss)
+    assert got["grads"].keys() == grads.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(got["grads"][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_gathered_negatives_change_the_loss(two_ranks, bases):
+    """Sanity: with gathering the loss is the union batch's, not the mean of two halves."""
+    gathered = torch.load(two_ranks / "case-0.pt", weights_only=False)["loss"]
+    halves, _ = per_rank_reference(bases["still"], ROWS, 2, {"gather": "none"})
+    assert abs(gathered - halves) > 1e-3
+
+
+def test_margin_mse_across_processes(two_ranks, bases):
+    strategy, chunk, config = MARGIN_CASE
+    got = torch.load(two_ranks / f"case-{len(CASES)}.pt", weights_only=False)
+    loss, grads = reference_step(bases["still"], MARGIN_ROWS, strategy, chunk, config)
+    assert abs(got["loss"] - loss) < 1e-5
+    for name, g in grads.items():
+        torch.testing.assert_close(got["grads"][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_cache_equals_plain_across_processes_with_dropout_on(two_ranks):
+    """Each rank replays its own chunks' dropout: the cache stays exact when distributed."""
+    first = len(CASES) + 1
+    plain = torch.load(two_ranks / f"case-{first}.pt", weights_only=False)
+    cache = torch.load(two_ranks / f"case-{first + 1}.pt", weights_only=False)
+    assert abs(plain["loss"] - cache["loss"]) < 1e-5
+    for name, g in plain["grads"].items():
+        torch.testing.assert_close(cache["grads"][name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("index", range(len(CASES)))
+def test_one_gradient_all_reduce_per_step(two_ranks, bases, index):
+    """Counted by wrapping torch.distributed in the child, whatever the chunk count."""
+    strategy, chunk, config = CASES[index]
+    got = torch.load(two_ranks / f"case-{index}.pt", weights_only=False)
+    params = n_params(bases["still"])
+    reduces = [numel for name, numel in got["calls"] if name == "all_reduce"]
+    gathers = [numel for name, numel in got["calls"] if name == "all_gather"]
+    assert len([n for n in reduces if n >= params]) == 1  # the gradients, one buffer
+    assert got["record"]["chunks"] > 3  # several encoder chunks (backwards, with the cache)
+    if config["gather"] == "none":
+        assert reduces and len(reduces) == 1 and not gathers
+    else:  # embeddings: one all-gather forward, one all-reduce of their gradients backward
+        assert len(reduces) == 2 and len(gathers) == 1
+        assert max(n for n in reduces if n < params) < params / 10
+    assert got["record"]["grad_allreduces"] == 1  # densefit's own count, logged per step
+
+
+def test_training_run_matches_one_process_and_syncs_once_per_step(two_ranks, bases, tmp_path):
+    ranks = [json.loads((two_ranks / f"train-{r}.json").read_text()) for r in range(2)]
+    model = SentenceTransformer(bases["still"], device="cpu")
+    one = train(model, examples(ROWS * 2), TrainConfig(**TRAIN_CONFIG))
+    assert ranks[0]["steps"] == ranks[1]["steps"] == one.steps == 3  # 14 rows: 6, 6, 2
+    for r in ranks:
+        torch.testing.assert_close(
+            torch.tensor(r["losses"]), torch.tensor(one.losses), atol=1e-4, rtol=1e-4
+        )
+    params = n_params(bases["still"])
+    for r in ranks:
+        grad_reduces = [n for name, n in r["calls"] if name == "all_reduce" and n >= params]
+        assert len(grad_reduces) == one.steps
+    run = two_ranks / "run"
+    log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log] == [1, 2, 3]  # written by rank 0 only
+    assert all(x["world_size"] == 2 and x["grad_allreduces"] == 1 for x in log)
+    assert [x["examples"] for x in log] == [6, 6, 2]
+    assert [x["per_device_examples"] for x in log] == [3, 3, 1]
+    assert all(x["chunks"] >= 4 for x in log[:2])  # 3 rows per rank in chunks of 2
+    assert (run / "model.safetensors").exists() or any(run.rglob("model.safetensors"))
+
+
+def test_mnrl_rows_partition_adds_up_to_the_batch_loss():
+    torch.manual_seed(0)
+    a, p, n = torch.randn(7, 5), torch.randn(7, 5), torch.randn(4, 5)
+    mask = torch.rand(7, 11) > 0.8
+    for symmetric in (False, True):
+        full = mnrl(a, p, n, mask=mask, symmetric=symmetric)
+        parts = sum(
+            (b - s)
+            / 7
+            * mnrl(
+                a if symmetric else a[s:b],
+                p,
+                n,
+                mask=mask,
+                symmetric=symmetric,
+                rows=slice(s, b),
+                chunk_size=2,
+            )
+            for s, b in (shard_bounds(7, 3, r) for r in range(3))
+        )
+        torch.testing.assert_close(parts, full)
+
+
+def test_cli_nproc_two_with_uneven_data_finishes(bases, tmp_path):
+    """densefit train --nproc 2 launches torchrun; 5 rows in batches of 4: the last batch
+    has one row, so rank 1 has none in that step, and both ranks still finish."""
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"question": r["query"], "pos_doc": r["positive"]}) + "\n" for r in ROWS[:5]
+        )
+    )
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "densefit",
+        "train",
+        str(data),
+        "--model",
+        bases["still"],
+        "--output",
+        str(out),
+        "--batch-size",
+        "4",
+        "--epochs",
+        "2",
+        "--memory",
+        "cache",
+        "--chunk-size",
+        "1",
+        "--no-progress",
+        "--nproc",
+        "2",
+        "--keep-checkpoints",
+        "1",
+    ]
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"densefit train --nproc 2 did not finish in {TIMEOUT}s (a hang)")
+    assert done.returncode == 0, done.stderr[-4000:]
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log] == [1, 2, 3, 4]
+    assert [x["examples"] for x in log] == [4, 1, 4, 1]
+    assert [x["per_device_examples"] for x in log] == [2, 1, 2, 1]
+    assert SentenceTransformer(str(out), device="cpu").encode(["a cell"]).shape == (1, 32)
+    assert done.stderr.count("done:") == 1  # rank 0 reports, once
+    assert "2 processes" in done.stderr
+
+
+def test_resume_is_refused_under_several_processes_with_a_clear_message(monkeypatch, tmp_path):
+    from densefit.distributed import DistributedRun
+
+    fake = DistributedRun(rank=0, world_size=2, gather="candidates", dim=32)
+    monkeypatch.setattr(DistributedRun, "detect", classmethod(lambda cls, model, config: fake))
+    with pytest.raises(ValueError, match="resuming a multi-process run is not supported"):
+        train(
+            tiny_model(),
+            examples(ROWS),
+            TrainConfig(show_progress=False),
+            output_dir=tmp_path,
+            resume=True,
+        )
