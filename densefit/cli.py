@@ -1,4 +1,4 @@
-"""The ``densefit`` command line: train | plan | mine | index | search | eval."""
+"""The ``densefit`` command line: run | train | plan | mine | index | search | eval."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from rich.console import Console
 
 from densefit._cli_common import OnBadRow, fail
 from densefit.index.cli import register as register_retrieval_commands
+from densefit.pipeline.cli import register as register_run_command
 
 app = typer.Typer(
     name="densefit",
@@ -21,6 +22,7 @@ app = typer.Typer(
         "Fine-tune and serve dense retrievers (sentence-transformers bi-encoders) with "
         "batch size independent of memory.\n\n"
         "Examples:\n\n"
+        "  densefit run examples/scifact.yaml --output runs/scifact\n\n"
         "  densefit train examples/scifact --model all-MiniLM-L6-v2 --output runs/m --batch-size 64\n\n"
         "  densefit plan data.jsonl --model all-MiniLM-L6-v2 --batch-size 4096 --memory-budget 8GiB"
     ),
@@ -322,6 +324,7 @@ def mine(
 
 
 register_retrieval_commands(app)  # index, search, eval
+register_run_command(app)  # run: the whole pipeline
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "candidates_of",
     "false_negative_mask",
     "health_postfix",
+    "in_batch_accuracy",
     "merge_health",
     "score_health",
 ]
@@ -330,8 +331,51 @@ def score_health(
     return out
 
 
+@torch.no_grad()
+def in_batch_accuracy(
+    embeddings: Sequence[torch.Tensor],
+    mask: torch.Tensor | None = None,
+    similarity: str = "cos",
+    block: int | None = None,
+) -> float:
+    """Fraction of anchors whose own positive strictly outscores every other candidate.
+
+    Candidates are MNRL's: all ``B`` positives, then the ``M`` hard negatives; ``mask``
+    (B, B + M) tensor or :class:`CandidateMask`, True = excluded, drops false negatives as
+    the loss does. Scores are computed
+    in blocks of ``block`` anchors under no_grad, so nothing B x B is held for big batches.
+
+    >>> a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    >>> in_batch_accuracy([a, a, torch.empty(0, 2)])
+    1.0
+    >>> in_batch_accuracy([a, a, torch.tensor([[1.0, 0.0]])])  # ties anchor 0's positive
+    0.5
+    """
+    anchors, d = embeddings[0].detach().float(), embeddings[0].shape[-1]
+    parts = [embeddings[1].detach().float()]
+    if len(embeddings) > 2 and embeddings[2].numel():
+        parts.append(embeddings[2].detach().float().reshape(-1, d))
+    candidates = torch.cat(parts)  # (B + M, d)
+    if similarity == "cos":
+        anchors, candidates = F.normalize(anchors, dim=-1), F.normalize(candidates, dim=-1)
+    B = anchors.shape[0]
+    block = block or max(1, 2**20 // max(1, candidates.shape[0]))  # ~1M scores per block
+    correct = 0
+    for start in range(0, B, block):
+        rows = torch.arange(start, min(start + block, B), device=anchors.device)
+        scores = anchors[rows] @ candidates.T  # (b, B + M)
+        own = scores[rows - start, rows].clone()  # (b,)
+        if mask is not None:
+            stop = start + len(rows)  # a tensor or a CandidateMask: one block of rows
+            scores.masked_fill_(mask[start:stop].to(scores.device), float("-inf"))
+        scores[rows - start, rows] = float("-inf")  # compare with every other candidate
+        correct += int((own > scores.max(dim=1).values).sum())
+    return round(correct / B, 4) if B else 0.0
+
+
 def merge_health(parts: Sequence[dict]) -> dict:
-    """One step's telemetry from its micro-batches': counts add up, scores are averaged.
+    """One step's telemetry from its micro-batches': counts add up, scores and accuracies
+    are averaged.
 
     >>> merge_health([{"candidates": 4, "pos_score": 0.5}, {"candidates": 2, "pos_score": 0.7}])
     {'candidates': 6, 'pos_score': 0.6}
@@ -339,7 +383,7 @@ def merge_health(parts: Sequence[dict]) -> dict:
     out: dict = {}
     for key in dict.fromkeys(k for part in parts for k in part):
         values = [part[key] for part in parts if part.get(key) is not None]
-        if key.endswith("_score"):
+        if key.endswith(("_score", "_accuracy")):
             out[key] = round(sum(values) / len(values), 4) if values else None
         else:
             out[key] = sum(values)

@@ -34,7 +34,13 @@ from densefit.data.types import TrainingExample
 from densefit.distributed import DistributedRun, broadcast_parameters
 from densefit.guards import NonFiniteGuard, guarded_step
 from densefit.losses import margin_mse, mnrl
-from densefit.masking import false_negative_mask, health_postfix, merge_health, score_health
+from densefit.masking import (
+    false_negative_mask,
+    health_postfix,
+    in_batch_accuracy,
+    merge_health,
+    score_health,
+)
 from densefit.memory.allocator import release_freed_memory_promptly
 from densefit.memory.planner import auto_loss_chunk
 from densefit.memory.strategies import MemoryStrategy, make_strategy
@@ -137,6 +143,7 @@ def make_loss_fn(
         def loss_fn(emb: list[torch.Tensor]) -> torch.Tensor:
             negatives = emb[2] if emb[2].numel() else None
             health.update(score_health(emb, rows, config.similarity))
+            health["in_batch_accuracy"] = in_batch_accuracy(emb, mask, config.similarity)
             return mnrl(
                 emb[0], emb[1], negatives,
                 scale=config.scale, symmetric=config.symmetric,
@@ -149,6 +156,7 @@ def make_loss_fn(
 
     def margin_loss(emb: list[torch.Tensor]) -> torch.Tensor:
         health.update(score_health(emb, rows, config.similarity))
+        health["in_batch_accuracy"] = in_batch_accuracy(emb, None, config.similarity)
         return margin_mse(emb[0], emb[1], emb[2], scores.to(emb[0].device))
 
     return margin_loss

@@ -256,3 +256,28 @@ def test_compact_mask_loss_equals_dense_mask_loss(symmetric):
         torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
         for g, r in zip(torch.autograd.grad(got, emb[:2]), grads_ref):
             torch.testing.assert_close(g, r, atol=1e-6, rtol=1e-6)
+
+
+def test_in_batch_accuracy_in_blocks_equals_the_full_score_matrix():
+    from densefit.masking import in_batch_accuracy
+
+    torch.manual_seed(0)
+    a, p, n = torch.randn(37, 8), torch.randn(37, 8), torch.randn(11, 8)
+    p[:20] = a[:20] + 0.1 * torch.randn(20, 8)  # about half the anchors find their positive
+    mask = torch.rand(37, 48) < 0.2
+    scores = F.normalize(a, dim=-1) @ F.normalize(torch.cat([p, n]), dim=-1).T  # reference
+    own = scores.diagonal().clone()
+    scores = scores.masked_fill(mask, float("-inf"))
+    scores.fill_diagonal_(float("-inf"))
+    expected = round(float((own > scores.max(1).values).float().mean()), 4)
+    assert 0 < expected < 1
+    for block in (1, 5, 1024):
+        assert in_batch_accuracy([a, p, n], mask, block=block) == expected
+    assert in_batch_accuracy([a, p, n], None) <= expected  # masking only removes competitors
+
+
+def test_step_records_carry_in_batch_accuracy(tiny):
+    records = []
+    train(tiny, WITH_DUPLICATES * 2, TrainConfig(batch_size=8, max_steps=2, show_progress=False),
+          on_step=records.append)
+    assert all(0.0 <= r["in_batch_accuracy"] <= 1.0 for r in records)

@@ -1,0 +1,428 @@
+"""The report of ``densefit run``: report.json (everything), report.md (to read), PNG plots.
+
+Plots (matplotlib, Agg backend) go to ``OUTPUT/plots/``:
+
+- ``training.png``  training loss and in-batch accuracy against the step;
+- ``resources.png`` peak RSS (and CUDA peak, on CUDA) and examples/s against the step;
+- ``metrics.png``   base vs trained for every metric.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from densefit.pipeline.config import RunConfig
+
+__all__ = ["write_report", "read_train_log"]
+
+
+def read_train_log(path: str | os.PathLike) -> list[dict]:
+    """The step records of a ``train_log.jsonl`` (a torn last line is ignored)."""
+    records = []
+    path = Path(path)
+    if not path.is_file():
+        return records
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _train_summary(result: dict, log: list[dict]) -> dict:
+    # The last 10% of the steps (at least 3), weighted by rows: the last batch may be small.
+    tail = log[-max(3, len(log) // 10) :] if log else []
+    rows = sum(r.get("examples") or 0 for r in tail)
+    final_accuracy = None
+    if rows and all(r.get("in_batch_accuracy") is not None for r in tail):
+        final_accuracy = sum(r["in_batch_accuracy"] * r["examples"] for r in tail) / rows
+    return {
+        "rows": result.get("rows"),
+        "steps": result.get("steps"),
+        "examples": result.get("examples"),
+        "final_loss": result.get("final_loss"),
+        "last_step_rows": log[-1].get("examples") if log else None,
+        "train_seconds": result.get("train_seconds"),
+        "resumed_from_step": result.get("resumed_from_step"),
+        "skipped_nonfinite": result.get("skipped_nonfinite"),
+        "mean_examples_per_s": _round(_mean(r.get("examples_per_s") for r in log)),
+        "peak_rss_mb": max((r.get("peak_rss_mb") or 0 for r in log), default=None),
+        "cuda_peak_mb": max((r.get("cuda_peak_mb") or 0 for r in log), default=None) or None,
+        "first_in_batch_accuracy": log[0].get("in_batch_accuracy") if log else None,
+        "final_in_batch_accuracy": _round(final_accuracy),
+        "final_in_batch_accuracy_steps": len(tail),
+        "mean_padding_efficiency": _round(_mean(r.get("padding_efficiency") for r in log)),
+    }
+
+
+def _round(value, digits: int = 4):
+    return None if value is None else round(value, digits)
+
+
+def _memory_plan(plan: dict) -> dict:
+    mib = 2**20
+    out = {
+        "strategy": plan.get("strategy"),
+        "chosen_by": plan.get("chosen_by"),
+        "chunk_size": plan.get("chunk_size"),
+        "token_budget": plan.get("token_budget"),
+        "loss_chunk_size": plan.get("loss_chunk_size"),
+        "reason": plan.get("reason"),
+    }
+    for key in ("budget_bytes", "predicted_peak_bytes", "static_bytes"):
+        if plan.get(key) is not None:
+            out[key.replace("_bytes", "_mib")] = round(plan[key] / mib, 1)
+    return out
+
+
+def _data_counts(config: RunConfig, markers: dict) -> dict:
+    from densefit.data.corpus import read_qrels
+
+    base = markers["eval_base"]["result"]
+    corpus = base["info"]["corpus"]
+    out = {
+        "train_rows": markers["train"]["result"]["rows"],
+        "train_source": markers["train"]["result"]["source"],
+        "eval_split": config.eval.split,
+        "eval_queries": base["n_queries"],
+        "eval_queries_without_results": len(base.get("missing_queries", [])),
+        "eval_documents_searched": corpus["documents"],
+        "corpus_documents": corpus["corpus_documents"],
+        "eval_corpus": corpus["kind"],
+    }
+    if corpus["kind"] == "subsample":
+        out.update(
+            judged_documents=corpus["judged_documents"],
+            distractors=corpus["distractors"],
+            sample_seed=corpus["sample_seed"],
+        )
+    if "mine" in markers:
+        mined = markers["mine"]["result"]
+        out.update(
+            mined_rows=mined["rows"],
+            mined_negatives=mined["negatives"],
+            mined_rows_short=mined["rows_short"],
+            mining_method=mined["method"],
+        )
+    if config.train_data is None:  # a held-out split of the same folder: any query in both?
+        folder = Path(config.data) / "qrels"
+        try:
+            train_q = set(read_qrels(folder / f"{config.train_split}.tsv"))
+            eval_q = set(read_qrels(folder / f"{config.eval.split}.tsv"))
+            out["eval_queries_also_in_training"] = len(train_q & eval_q)
+        except (ValueError, OSError):  # bad rows were skipped by the stages (on_bad_row: skip)
+            out["eval_queries_also_in_training"] = None
+    return out
+
+
+def _environment() -> dict:
+    import torch
+
+    import densefit
+
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    return {
+        "densefit": densefit.__version__,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_average_at_report": load,
+    }
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _plots(out: Path, log: list[dict], metrics: dict, names: tuple[str, str], caption: str) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    folder = out / "plots"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def series(key):
+        pairs = [(r["step"], r[key]) for r in log if r.get(key) is not None]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax1.plot(*series("loss"), marker=".", color="tab:blue")
+    ax1.set(title="training loss", xlabel="step", ylabel="loss")
+    ax2.plot(*series("in_batch_accuracy"), marker=".", color="tab:green")
+    ax2.set(
+        title="in-batch accuracy (own positive ranked first)",
+        xlabel="step",
+        ylabel="accuracy",
+        ylim=(0, 1.02),
+    )
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    fig.savefig(folder / "training.png", dpi=110)
+    plt.close(fig)
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax1.plot(*series("peak_rss_mb"), marker=".", label="peak RSS (process)")
+    if any(r.get("cuda_peak_mb") is not None for r in log):
+        ax1.plot(*series("cuda_peak_mb"), marker=".", label="CUDA peak allocated")
+    ax1.set(title="memory", xlabel="step", ylabel="MiB")
+    ax1.set_ylim(bottom=0)
+    ax1.legend()
+    ax2.plot(*series("examples_per_s"), marker=".", color="tab:orange")
+    ax2.set(title="throughput", xlabel="step", ylabel="examples / s")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    fig.savefig(folder / "resources.png", dpi=110)
+    plt.close(fig)
+
+    labels = list(metrics)
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels) + 2), 3.8))
+    width = 0.38
+    x = range(len(labels))
+    for offset, name, color in (
+        (-width / 2, names[0], "tab:gray"),
+        (width / 2, names[1], "tab:blue"),
+    ):
+        values = [metrics[m][name] for m in labels]
+        bars = ax.bar([i + offset for i in x], values, width, label=name, color=color)
+        ax.bar_label(bars, fmt="%.3f", fontsize=8)
+    ax.set_xticks(list(x), labels)
+    ax.set(title="base vs trained", ylabel="score", ylim=(0, 1.22))
+    fig.text(0.5, 0.01, caption, ha="center", va="bottom", fontsize=7, wrap=True)
+    ax.legend(loc="upper center", ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(folder / "metrics.png", dpi=110)
+    plt.close(fig)
+    return {
+        "training": "plots/training.png",
+        "resources": "plots/resources.png",
+        "metrics": "plots/metrics.png",
+    }
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def write_report(out: Path, config: RunConfig, markers: dict, *, ran: list[str]) -> dict:
+    """Write report.json, report.md and the plots from the stage markers; return the JSON."""
+    import yaml
+
+    from densefit.evaluate import EvalResult, compare_results
+    from densefit.pipeline.stages import STAGES, describe_eval
+
+    out = Path(out)
+    evals = {}
+    for name in ("base", "trained"):
+        d = json.loads((out / "eval" / f"{name}.json").read_text())
+        evals[name] = EvalResult(
+            d["name"],
+            d["metrics"],
+            d["per_query"],
+            d["n_queries"],
+            d.get("missing_queries", []),
+            d.get("info", {}),
+        )
+    comparison = compare_results(evals["base"], evals["trained"])
+    metrics = {
+        m: {
+            "base": round(c["base"], 6),
+            "trained": round(c["trained"], 6),
+            "delta": round(c["delta"], 6),
+            "wins": c["wins"],
+            "losses": c["losses"],
+            "ties": c["ties"],
+            "p_value": round(c["p_value"], 4),
+        }
+        for m, c in comparison.items()
+    }
+    log = read_train_log(out / "model" / "train_log.jsonl")
+    train_result = markers["train"]["result"]
+    stages = {}
+    for name in STAGES[:-1]:
+        if name not in markers:
+            stages[name] = {"status": "off"}
+            continue
+        m = markers[name]
+        status = "ran" if name in ran else "skipped (finished earlier, inputs unchanged)"
+        if m["result"].get("reused_from"):
+            status = f"reused from {m['result']['reused_from']}"
+        stages[name] = {
+            "status": status,
+            "seconds": m["seconds"],
+            "started_at": m["started_at"],
+            "finished_at": m["finished_at"],
+            "load_average": m.get("load_average"),
+        }
+    evaluated = describe_eval(evals["base"].info, evals["base"].n_queries)
+    report = {
+        "created_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "output": str(out),
+        "config": config.to_dict(),
+        "stages": stages,
+        "stage_seconds_total": round(sum(s.get("seconds", 0) for s in stages.values()), 1),
+        "data": _data_counts(config, markers),
+        "memory_plan": _memory_plan(train_result.get("plan", {})),
+        "train": _train_summary(train_result, log),
+        "evaluated_on": evaluated,
+        "eval": {name: {k: v for k, v in r.to_dict().items()} for name, r in evals.items()},
+        "metrics": metrics,
+        "environment": _environment(),
+    }
+    report["plots"] = _plots(out, log, metrics, ("base", "trained"), evaluated)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    (out / "report.md").write_text(
+        _markdown(report, yaml.safe_dump(report["config"], sort_keys=False))
+    )
+    return report
+
+
+def _fmt(value, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _markdown(r: dict, config_yaml: str) -> str:
+    d, t, p = r["data"], r["train"], r["memory_plan"]
+    lines = [
+        f"# densefit run: {Path(r['config']['data']).name}",
+        "",
+        f"Base model `{r['config']['model']}`, fine-tuned on {d['train_rows']} training rows "
+        f"({d['train_source']})"
+        + (
+            f", with {d['mined_negatives']} hard negatives mined by {d['mining_method']}"
+            if "mined_rows" in d
+            else ", in-batch negatives only"
+        )
+        + ".",
+        "",
+        f"Evaluated on: {r['evaluated_on']}.",
+    ]
+    if d["eval_corpus"] == "subsample":
+        lines += [
+            "",
+            f"**Subsample**: the search ran over {d['eval_documents_searched']} of the "
+            f"{d['corpus_documents']} documents (every judged document + {d['distractors']} random "
+            "distractors), so the numbers are higher than on the full corpus and do not compare "
+            "with published results; base and trained saw exactly the same documents.",
+        ]
+    if d.get("eval_queries_also_in_training"):
+        lines += [
+            "",
+            f"**Warning**: {d['eval_queries_also_in_training']} evaluation queries are also in "
+            f"the training split `{r['config']['train_split']}`: the split is not held out.",
+        ]
+    lines += [
+        "",
+        "## Results",
+        "",
+        "| metric | base | trained | delta | wins / losses / ties | p (paired) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in r["metrics"].items():
+        lines.append(
+            f"| {name} | {m['base']:.4f} | {m['trained']:.4f} | {m['delta']:+.4f} | "
+            f"{m['wins']} / {m['losses']} / {m['ties']} | {m['p_value']:.3f} |"
+        )
+    lines += [
+        "",
+        "![base vs trained](plots/metrics.png)",
+        "",
+        "## Training",
+        "",
+        "| steps | examples | final loss (last step) | in-batch accuracy (first step -> "
+        f"last {t['final_in_batch_accuracy_steps']} steps) | "
+        "mean examples/s | peak RSS MiB | train seconds |",
+        "|---|---|---|---|---|---|---|",
+        f"| {t['steps']} | {t['examples']} | {_fmt(t['final_loss'])} "
+        f"({t['last_step_rows']} rows) | "
+        f"{_fmt(t['first_in_batch_accuracy'], 3)} -> {_fmt(t['final_in_batch_accuracy'], 3)} | "
+        f"{_fmt(t['mean_examples_per_s'], 1)} | {_fmt(t['peak_rss_mb'], 0)} | "
+        f"{_fmt(t['train_seconds'], 1)} |",
+    ]
+    if t.get("resumed_from_step"):
+        lines += [
+            "",
+            f"Resumed after an interruption from the checkpoint of step {t['resumed_from_step']}.",
+        ]
+    lines += [
+        "",
+        "![loss and in-batch accuracy](plots/training.png)",
+        "",
+        "![memory and throughput](plots/resources.png)",
+        "",
+        "### Memory plan",
+        "",
+        f"Strategy **{p['strategy']}** (chosen by {p['chosen_by']})"
+        + (f", chunks of {p['chunk_size']} rows" if p.get("chunk_size") else "")
+        + (f" / {p['token_budget']} padded tokens" if p.get("token_budget") else "")
+        + (
+            f"; predicted peak {p['predicted_peak_mib']:.0f} MiB of a {p['budget_mib']:.0f} MiB "
+            f"budget (static: {p['static_mib']:.0f} MiB)"
+            if p.get("predicted_peak_mib")
+            else ""
+        )
+        + (f": {p['reason']}" if p.get("reason") else "")
+        + ".",
+        "",
+        "## Stages",
+        "",
+        "| stage | status | seconds | finished | load average (start/end) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in r["stages"].items():
+        load = s.get("load_average") or {}
+        lines.append(
+            f"| {name} | {s['status']} | {_fmt(s.get('seconds'), 1)} | "
+            f"{s.get('finished_at', '-')} | {load.get('start', '-')} / {load.get('end', '-')} |"
+        )
+    lines += [
+        "",
+        f"Stage time in all: {r['stage_seconds_total']:.0f} s.",
+        "",
+        "## Data",
+        "",
+        "| | |",
+        "|---|---|",
+    ]
+    lines += [f"| {k} | {v} |" for k, v in d.items()]
+    env = r["environment"]
+    lines += [
+        "",
+        "## Environment",
+        "",
+        f"densefit {env['densefit']}, torch {env['torch']} ({env['torch_threads']} thread(s), "
+        f"{env['cpus']} CPUs{', ' + env['cuda'] if env['cuda'] else ''}), Python {env['python']}; "
+        f"load average at the report: {env['load_average_at_report']}.",
+        "",
+        "## Config",
+        "",
+        "```yaml",
+        config_yaml.rstrip(),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)

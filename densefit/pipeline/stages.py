@@ -1,0 +1,610 @@
+"""The stages of ``densefit run`` and what makes them resumable.
+
+    mine          (optional) hard negatives for the training pairs   -> OUTPUT/mined.jsonl
+    train         MNRL, memory auto, checkpoints                     -> OUTPUT/model/
+    eval_base     the base model on the held-out split               -> OUTPUT/eval/base.json
+    eval_trained  the trained model, the same settings               -> OUTPUT/eval/trained.json
+    report        report.md, report.json, plots/*.png
+
+A finished stage writes ``OUTPUT/stages/<name>.json``: its result, its outputs and the
+*fingerprint* of everything it depends on (the config keys it reads, the sha256 of the data
+and model files, the fingerprints of the stages before it). A rerun skips a stage whose
+marker matches and whose outputs exist, and redoes it when anything it depends on changed;
+since fingerprints chain, everything after a redone stage is redone too. An interrupted
+train stage resumes from its newest checkpoint (``train(resume=True)``) when its
+fingerprint is unchanged, and starts over otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from densefit.pipeline.config import RunConfig
+
+__all__ = ["STAGES", "Pipeline", "RunResult", "run_pipeline", "fingerprint"]
+
+STAGES = ("mine", "train", "eval_base", "eval_trained", "report")
+# TrainConfig fields that change neither the weights nor the log: not in the fingerprint.
+_TRAIN_NOT_FINGERPRINTED = (
+    "show_progress",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "max_nonfinite",
+)
+
+
+def _train_step_hook(record: dict) -> None:
+    """Called after every training step (tests replace it to interrupt a run)."""
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+
+def fingerprint(value: Any) -> str:
+    """A short sha256 of a JSON-able value (keys sorted).
+
+    >>> fingerprint({"b": 1, "a": [1, 2]}) == fingerprint({"a": [1, 2], "b": 1})
+    True
+    """
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes (remembered per path, size and modification time)."""
+    path = Path(path)
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def tree_digest(folder: str | os.PathLike, skip: tuple[str, ...] = ("checkpoints",)) -> str:
+    """sha256 over every file under ``folder`` (relative names and contents)."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder)
+        if rel.parts and rel.parts[0] in skip:
+            continue
+        h.update(str(rel).encode() + b"\0" + file_digest(path).encode() + b"\0")
+    return h.hexdigest()
+
+
+def _corpus_file(folder: Path) -> Path:
+    from densefit.data.corpus import _corpus_file as find
+
+    return find(folder)
+
+
+def beir_digest(folder: str | os.PathLike, split: str) -> dict:
+    """Digests of the files of one BEIR split: corpus, queries and qrels/<split>.tsv."""
+    folder = Path(folder)
+    qrels = folder / "qrels" / f"{split}.tsv"
+    if not qrels.is_file():
+        splits = sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
+        raise FileNotFoundError(f"{qrels}: no such file; the splits in {folder} are {splits}")
+    return {
+        "corpus": file_digest(_corpus_file(folder)),
+        "queries": file_digest(folder / "queries.jsonl"),
+        f"qrels/{split}": file_digest(qrels),
+    }
+
+
+def model_digest(model: str) -> str:
+    """Digest of a model folder's files, or the name itself when it is not local."""
+    from densefit.models import resolve_model_path
+
+    resolved = resolve_model_path(model)
+    return tree_digest(resolved) if Path(resolved).is_dir() else f"name:{model}"
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class RunResult:
+    """What a run did: each stage's marker, which stages ran and which were skipped."""
+
+    output: Path
+    markers: dict[str, dict]
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    report: dict = field(default_factory=dict)
+
+    def eval_results(self):
+        """The base and trained :class:`~densefit.evaluate.EvalResult` from OUTPUT/eval."""
+        from densefit.evaluate import EvalResult
+
+        out = []
+        for name in ("base", "trained"):
+            d = json.loads((self.output / "eval" / f"{name}.json").read_text())
+            out.append(
+                EvalResult(
+                    d["name"],
+                    d["metrics"],
+                    d["per_query"],
+                    d["n_queries"],
+                    d.get("missing_queries", []),
+                    d.get("info", {}),
+                )
+            )
+        return out
+
+    def table(self, title: str | None = None):
+        """The before/after table (rich), captioned with what was evaluated."""
+        from densefit.evaluate import format_table
+
+        base, trained = self.eval_results()
+        table = format_table([base, trained], title=title or "before / after")
+        table.caption = describe_eval(base.info, base.n_queries)
+        return table
+
+
+def describe_eval(info: dict, n_queries: int) -> str:
+    """One line: which split, how many queries and documents, full corpus or subsample."""
+    corpus = info.get("corpus", {})
+    what = (
+        f"full corpus, {corpus.get('documents')} documents"
+        if corpus.get("kind") == "full"
+        else f"subsample of the corpus: {corpus.get('documents')} of {corpus.get('corpus_documents')}"
+        f" documents ({corpus.get('judged_documents')} judged + {corpus.get('distractors')} "
+        f"random distractors, seed {corpus.get('sample_seed')})"
+    )
+    return (
+        f"{info.get('split')} split: {n_queries} queries; {what}; "
+        f"max_seq_length {info.get('max_seq_length')}"
+    )
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+class Pipeline:
+    """Runs the stages of a :class:`RunConfig` into its output folder, skipping finished ones.
+
+    >>> result = Pipeline(config).run()  # doctest: +SKIP
+    >>> result.ran, result.skipped  # doctest: +SKIP
+    (['eval_trained', 'report'], ['mine', 'train', 'eval_base'])
+    """
+
+    def __init__(self, config: RunConfig, *, force: bool = False, console=None):
+        from rich.console import Console
+
+        self.config = config
+        self.out = Path(config.output or "runs/densefit")
+        self.force = force
+        self.console = console or Console(stderr=True, highlight=False)
+        self.markers: dict[str, dict] = {}
+        self.result = RunResult(self.out, self.markers)
+        self._beir = None
+        self._digests: dict[str, Any] = {}
+
+    # -- markers
+
+    def _marker_path(self, name: str) -> Path:
+        return self.out / "stages" / f"{name}.json"
+
+    def _valid_marker(self, name: str, fp: str) -> dict | None:
+        path = self._marker_path(name)
+        if self.force or not path.is_file():
+            return None
+        try:
+            marker = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        if marker.get("fingerprint") != fp:
+            return None
+        if not all((self.out / rel).exists() for rel in marker.get("outputs", [])):
+            return None
+        return marker
+
+    def _write_json(self, path: Path, value: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(value, indent=2, default=str))
+        os.replace(tmp, path)  # never a half-written marker
+
+    def _stage(self, index: int, name: str, fp: str, inputs: dict, run, outputs: list[str]) -> dict:
+        """Skip ``name`` when its marker matches, else run it and write its marker."""
+        title = f"[{index}/{len(STAGES)}] {name}"
+        marker = self._valid_marker(name, fp)
+        if marker is not None:
+            self.console.rule(
+                f"{title}: done at {marker['finished_at']}, inputs unchanged: skipped"
+            )
+            self.result.skipped.append(name)
+            self.markers[name] = marker
+            return marker
+        self.console.rule(title)
+        self._marker_path(name).unlink(missing_ok=True)
+        started, load = time.time(), _load()
+        t0 = time.perf_counter()
+        result = run()
+        seconds = time.perf_counter() - t0
+        marker = {
+            "stage": name,
+            "fingerprint": fp,
+            "inputs": inputs,
+            "outputs": outputs,
+            "result": result,
+            "seconds": round(seconds, 2),
+            "started_at": _stamp(started),
+            "finished_at": _stamp(time.time()),
+            "load_average": {"start": load, "end": _load()},
+        }
+        self._write_json(self._marker_path(name), marker)
+        self.result.ran.append(name)
+        self.markers[name] = marker
+        self.console.print(f"{name}: {seconds:.1f}s")
+        return marker
+
+    # -- fingerprints of the inputs
+
+    def _digest(self, key: str, compute) -> Any:
+        if key not in self._digests:
+            self._digests[key] = compute()
+        return self._digests[key]
+
+    def _model_digest(self) -> str:
+        return self._digest("model", lambda: model_digest(self.config.model))
+
+    def _train_source(self) -> tuple[Path, dict]:
+        c = self.config
+        path = Path(c.train_data or c.data)
+        if path.is_dir():
+            return path, self._digest(
+                f"beir:{path}:{c.train_split}", lambda: beir_digest(path, c.train_split)
+            )
+        return path, {"file": self._digest(f"file:{path}", lambda: file_digest(path))}
+
+    def _eval_inputs(self) -> dict:
+        c = self.config
+        settings = dataclasses.asdict(c.eval)
+        settings.pop("cache_dir")
+        return {
+            "data": self._digest("eval_data", lambda: beir_digest(c.data, c.eval.split)),
+            "eval": settings,
+            "on_bad_row": c.on_bad_row,
+        }
+
+    # -- the run
+
+    def run(self) -> RunResult:
+        """Run (or skip) every stage in order; the result lists what ran."""
+        _check_dependencies(self.config)
+        if self.config.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.config.threads)
+        if not self.config.progress:  # transformers' own bars (loading, saving weights)
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        self.out.mkdir(parents=True, exist_ok=True)
+        import yaml
+
+        (self.out / "config.yaml").write_text(
+            yaml.safe_dump(self.config.to_dict(), sort_keys=False), encoding="utf-8"
+        )
+        c = self.config
+        _, train_source = self._train_source()
+        mine_fp = None
+        if c.mine.method:
+            inputs = {
+                "pairs": train_source,
+                "corpus": self._digest("corpus", lambda: file_digest(_corpus_file(Path(c.data)))),
+                "mine": dataclasses.asdict(c.mine),
+                "model": self._model_digest() if c.mine.method != "bm25" else None,
+                "on_bad_row": c.on_bad_row,
+            }
+            mine_fp = fingerprint(inputs)
+            self._stage(1, "mine", mine_fp, inputs, self._mine, ["mined.jsonl"])
+        else:
+            self.console.rule(f"[1/{len(STAGES)}] mine: off (mine.method is null)")
+            self._marker_path("mine").unlink(missing_ok=True)
+
+        train_options = {
+            k: v for k, v in c.train_config().to_dict().items() if k not in _TRAIN_NOT_FINGERPRINTED
+        }
+        train_inputs = {
+            "model": self._model_digest(),
+            "data": {"mined": mine_fp} if mine_fp else train_source,
+            "train": train_options,
+            "on_bad_row": c.on_bad_row,
+        }
+        train_fp = fingerprint(train_inputs)
+        self._stage(
+            2,
+            "train",
+            train_fp,
+            train_inputs,
+            lambda: self._train(train_fp),
+            ["model/modules.json", "model/train_log.jsonl"],
+        )
+
+        eval_inputs = self._eval_inputs()
+        base_inputs = {"model": self._model_digest(), **eval_inputs}
+        base_fp = fingerprint(base_inputs)
+        self._stage(
+            3,
+            "eval_base",
+            base_fp,
+            base_inputs,
+            lambda: self._eval_base(base_fp),
+            ["eval/base.json"],
+        )
+        trained_inputs = {"model": {"train": train_fp}, **eval_inputs}
+        self._stage(
+            4,
+            "eval_trained",
+            fingerprint(trained_inputs),
+            trained_inputs,
+            lambda: self._evaluate(self.out / "model", "trained"),
+            ["eval/trained.json"],
+        )
+
+        report_inputs = {
+            s: self.markers[s]["fingerprint"] for s in STAGES[:-1] if s in self.markers
+        }
+        report_inputs["config"] = c.to_dict()
+        self._stage(
+            5,
+            "report",
+            fingerprint(report_inputs),
+            report_inputs,
+            self._report,
+            [
+                "report.md",
+                "report.json",
+                "plots/training.png",
+                "plots/resources.png",
+                "plots/metrics.png",
+            ],
+        )
+        self.result.report = json.loads((self.out / "report.json").read_text())
+        return self.result
+
+    # -- stages
+
+    def _mine(self) -> dict:
+        from densefit.mine import mine_files, parse_range
+        from densefit.models import load_model
+
+        c, m = self.config, self.config.mine
+        low, high = parse_range(m.range)
+        model = None
+        if m.method != "bm25":
+            model = load_model(c.model, max_seq_length=m.max_seq_length)
+        report = mine_files(
+            c.train_data or c.data,
+            c.data,
+            self.out / "mined.jsonl",
+            split=c.train_split,
+            on_bad_row=c.on_bad_row,
+            method=m.method,
+            model=model,
+            num_negatives=m.num_negatives,
+            range_min=low,
+            range_max=high,
+            relative_margin=m.relative_margin,
+            sampling=m.sampling,
+            seed=m.seed,
+            batch_size=m.batch_size,
+            show_progress=c.progress,
+        )
+        self.console.print(f"mined: {report.summary()}")
+        return report.to_dict()
+
+    def _train(self, fp: str) -> dict:
+        from densefit.checkpoint import latest_checkpoint, list_checkpoints
+        from densefit.models import load_model
+        from densefit.retriever import load_training_examples
+        from densefit.train import train
+
+        c = self.config
+        config = c.train_config()
+        model_dir = self.out / "model"
+        started = self.out / "stages" / "train.started.json"
+        resume = False
+        resumed_from = None
+        previous = json.loads(started.read_text()) if started.is_file() else {}
+        if (
+            not self.force
+            and previous.get("fingerprint") == fp
+            and list_checkpoints(model_dir / "checkpoints")
+        ):
+            found = latest_checkpoint(model_dir / "checkpoints")
+            if found is not None:
+                resume, resumed_from = True, found.step
+                self.console.print(f"resuming the interrupted training from step {found.step}")
+        if not resume and model_dir.exists():
+            shutil.rmtree(model_dir)  # another run's model, log and checkpoints: start over
+        self._write_json(started, {"fingerprint": fp, "started_at": _stamp(time.time())})
+
+        if c.mine.method:
+            source, split = self.out / "mined.jsonl", c.train_split
+        else:
+            source, split = Path(c.train_data or c.data), c.train_split
+        examples = load_training_examples(source, on_bad_row=c.on_bad_row, split=split)
+        model = load_model(c.model, max_seq_length=config.max_seq_length)
+        self.console.print(f"training on {len(examples)} rows from {source}")
+        result = train(
+            model,
+            examples,
+            config,
+            output_dir=model_dir,
+            resume=resume,
+            on_step=lambda record: _train_step_hook(record),
+        )
+        if c.delete_checkpoints and (model_dir / "checkpoints").exists():
+            shutil.rmtree(model_dir / "checkpoints")
+        plan = result.plan
+        self.console.print(
+            f"{result.steps} steps, {result.examples} examples in {result.seconds:.0f}s, final "
+            f"loss {result.final_loss:.4f}; memory: {plan.get('strategy')} (chunk "
+            f"{plan.get('chunk_size')}); model saved to {model_dir}"
+        )
+        return {
+            "rows": len(examples),
+            "source": str(source),
+            "steps": result.steps,
+            "examples": result.examples,
+            "final_loss": result.final_loss,
+            "train_seconds": round(result.seconds, 2),
+            "plan": plan,
+            "skipped_nonfinite": result.skipped_nonfinite,
+            "resumed_from_step": resumed_from,
+            "config": config.to_dict(),
+        }
+
+    def _eval_base(self, fp: str) -> dict:
+        cache_dir = self.config.eval.cache_dir
+        cached = Path(cache_dir) / f"eval-{fp}.json" if cache_dir else None
+        if cached is not None and cached.is_file():
+            self.console.print(f"base evaluation reused from {cached} (same model, data, settings)")
+            full = json.loads(cached.read_text())
+            self._write_json(self.out / "eval" / "base.json", full)
+            return {**_summary(full), "reused_from": str(cached)}
+        summary = self._evaluate(self.config.model, "base")
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.out / "eval" / "base.json", cached)
+        return summary
+
+    def _eval_dataset(self):
+        """The eval split, its corpus cut to the seeded subsample when ``distractors`` is set."""
+        if self._beir is not None:
+            return self._beir
+        from densefit.data.corpus import BeirDataset, load_beir
+
+        c = self.config
+        beir = load_beir(c.data, c.eval.split, on_bad_row=c.on_bad_row)
+        total = len(beir.corpus)
+        corpus_info: dict = {"kind": "full", "documents": total, "corpus_documents": total}
+        if c.eval.distractors is not None:
+            judged = {d for docs in beir.qrels.values() for d in docs}
+            others = sorted(set(beir.corpus) - judged)
+            picked = set(
+                random.Random(c.eval.sample_seed).sample(
+                    others, min(c.eval.distractors, len(others))
+                )
+            )
+            corpus = {k: v for k, v in beir.corpus.items() if k in judged or k in picked}
+            beir = BeirDataset(corpus, beir.queries, beir.qrels, beir.judgments, beir.report)
+            corpus_info = {
+                "kind": "subsample",
+                "documents": len(corpus),
+                "corpus_documents": total,
+                "judged_documents": len(judged),
+                "distractors": len(picked),
+                "sample_seed": c.eval.sample_seed,
+            }
+        self._beir = (beir, corpus_info)
+        return self._beir
+
+    def _eval_max_seq_length(self, model) -> int:
+        """Both evaluations use the same length: eval.max_seq_length, else the base model's."""
+        if self.config.eval.max_seq_length is not None:
+            return self.config.eval.max_seq_length
+        base = self.markers.get("eval_base")
+        if base is not None:
+            return base["result"]["info"]["max_seq_length"]
+        return model.max_seq_length
+
+    def _evaluate(self, model_ref, name: str) -> dict:
+        from densefit.evaluate import evaluate_beir
+        from densefit.models import load_model
+
+        c = self.config
+        beir, corpus_info = self._eval_dataset()
+        model = load_model(model_ref)
+        model.max_seq_length = self._eval_max_seq_length(model)
+        t0 = time.perf_counter()
+        result = evaluate_beir(
+            model,
+            beir,
+            c.eval.split,
+            metrics=c.eval.metrics,
+            batch_size=c.eval.batch_size,
+            show_progress=c.progress,
+            name=name,
+        )
+        result.info.update(
+            dataset=str(c.data),
+            model=str(model_ref),
+            corpus=corpus_info,
+            max_seq_length=model.max_seq_length,
+            seconds=round(time.perf_counter() - t0, 2),
+        )
+        full = result.to_dict(per_query=True)
+        self._write_json(self.out / "eval" / f"{name}.json", full)
+        self.console.print(
+            f"{name}: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in result.metrics.items())
+            + f" ({describe_eval(result.info, result.n_queries)})"
+        )
+        return _summary(full)
+
+    def _report(self) -> dict:
+        from densefit.pipeline.report import write_report
+
+        report = write_report(self.out, self.config, self.markers, ran=list(self.result.ran))
+        return {"files": ["report.md", "report.json", "plots/"], "metrics": report["metrics"]}
+
+
+def _summary(full: dict) -> dict:
+    return {k: v for k, v in full.items() if k != "per_query"}
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def _check_dependencies(config: RunConfig) -> None:
+    """Fail before any work when an optional dependency of a stage is missing."""
+    import importlib.util
+
+    needed = [("pytrec_eval", "eval"), ("matplotlib", "report")]
+    if config.mine.method in ("bm25", "hybrid"):
+        needed.append(("bm25s", "mine"))
+    for module, extra in needed:
+        if importlib.util.find_spec(module) is None:
+            raise ImportError(f"densefit run needs {module}: pip install 'densefit[{extra}]'")
+
+
+def run_pipeline(config: RunConfig, *, force: bool = False, console=None) -> RunResult:
+    """Run every stage of ``config`` (skipping finished ones) and return what happened.
+
+    >>> from densefit.pipeline import load_run_config
+    >>> result = run_pipeline(load_run_config("examples/scifact.yaml"))  # doctest: +SKIP
+    >>> result.report["metrics"]["ndcg@10"]["delta"]  # doctest: +SKIP
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        return Pipeline(config, force=force, console=console).run()

@@ -1,0 +1,276 @@
+"""`densefit run` end to end on a tiny model and a generated BEIR folder: artefacts, report,
+resume after an interruption, re-running what a config change affects, config errors."""
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import densefit.evaluate
+from densefit.cli import app
+from densefit.pipeline import ConfigError, describe_keys, load_run_config, run_pipeline
+from densefit.pipeline import stages as stages_module
+
+REPO = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+TOPICS = [
+    "cell protein",
+    "python function",
+    "vaccine dose",
+    "heart blood",
+    "gene cancer",
+    "search index",
+]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: tiny steps are dominated by thread sync on a shared 2-core CPU."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A BEIR folder (train: 16 queries, test: 8, 30 documents) and a saved tiny model."""
+    from densefit.testing import tiny_model
+
+    root = tmp_path_factory.mktemp("pipeline")
+    beir = root / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    with (beir / "corpus.jsonl").open("w") as f:
+        for i, t in enumerate(TOPICS * 5):
+            f.write(json.dumps({"_id": f"d{i}", "title": t, "text": f"{t} text number {i}"}) + "\n")
+    with (beir / "queries.jsonl").open("w") as f:
+        for i, t in enumerate(TOPICS * 5):
+            f.write(json.dumps({"_id": f"q{i}", "text": f"what about {t} {i}"}) + "\n")
+    for split, ids in (("train", range(0, 16)), ("test", range(16, 24))):
+        lines = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t1" for i in ids]
+        (beir / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    tiny_model(root / "tiny-src").save(str(root / "model"))
+    return root
+
+
+def write_config(folder: Path, workspace: Path, extra: str = "", name: str = "run.yaml") -> Path:
+    path = folder / name
+    path.write_text(
+        f"data: {workspace / 'beir'}\n"
+        f"model: {workspace / 'model'}\n"
+        "progress: false\n"
+        "train:\n  batch_size: 4\n  max_seq_length: 32\n  memory_budget: 2GiB\n"
+        "eval:\n  distractors: 4\n  metrics: [ndcg@10, recall@10]\n" + extra
+    )
+    return path
+
+
+def test_run_writes_every_artefact_and_the_report_parses(workspace, tmp_path):
+    config = write_config(tmp_path, workspace, "mine:\n  method: bm25\n  range: '0:10'\n")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(config), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+
+    for rel in (
+        "report.md",
+        "report.json",
+        "config.yaml",
+        "mined.jsonl",
+        "eval/base.json",
+        "eval/trained.json",
+        "model/train_log.jsonl",
+    ):
+        assert (out / rel).is_file(), rel
+    for png in ("training", "resources", "metrics"):
+        assert (out / "plots" / f"{png}.png").read_bytes()[:8] == PNG
+    assert not (out / "model" / "checkpoints").exists()  # delete_checkpoints: true
+    from sentence_transformers import SentenceTransformer
+
+    assert SentenceTransformer(str(out / "model"), device="cpu").encode(["cell"]).shape == (1, 32)
+
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["metrics"]) == {"ndcg@10", "recall@10"}
+    for m in report["metrics"].values():
+        assert 0 <= m["base"] <= 1 and 0 <= m["trained"] <= 1
+        assert m["delta"] == pytest.approx(m["trained"] - m["base"], abs=1e-5)
+    data = report["data"]
+    assert (data["train_rows"], data["eval_queries"], data["mined_rows"]) == (16, 8, 16)
+    assert (data["eval_documents_searched"], data["judged_documents"], data["distractors"]) == (
+        12,
+        8,
+        4,
+    )
+    assert data["eval_queries_also_in_training"] == 0
+    assert report["memory_plan"]["strategy"] in ("plain", "cache", "checkpoint")
+    assert report["train"]["steps"] == 4
+    assert set(report["stages"]) == {"mine", "train", "eval_base", "eval_trained"}
+    assert all(s["status"] == "ran" and s["seconds"] >= 0 for s in report["stages"].values())
+    log = [
+        json.loads(line) for line in (out / "model" / "train_log.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    assert all(0 <= r["in_batch_accuracy"] <= 1 for r in log)
+
+    md = (out / "report.md").read_text()
+    for text in (
+        "## Results",
+        "ndcg@10",
+        "plots/training.png",
+        "### Memory plan",
+        "## Stages",
+        "## Data",
+        "## Config",
+        "12 of the 30 documents",
+    ):
+        assert text in md, text
+    # The printed table says what was evaluated.
+    assert "base vs trained" in result.stdout and "8 queries" in result.stdout
+    assert "12 of 30" in result.stdout and "4 random distractors" in result.stdout
+
+    again = run_pipeline(load_run_config(config, {"output": str(out)}))
+    assert again.ran == [] and again.skipped == [
+        "mine",
+        "train",
+        "eval_base",
+        "eval_trained",
+        "report",
+    ]
+
+
+def test_interrupted_after_training_the_rerun_skips_finished_stages(
+    workspace, tmp_path, monkeypatch
+):
+    config = load_run_config(write_config(tmp_path, workspace), {"output": str(tmp_path / "out")})
+    real_evaluate = densefit.evaluate.evaluate_beir
+
+    def dies_on_the_trained_model(model, dataset, split, **kw):
+        if kw.get("name") == "trained":
+            raise KeyboardInterrupt  # as if killed during the second evaluation
+        return real_evaluate(model, dataset, split, **kw)
+
+    monkeypatch.setattr(densefit.evaluate, "evaluate_beir", dies_on_the_trained_model)
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(config)
+    markers = tmp_path / "out" / "stages"
+    assert {p.name for p in markers.glob("*.json")} == {
+        "train.json",
+        "train.started.json",
+        "eval_base.json",
+    }
+    base_written = (tmp_path / "out" / "eval" / "base.json").stat().st_mtime_ns
+
+    monkeypatch.setattr(densefit.evaluate, "evaluate_beir", real_evaluate)
+    calls = []
+    monkeypatch.setattr(
+        importlib.import_module("densefit.train"), "train", lambda *a, **k: calls.append(a)
+    )  # a spy
+    result = run_pipeline(config)
+    assert calls == []  # training was not redone
+    assert result.skipped == ["train", "eval_base"] and result.ran == ["eval_trained", "report"]
+    assert (tmp_path / "out" / "eval" / "base.json").stat().st_mtime_ns == base_written
+    assert (tmp_path / "out" / "report.json").is_file()
+
+
+def test_training_killed_mid_run_resumes_from_its_checkpoint(workspace, tmp_path, monkeypatch):
+    config = load_run_config(
+        write_config(tmp_path, workspace, "delete_checkpoints: false\n"),
+        {"output": str(tmp_path / "out"), "train.checkpoint_every": 1},
+    )
+
+    def interrupt(record):
+        if record["step"] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(stages_module, "_train_step_hook", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(config)
+    assert not (tmp_path / "out" / "stages" / "train.json").exists()
+    monkeypatch.setattr(stages_module, "_train_step_hook", lambda record: None)
+
+    result = run_pipeline(config)
+    train = result.markers["train"]["result"]
+    assert train["resumed_from_step"] == 2 and train["steps"] == 4
+    log = (tmp_path / "out" / "model" / "train_log.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in log] == [1, 2, 3, 4]  # each step logged once
+    assert "Resumed after an interruption" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_changed_config_reruns_the_stages_it_affects(workspace, tmp_path):
+    path = write_config(tmp_path, workspace)
+    out = {"output": str(tmp_path / "out")}
+    first = run_pipeline(load_run_config(path, out))
+    assert first.ran == ["train", "eval_base", "eval_trained", "report"]
+
+    metrics = run_pipeline(load_run_config(path, {**out, "eval.metrics": ["ndcg@10", "mrr@10"]}))
+    assert metrics.skipped == ["train"] and metrics.ran == ["eval_base", "eval_trained", "report"]
+    assert set(metrics.report["metrics"]) == {"ndcg@10", "mrr@10"}
+
+    lr = run_pipeline(
+        load_run_config(
+            path, {**out, "eval.metrics": ["ndcg@10", "mrr@10"], "train.learning_rate": 1e-3}
+        )
+    )
+    assert lr.skipped == ["eval_base"] and lr.ran == ["train", "eval_trained", "report"]
+    assert lr.report["config"]["train"]["learning_rate"] == 1e-3
+
+
+def test_flags_alone_run_and_reuse_the_base_evaluation_of_another_folder(workspace, tmp_path):
+    path = write_config(tmp_path, workspace, f"  cache_dir: {tmp_path / 'cache'}\n")
+    first = run_pipeline(load_run_config(path, {"output": str(tmp_path / "a")}))
+    assert "eval_base" in first.ran
+    args = ["run", "--data", str(workspace / "beir"), "--model", str(workspace / "model"),
+            "--output", str(tmp_path / "b"), "--batch-size", "4", "--max-steps", "1",
+            "--max-seq-length", "32", "--memory-budget", "2GiB", "--distractors", "4",
+            "--set", "eval.metrics=[ndcg@10, recall@10]",
+            "--set", f"eval.cache_dir={tmp_path / 'cache'}", "--no-progress"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    second = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert second["train"]["steps"] == 1  # the flags were used
+    assert second["stages"]["eval_base"]["status"] == (
+        f"reused from {tmp_path / 'cache'}/eval-{first.markers['eval_base']['fingerprint']}.json"
+    )
+    assert second["metrics"]["ndcg@10"]["base"] == first.report["metrics"]["ndcg@10"]["base"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("train:\n  batch_sise: 8\n", ["train.batch_sise", "did you mean train.batch_size"]),
+        ("evaluation:\n  split: test\n", ["'evaluation'", "known keys"]),
+        ("eval:\n  distractors: many\n", ["eval.distractors must be an integer or null"]),
+        ("train: {batch_size: 4\n", ["not valid YAML"]),
+        ("mine:\n  method: tfidf\n", ["mine.method must be null, bm25, dense or hybrid"]),
+        ("train:\n  show_progress: false\n", ["top-level key `progress`"]),
+        ("eval:\n  split: train\n", ["evaluate on a held-out split"]),
+    ],
+)
+def test_bad_config_is_a_clear_error_naming_file_and_key(workspace, tmp_path, text, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"data: {workspace / 'beir'}\n{text}")
+    with pytest.raises(ConfigError) as info:
+        load_run_config(path)
+    message = str(info.value)
+    assert message.startswith(str(path))
+    for part in expected:
+        assert part in message, message
+    result = runner.invoke(app, ["run", str(path)])
+    assert result.exit_code == 2 and "error:" in result.output and "Traceback" not in result.output
+
+
+def test_every_config_key_is_documented_in_the_code_and_the_readme():
+    readme = (REPO / "README.md").read_text()
+    for key, _, doc in describe_keys():
+        assert doc, f"{key} has no documentation in KEY_DOCS"
+        assert f"`{key}`" in readme, f"README does not document {key}"
+
+
+def test_the_bundled_example_config_loads():
+    config = load_run_config(REPO / "examples" / "scifact.yaml")
+    assert Path(config.data) == REPO / "examples" / "scifact"
+    assert config.train_config().memory == "auto" and config.eval.distractors is not None
