@@ -115,11 +115,17 @@ def main(spec: dict) -> dict:
     }
 
     if spec["impl"] == "densefit":
-        release = spec.get("release_cpu_memory", True)
+        release = spec.get("release_cpu_memory", TrainConfig().release_cpu_memory)  # as train()
         if device == "cpu" and release == "trim":  # glibc's default threshold, trims only
             from densefit.memory.allocator import enable_trim
 
             enable_trim()
+        elif device == "cpu" and release == "fixed-notrim":  # threshold fixed, no per-chunk trim
+            import densefit.memory.strategies as strategies_module
+            from densefit.memory.allocator import release_freed_memory_promptly
+
+            release_freed_memory_promptly()
+            strategies_module.trim = lambda: False
         elif device == "cpu" and release:
             from densefit.memory.allocator import release_freed_memory_promptly
 

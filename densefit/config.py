@@ -63,7 +63,10 @@ class TrainConfig:
     loss_chunk_size: int | None = None  # anchors per block of the MNRL score matrix
     memory_budget: str | None = None  # e.g. "8GiB", for --memory auto
     sort_by_length: bool = True
-    release_cpu_memory: bool = True  # glibc: return freed activations to the OS (CPU runs)
+    # glibc on CPU: fix the mmap threshold and trim the heap after each chunk: ~20-35% less
+    # activation memory for the cache, ~25-40% slower steps (bench/results/allocator.md). Off
+    # by default; turn it on when memory, not time, is what runs out.
+    release_cpu_memory: bool = False
     mask_false_negatives: bool = True  # mask duplicates / known positives in MNRL
     no_duplicates: bool = False  # batches without repeated texts (same count and sizes)
     max_seq_length: int | None = None
