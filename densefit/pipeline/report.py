@@ -228,21 +228,11 @@ def write_report(out: Path, config: RunConfig, markers: dict, *, ran: list[str])
     """Write report.json, report.md and the plots from the stage markers; return the JSON."""
     import yaml
 
-    from densefit.evaluate import EvalResult, compare_results
-    from densefit.pipeline.stages import STAGES, describe_eval
+    from densefit.evaluate import compare_results
+    from densefit.pipeline.stages import STAGES, describe_eval, load_eval_results
 
     out = Path(out)
-    evals = {}
-    for name in ("base", "trained"):
-        d = json.loads((out / "eval" / f"{name}.json").read_text())
-        evals[name] = EvalResult(
-            d["name"],
-            d["metrics"],
-            d["per_query"],
-            d["n_queries"],
-            d.get("missing_queries", []),
-            d.get("info", {}),
-        )
+    evals = dict(zip(("base", "trained"), load_eval_results(out)))
     comparison = compare_results(evals["base"], evals["trained"])
     metrics = {
         m: {

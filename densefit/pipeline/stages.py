@@ -132,22 +132,7 @@ class RunResult:
 
     def eval_results(self):
         """The base and trained :class:`~densefit.evaluate.EvalResult` from OUTPUT/eval."""
-        from densefit.evaluate import EvalResult
-
-        out = []
-        for name in ("base", "trained"):
-            d = json.loads((self.output / "eval" / f"{name}.json").read_text())
-            out.append(
-                EvalResult(
-                    d["name"],
-                    d["metrics"],
-                    d["per_query"],
-                    d["n_queries"],
-                    d.get("missing_queries", []),
-                    d.get("info", {}),
-                )
-            )
-        return out
+        return load_eval_results(self.output)
 
     def table(self, title: str | None = None):
         """The before/after table (rich), captioned with what was evaluated."""
@@ -608,3 +593,15 @@ def run_pipeline(config: RunConfig, *, force: bool = False, console=None) -> Run
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)
         return Pipeline(config, force=force, console=console).run()
+
+
+def load_eval_results(output: Path) -> list:
+    """The base and trained :class:`~densefit.evaluate.EvalResult` saved in ``output/eval``."""
+    from densefit.evaluate import EvalResult
+
+    out = []
+    for name in ("base", "trained"):
+        d = json.loads((Path(output) / "eval" / f"{name}.json").read_text())
+        out.append(EvalResult(d["name"], d["metrics"], d["per_query"], d["n_queries"],
+                              d.get("missing_queries", []), d.get("info", {})))
+    return out
