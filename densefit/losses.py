@@ -95,7 +95,7 @@ def chunked_cross_entropy(
     if chunk_size is None or chunk_size >= q.shape[0]:
         scores = (q @ k.T).float() * scale  # (n, m)
         if mask is not None:
-            scores = scores.masked_fill(mask if isinstance(mask, torch.Tensor) else mask[:], float("-inf"))
+            scores = scores.masked_fill(mask[:], float("-inf"))  # a tensor or a CandidateMask
         return F.cross_entropy(scores, labels)
     return _ChunkedCrossEntropy.apply(q, k, labels, mask, float(scale), int(chunk_size))
 

@@ -2,12 +2,11 @@
 
 glibc raises its mmap threshold each time a large block is freed, so later activations are
 served from the heap, where blocks of varying sizes (chunks padded to different lengths)
-fragment it: the process keeps freed memory and its RSS grows with the number of chunks.
-A fixed threshold serves every block above it with mmap and unmaps it when freed; a
-``malloc_trim`` after each chunk returns what the small blocks left in the heap.
-Measured with the gradient cache on all-MiniLM-L6-v2 (batch 128, chunks of 32; noisy
-shared-CPU timings, bench/results/allocator.md): SciFact 1,695 MiB of activation memory with
-glibc's default, 1,141 MiB fixed + trim (step +13%); pydoc 2,502 -> 1,905 MiB.
+fragment it. A fixed threshold serves every block above it with mmap and unmaps it when
+freed; a ``malloc_trim`` after each chunk returns what the small blocks left in the heap.
+Measured on a quiet machine (gradient cache, chunks of 32, README "Benchmarks"): 22-34% less
+activation memory for 23-48% slower steps, so training applies it only with
+``TrainConfig(release_cpu_memory=True)``.
 """
 
 from __future__ import annotations
@@ -46,13 +45,10 @@ def release_freed_memory_promptly(threshold_bytes: int = 1 << 20) -> bool:
 
 
 def trim() -> bool:
-    """Return free heap pages to the OS now (glibc ``malloc_trim``), once prompt release is on.
+    """Return free heap pages to the OS now (glibc ``malloc_trim``), once release is on.
 
-    The tokenizer frees its working memory in many small blocks that stay in the heap:
-    tokenising 4,096 NFCorpus abstracts leaves ~270 MiB of RSS behind, for the whole step,
-    under activations that could never reuse it (they are above the mmap threshold). A trim
-    after tokenising gives it back (measured: +269 MiB -> +6 MiB). A no-op unless
-    :func:`release_freed_memory_promptly` was applied (CPU training does).
+    A no-op unless :func:`release_freed_memory_promptly` or :func:`enable_trim` was applied
+    (training does with ``release_cpu_memory=True``).
     """
     if not (_done or _trim["on"]):
         return False

@@ -149,12 +149,24 @@ def _environment() -> dict:
 # ----------------------------------------------------------------------------- plots
 
 
+
+def _save_step_plots(fig, axes, path: Path) -> None:
+    """Grid, integer step ticks, tight layout; save and close."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
 def _plots(out: Path, log: list[dict], metrics: dict, names: tuple[str, str], caption: str) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
     folder = out / "plots"
     folder.mkdir(parents=True, exist_ok=True)
@@ -173,12 +185,7 @@ def _plots(out: Path, log: list[dict], metrics: dict, names: tuple[str, str], ca
         ylabel="accuracy",
         ylim=(0, 1.02),
     )
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
-    fig.savefig(folder / "training.png", dpi=110)
-    plt.close(fig)
+    _save_step_plots(fig, (ax1, ax2), folder / "training.png")
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     ax1.plot(*series("peak_rss_mb"), marker=".", label="peak RSS (process)")
@@ -189,12 +196,7 @@ def _plots(out: Path, log: list[dict], metrics: dict, names: tuple[str, str], ca
     ax1.legend()
     ax2.plot(*series("examples_per_s"), marker=".", color="tab:orange")
     ax2.set(title="throughput", xlabel="step", ylabel="examples / s")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
-    fig.savefig(folder / "resources.png", dpi=110)
-    plt.close(fig)
+    _save_step_plots(fig, (ax1, ax2), folder / "resources.png")
 
     labels = list(metrics)
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(labels) + 2), 3.8))
