@@ -63,8 +63,8 @@ class TrainConfig:
     loss_chunk_size: int | None = None  # anchors per block of the MNRL score matrix
     memory_budget: str | None = None  # e.g. "8GiB", for --memory auto
     sort_by_length: bool = True
-    # glibc on CPU: fix the mmap threshold and trim the heap after each chunk: ~20-35% less
-    # activation memory for the cache, ~25-40% slower steps (bench/results/allocator.md). Off
+    # glibc on CPU: fix the mmap threshold and trim the heap after each chunk: 23-33% less
+    # activation memory for the cache, -10% to +26% step time (bench/results/allocator.md). Off
     # by default; turn it on when memory, not time, is what runs out.
     release_cpu_memory: bool = False
     mask_false_negatives: bool = True  # mask duplicates / known positives in MNRL

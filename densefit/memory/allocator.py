@@ -4,8 +4,9 @@ glibc raises its mmap threshold each time a large block is freed, so later activ
 served from the heap, where blocks of varying sizes (chunks padded to different lengths)
 fragment it. A fixed threshold serves every block above it with mmap and unmaps it when
 freed; a ``malloc_trim`` after each chunk returns what the small blocks left in the heap.
-Measured on a quiet machine (gradient cache, chunks of 32, README "Benchmarks"): 22-34% less
-activation memory for 23-48% slower steps, so training applies it only with
+Measured on a quiet machine (bench/results/allocator.md: gradient cache, batch 128, chunks of
+32): 23-33% less activation memory, +26% step time on SciFact, -10% on pydoc; training applies
+it only with
 ``TrainConfig(release_cpu_memory=True)``.
 """
 
