@@ -6,7 +6,8 @@ Usage (called by the bench scripts, one process per point):
 Prints one JSON line with peak RSS, activation memory (peak RSS minus RSS once the model,
 its gradients and AdamW's state exist), step times and padding efficiency.
 
-Methods: densefit plain | checkpoint | cache | cache+checkpoint | auto, and the
+Methods: densefit plain | checkpoint | cache | cache+checkpoint | auto | cache-nokeep (the
+cache with keep_graphs=0: every chunk re-embedded, as in GradCache), and the
 sentence-transformers peers st-mnrl | st-mnrl-gc | st-cmnrl, each driven the way
 SentenceTransformerTrainer drives them (its collator pads each column to its longest text,
 then loss(features, labels).backward(), clip, AdamW step).
@@ -95,13 +96,14 @@ def main(spec: dict) -> dict:
     torch.manual_seed(0)
     config = TrainConfig(
         batch_size=B,
-        memory=spec["method"] if spec["impl"] == "densefit" else "plain",
+        memory=spec["method"].removesuffix("-nokeep") if spec["impl"] == "densefit" else "plain",
         chunk_size=spec.get("chunk_size"),
         memory_budget=spec.get("memory_budget"),
         max_seq_length=spec["max_seq_length"],
         show_progress=False,
         learning_rate=1e-5,
         token_budget=spec.get("token_budget"),
+        keep_graphs=spec.get("keep_graphs"),
     )
     optimizer = _optimizer(model, config)
     materialize_optimizer(model, optimizer)
@@ -143,6 +145,7 @@ def main(spec: dict) -> dict:
                 memory_plan.strategy,
                 None if memory_plan.token_budget else memory_plan.chunk_size,
                 token_budget=memory_plan.token_budget,
+                keep_graphs=memory_plan.keep_graphs,
             )
         else:
             strategy, plan = build_strategy(model, rows, config)
@@ -159,6 +162,7 @@ def main(spec: dict) -> dict:
                 "chunk_size",
                 "token_budget",
                 "loss_chunk_size",
+                "keep_graphs",
                 "predicted_peak_bytes",
             )
         }

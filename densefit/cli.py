@@ -130,6 +130,9 @@ def train(
     chunk_size: int | None = typer.Option(None, help="Rows per encoder chunk (cache strategies)."),
     token_budget: int | None = typer.Option(None, help="Padded tokens per encoder chunk."),
     loss_chunk_size: int | None = typer.Option(None, help="Anchors per block of the score matrix."),
+    keep_graphs: int | None = typer.Option(
+        None, help="Cache: chunks whose graphs are kept, not re-embedded (default 1: no extra memory)."
+    ),
     gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="Recompute activations in backward."),
     grad_accum: int = typer.Option(1, help="Gradient accumulation steps (does NOT add negatives)."),
     amp: Amp | None = typer.Option(None, help="Mixed precision: bf16 (CPU/CUDA) or fp16 (CUDA)."),
@@ -171,7 +174,7 @@ def train(
             batch_size=batch_size, epochs=epochs, max_steps=max_steps, learning_rate=lr,
             warmup_steps=warmup, loss=loss.value, scale=scale, symmetric=symmetric,
             memory=memory.value, memory_budget=memory_budget, chunk_size=chunk_size,
-            token_budget=token_budget, loss_chunk_size=loss_chunk_size,
+            token_budget=token_budget, loss_chunk_size=loss_chunk_size, keep_graphs=keep_graphs,
             gradient_checkpointing=gradient_checkpointing, gradient_accumulation_steps=grad_accum,
             amp=amp.value if amp else None, max_seq_length=max_seq_length, seed=seed,
             mask_false_negatives=mask_false_negatives, no_duplicates=no_duplicates,

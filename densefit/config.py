@@ -61,6 +61,9 @@ class TrainConfig:
     chunk_size: int | None = None  # rows per encoder chunk
     token_budget: int | None = None  # padded tokens per encoder chunk
     loss_chunk_size: int | None = None  # anchors per block of the MNRL score matrix
+    # cache: chunks whose first-pass graphs are kept, not re-embedded (1 costs no memory);
+    # None: 1, or as many as memory_budget allows with --memory auto
+    keep_graphs: int | None = None
     memory_budget: str | None = None  # e.g. "8GiB", for --memory auto
     sort_by_length: bool = True
     # glibc on CPU: fix the mmap threshold and trim the heap after each chunk: 23-33% less

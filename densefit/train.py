@@ -227,11 +227,13 @@ def build_strategy(
         strategy = make_strategy(
             plan.strategy, None if plan.token_budget else plan.chunk_size,
             token_budget=plan.token_budget, sort_by_length=config.sort_by_length,
+            keep_graphs=plan.keep_graphs if config.keep_graphs is None else config.keep_graphs,
         )
         return strategy, plan.to_dict()
     strategy = make_strategy(
         name, config.chunk_size, token_budget=config.token_budget,
         sort_by_length=config.sort_by_length,
+        keep_graphs=1 if config.keep_graphs is None else config.keep_graphs,
     )
     return strategy, {"chosen_by": "user", **strategy.describe()}
 

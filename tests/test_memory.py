@@ -164,3 +164,43 @@ def test_chunk_features_do_not_keep_model_outputs(tiny, name):
     strategy.forward_backward(tiny, columns, lambda emb: mnrl(emb[0], emb[1]))
     assert seen and all(set(c.features) <= {"input_ids", "attention_mask", "token_type_ids", "modality"}
                         for c in seen)
+
+
+@pytest.mark.parametrize("keep", [0, 2, 100])
+def test_kept_graphs_give_the_same_gradients(tiny, keep):
+    """Chunks whose first-pass graph is kept need no replay: gradients stay exact."""
+    ref, ref_grads = run(tiny, "plain", 4)
+    for name in ("cache", "cache+checkpoint"):
+        stats, got = run(tiny, name, 4, keep_graphs=keep)
+        assert abs(stats.loss - ref.loss) < 1e-5
+        torch.testing.assert_close(got, ref_grads, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("keep", [0, 1, 3, 100])
+def test_kept_chunks_are_not_embedded_again(tiny, keep):
+    model = copy.deepcopy(tiny)
+    calls = []
+    model.register_forward_hook(lambda module, args, out: calls.append(torch.is_grad_enabled()))
+    strategy = make_strategy("cache", 4, keep_graphs=keep)
+    stats = strategy.forward_backward(model, COLUMNS, loss_fn)
+    n = stats.chunks  # 3 + 3 + 6 chunks of 4 rows
+    kept = min(keep, n)
+    assert len(calls) == 2 * n - kept
+    assert calls[:n] == [False] * (n - kept) + [True] * kept  # the last chunks keep their graph
+
+
+def test_kept_graph_of_a_column_the_loss_ignores_is_dropped(tiny):
+    strategy = make_strategy("cache", 4, keep_graphs=2)
+    model = copy.deepcopy(tiny)
+    stats = strategy.forward_backward(model, COLUMNS, lambda emb: mnrl(emb[0], emb[1]))
+    assert stats.chunks == 12
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_halve_drops_kept_graphs_before_the_chunk():
+    s = make_strategy("cache", 4, keep_graphs=4)
+    assert s.halve() and (s.keep_graphs, s.chunk_size) == (2, 4)
+    assert s.halve() and (s.keep_graphs, s.chunk_size) == (1, 4)
+    assert s.halve() and (s.keep_graphs, s.chunk_size) == (1, 2)
+    with pytest.raises(ValueError, match="keep_graphs"):
+        make_strategy("cache", 4, keep_graphs=-1)

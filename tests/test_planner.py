@@ -97,3 +97,38 @@ def test_group_rows_is_what_make_chunks_runs(tiny):
     for kw in ({"chunk_size": 8}, {"token_budget": 100}, {"chunk_size": 16, "sort_by_length": False}):
         chunks = make_chunks(features, **kw)
         assert [c.index.tolist() for c in chunks] == group_rows(lengths, **kw)
+
+
+def test_cache_keeps_as_many_chunk_graphs_as_the_budget_allows():
+    from densefit.memory.planner import _RELATIVE_TIME
+    from densefit.testing import tiny_model
+
+    model = tiny_model()
+    act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
+    plans = [plan_memory(model, ROWS, TrainConfig(batch_size=1024, memory_budget=b), activation_model=act)
+             for b in ("10MiB", "12MiB", "16MiB")]
+    assert [p.strategy for p in plans] == ["cache"] * 3
+    keeps = [p.keep_graphs for p in plans]
+    assert keeps == sorted(keeps) and keeps[0] >= 1 and keeps[-1] > keeps[0]
+    for p in plans:
+        assert p.predicted_peak_bytes <= p.budget_bytes
+        chosen = next(c for c in p.candidates if c["strategy"] == "cache")
+        assert chosen["keep_graphs"] == p.keep_graphs
+        assert chosen["relative_time"] < _RELATIVE_TIME["cache"]  # kept chunks are not re-embedded
+        assert "graph(s) kept" in p.table()
+    times = [next(c for c in p.candidates if c["strategy"] == "cache")["relative_time"] for p in plans]
+    assert times[-1] < times[0]
+
+
+def test_auto_strategy_carries_the_planned_kept_graphs(tiny):
+    from densefit.train import build_strategy
+
+    rows = ROWS * 82  # one batch of 4,096
+    config = TrainConfig(batch_size=4096, memory_budget="40MiB", memory="auto", show_progress=False)
+    strategy, plan = build_strategy(tiny, rows, config)
+    assert plan["strategy"] == "cache"
+    assert strategy.keep_graphs == plan["keep_graphs"] >= 1
+    import dataclasses
+
+    strategy, _ = build_strategy(tiny, rows, dataclasses.replace(config, keep_graphs=0))
+    assert strategy.keep_graphs == 0

@@ -7,10 +7,11 @@ It probes the model on the data's real length distribution:
 - CUDA: ``torch.cuda.max_memory_allocated`` around a forward and backward.
 
 and adds what does not depend on the batch: parameters, gradients and AdamW's two moments.
-Then: ``plain`` when the whole batch fits, else ``cache`` with the largest chunk that fits
-(chunks are capped in padded tokens, so a chunk of long texts never exceeds the plan),
-else ``cache+checkpoint``. Speed order: plain (3 passes' worth of work) is faster than
-cache and checkpoint (4), which are faster than cache+checkpoint (5).
+Then the fastest candidate that fits: ``plain`` when the whole batch fits; else
+``checkpoint`` or ``cache`` with the largest chunk that fits (chunks are capped in padded
+tokens, so a chunk of long texts never exceeds the plan), keeping as many chunk graphs from
+the cache's first pass as the rest of the budget holds (those chunks are not re-embedded);
+else ``cache+checkpoint``. Costs are relative step times measured on CPU (below).
 """
 
 from __future__ import annotations
@@ -58,10 +59,13 @@ def auto_loss_chunk(batch_size: int, n_negatives: int = 0) -> int | None:
         return None
     return max(1, _LOSS_BLOCK_ELEMENTS // candidates)
 
-# Relative cost of one step, in forward-pass units (backward ~ 2 forwards).
-# Checkpointing measured +6..30% over plain at batches 64-256 (bench/results/checkpointing.md),
-# the cache +3..41% and slower with small chunks (memory_speed.md): checkpointing wins ties.
-_RELATIVE_TIME = {"plain": 3.0, "checkpoint": 3.9, "cache": 4.0, "cache+checkpoint": 5.0}
+# Relative cost of one step, in forward-pass units (plain: a forward and a backward ~ 3).
+# Measured on CPU (bench/results/memory_speed.md, batch 64, 3 steps, SciFact@128 and
+# pydoc@256): checkpointing 1.48-1.57x plain, the cache re-embedding every chunk 1.49-1.54x.
+# Each chunk whose graph the cache keeps is not re-embedded: with one kept chunk (no extra
+# memory) it was 1.30-1.34x plain. A kept share s of the padded tokens saves _RECOMPUTE * s.
+_RELATIVE_TIME = {"plain": 3.0, "checkpoint": 4.5, "cache": 4.5, "cache+checkpoint": 6.0}
+_RECOMPUTE = 1.5
 # Backward briefly holds activation gradients next to the saved tensors: keep headroom.
 # Measured (bench/results/memory_speed.md, all-MiniLM-L6-v2 on CPU, batches 16-256): a
 # training step's peak RSS above the model and optimizer is 1.15-1.27x the bytes saved for
@@ -124,6 +128,7 @@ class MemoryPlan:
     lengths: dict = field(default_factory=dict)
     candidates: list[dict] = field(default_factory=list)
     chosen_by: str = "planner"
+    keep_graphs: int = 1  # cache: chunks whose first-pass graphs are kept (not re-embedded)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,17 +138,21 @@ class MemoryPlan:
         lines = [
             f"batch size {self.batch_size}, budget {self.budget_bytes / gib:.2f} GiB "
             f"(static: params + grads + AdamW {self.static_bytes / gib:.2f} GiB)",
-            f"{'strategy':<18}{'chunk':>8}{'tokens/chunk':>14}{'peak GiB':>10}  fits",
+            f"{'strategy':<18}{'chunk':>8}{'tokens/chunk':>14}{'kept':>6}{'peak GiB':>10}"
+            f"{'rel. time':>11}  fits",
         ]
         for c in self.candidates:
             lines.append(
                 f"{c['strategy']:<18}{str(c['chunk_size'] or '-'):>8}"
-                f"{str(c['token_budget'] or '-'):>14}{c['peak_bytes'] / gib:>10.2f}  "
+                f"{str(c['token_budget'] or '-'):>14}{str(c.get('keep_graphs') or '-'):>6}"
+                f"{c['peak_bytes'] / gib:>10.2f}{c.get('relative_time', 0):>11.2f}  "
                 f"{'yes' if c['fits'] else 'no'}"
             )
+        kept = f", {self.keep_graphs} graph(s) kept" if self.strategy.startswith("cache") else ""
         lines.append(
             f"-> {self.strategy}"
-            + (f", chunk {self.chunk_size} rows / {self.token_budget} tokens" if self.chunk_size else "")
+            + (f", chunk {self.chunk_size} rows / {self.token_budget} tokens{kept}"
+               if self.chunk_size else "")
             + f", predicted peak {self.predicted_peak_bytes / gib:.2f} GiB: {self.reason}"
         )
         return "\n".join(lines)
@@ -369,6 +378,30 @@ def plan_memory(
             return max(batch_bytes(b, checkpoint) for b in batches)
         return worst_case_bytes(checkpoint)
 
+    def chunk_tokens(token_budget: int) -> list[list[int]]:
+        """Padded tokens of each chunk, in training's order, for each batch of this run.
+
+        Chunks are formed as training forms them, for the batches of this run (the first
+        64: the shares vary little), else for the longest texts of the data in one batch.
+        """
+        if batches is not None and lengths.exact:
+            batch_columns = [
+                [c for c in ([lengths.anchors[i] for i in rows], [lengths.positives[i] for i in rows],
+                             [n for i in rows for n in lengths.negatives[i]]) if c]
+                for rows in list(batches)[:64]
+            ]
+        else:
+            batch_columns = [[sorted(v, reverse=True)[: B if k != "negatives" else n_candidates - B]
+                              for k, v in columns.items()]]
+        return [[len(g) * max(col[i] for i in g)
+                 for col in cols for g in group_rows(col, token_budget=token_budget)]
+                for cols in batch_columns]
+
+    def kept_share(per_batch: list[list[int]], keep: int) -> float:
+        """Mean share of a batch's padded tokens in its last ``keep`` chunks."""
+        return sum(sum(t[len(t) - min(keep, len(t)):]) / max(1, sum(t))
+                   for t in per_batch) / len(per_batch)
+
     def chunk_peak(tokens: int, checkpoint: bool) -> float:
         length = max(longest.values())
         chunk_rows = max(1, tokens // length)
@@ -384,7 +417,8 @@ def plan_memory(
     for name in ("plain", "checkpoint"):
         p = peak(whole_batch(name == "checkpoint"))
         candidates.append({"strategy": name, "chunk_size": sub_batch, "token_budget": None,
-                           "peak_bytes": p, "fits": p <= budget})
+                           "keep_graphs": None, "peak_bytes": p, "fits": p <= budget,
+                           "relative_time": _RELATIVE_TIME[name]})
     length = max(longest.values())
     largest = B if device.type != "cpu" else min(B, _CPU_MAX_CHUNK_ROWS)
     sizes = [2**i for i in range(0, int(math.log2(max(1, largest))) + 1)]
@@ -397,11 +431,21 @@ def plan_memory(
         if best is None:
             p = peak(chunk_peak(length, name == "cache+checkpoint"))
             candidates.append({"strategy": name, "chunk_size": 1, "token_budget": length,
-                               "peak_bytes": p, "fits": False})
-        else:
-            candidates.append({"strategy": name, "chunk_size": best[0],
-                               "token_budget": best[0] * length, "peak_bytes": best[1],
-                               "fits": True})
+                               "keep_graphs": 1, "peak_bytes": p, "fits": False,
+                               "relative_time": _RELATIVE_TIME[name]})
+            continue
+        # One kept graph costs nothing over the recompute (one chunk's graph is alive at a
+        # time either way); each further kept graph adds a chunk's activations.
+        size = best[0]
+        graph = _HEADROOM * chunk_peak(size * length, name == "cache+checkpoint")
+        per_batch = chunk_tokens(size * length)
+        most = max(len(t) for t in per_batch)  # keeping more graphs than chunks saves nothing
+        keep = min(most, 1 + max(0, int((budget - best[1]) // max(1.0, graph))))
+        share = kept_share(per_batch, keep)
+        candidates.append({"strategy": name, "chunk_size": size, "token_budget": size * length,
+                           "keep_graphs": keep, "peak_bytes": int(best[1] + (keep - 1) * graph),
+                           "fits": True,
+                           "relative_time": _RELATIVE_TIME[name] - _RECOMPUTE * share})
 
     fitting = [c for c in candidates if c["fits"]]
     if not fitting:
@@ -413,9 +457,12 @@ def plan_memory(
             "use a smaller model"
         )
 
+    order = list(_RELATIVE_TIME)
+
     def cost(c: dict) -> tuple:
-        # fewer, larger chunks run faster; plain beats everything that fits
-        return (_RELATIVE_TIME[c["strategy"]], -(c["token_budget"] or c["chunk_size"] or B))
+        # fewer, larger chunks run faster; on a tie the simpler strategy wins
+        return (round(c["relative_time"], 3), order.index(c["strategy"]),
+                -(c["token_budget"] or c["chunk_size"] or B))
 
     chosen = min(fitting, key=cost)
     basis = ("the largest batch of this run" if batches is not None and lengths.exact
@@ -442,4 +489,5 @@ def plan_memory(
                      "rows_measured": len(lengths.anchors), "exact": lengths.exact}
                  for k, v in columns.items()},
         candidates=candidates,
+        keep_graphs=chosen.get("keep_graphs") or 1,
     )

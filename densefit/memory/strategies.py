@@ -204,43 +204,84 @@ class PlainStrategy(MemoryStrategy):
 
 
 class CachedStrategy(MemoryStrategy):
-    """The exact gradient cache: memory O(chunk), gradients equal to the full batch's."""
+    """The exact gradient cache: memory O(chunk), gradients equal to the full batch's.
+
+    The last ``keep_graphs`` chunks of the first pass are embedded with their graphs kept,
+    so the second pass back-propagates through them directly instead of re-embedding them.
+    One kept chunk costs no memory over the classic cache (one chunk's graph is alive at a
+    time either way, only earlier: next to the loss instead of after it) and saves one
+    chunk's forward pass per step; more kept chunks trade memory for speed (the planner
+    keeps as many as the budget allows). ``keep_graphs=0`` is the classic gradient cache.
+    """
 
     name = "cache"
+
+    def __init__(self, chunk_size=None, *, keep_graphs: int = 1, **kwargs):
+        super().__init__(chunk_size, **kwargs)
+        if keep_graphs < 0:
+            raise ValueError(f"keep_graphs must be >= 0, got {keep_graphs}")
+        self.keep_graphs = keep_graphs
+
+    def describe(self) -> dict:
+        return {**super().describe(), "keep_graphs": self.keep_graphs}
+
+    def halve(self) -> bool:
+        """After an out-of-memory error: keep half as many graphs, then halve the chunk."""
+        if self.keep_graphs > 1:
+            self.keep_graphs //= 2
+            return True
+        return super().halve()
 
     def forward_backward(self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None):
         chunked = self.chunk_columns(model, columns)
         device = model.device
+        order = [(col, i) for col, chunks in enumerate(chunked) for i in range(len(chunks))]
+        kept_ids = set(order[len(order) - min(self.keep_graphs, len(order)):])
 
-        # 1. Embed every chunk without a graph, remembering its RNG state for the replay.
+        # 1. Embed every chunk without a graph, remembering its RNG state for the replay;
+        #    the last keep_graphs chunks keep their graphs (they are not re-embedded).
         rng: list[list[_RngState]] = []
+        kept: dict[tuple[int, int], torch.Tensor] = {}
         cache_inputs = []
-        with torch.no_grad():
-            for texts, chunks in zip(columns, chunked):
-                states, pieces = [], []
-                for c in chunks:
-                    states.append(_RngState(device))
-                    with autocast():
-                        pieces.append(_embed(model, c.features))
-                rng.append(states)
+        for col, (texts, chunks) in enumerate(zip(columns, chunked)):
+            states, pieces = [], []
+            for i, c in enumerate(chunks):
+                states.append(_RngState(device))
+                keep = (col, i) in kept_ids
+                with torch.set_grad_enabled(keep), autocast():
+                    emb = _embed(model, c.features)
+                if keep:
+                    kept[col, i] = emb
+                    emb = emb.detach()
+                pieces.append(emb)
+            rng.append(states)
+            with torch.no_grad():
                 if chunks:
                     reps = _scatter(pieces, chunks, len(texts)).float()
                 else:
                     reps = torch.empty(0, device=device)
-                cache_inputs.append(reps.requires_grad_(bool(chunks)))
+            cache_inputs.append(reps.requires_grad_(bool(chunks)))
+            del pieces
 
         # 2. Loss on all embeddings; backward stops at the embeddings: that is the cache.
         loss = loss_fn(cache_inputs)
         (scaler.scale(loss) if scaler is not None else loss).backward()
 
-        # 3. Re-embed each chunk with a graph (same dropout) and push its cached gradient.
-        for chunks, states, reps in zip(chunked, rng, cache_inputs):
-            if not chunks:
-                continue
+        # 3. Push each chunk's cached gradient through its graph: the kept graphs first (to
+        #    free them), then every other chunk re-embedded with a graph (same dropout).
+        for col, i in sorted(kept_ids, reverse=True):
+            emb, grad = kept.pop((col, i)), cache_inputs[col].grad
+            if grad is not None:  # None: the loss does not use this column
+                torch.dot(emb.float().flatten(), grad[chunked[col][i].index].flatten()).backward()
+            del emb
+            trim()
+        for col, (chunks, states, reps) in enumerate(zip(chunked, rng, cache_inputs)):
             grad = reps.grad  # (n, d); scaled by the GradScaler when there is one
-            if grad is None:  # the loss does not use this column
+            if not chunks or grad is None:
                 continue
-            for c, state in zip(chunks, states):
+            for i, (c, state) in enumerate(zip(chunks, states)):
+                if (col, i) in kept_ids:
+                    continue
                 with state.replay(), autocast():
                     emb = _embed(model, c.features)  # (c, d)
                 # <emb, cached grad> has exactly the chunk's share of d(loss)/d(params).
@@ -255,6 +296,7 @@ def make_strategy(
     *,
     token_budget: int | None = None,
     sort_by_length: bool = True,
+    keep_graphs: int = 1,
 ) -> MemoryStrategy:
     """Build a strategy by name: plain, checkpoint, cache, cache+checkpoint.
 
@@ -271,7 +313,9 @@ def make_strategy(
     elif name in ("cache", "cache+checkpoint"):
         if chunk_size is None and token_budget is None:
             chunk_size = DEFAULT_CACHE_CHUNK
-        strategy = CachedStrategy(chunk_size, checkpoint=name == "cache+checkpoint", **kwargs)
+        strategy = CachedStrategy(
+            chunk_size, checkpoint=name == "cache+checkpoint", keep_graphs=keep_graphs, **kwargs
+        )
     else:
         raise ValueError(
             f"unknown memory strategy {name!r}: choose one of {', '.join(STRATEGIES)} or auto"

@@ -160,6 +160,8 @@ KEY_DOCS: dict[str, str] = {
     "train.chunk_size": "Rows per encoder chunk (cache strategies); null: planned.",
     "train.token_budget": "Padded tokens per encoder chunk; null: planned.",
     "train.loss_chunk_size": "Anchors per block of the MNRL score matrix; null: automatic.",
+    "train.keep_graphs": "Cache: chunks whose graphs are kept instead of re-embedded (1 costs "
+    "no memory); null: 1, or planned.",
     "train.sort_by_length": "Length-sorted chunks (less padding; changes no result).",
     "train.release_cpu_memory": "CPU: return freed activations to the OS (less memory, slower).",
     "train.mask_false_negatives": "Mask duplicate texts and known positives among the negatives.",
