@@ -16,7 +16,6 @@ Trainer defaults to), on this rank's shard of the same global batch.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
@@ -69,7 +68,7 @@ def main(spec: dict) -> dict:
     from densefit.config import TrainConfig
     from densefit.distributed import DistributedRun, shard_bounds
     from densefit.models import load_model
-    from densefit.train import _optimizer, _optimizer_step, columns_of, make_strategy
+    from densefit.train import _optimizer, columns_of, make_strategy, train_step
 
     B, steps, chunk = spec["batch_size"], spec["steps"], spec["chunk_size"]
     warm = 2 * world
@@ -101,18 +100,7 @@ def main(spec: dict) -> dict:
         strategy.prepare(model)
 
         def step(batch):
-            record = _optimizer_step(
-                model,
-                batch,
-                [list(range(len(batch)))],
-                config,
-                strategy,
-                optimizer,
-                scheduler,
-                contextlib.nullcontext,
-                None,
-                run,
-            )
+            record = train_step(model, batch, config, strategy, optimizer, scheduler, run=run)
             keys = (
                 "grad_allreduces",
                 "embedding_allgathers",

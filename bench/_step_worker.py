@@ -85,7 +85,7 @@ def main(spec: dict) -> dict:
 
     from densefit.config import TrainConfig
     from densefit.models import load_model
-    from densefit.train import _optimizer, _optimizer_step, build_strategy, columns_of
+    from densefit.train import _optimizer, build_strategy, columns_of, train_step
 
     B, steps = spec["batch_size"], spec.get("steps", 1)
     warmup_rows = spec.get("warmup_rows", 4)
@@ -167,20 +167,9 @@ def main(spec: dict) -> dict:
             )
         }
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-        import contextlib
 
         def step(batch):
-            record = _optimizer_step(
-                model,
-                batch,
-                [list(range(len(batch)))],
-                config,
-                strategy,
-                optimizer,
-                scheduler,
-                contextlib.nullcontext,
-                None,
-            )
+            record = train_step(model, batch, config, strategy, optimizer, scheduler)
             return record["padding_efficiency"]
     else:
         from sentence_transformers.sentence_transformer import losses

@@ -217,7 +217,10 @@ def train(
     console.print(
         f"done: {result.steps} steps, {result.examples} examples in {result.seconds:.1f}s, "
         f"final loss {result.final_loss:.4f}; memory: {plan.get('strategy')} "
-        f"(chunk {plan.get('chunk_size')}, tokens {plan.get('token_budget')}); "
+        f"(chunk {plan.get('chunk_size')}, tokens {plan.get('token_budget')}"
+        + (f", {plan.get('keep_graphs')} kept graph(s)"
+           if str(plan.get("strategy")).startswith("cache") else "")
+        + "); "
         f"model saved to {output}, log {result.log_path}",
         highlight=False,
     )

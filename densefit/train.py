@@ -499,6 +499,29 @@ def _optimizer_step(model, examples, group, config, strategy, optimizer, schedul
     }
 
 
+def train_step(
+    model: SentenceTransformer,
+    rows: Sequence[TrainingExample],
+    config: TrainConfig,
+    strategy: MemoryStrategy,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    *,
+    run: DistributedRun | None = None,
+) -> dict:
+    """One optimizer step of the training loop on ``rows`` as one batch (no AMP).
+
+    For code that drives steps itself (benchmarks, tests): the same forward-backward,
+    clipping, guards and (under torchrun) gradient sync as :func:`train`, nothing else.
+    """
+    if scheduler is None:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return _optimizer_step(
+        model, rows, [list(range(len(rows)))], config, strategy, optimizer, scheduler,
+        contextlib.nullcontext, None, run,
+    )
+
+
 def save_model(
     model: SentenceTransformer, output_dir: str | os.PathLike, config: TrainConfig,
     result: TrainResult | None = None,

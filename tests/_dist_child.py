@@ -15,7 +15,6 @@ Every collective is counted by wrapping ``torch.distributed.all_reduce`` / ``all
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from sentence_transformers import SentenceTransformer
 from densefit import TrainConfig, TrainingExample
 from densefit.distributed import DistributedRun, init_distributed, teardown_distributed
 from densefit.memory.strategies import make_strategy
-from densefit.train import _linear_schedule, _optimizer, _optimizer_step, train
+from densefit.train import _linear_schedule, _optimizer, train, train_step
 
 CALLS: list[tuple[str, int]] = []
 
@@ -71,18 +70,7 @@ def one_step(base: str, rows, case: dict, out: Path, index: int) -> None:
     scheduler = _linear_schedule(optimizer, 0, 10)
     torch.manual_seed(case.get("seed", 0) + dist.get_rank())
     CALLS.clear()
-    record = _optimizer_step(
-        model,
-        rows,
-        [list(range(len(rows)))],
-        config,
-        strategy,
-        optimizer,
-        scheduler,
-        contextlib.nullcontext,
-        None,
-        run,
-    )
+    record = train_step(model, rows, config, strategy, optimizer, scheduler, run=run)
     if dist.get_rank() == 0:
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         torch.save(
