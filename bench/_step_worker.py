@@ -7,7 +7,8 @@ Prints one JSON line with peak RSS, activation memory (peak RSS minus RSS once t
 its gradients and AdamW's state exist), step times and padding efficiency.
 
 Methods: densefit plain | checkpoint | cache | cache+checkpoint | auto | cache-nokeep (the
-cache with keep_graphs=0: every chunk re-embedded, as in GradCache), and the
+cache with keep_graphs=0: every chunk re-embedded, as in GradCache) | cache-release (the
+cache with release_cpu_memory=True), and the
 sentence-transformers peers st-mnrl | st-mnrl-gc | st-cmnrl, each driven the way
 SentenceTransformerTrainer drives them (its collator pads each column to its longest text,
 then loss(features, labels).backward(), clip, AdamW step).
@@ -96,7 +97,8 @@ def main(spec: dict) -> dict:
     torch.manual_seed(0)
     config = TrainConfig(
         batch_size=B,
-        memory=spec["method"].removesuffix("-nokeep") if spec["impl"] == "densefit" else "plain",
+        # cache-nokeep / -release / -trim: the cache with keep_graphs=0 / release_cpu_memory
+        memory=spec["method"].split("-")[0] if spec["impl"] == "densefit" else "plain",
         chunk_size=spec.get("chunk_size"),
         memory_budget=spec.get("memory_budget"),
         max_seq_length=spec["max_seq_length"],

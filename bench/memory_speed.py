@@ -14,7 +14,9 @@ Sections:
 - speed: SciFact training pairs at sequence length 128, pydoc pairs at 256; batches 32,
   64, 128; densefit plain / checkpoint / cache / cache-nokeep / auto vs the three peers.
 - scaling: NFCorpus training pairs truncated to 32 tokens; batches 64 .. 8192 for the
-  cached rows, plain rows until out of memory or a step over 300 s.
+  cached rows, plain rows until out of memory or a step over 300 s. cache-release and
+  cache-trim are the cache with release_cpu_memory=True (fixed mmap threshold + a heap trim
+  per chunk) and with trims only (glibc's own threshold).
 
 Writes bench/results/memory_speed.{jsonl,csv,md,json} and memory_speed_{memory,time}.png.
 """
@@ -74,6 +76,8 @@ def specs_for(
         for B in batches or [64, 256, 1024, 2048, 4096, 8192]:
             for impl, method in (
                 ("densefit", "cache"),
+                ("densefit", "cache-release"),  # release_cpu_memory=True (allocator.md)
+                ("densefit", "cache-trim"),  # glibc's default threshold + a trim per chunk
                 ("st", "st-cmnrl"),
                 ("densefit", "auto"),
                 ("densefit", "plain"),
@@ -92,8 +96,12 @@ def specs_for(
                 }
                 if method in ("plain", "st-mnrl"):  # plain rows stop past 300 s a step
                     spec["max_step_seconds"] = 300
-                if method in ("cache", "st-cmnrl"):
+                if method in ("cache", "cache-release", "cache-trim", "st-cmnrl"):
                     spec["chunk_size"] = CHUNK
+                if method == "cache-release":
+                    spec["release_cpu_memory"] = True
+                if method == "cache-trim":
+                    spec["release_cpu_memory"] = "trim"
                 if method == "auto":
                     spec["memory_budget"] = SCALING_BUDGET
                 if gpu:

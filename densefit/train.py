@@ -432,8 +432,8 @@ def _optimizer_step(model, examples, group, config, strategy, optimizer, schedul
     while True:
         # Zeroed in place, not freed: the gradient buffers are allocated once and reused.
         # Freeing them each step (set_to_none) lets the next backward allocate them again in a
-        # heap the step's activations have fragmented; on CPU that measured up to 14% more
-        # peak memory and slower steps (bench/results/memory_speed.md).
+        # heap the step's activations have fragmented (on CPU, glibc: higher peaks in A/B
+        # runs, see README "What these runs showed").
         optimizer.zero_grad(set_to_none=False)
         try:
             stats, health = [], []

@@ -60,10 +60,11 @@ def auto_loss_chunk(batch_size: int, n_negatives: int = 0) -> int | None:
     return max(1, _LOSS_BLOCK_ELEMENTS // candidates)
 
 # Relative cost of one step, in forward-pass units (plain: a forward and a backward ~ 3).
-# Measured on CPU (bench/results/memory_speed.md, batch 64, 3 steps, SciFact@128 and
-# pydoc@256): checkpointing 1.48-1.57x plain, the cache re-embedding every chunk 1.49-1.54x.
-# Each chunk whose graph the cache keeps is not re-embedded: with one kept chunk (no extra
-# memory) it was 1.30-1.34x plain. A kept share s of the padded tokens saves _RECOMPUTE * s.
+# Measured on CPU (bench/results/memory_speed.md, batches 32-128, 3 steps, SciFact@128 and
+# pydoc@256): checkpointing 1.3-1.5x plain, the cache re-embedding every chunk 1.15-1.5x;
+# each chunk whose graph the cache keeps is not re-embedded: with one
+# kept chunk (no extra memory) 0.9-1.3x plain. A kept share s of the padded tokens saves
+# _RECOMPUTE * s.
 _RELATIVE_TIME = {"plain": 3.0, "checkpoint": 4.5, "cache": 4.5, "cache+checkpoint": 6.0}
 _RECOMPUTE = 1.5
 # Backward briefly holds activation gradients next to the saved tensors: keep headroom.
