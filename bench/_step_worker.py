@@ -135,22 +135,9 @@ def main(spec: dict) -> dict:
 
             release_freed_memory_promptly()  # as train() does on CPU
         t0 = time.perf_counter()
-        if spec["method"] == "auto":
-            # plan for exactly the batches this worker runs (the trainer passes its own)
-            from densefit.memory.planner import plan_memory
-            from densefit.memory.strategies import make_strategy
-
-            run_batches = [list(range(i * B, (i + 1) * B)) for i in range(steps)]
-            memory_plan = plan_memory(model, rows, config, batches=run_batches)
-            plan = memory_plan.to_dict()
-            strategy = make_strategy(
-                memory_plan.strategy,
-                None if memory_plan.token_budget else memory_plan.chunk_size,
-                token_budget=memory_plan.token_budget,
-                keep_graphs=memory_plan.keep_graphs,
-            )
-        else:
-            strategy, plan = build_strategy(model, rows, config)
+        # auto plans for exactly the batches this worker runs
+        run_batches = [list(range(i * B, (i + 1) * B)) for i in range(steps)]
+        strategy, plan = build_strategy(model, rows, config, batches=run_batches)
         out["plan_seconds"] = round(time.perf_counter() - t0, 2)
         strategy.prepare(model)
         if plan.get("loss_chunk_size") and config.loss_chunk_size is None:

@@ -213,16 +213,23 @@ def _autocast(config: TrainConfig, device: torch.device) -> Callable[[], context
 
 
 def build_strategy(
-    model: SentenceTransformer, examples: Sequence[TrainingExample], config: TrainConfig
+    model: SentenceTransformer, examples: Sequence[TrainingExample], config: TrainConfig,
+    *, batches: Sequence[Sequence[int]] | None = None,
 ) -> tuple[MemoryStrategy, dict]:
-    """The memory strategy for this run, and the plan that chose it (for the log)."""
+    """The memory strategy for this run, and the plan that chose it (for the log).
+
+    With ``memory="auto"`` the plan is for ``batches`` (row indices of every step), by
+    default the batches :func:`train` will run (:func:`planned_batches`).
+    """
     name = config.memory
     if config.gradient_checkpointing and name == "plain":
         name = "checkpoint"
     if name == "auto":
         from densefit.memory.planner import plan_memory
 
-        plan = plan_memory(model, examples, config, batches=planned_batches(examples, config))
+        if batches is None:
+            batches = planned_batches(examples, config)
+        plan = plan_memory(model, examples, config, batches=batches)
         # Cached chunks are capped in padded tokens: chunks of short texts take more rows.
         strategy = make_strategy(
             plan.strategy, None if plan.token_budget else plan.chunk_size,

@@ -358,10 +358,14 @@ def plan_memory(
             total += full
         return total
 
-    def batch_bytes(rows: Sequence[int], checkpoint: bool) -> float:
+    def batch_columns(rows: Sequence[int]) -> list[list[int]]:
+        """Token lengths of a batch's non-empty columns: anchors, positives, negatives."""
         cols = [[lengths.anchors[i] for i in rows], [lengths.positives[i] for i in rows],
                 [n for i in rows for n in lengths.negatives[i]]]
-        return sum(graph_bytes(c, checkpoint) for c in cols if c)
+        return [c for c in cols if c]
+
+    def batch_bytes(rows: Sequence[int], checkpoint: bool) -> float:
+        return sum(graph_bytes(c, checkpoint) for c in batch_columns(rows))
 
     def worst_case_bytes(checkpoint: bool) -> float:
         """No batch list or a sample: the longest texts the data holds, all in one batch."""
@@ -386,17 +390,13 @@ def plan_memory(
         64: the shares vary little), else for the longest texts of the data in one batch.
         """
         if batches is not None and lengths.exact:
-            batch_columns = [
-                [c for c in ([lengths.anchors[i] for i in rows], [lengths.positives[i] for i in rows],
-                             [n for i in rows for n in lengths.negatives[i]]) if c]
-                for rows in list(batches)[:64]
-            ]
+            per_batch = [batch_columns(rows) for rows in list(batches)[:64]]
         else:
-            batch_columns = [[sorted(v, reverse=True)[: B if k != "negatives" else n_candidates - B]
-                              for k, v in columns.items()]]
+            per_batch = [[sorted(v, reverse=True)[: B if k != "negatives" else n_candidates - B]
+                          for k, v in columns.items()]]
         return [[len(g) * max(col[i] for i in g)
                  for col in cols for g in group_rows(col, token_budget=token_budget)]
-                for cols in batch_columns]
+                for cols in per_batch]
 
     def kept_share(per_batch: list[list[int]], keep: int) -> float:
         """Mean share of a batch's padded tokens in its last ``keep`` chunks."""

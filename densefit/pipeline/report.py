@@ -150,7 +150,6 @@ def _environment() -> dict:
 # ----------------------------------------------------------------------------- plots
 
 
-
 def _save_step_plots(fig, axes, path: Path) -> None:
     """Grid, integer step ticks, tight layout; save and close."""
     import matplotlib.pyplot as plt
@@ -162,6 +161,7 @@ def _save_step_plots(fig, axes, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
 
 def _plots(out: Path, log: list[dict], metrics: dict, names: tuple[str, str], caption: str) -> dict:
     import matplotlib
