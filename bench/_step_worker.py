@@ -155,6 +155,11 @@ def main(spec: dict) -> dict:
                 "predicted_peak_bytes",
             )
         }
+        if plan.get("candidates"):  # auto: every strategy the planner weighed
+            out["plan"]["candidates"] = [
+                {k: c.get(k) for k in ("strategy", "peak_bytes", "fits", "relative_time", "keep_graphs")}
+                for c in plan["candidates"]
+            ]
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
 
         def step(batch):
