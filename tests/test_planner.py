@@ -132,3 +132,58 @@ def test_auto_strategy_carries_the_planned_kept_graphs(tiny):
 
     strategy, _ = build_strategy(tiny, rows, dataclasses.replace(config, keep_graphs=0))
     assert strategy.keep_graphs == 0
+
+
+def test_cache_chunks_are_planned_from_the_runs_real_chunks(tiny):
+    """With the run's batches known, a chunk budget is costed by the chunks it really cuts.
+
+    One long text per batch: no chunk of this run is ever full of long texts, so a larger
+    token budget fits than the worst case (a full chunk of the longest texts) allows.
+    """
+    from densefit.memory.chunking import make_chunks, tokenize
+    from densefit.memory.planner import _HEADROOM, _static_bytes
+    from densefit.train import planned_batches
+
+    rows = [TrainingExample("q", "cell " * (60 if i % 64 == 0 else 3)) for i in range(256)]
+    config = TrainConfig(batch_size=64, chunk_size=None)
+    act = ActivationModel(per_token=1000.0, per_token_squared=100.0)
+    batches = planned_batches(rows, config)
+    cache = lambda p: next(c for c in p.candidates if c["strategy"] == "cache")  # noqa: E731
+    static = _static_bytes(tiny)
+    wider = 0
+    for extra in (2**20, 2**21, 2**22, 2**23):
+        budget = TrainConfig(batch_size=64, memory_budget=static + extra)
+        exact = cache(plan_memory(tiny, rows, budget, batches=batches, activation_model=act))
+        worst = cache(plan_memory(tiny, rows, budget, activation_model=act))
+        assert exact["token_budget"] >= worst["token_budget"]
+        wider += exact["token_budget"] > worst["token_budget"]
+        # the prediction covers every chunk training will cut at that budget
+        for b in batches:
+            texts = [rows[i].positive for i in b]
+            for c in make_chunks(tokenize(tiny, texts), token_budget=exact["token_budget"]):
+                n, length = c.features["attention_mask"].shape
+                assert static + _HEADROOM * act.bytes(n, length) <= exact["peak_bytes"]
+    assert wider >= 1
+
+
+def test_plain_falls_back_to_smaller_sub_batches_before_recomputing(tiny):
+    """Heavy-tailed lengths: sub-batches of 8 trim more padding than 16, so plain fits in less."""
+    from densefit.train import planned_batches
+
+    rows = [TrainingExample("q " * (i % 7 + 1), "cell " * (2 + (i * 37) % 61)) for i in range(64)]
+    act = ActivationModel(per_token=1000.0, per_token_squared=10.0)
+    config = TrainConfig(batch_size=64, memory_budget="4GiB")
+    batches = planned_batches(rows, config)
+    plain = lambda p: next(c for c in p.candidates if c["strategy"] == "plain")  # noqa: E731
+    roomy = plan_memory(tiny, rows, config, batches=batches, activation_model=act)
+    assert (roomy.strategy, roomy.chunk_size) == ("plain", 16)
+    eight = plain(plan_memory(tiny, rows, TrainConfig(batch_size=64, memory_budget="4GiB", chunk_size=8),
+                              batches=batches, activation_model=act))["peak_bytes"]
+    assert eight < roomy.predicted_peak_bytes
+    between = TrainConfig(batch_size=64, memory_budget=(eight + roomy.predicted_peak_bytes) // 2)
+    tight = plan_memory(tiny, rows, between, batches=batches, activation_model=act)
+    assert (tight.strategy, tight.chunk_size, tight.predicted_peak_bytes) == ("plain", 8, eight)
+    # a sub-batch the user chose is kept: then plain does not fit and something else is chosen
+    fixed = plan_memory(tiny, rows, TrainConfig(batch_size=64, memory_budget=between.memory_budget,
+                                                chunk_size=16), batches=batches, activation_model=act)
+    assert fixed.strategy != "plain"

@@ -7,9 +7,11 @@ It probes the model on the data's real length distribution:
 - CUDA: ``torch.cuda.max_memory_allocated`` around a forward and backward.
 
 and adds what does not depend on the batch: parameters, gradients and AdamW's two moments.
-Then the fastest candidate that fits: ``plain`` when the whole batch fits; else
+Then the fastest candidate that fits: ``plain`` when the whole batch fits (in length-sorted
+sub-batches of 16 rows, else of 8: smaller sub-batches trim more padding); else
 ``checkpoint`` or ``cache`` with the largest chunk that fits (chunks are capped in padded
-tokens, so a chunk of long texts never exceeds the plan), keeping as many chunk graphs from
+tokens, so a chunk of long texts never exceeds the plan; with the run's batches known, each
+chunk budget is costed by the largest chunk those batches really make), keeping as many chunk graphs from
 the cache's first pass as the rest of the budget holds (those chunks are not re-embedded);
 else ``cache+checkpoint``. Costs are relative step times measured on CPU (below).
 """
@@ -345,12 +347,15 @@ def plan_memory(
         # keep the score blocks to a small share of a tight budget
         loss_chunk = max(1, int(0.05 * budget / (3 * 4 * n_candidates)))
     embeddings = 2 * 4 * dim * (B + n_candidates)  # values + cached grads
-    sub_batch = config.chunk_size or DEFAULT_SUB_BATCH
+    # plain / checkpoint sub-batches: the user's, else the default, then half of it (a
+    # smaller sub-batch trims more padding on heavy-tailed data: less memory, more calls)
+    sub_batches = [config.chunk_size] if config.chunk_size else [DEFAULT_SUB_BATCH, DEFAULT_SUB_BATCH // 2]
 
-    def graph_bytes(column_lengths: list[int], checkpoint: bool) -> float:
+    def graph_bytes(column_lengths: list[int], checkpoint: bool, sub_batch: int) -> float:
         """Activation bytes of one column embedded in sub-batches that keep their graphs."""
         total = 0.0
-        for group in group_rows(column_lengths, chunk_size=sub_batch):
+        for group in group_rows(column_lengths, chunk_size=sub_batch,
+                                sort_by_length=config.sort_by_length):
             count, length = len(group), max(column_lengths[i] for i in group)
             full = act.bytes(count, length)
             if checkpoint:  # each layer's input is kept; one layer is recomputed at a time
@@ -364,10 +369,10 @@ def plan_memory(
                 [n for i in rows for n in lengths.negatives[i]]]
         return [c for c in cols if c]
 
-    def batch_bytes(rows: Sequence[int], checkpoint: bool) -> float:
-        return sum(graph_bytes(c, checkpoint) for c in batch_columns(rows))
+    def batch_bytes(rows: Sequence[int], checkpoint: bool, sub_batch: int) -> float:
+        return sum(graph_bytes(c, checkpoint, sub_batch) for c in batch_columns(rows))
 
-    def worst_case_bytes(checkpoint: bool) -> float:
+    def worst_case_bytes(checkpoint: bool, sub_batch: int) -> float:
         """No batch list or a sample: the longest texts the data holds, all in one batch."""
         total = 0.0
         for name, values in columns.items():
@@ -375,13 +380,13 @@ def plan_memory(
             ranked = sorted(values, reverse=True)
             scale = len(examples) / len(lengths.anchors)  # > 1 when sampled
             picks = [ranked[min(len(ranked) - 1, int(r / scale))] for r in range(n)]
-            total += graph_bytes(picks, checkpoint)
+            total += graph_bytes(picks, checkpoint, sub_batch)
         return total
 
-    def whole_batch(checkpoint: bool) -> float:
+    def whole_batch(checkpoint: bool, sub_batch: int) -> float:
         if batches is not None and lengths.exact:
-            return max(batch_bytes(b, checkpoint) for b in batches)
-        return worst_case_bytes(checkpoint)
+            return max(batch_bytes(b, checkpoint, sub_batch) for b in batches)
+        return worst_case_bytes(checkpoint, sub_batch)
 
     def chunk_tokens(token_budget: int) -> list[list[int]]:
         """Padded tokens of each chunk, in training's order, for each batch of this run.
@@ -395,7 +400,9 @@ def plan_memory(
             per_batch = [[sorted(v, reverse=True)[: B if k != "negatives" else n_candidates - B]
                           for k, v in columns.items()]]
         return [[len(g) * max(col[i] for i in g)
-                 for col in cols for g in group_rows(col, token_budget=token_budget)]
+                 for col in cols
+                 for g in group_rows(col, token_budget=token_budget,
+                                     sort_by_length=config.sort_by_length)]
                 for cols in per_batch]
 
     def kept_share(per_batch: list[list[int]], keep: int) -> float:
@@ -403,21 +410,50 @@ def plan_memory(
         return sum(sum(t[len(t) - min(keep, len(t)):]) / max(1, sum(t))
                    for t in per_batch) / len(per_batch)
 
+    shapes_at: dict[int, list[tuple[int, int]]] = {}
+
+    def chunk_shapes(token_budget: int) -> list[tuple[int, int]]:
+        """(rows, padded length) of each distinct chunk at this token budget.
+
+        With the run's batches known, the chunks every one of them will be cut into (a
+        chunk of short texts holds many rows but few tokens); else the worst case, a full
+        chunk of the longest texts.
+        """
+        if token_budget not in shapes_at:
+            if batches is not None and lengths.exact:
+                shapes = {(len(g), max(col[i] for i in g))
+                          for rows in batches for col in batch_columns(rows)
+                          for g in group_rows(col, token_budget=token_budget,
+                                              sort_by_length=config.sort_by_length)}
+            else:
+                length = max(longest.values())
+                shapes = {(max(1, token_budget // length), length)}
+            shapes_at[token_budget] = sorted(shapes)
+        return shapes_at[token_budget]
+
     def chunk_peak(tokens: int, checkpoint: bool) -> float:
-        length = max(longest.values())
-        chunk_rows = max(1, tokens // length)
-        full = act.bytes(chunk_rows, length)
-        if checkpoint:
-            return chunk_rows * length * hidden * 4 * (layers + 1) + full / layers
-        return full
+        """Activation bytes of the largest chunk at a budget of ``tokens`` padded tokens."""
+        def one(rows: int, length: int) -> float:
+            full = act.bytes(rows, length)
+            if checkpoint:
+                return rows * length * hidden * 4 * (layers + 1) + full / layers
+            return full
+
+        return max(one(rows, length) for rows, length in chunk_shapes(tokens))
 
     def peak(activations: float) -> int:
         return int(static + _HEADROOM * activations + loss_bytes(loss_chunk) + embeddings)
 
     candidates = []
     for name in ("plain", "checkpoint"):
-        p = peak(whole_batch(name == "checkpoint"))
-        candidates.append({"strategy": name, "chunk_size": sub_batch, "token_budget": None,
+        # the largest sub-batch that fits (else the first, reported as not fitting)
+        tried = []
+        for sub in sub_batches:
+            tried.append((sub, peak(whole_batch(name == "checkpoint", sub))))
+            if tried[-1][1] <= budget:
+                break
+        sub, p = tried[-1] if tried[-1][1] <= budget else tried[0]
+        candidates.append({"strategy": name, "chunk_size": sub, "token_budget": None,
                            "keep_graphs": None, "peak_bytes": p, "fits": p <= budget,
                            "relative_time": _RELATIVE_TIME[name]})
     length = max(longest.values())
