@@ -40,6 +40,16 @@ def run_point(spec: dict, *, timeout: float = 1800) -> dict:
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
     )
+    # The allocator: densefit's points run under mimalloc as its CLI does (see
+    # densefit.memory.allocator), peers under the system's malloc as their users run them;
+    # "allocator" in a spec overrides. The worker records which one served the point.
+    env.pop("LD_PRELOAD", None)
+    env.pop("DENSEFIT_ALLOCATOR_PRELOADED", None)
+    wanted = spec.get("allocator") or ("mimalloc" if spec.get("impl") == "densefit" else "system")
+    if wanted == "mimalloc":
+        from densefit.memory.allocator import preload_env
+
+        env = preload_env({**env, "DENSEFIT_ALLOCATOR": "mimalloc"}) or env
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     try:

@@ -7,9 +7,10 @@ Prints one JSON line with peak RSS, activation memory (peak RSS minus RSS once t
 its gradients and AdamW's state exist), step times and padding efficiency.
 
 Methods: densefit plain | checkpoint | cache | cache+checkpoint | auto | cache-nokeep (the
-cache with keep_graphs=0: every chunk re-embedded, as in GradCache) | cache-release (the
-cache with release_cpu_memory=True), and the
-sentence-transformers peers st-mnrl | st-mnrl-gc | st-cmnrl, each driven the way
+cache with keep_graphs=0: every chunk re-embedded, as in GradCache) | cache-glibc (the cache
+under the system's malloc) | cache-release (that with release_cpu_memory=True), and the
+sentence-transformers peers st-mnrl | st-mnrl-gc | st-cmnrl (st-cmnrl-mi: under mimalloc),
+each driven the way
 SentenceTransformerTrainer drives them (its collator pads each column to its longest text,
 then loss(features, labels).backward(), clip, AdamW step).
 """
@@ -110,9 +111,11 @@ def main(spec: dict) -> dict:
     optimizer = _optimizer(model, config)
     materialize_optimizer(model, optimizer)
     import densefit
+    from densefit.memory.allocator import allocator_in_use
 
     out: dict = {
         **spec,
+        "allocator": allocator_in_use(),  # the malloc that served this point
         "threads": threads,
         "torch": torch.__version__,
         "densefit_path": str(Path(densefit.__file__).parent),
@@ -168,13 +171,14 @@ def main(spec: dict) -> dict:
     else:
         from sentence_transformers.sentence_transformer import losses
 
-        if spec["method"] == "st-cmnrl":
+        peer = spec["method"].removesuffix("-mi")  # -mi: the same peer under mimalloc
+        if peer == "st-cmnrl":
             loss_model = losses.CachedMultipleNegativesRankingLoss(
                 model, mini_batch_size=spec.get("chunk_size") or 32
             )
         else:
             loss_model = losses.MultipleNegativesRankingLoss(model)
-            if spec["method"] == "st-mnrl-gc":
+            if peer == "st-mnrl-gc":
                 model[0].auto_model.gradient_checkpointing_enable(
                     gradient_checkpointing_kwargs={"use_reentrant": False}
                 )

@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python bench/memory_speed.py            # everything (about an hour)
     python bench/memory_speed.py --section speed --batches 32  # a part
     python bench/memory_speed.py --section speed --methods cache st-cmnrl --redo  # rerun those
+    python bench/memory_speed.py --section speed --datasets pydoc --batches 64 --redo
 
 Every point is a fresh process (bench/_step_worker.py) on packaged all-MiniLM-L6-v2:
 a warm-up step on 4 rows, then timed full steps (speed: 3, the median is reported; the
@@ -14,9 +15,14 @@ Sections:
 - speed: SciFact training pairs at sequence length 128, pydoc pairs at 256; batches 32,
   64, 128; densefit plain / checkpoint / cache / cache-nokeep / auto vs the three peers.
 - scaling: NFCorpus training pairs truncated to 32 tokens; batches 64 .. 8192 for the
-  cached rows, plain rows until out of memory or a step over 300 s. cache-release and
-  cache-trim are the cache with release_cpu_memory=True (fixed mmap threshold + a heap trim
-  per chunk) and with trims only (glibc's own threshold).
+  cached rows, plain rows until out of memory or a step over 300 s. cache-glibc is the cache
+  under the system's malloc; cache-release and cache-trim add release_cpu_memory=True (fixed
+  mmap threshold + a heap trim per chunk) and trims only (glibc's own threshold);
+  st-cmnrl-mi is CachedMNRL under mimalloc.
+
+Allocator: densefit's points run under mimalloc, as its CLI runs training on Linux
+(densefit.memory.allocator); the peers under the system's malloc, as their users run them
+(st-cmnrl-mi shows what mimalloc alone does for CachedMNRL). Each row records its allocator.
 
 Writes bench/results/memory_speed.{jsonl,csv,md,json} and memory_speed_{memory,time}.png.
 """
@@ -75,10 +81,12 @@ def specs_for(
     if section in ("scaling", "all"):
         for B in batches or [64, 256, 1024, 2048, 4096, 8192]:
             for impl, method in (
-                ("densefit", "cache"),
-                ("densefit", "cache-release"),  # release_cpu_memory=True (allocator.md)
+                ("densefit", "cache"),  # under mimalloc, as densefit's CLI runs
+                ("densefit", "cache-glibc"),  # under the system's malloc (glibc)
+                ("densefit", "cache-release"),  # glibc + release_cpu_memory=True
                 ("densefit", "cache-trim"),  # glibc's default threshold + a trim per chunk
                 ("st", "st-cmnrl"),
+                ("st", "st-cmnrl-mi"),  # CachedMNRL under mimalloc too: the allocator's share
                 ("densefit", "auto"),
                 ("densefit", "plain"),
                 ("st", "st-mnrl"),
@@ -96,8 +104,13 @@ def specs_for(
                 }
                 if method in ("plain", "st-mnrl"):  # plain rows stop past 300 s a step
                     spec["max_step_seconds"] = 300
-                if method in ("cache", "cache-release", "cache-trim", "st-cmnrl"):
+                if method in ("cache", "cache-glibc", "cache-release", "cache-trim",
+                              "st-cmnrl", "st-cmnrl-mi"):
                     spec["chunk_size"] = CHUNK
+                if method in ("cache-glibc", "cache-release", "cache-trim"):
+                    spec["allocator"] = "system"
+                if method == "st-cmnrl-mi":
+                    spec["allocator"] = "mimalloc"
                 if method == "cache-release":
                     spec["release_cpu_memory"] = True
                 if method == "cache-trim":
@@ -155,6 +168,8 @@ def ratio_rows(results: list[dict]) -> list[dict]:
         ("plain", "st-mnrl"),
         ("checkpoint", "st-mnrl-gc"),
         ("cache", "st-cmnrl"),
+        ("cache", "st-cmnrl-mi"),
+        ("cache", "cache-glibc"),
         ("cache", "plain"),
         ("cache", "cache-nokeep"),
         ("auto", "fastest-fitting"),
@@ -345,6 +360,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="*")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--methods", nargs="*", help="only these methods (e.g. cache st-cmnrl)")
+    parser.add_argument("--datasets", nargs="*", help="only these datasets (scifact pydoc nfcorpus)")
     parser.add_argument("--fresh", action="store_true", help="ignore results already in the jsonl")
     parser.add_argument(
         "--redo", action="store_true",
@@ -375,6 +391,8 @@ def main() -> None:
     specs = specs_for(args.section, args.batches, args.threads, args.device)
     if args.methods:
         specs = [s for s in specs if s["method"] in args.methods]
+    if args.datasets:
+        specs = [s for s in specs if s["dataset"] in args.datasets]
     if args.redo and out.exists():
         keys = {s["key"] for s in specs}
         kept = [x for x in out.read_text().splitlines() if json.loads(x)["key"] not in keys]

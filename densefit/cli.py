@@ -220,6 +220,7 @@ def train(
         f"(chunk {plan.get('chunk_size')}, tokens {plan.get('token_budget')}"
         + (f", {plan.get('keep_graphs')} kept graph(s)"
            if str(plan.get("strategy")).startswith("cache") else "")
+        + (f", {plan['cpu_allocator']} malloc" if plan.get("cpu_allocator") else "")
         + "); "
         f"model saved to {output}, log {result.log_path}",
         highlight=False,
@@ -333,8 +334,16 @@ register_retrieval_commands(app)  # index, search, eval
 register_run_command(app)  # run: the whole pipeline
 
 
+# Commands that train: on Linux they re-run under mimalloc (see densefit.memory.allocator).
+_TRAINING_COMMANDS = ("train", "run")
+
+
 def main() -> None:
     """Entry point of the ``densefit`` script and ``python -m densefit``."""
+    if len(sys.argv) > 1 and sys.argv[1] in _TRAINING_COMMANDS:
+        from densefit.memory.allocator import rerun_with_mimalloc
+
+        rerun_with_mimalloc()  # returns when not needed or not possible
     app(prog_name="densefit")
 
 

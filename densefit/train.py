@@ -41,7 +41,7 @@ from densefit.masking import (
     merge_health,
     score_health,
 )
-from densefit.memory.allocator import release_freed_memory_promptly
+from densefit.memory.allocator import allocator_in_use, release_freed_memory_promptly
 from densefit.memory.planner import auto_loss_chunk
 from densefit.memory.strategies import MemoryStrategy, make_strategy
 
@@ -316,6 +316,8 @@ def train(
     strategy.prepare(model)
     if plan.get("loss_chunk_size") and config.loss_chunk_size is None:
         config = dataclasses.replace(config, loss_chunk_size=plan["loss_chunk_size"])
+    if device.type == "cpu":  # mimalloc (the CLI's default on Linux) or the system's malloc
+        plan = {**plan, "cpu_allocator": allocator_in_use()}
 
     micro_per_epoch = len(batches(len(examples), config.batch_size // config.gradient_accumulation_steps or 1,
                                   seed=config.seed, epoch=0, drop_last=config.drop_last))

@@ -78,6 +78,7 @@ def _memory_plan(plan: dict) -> dict:
         "token_budget": plan.get("token_budget"),
         "loss_chunk_size": plan.get("loss_chunk_size"),
         "keep_graphs": plan.get("keep_graphs"),
+        "cpu_allocator": plan.get("cpu_allocator"),
         "reason": plan.get("reason"),
     }
     for key in ("budget_bytes", "predicted_peak_bytes", "static_bytes"):
@@ -374,6 +375,7 @@ def _markdown(r: dict, config_yaml: str) -> str:
         + (f" / {p['token_budget']} padded tokens" if p.get("token_budget") else "")
         + (f", {p['keep_graphs']} chunk graph(s) kept from the first pass"
            if str(p["strategy"]).startswith("cache") and p.get("keep_graphs") else "")
+        + (f", CPU memory from {p['cpu_allocator']}'s malloc" if p.get("cpu_allocator") else "")
         + (
             f"; predicted peak {p['predicted_peak_mib']:.0f} MiB of a {p['budget_mib']:.0f} MiB "
             f"budget (static: {p['static_mib']:.0f} MiB)"
