@@ -50,6 +50,11 @@ def run_point(spec: dict, *, timeout: float = 1800) -> dict:
         from densefit.memory.allocator import preload_env
 
         env = preload_env({**env, "DENSEFIT_ALLOCATOR": "mimalloc"}) or env
+    for key, value in (spec.get("env") or {}).items():  # per-point settings; None unsets
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value)
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     try:

@@ -149,7 +149,7 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from the newest good checkpoint in OUTPUT/checkpoints."),
     resume_from: Path | None = typer.Option(None, help="Continue from this checkpoint folder (OUTPUT/checkpoints/step-...)."),
     max_nonfinite: int = typer.Option(5, help="Stop after this many steps in a row with a non-finite loss or gradient (each is skipped); 0: never."),
-    release_cpu_memory: bool = typer.Option(False, help="CPU: return freed activations to the OS after each chunk (23-33% less memory; steps -10% to +26%)."),
+    release_cpu_memory: bool = typer.Option(False, help="CPU under the system's glibc malloc (DENSEFIT_ALLOCATOR=system): return freed activations to the OS after each chunk (less memory, slower steps). Not needed under mimalloc, the default on Linux."),
     nproc: int | None = typer.Option(None, help="Train with N processes on this machine (launches torchrun; one GPU each with --device cuda)."),
     gather: Gather = typer.Option(Gather.candidates, help="Several processes: candidates = every device's texts are negatives for every anchor; both = anchors too, each device computes the whole loss; none = each device's rows only."),
 ) -> None:

@@ -66,9 +66,9 @@ class TrainConfig:
     keep_graphs: int | None = None
     memory_budget: str | None = None  # e.g. "8GiB", for --memory auto
     sort_by_length: bool = True
-    # glibc on CPU: fix the mmap threshold and trim the heap after each chunk: 23-33% less
-    # activation memory for the cache, -10% to +26% step time (bench/results/allocator.md). Off
-    # by default; turn it on when memory, not time, is what runs out.
+    # CPU under glibc's malloc: fix the mmap threshold and trim the heap after each chunk
+    # (less activation memory for the cache, slower steps: bench/results/allocator.md). Off by
+    # default; the CLI trains under mimalloc on Linux, which needs none of it.
     release_cpu_memory: bool = False
     mask_false_negatives: bool = True  # mask duplicates / known positives in MNRL
     no_duplicates: bool = False  # batches without repeated texts (same count and sizes)

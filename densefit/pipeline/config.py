@@ -163,7 +163,7 @@ KEY_DOCS: dict[str, str] = {
     "train.keep_graphs": "Cache: chunks whose graphs are kept instead of re-embedded (1 costs "
     "no memory); null: 1, or planned.",
     "train.sort_by_length": "Length-sorted chunks (less padding; changes no result).",
-    "train.release_cpu_memory": "CPU: return freed activations to the OS (less memory, slower).",
+    "train.release_cpu_memory": "CPU under glibc's malloc: return freed activations to the OS (less memory, slower; not needed under mimalloc, the CLI's default on Linux).",
     "train.mask_false_negatives": "Mask duplicate texts and known positives among the negatives.",
     "train.gather": "Under torchrun only: what is gathered across devices, candidates, both (anchors too) or none.",
     "train.no_duplicates": "Regroup batches so that no text repeats within a batch.",
