@@ -132,8 +132,8 @@ def preload_env(env: dict | None = None) -> dict | None:
         return None
     env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
     env[_PRELOADED] = "1"
-    # Never hand freed pages back to the OS: re-faulting them each chunk made steps up to
-    # 40% slower (SciFact@128); kept, they are reused for the next chunk's activations.
+    # Never hand freed pages back to the OS: re-faulting them made cache steps 1.1-1.2x
+    # slower (bench/results/allocator.md); kept, they serve the next chunk's activations.
     env.setdefault("MIMALLOC_PURGE_DELAY", "-1")
     return env
 
