@@ -10,10 +10,10 @@ and adds what does not depend on the batch: parameters, gradients and AdamW's tw
 Then the fastest candidate that fits: ``plain`` when the whole batch fits (in length-sorted
 sub-batches of 16 rows, else of 8: smaller sub-batches trim more padding); else
 ``checkpoint`` or ``cache`` with the largest chunk that fits (chunks are capped in padded
-tokens, so a chunk of long texts never exceeds the plan; with the run's batches known, each
-chunk budget is costed by the largest chunk those batches really make), keeping as many chunk graphs from
-the cache's first pass as the rest of the budget holds (those chunks are not re-embedded);
-else ``cache+checkpoint``. Costs are relative step times measured on CPU (below).
+tokens, so a chunk of long texts never exceeds the plan; with the run's batches known,
+each chunk budget is costed by the largest chunk those batches really make), keeping as
+many chunk graphs from the cache's first pass as the rest of the budget holds (those chunks
+are not re-embedded); else ``cache+checkpoint``. Costs are relative step times measured on CPU (below).
 """
 
 from __future__ import annotations
@@ -350,6 +350,7 @@ def plan_memory(
     # plain / checkpoint sub-batches: the user's, else the default, then half of it (a
     # smaller sub-batch trims more padding on heavy-tailed data: less memory, more calls)
     sub_batches = [config.chunk_size] if config.chunk_size else [DEFAULT_SUB_BATCH, DEFAULT_SUB_BATCH // 2]
+    exact = batches is not None and lengths.exact  # every batch of the run, every row measured
 
     def graph_bytes(column_lengths: list[int], checkpoint: bool, sub_batch: int) -> float:
         """Activation bytes of one column embedded in sub-batches that keep their graphs."""
@@ -384,9 +385,24 @@ def plan_memory(
         return total
 
     def whole_batch(checkpoint: bool, sub_batch: int) -> float:
-        if batches is not None and lengths.exact:
+        if exact:
             return max(batch_bytes(b, checkpoint, sub_batch) for b in batches)
         return worst_case_bytes(checkpoint, sub_batch)
+
+    cut_at: dict[int, list[list[tuple[int, int]]]] = {}
+
+    def cut(cols: list[list[int]], token_budget: int) -> list[tuple[int, int]]:
+        """(rows, padded length) of each chunk training cuts these columns into, in order."""
+        return [(len(g), max(col[i] for i in g))
+                for col in cols
+                for g in group_rows(col, token_budget=token_budget,
+                                    sort_by_length=config.sort_by_length)]
+
+    def run_chunks(token_budget: int) -> list[list[tuple[int, int]]]:
+        """The chunks of every batch of this run at this token budget (cut once, reused)."""
+        if token_budget not in cut_at:
+            cut_at[token_budget] = [cut(batch_columns(rows), token_budget) for rows in batches]
+        return cut_at[token_budget]
 
     def chunk_tokens(token_budget: int) -> list[list[int]]:
         """Padded tokens of each chunk, in training's order, for each batch of this run.
@@ -394,42 +410,29 @@ def plan_memory(
         Chunks are formed as training forms them, for the batches of this run (the first
         64: the shares vary little), else for the longest texts of the data in one batch.
         """
-        if batches is not None and lengths.exact:
-            per_batch = [batch_columns(rows) for rows in list(batches)[:64]]
+        if exact:
+            per_batch = run_chunks(token_budget)[:64]
         else:
-            per_batch = [[sorted(v, reverse=True)[: B if k != "negatives" else n_candidates - B]
-                          for k, v in columns.items()]]
-        return [[len(g) * max(col[i] for i in g)
-                 for col in cols
-                 for g in group_rows(col, token_budget=token_budget,
-                                     sort_by_length=config.sort_by_length)]
-                for cols in per_batch]
+            per_batch = [cut([sorted(v, reverse=True)[: B if k != "negatives" else n_candidates - B]
+                              for k, v in columns.items()], token_budget)]
+        return [[rows * length for rows, length in chunks] for chunks in per_batch]
 
     def kept_share(per_batch: list[list[int]], keep: int) -> float:
         """Mean share of a batch's padded tokens in its last ``keep`` chunks."""
         return sum(sum(t[len(t) - min(keep, len(t)):]) / max(1, sum(t))
                    for t in per_batch) / len(per_batch)
 
-    shapes_at: dict[int, list[tuple[int, int]]] = {}
-
-    def chunk_shapes(token_budget: int) -> list[tuple[int, int]]:
+    def chunk_shapes(token_budget: int) -> set[tuple[int, int]]:
         """(rows, padded length) of each distinct chunk at this token budget.
 
         With the run's batches known, the chunks every one of them will be cut into (a
         chunk of short texts holds many rows but few tokens); else the worst case, a full
         chunk of the longest texts.
         """
-        if token_budget not in shapes_at:
-            if batches is not None and lengths.exact:
-                shapes = {(len(g), max(col[i] for i in g))
-                          for rows in batches for col in batch_columns(rows)
-                          for g in group_rows(col, token_budget=token_budget,
-                                              sort_by_length=config.sort_by_length)}
-            else:
-                length = max(longest.values())
-                shapes = {(max(1, token_budget // length), length)}
-            shapes_at[token_budget] = sorted(shapes)
-        return shapes_at[token_budget]
+        if exact:
+            return {shape for chunks in run_chunks(token_budget) for shape in chunks}
+        length = max(longest.values())
+        return {(max(1, token_budget // length), length)}
 
     def chunk_peak(tokens: int, checkpoint: bool) -> float:
         """Activation bytes of the largest chunk at a budget of ``tokens`` padded tokens."""
@@ -502,7 +505,7 @@ def plan_memory(
                 -(c["token_budget"] or c["chunk_size"] or B))
 
     chosen = min(fitting, key=cost)
-    basis = ("the largest batch of this run" if batches is not None and lengths.exact
+    basis = ("the largest batch of this run" if exact
              else "the longest texts of the data in one batch")
     if chosen["strategy"] == "plain":
         reason = f"{basis} fits whole: no recomputation needed"
