@@ -146,11 +146,10 @@ def rerun_with_mimalloc() -> None:
     env = preload_env()
     if env is None:
         return
-    argv = list(getattr(sys, "orig_argv", [])) or [sys.executable, *sys.argv]
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
-        os.execve(sys.executable, [sys.executable, *argv[1:]], env)
+    try:  # sys.orig_argv: the interpreter's own options too (``-m densefit``, ``-c ...``)
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
     except OSError:  # cannot re-run: carry on with the system allocator
         return
 
