@@ -6,7 +6,7 @@ Every collective is counted: ``torch.distributed`` calls by wrapping the module'
 DistributedDataParallel's gradient all-reduces through a comm hook (its reducer does not go
 through the Python functions). Prints ``RESULT {...}`` with per-step times and counts.
 
-impl ``densefit``: the training loop's own step (``densefit.train._optimizer_step``) on the
+impl ``densefit``: the training loop's own step (``densefit.training.loop._optimizer_step``) on the
 global batch; densefit shards it and gathers candidates (``gather=candidates``).
 impl ``st``: sentence-transformers' CachedMultipleNegativesRankingLoss with
 ``gather_across_devices=True`` driven as SentenceTransformerTrainer drives it under DDP
@@ -66,9 +66,9 @@ def main(spec: dict) -> dict:
     cuda = device.startswith("cuda")
 
     from densefit.config import TrainConfig
-    from densefit.distributed import DistributedRun, shard_bounds
+    from densefit.training.distributed import DistributedRun, shard_bounds
     from densefit.models import load_model
-    from densefit.train import _optimizer, columns_of, make_strategy, train_step
+    from densefit.training.loop import _optimizer, columns_of, make_strategy, train_step
 
     B, steps, chunk = spec["batch_size"], spec["steps"], spec["chunk_size"]
     warm = 2 * world

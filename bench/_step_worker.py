@@ -87,7 +87,7 @@ def main(spec: dict) -> dict:
 
     from densefit.config import TrainConfig
     from densefit.models import load_model
-    from densefit.train import _optimizer, build_strategy, columns_of, train_step
+    from densefit.training.loop import _optimizer, build_strategy, columns_of, train_step
 
     B, steps = spec["batch_size"], spec.get("steps", 1)
     warmup_rows = spec.get("warmup_rows", 4)

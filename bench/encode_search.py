@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python bench/encode_search.py    # ~15 min on 1 core
     python bench/encode_search.py --docs 0 --rounds 4                    # the whole corpus
 
-1. Encoding: documents/s of ``densefit.encode.encode_texts`` vs
+1. Encoding: documents/s of ``densefit.retrieval.encode.encode_texts`` vs
    ``SentenceTransformer.encode`` on a seeded sample of SciFact's corpus (title + text) with
    all-MiniLM-L6-v2, same batch size. The sample is split into rounds; in each round both
    encode the same documents (one call each), alternating which goes first, so drift in
@@ -63,7 +63,7 @@ def bench_encode(args) -> list[dict]:
     import numpy as np
 
     from densefit.data.corpus import read_corpus
-    from densefit.encode import encode_texts
+    from densefit.retrieval.encode import encode_texts
     from densefit.models import load_model
 
     docs, _ = read_corpus(find_scifact(args.scifact))
@@ -184,7 +184,7 @@ def bench_search_size(args, rng, n: int, faiss) -> list[dict]:
     """Every method on one set of ``n`` vectors; latencies interleaved query by query."""
     import numpy as np
 
-    from densefit.index.exact import exact_search
+    from densefit.retrieval.index.exact import exact_search
 
     k, dim = 10, args.dim
     vectors = unit_vectors(rng, n, dim)
@@ -255,7 +255,7 @@ def build_store(vectors):
     import numpy as np
 
     from densefit.data.types import Document
-    from densefit.index.store import LocalDocumentStore
+    from densefit.retrieval.index.store import LocalDocumentStore
 
     store = LocalDocumentStore.create(
         None,

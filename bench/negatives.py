@@ -90,7 +90,7 @@ def phase_train_eval(args) -> dict:
     from densefit.config import TrainConfig
     from densefit.data.readers import read_training_data
     from densefit.models import load_model
-    from densefit.train import train
+    from densefit.training.loop import train
 
     model = load_model("all-MiniLM-L6-v2", max_seq_length=args.max_seq_length)
     out: dict = {"train": None}
@@ -132,9 +132,9 @@ def _mean(values):
 def evaluate_scifact(model, data) -> dict:
     """Exact top-100 search of the whole test corpus; metrics through pytrec_eval."""
     from densefit.data.corpus import load_beir
-    from densefit.encode import encode_texts
+    from densefit.retrieval.encode import encode_texts
     from densefit.evaluate import evaluate_run
-    from densefit.index.exact import exact_search
+    from densefit.retrieval.index.exact import exact_search
 
     beir = load_beir(data, "test")
     ids = list(beir.corpus)

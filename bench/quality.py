@@ -172,7 +172,7 @@ def run_point(spec: dict) -> dict:
     from densefit.data.corpus import load_beir
     from densefit.evaluate import evaluate_beir
     from densefit.models import load_model
-    from densefit.train import peak_rss_bytes, train
+    from densefit.training.loop import peak_rss_bytes, train
 
     model = load_model(spec["model"], max_seq_length=spec["max_seq_length"])
     out: dict = {"torch_threads": torch.get_num_threads(), "train": None}

@@ -6,8 +6,8 @@ from densefit.config import TrainConfig  # noqa: E402
 from densefit.data.types import BadRowError, Document, TrainingExample  # noqa: E402
 from densefit.losses import margin_mse, mnrl  # noqa: E402
 from densefit.models import load_model  # noqa: E402
-from densefit.retriever import Retriever  # noqa: E402
-from densefit.train import TrainResult, train  # noqa: E402
+from densefit.retrieval import Retriever  # noqa: E402
+from densefit.training import TrainResult, train  # noqa: E402
 
 __all__ = [
     "BadRowError",

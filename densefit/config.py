@@ -81,7 +81,7 @@ class TrainConfig:
     checkpoint_every: int | None = None  # steps; checkpoints are also written at epoch ends
     keep_checkpoints: int = 2  # 0: write no checkpoints
     max_nonfinite: int = 5  # stop after this many non-finite steps in a row; 0: never
-    gather: str = "candidates"  # several processes: none | candidates | both (densefit.distributed)
+    gather: str = "candidates"  # several processes: none | candidates | both (densefit.training.distributed)
 
     def __post_init__(self) -> None:
         checks = [

@@ -161,13 +161,13 @@ def retrieve_run(
     """Search ``store`` for every query: ``{query_id: {doc_id: score}}`` with ``top_k`` each.
 
     >>> from densefit.testing import tiny_model
-    >>> from densefit.index import open_store
+    >>> from densefit.retrieval.index import open_store
     >>> retrieve_run(open_store(None, tiny_model()), tiny_model(), {"q1": "cells"})
     {'q1': {}}
     """
     from tqdm.auto import tqdm
 
-    from densefit.encode import encode_texts
+    from densefit.retrieval.encode import encode_texts
 
     store.check_model(model)
     ids = list(queries)
@@ -202,8 +202,8 @@ def evaluate_store(
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data.types import Document
-    >>> from densefit.index import open_store
-    >>> from densefit.index.indexing import index_documents
+    >>> from densefit.retrieval.index import open_store
+    >>> from densefit.retrieval.index.indexing import index_documents
     >>> model = tiny_model()
     >>> store = open_store(None, model)
     >>> _ = index_documents(store, model, [Document("d1", "cells divide"), Document("d2", "python")])
@@ -260,8 +260,8 @@ def evaluate_beir(
     0.645
     """
     from densefit.data.corpus import BeirDataset, load_beir
-    from densefit.index.indexing import index_documents
-    from densefit.index.store import open_store
+    from densefit.retrieval.index.indexing import index_documents
+    from densefit.retrieval.index.store import open_store
     from densefit.models import load_model, model_name_of
 
     model = load_model(model)

@@ -17,13 +17,13 @@ non-positive), so ``range_min=10`` always skips the ten nearest candidates. Meth
   are indexed beside it (never returned) so that their score is comparable; documents
   sharing no term with the query (score 0) are never negatives.
 - ``dense``: cosine similarity of the model's embeddings; the corpus is embedded once and
-  searched in blocks of queries with :func:`densefit.index.exact.exact_search` (which also
+  searched in blocks of queries with :func:`densefit.retrieval.index.exact.exact_search` (which also
   blocks over the corpus), so no queries x corpus matrix ever exists in one piece.
 - ``hybrid``: both rankings fused by reciprocal rank fusion (Cormack et al. 2009,
   ``1 / (rrf_k + rank)``); the margin rule uses the dense cosine scores.
 
 Rows are written in the trainer's formats (:func:`write_mined`), with the document ids that
-let the trainer mask false negatives in the loss (:mod:`densefit.masking`).
+let the trainer mask false negatives in the loss (:mod:`densefit.losses.masking`).
 
 >>> from densefit.data.types import Document
 >>> corpus = [Document(f"d{i}", f"cells divide {'fast ' * i}") for i in range(6)]
@@ -154,7 +154,7 @@ def mine_hard_negatives(
         raise ValueError("no pairs to mine negatives for")
     if not corpus:
         raise ValueError("the corpus is empty: there is nothing to mine from")
-    from densefit.train import peak_rss_bytes
+    from densefit.training.loop import peak_rss_bytes
 
     report = MiningReport(method=method, rows=len(pairs))
     started = time.perf_counter()
@@ -364,7 +364,7 @@ class _Dense:
     """Cosine similarity of the model's embeddings, searched in blocks of queries."""
 
     def __init__(self, plan: _Plan, model, batch_size: int, show_progress: bool, given=None):
-        from densefit.encode import encode_texts
+        from densefit.retrieval.encode import encode_texts
 
         self.plan, self.model, self.batch_size = plan, model, batch_size
         self.encode = encode_texts
@@ -388,7 +388,7 @@ class _Dense:
         self._queries: dict[int, np.ndarray] = {}
 
     def search(self, block: list[int], depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        from densefit.index.exact import exact_search
+        from densefit.retrieval.index.exact import exact_search
 
         embedded = self.encode(
             self.model,
@@ -485,7 +485,7 @@ def write_mined(
     One negative: Haystack-style ``question`` / ``pos_doc`` / ``neg_doc``; several:
     ``anchor`` / ``positive`` / ``negative_1`` .. ``negative_k``. Both add ``positive_id``,
     ``positive_ids`` and ``negative_ids`` so that the trainer can still mask false
-    negatives (:mod:`densefit.masking`).
+    negatives (:mod:`densefit.losses.masking`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,11 +5,11 @@
 Every collective is counted by wrapping ``torch.distributed.all_reduce`` / ``all_gather`` /
 ``broadcast`` (the test's own count, independent of densefit's). SPEC:
 
-- ``cases``: one optimizer step each (``densefit.train._optimizer_step``, the training
+- ``cases``: one optimizer step each (``densefit.training.loop._optimizer_step``, the training
   loop's own code, with no clipping so the gradients are left as summed) on ``rows`` with
   the ``config`` of the case; rank 0 writes ``OUT/case-i.pt`` with the loss, every
   parameter gradient and the collectives of the step;
-- ``train``: a whole ``densefit.train.train`` run; every rank writes ``OUT/train-RANK.json``
+- ``train``: a whole ``densefit.training.loop.train`` run; every rank writes ``OUT/train-RANK.json``
   with the losses, the collectives and whether it wrote a log.
 """
 
@@ -24,9 +24,9 @@ import torch.distributed as dist
 from sentence_transformers import SentenceTransformer
 
 from densefit import TrainConfig, TrainingExample
-from densefit.distributed import DistributedRun, init_distributed, teardown_distributed
+from densefit.training.distributed import DistributedRun, init_distributed, teardown_distributed
 from densefit.memory.strategies import make_strategy
-from densefit.train import _linear_schedule, _optimizer, train, train_step
+from densefit.training.loop import _linear_schedule, _optimizer, train, train_step
 
 CALLS: list[tuple[str, int]] = []
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from densefit import TrainConfig, TrainingExample, train
-from densefit.checkpoint import (
+from densefit.training.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     list_checkpoints,
@@ -26,7 +26,7 @@ from densefit.checkpoint import (
     verify_checkpoint,
 )
 
-checkpoint_module = importlib.import_module("densefit.checkpoint")
+checkpoint_module = importlib.import_module("densefit.training.checkpoint")
 
 ROWS = [
     TrainingExample(f"what is the cell {i}", f"the protein gene {i}", (f"python {i}",),

@@ -19,11 +19,11 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit import TrainConfig, TrainingExample
-from densefit.distributed import shard_bounds
+from densefit.training.distributed import shard_bounds
 from densefit.losses import mnrl
 from densefit.memory.strategies import make_strategy
 from densefit.testing import tiny_model
-from densefit.train import _linear_schedule, _optimizer, _optimizer_step, make_loss_fn, train
+from densefit.training.loop import _linear_schedule, _optimizer, _optimizer_step, make_loss_fn, train
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 240  # seconds for a whole multi-process run (imports take ~8 s per process here)
@@ -393,7 +393,7 @@ def test_cli_nproc_two_with_uneven_data_finishes(bases, tmp_path):
 
 
 def test_resume_is_refused_under_several_processes_with_a_clear_message(monkeypatch, tmp_path):
-    from densefit.distributed import DistributedRun
+    from densefit.training.distributed import DistributedRun
 
     fake = DistributedRun(rank=0, world_size=2, gather="candidates", dim=32)
     monkeypatch.setattr(DistributedRun, "detect", classmethod(lambda cls, model, config: fake))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from densefit.encode import _fast_path_tokenizer, encode_texts, encode_with_callback
+from densefit.retrieval.encode import _fast_path_tokenizer, encode_texts, encode_with_callback
 
 TEXTS = [
     "cells",
@@ -28,7 +28,7 @@ def test_matches_sentence_transformers_encode(tiny):
 
 
 def test_general_path_matches_too(tiny, monkeypatch):
-    import densefit.encode as encode
+    import densefit.retrieval.encode as encode
 
     monkeypatch.setattr(encode, "_fast_path_tokenizer", lambda model: None)
     np.testing.assert_allclose(

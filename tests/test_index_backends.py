@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from densefit.index import ExactBackend, VectorBackend, exact_search, make_backend
+from densefit.retrieval.index import ExactBackend, VectorBackend, exact_search, make_backend
 
 HAS_FAISS = importlib.util.find_spec("faiss") is not None
 needs_faiss = pytest.mark.skipif(not HAS_FAISS, reason="faiss is not installed (densefit[index])")

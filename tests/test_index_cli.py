@@ -8,8 +8,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from densefit.index.cli import register
-from densefit.index.conformance import make_corpus
+from densefit.cli.index import register
+from densefit.retrieval.index.conformance import make_corpus
 
 runner = CliRunner()
 
@@ -248,7 +248,7 @@ def test_errors_are_one_clear_line(app, model_dir, data, tmp_path):
 
 
 def test_search_uses_the_recorded_model_or_explains(app, tmp_path, data):
-    from densefit.index import open_store
+    from densefit.retrieval.index import open_store
     from densefit.testing import tiny_model
 
     open_store(tmp_path / "s", tiny_model(tmp_path / "m")).close()  # name "tiny-bert-32x2"
@@ -257,7 +257,7 @@ def test_search_uses_the_recorded_model_or_explains(app, tmp_path, data):
 
 
 def test_interrupted_index_says_how_to_resume(app, model_dir, data, tmp_path, monkeypatch):
-    import densefit.index.indexing as indexing
+    import densefit.retrieval.index.indexing as indexing
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from densefit.data.types import Document
-from densefit.encode import encode_texts
-from densefit.index import ModelMismatchError, StoreError, open_store
-from densefit.index.conformance import make_corpus
-from densefit.index.indexing import index_documents, prune_documents
-from densefit.index.searching import search, search_batch
-from densefit.retrieval_api import RetrievalMixin, as_document
+from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.index import ModelMismatchError, StoreError, open_store
+from densefit.retrieval.index.conformance import make_corpus
+from densefit.retrieval.index.indexing import index_documents, prune_documents
+from densefit.retrieval.index.searching import search, search_batch
+from densefit.retrieval.api import RetrievalMixin, as_document
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +176,8 @@ def test_as_document_errors():
 
 
 def test_the_real_retriever_has_the_mixin():
-    from densefit.retriever import Retriever
+    from densefit.retrieval.retriever import Retriever
 
     if not issubclass(Retriever, RetrievalMixin):
-        pytest.skip("densefit.retriever.Retriever does not mix in RetrievalMixin yet")
+        pytest.skip("densefit.retrieval.retriever.Retriever does not mix in RetrievalMixin yet")
     assert hasattr(Retriever, "retrieve_batch")

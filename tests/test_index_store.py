@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from densefit.data.types import Document
-from densefit.encode import encode_texts
-from densefit.index import LocalDocumentStore, StoreError, open_store
-from densefit.index.conformance import StoreConformance, make_corpus
+from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.index import LocalDocumentStore, StoreError, open_store
+from densefit.retrieval.index.conformance import StoreConformance, make_corpus
 
 needs_faiss = pytest.mark.skipif(
     importlib.util.find_spec("faiss") is None, reason="faiss is not installed (densefit[index])"
@@ -116,7 +116,7 @@ def test_unknown_backend_lists_the_choices(model, tmp_path):
 
 
 def test_snippet_and_hit_dict():
-    from densefit.index import SearchHit
+    from densefit.retrieval.index import SearchHit
 
     hit = SearchHit("d", 0.5, 1, text="word " * 100, title="t")
     assert hit.snippet(40).endswith(" ...") and len(hit.snippet(40)) <= 44
@@ -124,7 +124,7 @@ def test_snippet_and_hit_dict():
 
 
 def test_store_satisfies_the_protocol(model):
-    from densefit.index import DocumentStore, ExactBackend, VectorBackend
+    from densefit.retrieval.index import DocumentStore, ExactBackend, VectorBackend
 
     with open_store(None, model) as store:
         assert isinstance(store, DocumentStore)

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from densefit import TrainConfig, TrainingExample, train
-from densefit.masking import false_negative_mask, merge_health, score_health
+from densefit.losses.masking import false_negative_mask, merge_health, score_health
 from densefit.memory import make_strategy
-from densefit.train import columns_of, make_loss_fn
+from densefit.training.loop import columns_of, make_loss_fn
 
 D = 16
 
@@ -190,7 +190,7 @@ def test_score_health_and_merge():
 
 def _reference_dense_mask(rows):
     """The (B, C) mask written out the obvious way, pair by pair."""
-    from densefit.masking import candidates_of
+    from densefit.losses.masking import candidates_of
 
     texts, ids = candidates_of(rows)
     B, C = len(rows), len(texts)
@@ -259,7 +259,7 @@ def test_compact_mask_loss_equals_dense_mask_loss(symmetric):
 
 
 def test_in_batch_accuracy_in_blocks_equals_the_full_score_matrix():
-    from densefit.masking import in_batch_accuracy
+    from densefit.losses.masking import in_batch_accuracy
 
     torch.manual_seed(0)
     a, p, n = torch.randn(37, 8), torch.randn(37, 8), torch.randn(11, 8)

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from densefit.data.readers import read_training_data
 from densefit.data.types import Document, TrainingExample
-from densefit.encode import encode_texts
+from densefit.retrieval.encode import encode_texts
 from densefit.mine import mine_files, mine_hard_negatives, parse_range, write_mined
 
 pytest.importorskip("bm25s")
@@ -176,7 +176,7 @@ def test_query_blocks_do_not_change_the_result(tiny):
 
 
 def test_dense_search_is_blocked_over_queries(tiny, monkeypatch):
-    import densefit.index.exact as exact
+    import densefit.retrieval.index.exact as exact
 
     seen = []
     original = exact.exact_search

@@ -11,9 +11,9 @@ import torch
 from typer.testing import CliRunner
 
 from densefit import TrainConfig, TrainingExample, train
-from densefit.guards import NonFiniteError, NonFiniteGuard, guarded_step
+from densefit.training.guards import NonFiniteError, NonFiniteGuard, guarded_step
 
-train_module = importlib.import_module("densefit.train")
+train_module = importlib.import_module("densefit.training.loop")
 
 ROWS = [
     TrainingExample(f"what is the cell {i}", f"the protein gene {i}", (f"python {i}",),

@@ -167,7 +167,7 @@ def test_interrupted_after_training_the_rerun_skips_finished_stages(
     monkeypatch.setattr(densefit.evaluate, "evaluate_beir", real_evaluate)
     calls = []
     monkeypatch.setattr(
-        importlib.import_module("densefit.train"), "train", lambda *a, **k: calls.append(a)
+        importlib.import_module("densefit.training.loop"), "train", lambda *a, **k: calls.append(a)
     )  # a spy
     result = run_pipeline(config)
     assert calls == []  # training was not redone

@@ -75,7 +75,7 @@ def test_saved_bytes_counts_activations_not_parameters():
 
 
 def test_plan_for_the_runs_real_batches_is_tighter_than_worst_case(tiny):
-    from densefit.train import planned_batches
+    from densefit.training.loop import planned_batches
 
     rows = [TrainingExample("q", "cell " * (60 if i < 8 else 2)) for i in range(64)]
     config = TrainConfig(batch_size=8, memory_budget="4GiB", chunk_size=4)
@@ -121,7 +121,7 @@ def test_cache_keeps_as_many_chunk_graphs_as_the_budget_allows():
 
 
 def test_auto_strategy_carries_the_planned_kept_graphs(tiny):
-    from densefit.train import build_strategy
+    from densefit.training.loop import build_strategy
 
     rows = ROWS * 82  # one batch of 4,096
     config = TrainConfig(batch_size=4096, memory_budget="40MiB", memory="auto", show_progress=False)
@@ -142,7 +142,7 @@ def test_cache_chunks_are_planned_from_the_runs_real_chunks(tiny):
     """
     from densefit.memory.chunking import make_chunks, tokenize
     from densefit.memory.planner import _HEADROOM, _static_bytes
-    from densefit.train import planned_batches
+    from densefit.training.loop import planned_batches
 
     rows = [TrainingExample("q", "cell " * (60 if i % 64 == 0 else 3)) for i in range(256)]
     config = TrainConfig(batch_size=64, chunk_size=None)
@@ -168,7 +168,7 @@ def test_cache_chunks_are_planned_from_the_runs_real_chunks(tiny):
 
 def test_plain_falls_back_to_smaller_sub_batches_before_recomputing(tiny):
     """Heavy-tailed lengths: sub-batches of 8 trim more padding than 16, so plain fits in less."""
-    from densefit.train import planned_batches
+    from densefit.training.loop import planned_batches
 
     rows = [TrainingExample("q " * (i % 7 + 1), "cell " * (2 + (i * 37) % 61)) for i in range(64)]
     act = ActivationModel(per_token=1000.0, per_token_squared=10.0)

@@ -21,7 +21,7 @@ from sentence_transformers import SentenceTransformer
 from typer.testing import CliRunner
 
 from densefit import TrainConfig, train
-from densefit.checkpoint import list_checkpoints
+from densefit.training.checkpoint import list_checkpoints
 from densefit.data.readers import read_training_data
 from densefit.testing import tiny_model
 
@@ -227,7 +227,7 @@ def test_cli_checkpoint_every_resume_and_resume_from(run, tmp_path, monkeypatch)
     done = runner.invoke(app, [*args, "-o", str(tmp_path / "ref")])
     assert done.exit_code == 0, done.output
 
-    checkpoint = importlib.import_module("densefit.checkpoint")
+    checkpoint = importlib.import_module("densefit.training.checkpoint")
     original = checkpoint.Checkpointer.save
 
     def save_then_crash(self, step, **kwargs):

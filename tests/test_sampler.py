@@ -7,7 +7,7 @@ import pytest
 
 from densefit import TrainConfig, TrainingExample, train
 from densefit.data.samplers import no_duplicate_batches, row_keys
-from densefit.train import batches
+from densefit.training.loop import batches
 
 
 def dataset(n, n_queries, n_docs, seed=0, negatives=1):

@@ -8,7 +8,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit import Retriever, TrainConfig, TrainingExample, train
-from densefit.train import batches
+from densefit.training.loop import batches
 
 ROWS = [
     TrainingExample(

@@ -1,14 +1,14 @@
 """Batch samplers: rearrange an epoch's batches so that no batch holds the same text twice.
 
 :func:`no_duplicate_batches` takes the plain seeded batches of
-:func:`densefit.train.batches` and moves rows between them so that, where the data allows
+:func:`densefit.training.loop.batches` and moves rows between them so that, where the data allows
 it, no text (query, positive or hard negative) appears in two rows of one batch. The batch
 count and sizes never change (every rank of a distributed run gets the same count), every
 row is used exactly once per epoch, and the work is O(rows x texts per row): texts are
 hashed, each batch looks at a bounded number of deferred rows, and the swaps that place
 the last leftovers have a fixed budget per row.
 
-A duplicate in a batch is also handled by the loss (:mod:`densefit.masking` masks it), so
+A duplicate in a batch is also handled by the loss (:mod:`densefit.losses.masking` masks it), so
 this sampler is an optimisation: every batch keeps its full number of distinct negatives.
 """
 

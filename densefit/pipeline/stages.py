@@ -400,10 +400,10 @@ class Pipeline:
         return report.to_dict()
 
     def _train(self, fp: str) -> dict:
-        from densefit.checkpoint import latest_checkpoint, list_checkpoints
+        from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
         from densefit.models import load_model
-        from densefit.retriever import load_training_examples
-        from densefit.train import train
+        from densefit.retrieval.retriever import load_training_examples
+        from densefit.training.loop import train
 
         c = self.config
         config = c.train_config()

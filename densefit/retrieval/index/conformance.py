@@ -28,10 +28,10 @@ import numpy as np
 import pytest
 
 from densefit.data.types import Document
-from densefit.encode import encode_texts
-from densefit.index.base import ModelMismatchError
-from densefit.index.indexing import index_documents
-from densefit.index.store import LocalDocumentStore, open_store
+from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.index.base import ModelMismatchError
+from densefit.retrieval.index.indexing import index_documents
+from densefit.retrieval.index.store import LocalDocumentStore, open_store
 
 __all__ = ["StoreConformance", "make_corpus"]
 
@@ -219,7 +219,7 @@ class StoreConformance:
         with pytest.raises(ModelMismatchError, match="32-d.*48-d"):
             store.check_model(wider)
         with pytest.raises(ModelMismatchError):
-            from densefit.index.searching import search
+            from densefit.retrieval.index.searching import search
 
             search(store, wider, "cells")
 
@@ -235,7 +235,7 @@ class StoreConformance:
     def test_weights_changed_in_place_is_an_error(self, store, model_dir, docs):
         import torch
 
-        from densefit.index.searching import search
+        from densefit.retrieval.index.searching import search
         from densefit.models import load_model
 
         model = load_model(model_dir)
@@ -276,7 +276,7 @@ class StoreConformance:
             import torch
 
             torch.set_num_threads(1)
-            from densefit.index import vectors
+            from densefit.retrieval.index import vectors
 
             store = open_store(store_dir, model, backend=backend)
             if mode == "mid-write":

@@ -337,7 +337,7 @@ def broadcast_object(obj, src: int = 0):
 class DistributedRun:
     """This rank's view of a multi-process run: sharding, the gathering loss, the one sync.
 
-    Built by :func:`densefit.train.train` when a process group with more than one rank is
+    Built by :func:`densefit.training.loop.train` when a process group with more than one rank is
     initialised; ``None`` there means one process and the plain code path.
     """
 
@@ -351,7 +351,7 @@ class DistributedRun:
         """The run's distributed view, or None in a single process."""
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return None
-        from densefit.encode import embedding_dimension
+        from densefit.retrieval.encode import embedding_dimension
 
         if config.gather not in GATHER_MODES:
             raise ValueError(
@@ -373,7 +373,7 @@ class DistributedRun:
         The planner plans for one device's share: the largest shard of any batch of the run.
         """
         from densefit.memory.strategies import make_strategy
-        from densefit.train import build_strategy, planned_batches
+        from densefit.training.loop import build_strategy, planned_batches
 
         decision = None
         if self.is_main:
@@ -431,7 +431,7 @@ class DistributedRun:
 
         The losses of all ranks add up to the loss of the whole batch in one process.
         """
-        from densefit.train import make_loss_fn
+        from densefit.training.loop import make_loss_fn
 
         n = len(rows)
         start, stop = self.shard(n)
@@ -448,7 +448,7 @@ class DistributedRun:
 
             return local, local_loss
 
-        from densefit.masking import false_negative_mask, score_health
+        from densefit.losses.masking import false_negative_mask, score_health
         from densefit.memory.planner import auto_loss_chunk
 
         # Every rank knows the whole batch: its false-negative mask needs no communication,

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from densefit.data.types import Document
-from densefit.index.store import LocalDocumentStore, meta_hash, text_hash
+from densefit.retrieval.index.store import LocalDocumentStore, meta_hash, text_hash
 
 __all__ = ["IndexReport", "index_documents", "prune_documents"]
 
@@ -90,13 +90,13 @@ def index_documents(
 ) -> IndexReport:
     """Embed ``documents`` with ``model`` and write them to ``store``, resuming where it left.
 
-    The store must have been created for ``model`` (:class:`~densefit.index.base.
+    The store must have been created for ``model`` (:class:`~densefit.retrieval.index.base.
     ModelMismatchError` otherwise). Documents already stored with the same text are skipped;
     a repeated id replaces the earlier document and is counted in the report. ``compact``
     rewrites the vector file when more than half of it is dead rows.
 
     >>> from densefit.testing import tiny_model
-    >>> from densefit.index.store import open_store
+    >>> from densefit.retrieval.index.store import open_store
     >>> model = tiny_model()
     >>> store = open_store(None, model)
     >>> docs = [Document("a", "cells divide"), Document("b", "python functions")]
@@ -158,7 +158,7 @@ def _embeddings(store, model, docs: list[Document], batch_size: int, bar, report
     Copies keep duplicate documents' vectors identical (their scores tie exactly, as when a
     whole corpus is encoded in one call), and skip the forward pass.
     """
-    from densefit.encode import embedding_dimension, encode_with_callback
+    from densefit.retrieval.encode import embedding_dimension, encode_with_callback
 
     hashes = [text_hash(d.text) for d in docs]
     known = store.vectors_for_texts(hashes)
@@ -183,7 +183,7 @@ def prune_documents(store: LocalDocumentStore, keep_ids: Iterable[str]) -> int:
     """Delete every stored document whose id is not in ``keep_ids``; returns how many.
 
     >>> from densefit.testing import tiny_model
-    >>> from densefit.index.store import open_store
+    >>> from densefit.retrieval.index.store import open_store
     >>> model = tiny_model()
     >>> store = open_store(None, model)
     >>> _ = index_documents(store, model, [Document("a", "x"), Document("b", "y")])

@@ -11,10 +11,10 @@ from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig
 from densefit.data.types import TrainingExample
-from densefit.encode import encode_texts
+from densefit.retrieval.encode import encode_texts
 from densefit.models import load_model
-from densefit.retrieval_api import RetrievalMixin, as_document
-from densefit.train import TrainResult, save_model, train
+from densefit.retrieval.api import RetrievalMixin, as_document
+from densefit.training.loop import TrainResult, save_model, train
 
 __all__ = ["Retriever", "load_training_examples"]
 

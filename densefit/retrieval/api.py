@@ -1,4 +1,4 @@
-"""Indexing, retrieval and evaluation methods for :class:`densefit.retriever.Retriever`.
+"""Indexing, retrieval and evaluation methods for :class:`densefit.retrieval.retriever.Retriever`.
 
 :class:`RetrievalMixin` is mixed into ``Retriever``. Attribute contract -- the class it is
 mixed into provides:
@@ -7,13 +7,13 @@ mixed into provides:
     the :class:`sentence_transformers.SentenceTransformer` used for queries and documents.
 ``self.store``
     ``None`` until :meth:`RetrievalMixin.index` (or the user) sets it; then an object
-    satisfying :class:`densefit.index.base.DocumentStore`, normally a
-    :class:`densefit.index.store.LocalDocumentStore`. ``index`` sets it.
+    satisfying :class:`densefit.retrieval.index.base.DocumentStore`, normally a
+    :class:`densefit.retrieval.index.store.LocalDocumentStore`. ``index`` sets it.
 ``self.batch_size`` (optional)
     default encoding batch size for queries; 64 when absent.
 
 The store remembers the model that embedded it, so retrieving after the model was trained in
-place (or swapped) raises :class:`densefit.index.base.ModelMismatchError`: call ``index``
+place (or swapped) raises :class:`densefit.retrieval.index.base.ModelMismatchError`: call ``index``
 again to re-embed the documents with the current weights.
 """
 
@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 
 from densefit.data.types import Document
-from densefit.index.base import SearchHit, StoreError
+from densefit.retrieval.index.base import SearchHit, StoreError
 
 __all__ = ["RetrievalMixin", "as_document"]
 
@@ -101,10 +101,10 @@ class RetrievalMixin:
         ``self.store`` if set, else a temporary store deleted when the retriever is. Documents
         already stored with the same text are skipped, so calling ``index`` again with a grown
         corpus only embeds the new documents. Returns an
-        :class:`~densefit.index.indexing.IndexReport`.
+        :class:`~densefit.retrieval.index.indexing.IndexReport`.
         """
-        from densefit.index.indexing import index_documents
-        from densefit.index.store import open_store
+        from densefit.retrieval.index.indexing import index_documents
+        from densefit.retrieval.index.store import open_store
 
         if store is None:
             store = (
@@ -125,7 +125,7 @@ class RetrievalMixin:
     def retrieve(self, query: str, top_k: int = 10) -> list[SearchHit]:
         """The ``top_k`` documents best matching ``query``, best first.
 
-        Each :class:`~densefit.index.base.SearchHit` has ``id``, ``score``, ``rank``,
+        Each :class:`~densefit.retrieval.index.base.SearchHit` has ``id``, ``score``, ``rank``,
         ``text``, ``title`` and ``meta``.
         """
         if not isinstance(query, str):
@@ -134,7 +134,7 @@ class RetrievalMixin:
 
     def retrieve_batch(self, queries: Sequence[str], top_k: int = 10) -> list[list[SearchHit]]:
         """:meth:`retrieve` for many queries, embedded and searched together."""
-        from densefit.index.searching import search_batch
+        from densefit.retrieval.index.searching import search_batch
 
         return search_batch(
             self._require_store(),

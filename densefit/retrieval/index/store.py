@@ -7,7 +7,7 @@ Layout of a store folder::
     faiss-<gen>-*.index   FAISS cache, only when searched with the FAISS backend
 
 Every write is one SQLite transaction: the new vectors are appended to the vector file and
-fsync'd, then the rows are recorded and committed (see :mod:`densefit.index.vectors`). A
+fsync'd, then the rows are recorded and committed (see :mod:`densefit.retrieval.index.vectors`). A
 process killed at any point leaves the last committed state readable, and re-running
 ``densefit index`` resumes: unchanged documents are recognised by their text hash and skipped.
 
@@ -17,7 +17,7 @@ in by one commit).
 
 The store records the model that made the embeddings: its name, the embedding dimension and a
 *fingerprint* (the model's embeddings of three probe sentences). Searching with another model
-raises :class:`~densefit.index.base.ModelMismatchError` instead of returning garbage.
+raises :class:`~densefit.retrieval.index.base.ModelMismatchError` instead of returning garbage.
 """
 
 from __future__ import annotations
@@ -38,15 +38,15 @@ from pathlib import Path
 import numpy as np
 
 from densefit.data.types import Document
-from densefit.index.base import (
+from densefit.retrieval.index.base import (
     ModelMismatchError,
     SearchHit,
     StoreError,
     VectorBackend,
     WriteResult,
 )
-from densefit.index.exact import ExactBackend
-from densefit.index.vectors import VectorFile
+from densefit.retrieval.index.exact import ExactBackend
+from densefit.retrieval.index.vectors import VectorFile
 
 __all__ = ["LocalDocumentStore", "open_store", "make_backend", "text_hash", "meta_hash"]
 
@@ -103,7 +103,7 @@ def make_backend(
     if name == "exact":
         return ExactBackend()
     if name == "faiss":
-        from densefit.index.faiss_backend import FaissBackend
+        from densefit.retrieval.index.faiss_backend import FaissBackend
 
         factory = option or "HNSW32"
         slug = "".join(c if c.isalnum() else "_" for c in factory)
@@ -152,7 +152,7 @@ class LocalDocumentStore:
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data.types import Document
-    >>> from densefit.encode import encode_texts
+    >>> from densefit.retrieval.encode import encode_texts
     >>> model = tiny_model()
     >>> store = open_store(None, model)
     >>> docs = [Document("a", "cells divide"), Document("b", "python functions")]
@@ -277,7 +277,7 @@ class LocalDocumentStore:
         if cached is not None and cached[0]() is model and cached[1] == version:
             return
         given = model_name_of(model)
-        from densefit.encode import embedding_dimension
+        from densefit.retrieval.encode import embedding_dimension
 
         dim = embedding_dimension(model)
         if dim != self.dim:
@@ -743,7 +743,7 @@ class _Transaction:
 
 def model_fingerprint(model) -> np.ndarray:
     """The model's unit-length embeddings of :data:`PROBE_TEXTS`, ``(3, dim)`` float32."""
-    from densefit.encode import encode_texts
+    from densefit.retrieval.encode import encode_texts
 
     return encode_texts(model, list(PROBE_TEXTS), batch_size=1, normalize=True)
 
@@ -796,7 +796,7 @@ def open_store(
             f"no densefit store at {path}: build one with "
             f"`densefit index CORPUS --model MODEL --store {path}`"
         )
-    from densefit.encode import embedding_dimension
+    from densefit.retrieval.encode import embedding_dimension
     from densefit.models import model_name_of
 
     name = model_name_of(model)

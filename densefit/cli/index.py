@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from densefit._cli_common import OnBadRow, err, fail
+from densefit.cli.common import OnBadRow, err, fail
 
 __all__ = ["register"]
 
@@ -33,7 +33,7 @@ class Dtype(str, Enum):
 def _clean_errors():
     """Turn the library's explained errors into one red line and exit status 2."""
     from densefit.data.types import BadRowError
-    from densefit.index.base import StoreError
+    from densefit.retrieval.index.base import StoreError
     from densefit.models import ModelNotFoundError
 
     try:
@@ -97,8 +97,8 @@ def index(
     """
     from densefit.data.corpus import iter_corpus
     from densefit.data.types import ReadReport
-    from densefit.index.indexing import index_documents, prune_documents
-    from densefit.index.store import open_store
+    from densefit.retrieval.index.indexing import index_documents, prune_documents
+    from densefit.retrieval.index.store import open_store
 
     with _clean_errors():
         if not corpus.exists():
@@ -181,8 +181,8 @@ def search(
 
     Example: densefit search --store stores/scifact "vitamin D and bone density" -k 5
     """
-    from densefit.index.searching import search_batch
-    from densefit.index.store import LocalDocumentStore
+    from densefit.retrieval.index.searching import search_batch
+    from densefit.retrieval.index.store import LocalDocumentStore
 
     with _clean_errors():
         document_store = LocalDocumentStore(store, backend=backend)
@@ -319,7 +319,7 @@ def evaluate(
                     "--compare needs --dataset (each model needs its own index); or run eval "
                     "once per store"
                 )
-            from densefit.index.store import LocalDocumentStore
+            from densefit.retrieval.index.store import LocalDocumentStore
 
             query_texts, judgments = load_queries_and_qrels(queries, qrels)
             with LocalDocumentStore(store, backend=backend) as document_store:

@@ -131,11 +131,11 @@ def mnrl(
             so nothing of size B x B is ever held (exact; same result and gradients).
         mask: optional (B, B + M) bool, True where a candidate must not count for that
             anchor (false negatives); the anchor's own positive is never masked. A
-            :class:`densefit.masking.CandidateMask` works too and is never materialised
+            :class:`densefit.losses.masking.CandidateMask` works too and is never materialised
             whole: the chunked path builds its rows one block at a time.
         rows: only the loss terms of these rows of the batch, averaged over them (one
             device's share when the batch is gathered across devices, see
-            :mod:`densefit.distributed`). ``positives``, ``negatives`` and ``mask`` are
+            :mod:`densefit.training.distributed`). ``positives``, ``negatives`` and ``mask`` are
             then the whole batch's; ``anchors`` the whole batch's or just these rows
             (``symmetric`` needs all of them: they are the candidates of the other
             direction). The batch's loss is the sum over a partition of its rows of

@@ -12,9 +12,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from densefit._cli_common import OnBadRow, fail
-from densefit.index.cli import register as register_retrieval_commands
-from densefit.pipeline.cli import register as register_run_command
+from densefit.cli.common import OnBadRow, fail
+from densefit.cli.index import register as register_retrieval_commands
+from densefit.cli.run import register as register_run_command
 
 app = typer.Typer(
     name="densefit",
@@ -93,7 +93,7 @@ def _load(model: str, max_seq_length: int | None, trust_remote_code: bool = Fals
 
 def _examples(data: Path, on_bad_row: str, split: str):
     from densefit.data.types import BadRowError
-    from densefit.retriever import load_training_examples
+    from densefit.retrieval.retriever import load_training_examples
 
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -160,14 +160,14 @@ def train(
     Several GPUs: densefit train ... --device cuda --nproc 4, or
     torchrun --nproc-per-node 4 -m densefit train ... --device cuda (and across nodes).
     """
-    from densefit import distributed
+    from densefit.training import distributed
     from densefit.config import TrainConfig
 
     if nproc is not None and nproc < 1:
         fail("--nproc must be >= 1")
     if nproc is not None and nproc > 1 and not distributed.launched_by_torchrun():
         _launch_torchrun(nproc)
-    from densefit.train import train as run_train
+    from densefit.training.loop import train as run_train
 
     try:
         config = TrainConfig(
@@ -255,7 +255,7 @@ def plan(
                          max_steps=max_steps, chunk_size=chunk_size, seed=seed)
     examples = _examples(data, on_bad_row.value, split)
     st_model = _load(model, max_seq_length)
-    from densefit.train import planned_batches
+    from densefit.training.loop import planned_batches
 
     try:
         result = plan_memory(st_model, examples, config,

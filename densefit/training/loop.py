@@ -27,14 +27,14 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-from densefit.checkpoint import Checkpointer, resume_checkpoint, truncate_log
+from densefit.training.checkpoint import Checkpointer, resume_checkpoint, truncate_log
 from densefit.config import TrainConfig
 from densefit.data.samplers import no_duplicate_batches
 from densefit.data.types import TrainingExample
-from densefit.distributed import DistributedRun, broadcast_parameters
-from densefit.guards import NonFiniteGuard, guarded_step
+from densefit.training.distributed import DistributedRun, broadcast_parameters
+from densefit.training.guards import NonFiniteGuard, guarded_step
 from densefit.losses import margin_mse, mnrl
-from densefit.masking import (
+from densefit.losses.masking import (
     false_negative_mask,
     health_postfix,
     in_batch_accuracy,
@@ -129,7 +129,7 @@ def make_loss_fn(
 ) -> Callable[[list[torch.Tensor]], torch.Tensor]:
     """The batch's loss as a function of its column embeddings [anchors, positives, negatives].
 
-    MNRL masks false negatives (duplicates, known positives: :mod:`densefit.masking`);
+    MNRL masks false negatives (duplicates, known positives: :mod:`densefit.losses.masking`);
     ``health`` receives the batch's telemetry (counts now, scores when the loss runs).
     """
     health = {} if health is None else health
@@ -262,13 +262,13 @@ def train(
     """Fine-tune ``model`` on ``examples`` in place; save to ``output_dir`` when given.
 
     With ``output_dir``, checkpoints go to ``output_dir/checkpoints`` (every
-    ``config.checkpoint_every`` steps and at each epoch end; see :mod:`densefit.checkpoint`).
+    ``config.checkpoint_every`` steps and at each epoch end; see :mod:`densefit.training.checkpoint`).
     ``resume=True`` continues from the newest good one there, ``resume=<folder>`` from that
     one: same batches, same RNG stream, the weights an uninterrupted run would end with.
-    A step with a non-finite loss or gradient is skipped (see :mod:`densefit.guards`).
+    A step with a non-finite loss or gradient is skipped (see :mod:`densefit.training.guards`).
     Inside an initialised process group of several ranks (torchrun), ``config.batch_size``
     is the global batch, each rank trains on its share with cross-device negatives, and
-    only rank 0 logs, checkpoints and saves (see :mod:`densefit.distributed`).
+    only rank 0 logs, checkpoints and saves (see :mod:`densefit.training.distributed`).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data import TrainingExample
@@ -492,7 +492,7 @@ def _optimizer_step(model, examples, group, config, strategy, optimizer, schedul
         loss, real, padded = run.sync(model, loss, real, padded)
         extra = {"world_size": run.world_size, "per_device_examples": local_rows,
                  **run.take_comm_stats()}
-    # Clip and step; a non-finite loss or gradient skips the step (densefit.guards).
+    # Clip and step; a non-finite loss or gradient skips the step (densefit.training.guards).
     outcome = guarded_step(
         model, optimizer, scheduler, scaler, loss=loss, max_grad_norm=config.max_grad_norm
     )

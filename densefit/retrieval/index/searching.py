@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from densefit.index.base import DocumentStore, SearchHit
+from densefit.retrieval.index.base import DocumentStore, SearchHit
 
 __all__ = ["search", "search_batch"]
 
@@ -12,13 +12,13 @@ __all__ = ["search", "search_batch"]
 def search(store: DocumentStore, model, query: str, top_k: int = 10) -> list[SearchHit]:
     """The ``top_k`` documents of ``store`` best matching ``query``, best first.
 
-    Raises :class:`~densefit.index.base.ModelMismatchError` when ``model`` did not make the
+    Raises :class:`~densefit.retrieval.index.base.ModelMismatchError` when ``model`` did not make the
     store's embeddings.
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data.types import Document
-    >>> from densefit.index import open_store
-    >>> from densefit.index.indexing import index_documents
+    >>> from densefit.retrieval.index import open_store
+    >>> from densefit.retrieval.index.indexing import index_documents
     >>> model = tiny_model()
     >>> store = open_store(None, model)
     >>> _ = index_documents(store, model, [Document("a", "cells divide"), Document("b", "python")])
@@ -42,12 +42,12 @@ def search_batch(
     """:func:`search` for many queries at once (one matrix product per chunk of the store).
 
     >>> from densefit.testing import tiny_model
-    >>> from densefit.index import open_store
+    >>> from densefit.retrieval.index import open_store
     >>> store = open_store(None, tiny_model())
     >>> search_batch(store, tiny_model(), ["a", "b"])  # an empty store finds nothing
     [[], []]
     """
-    from densefit.encode import encode_texts
+    from densefit.retrieval.encode import encode_texts
 
     if isinstance(queries, str):
         raise TypeError("search_batch takes a list of queries; use search for one string")

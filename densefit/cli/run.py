@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from densefit._cli_common import err, fail
+from densefit.cli.common import err, fail
 
 __all__ = ["register"]
 

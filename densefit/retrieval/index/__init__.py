@@ -4,7 +4,7 @@ An embedded store (SQLite for documents, an append-only vector file for embeddin
 exact and FAISS backends behind one small Protocol, transactional indexing that resumes after
 a crash, and search::
 
-    from densefit.index import open_store, index_documents, search
+    from densefit.retrieval.index import open_store, index_documents, search
     from densefit.models import load_model
     from densefit.data.corpus import iter_corpus
 
@@ -16,12 +16,12 @@ a crash, and search::
 
 The same from the shell: ``densefit index``, ``densefit search``, ``densefit eval``.
 
->>> from densefit.index import LocalDocumentStore, ExactBackend, VectorBackend
+>>> from densefit.retrieval.index import LocalDocumentStore, ExactBackend, VectorBackend
 >>> isinstance(ExactBackend(), VectorBackend)
 True
 """
 
-from densefit.index.base import (
+from densefit.retrieval.index.base import (
     DocumentStore,
     ModelMismatchError,
     SearchHit,
@@ -29,10 +29,10 @@ from densefit.index.base import (
     VectorBackend,
     WriteResult,
 )
-from densefit.index.exact import ExactBackend, exact_search
-from densefit.index.indexing import IndexReport, index_documents, prune_documents
-from densefit.index.searching import search, search_batch
-from densefit.index.store import LocalDocumentStore, make_backend, open_store
+from densefit.retrieval.index.exact import ExactBackend, exact_search
+from densefit.retrieval.index.indexing import IndexReport, index_documents, prune_documents
+from densefit.retrieval.index.searching import search, search_batch
+from densefit.retrieval.index.store import LocalDocumentStore, make_backend, open_store
 
 __all__ = [
     "DocumentStore",

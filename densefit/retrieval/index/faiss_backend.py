@@ -1,4 +1,4 @@
-"""FAISS as a :class:`~densefit.index.base.VectorBackend`: approximate search at scale.
+"""FAISS as a :class:`~densefit.retrieval.index.base.VectorBackend`: approximate search at scale.
 
 The store's vector file stays the source of truth; the FAISS index is a cache built from it
 (lazily, at the first search after new rows were committed) and saved beside it, so a crash
