@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from densefit.retrieval.encode import _fast_path_tokenizer, encode_texts, encode_with_callback
+from densefit.retrieval.encode import encode_texts, encode_with_callback, fast_path_tokenizer
 
 TEXTS = [
     "cells",
@@ -20,7 +20,7 @@ TEXTS = [
 
 
 def test_matches_sentence_transformers_encode(tiny):
-    assert _fast_path_tokenizer(tiny) is not None  # the tokenize-once path is taken
+    assert fast_path_tokenizer(tiny) is not None  # the tokenize-once path is taken
     ours = encode_texts(tiny, TEXTS, batch_size=4)
     reference = tiny.encode(TEXTS, batch_size=4, convert_to_numpy=True)
     assert ours.dtype == np.float32 and ours.shape == (len(TEXTS), 32)
@@ -30,7 +30,7 @@ def test_matches_sentence_transformers_encode(tiny):
 def test_general_path_matches_too(tiny, monkeypatch):
     import densefit.retrieval.encode as encode
 
-    monkeypatch.setattr(encode, "_fast_path_tokenizer", lambda model: None)
+    monkeypatch.setattr(encode, "fast_path_tokenizer", lambda model: None)
     np.testing.assert_allclose(
         encode_texts(tiny, TEXTS, batch_size=3), tiny.encode(TEXTS, batch_size=3), atol=1e-5
     )

@@ -1,4 +1,4 @@
-"""index_documents (resume, updates, duplicates, report) and the Retriever mixin."""
+"""index_documents (resume, updates, duplicates, report) and Retriever's index/retrieve."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from densefit.retrieval.index import ModelMismatchError, StoreError, open_store
 from densefit.retrieval.index.conformance import make_corpus
 from densefit.retrieval.index.indexing import index_documents, prune_documents
 from densefit.retrieval.index.searching import search, search_batch
-from densefit.retrieval.api import RetrievalMixin, as_document
+from densefit.retrieval.retriever import Retriever, as_document
 
 
 @pytest.fixture(scope="module")
@@ -118,18 +118,11 @@ def test_search_helpers(store, model):
         search(store, model, ["a list"])
 
 
-# -- the Retriever mixin ---------------------------------------------------------------------
+# -- Retriever: index, retrieve, evaluate ----------------------------------------------------
 
 
-class DemoRetriever(RetrievalMixin):
-    def __init__(self, model):
-        self.model = model
-        self.store = None
-        self.batch_size = 16
-
-
-def test_mixin_index_retrieve_evaluate(model, tmp_path):
-    retriever = DemoRetriever(model)
+def test_retriever_index_retrieve_evaluate(model, tmp_path):
+    retriever = Retriever(model, batch_size=16)
     with pytest.raises(StoreError, match="retriever.index"):
         retriever.retrieve("cells")
     docs = [
@@ -151,12 +144,12 @@ def test_mixin_index_retrieve_evaluate(model, tmp_path):
     assert retriever.index(docs).unchanged == 4
 
 
-def test_mixin_refuses_after_training_in_place(tmp_path):
+def test_retriever_refuses_after_training_in_place(tmp_path):
     import torch
 
     from densefit.testing import tiny_model
 
-    retriever = DemoRetriever(tiny_model(tmp_path / "m"))
+    retriever = Retriever(tiny_model(tmp_path / "m"))
     retriever.index(make_corpus(10))
     with torch.no_grad():
         for parameter in retriever.model.parameters():
@@ -173,11 +166,3 @@ def test_as_document_errors():
         as_document({"id": "1", "body": "x"})
     with pytest.raises(TypeError, match="documents\\[4\\] is a int"):
         as_document(5, 4)
-
-
-def test_the_real_retriever_has_the_mixin():
-    from densefit.retrieval.retriever import Retriever
-
-    if not issubclass(Retriever, RetrievalMixin):
-        pytest.skip("densefit.retrieval.retriever.Retriever does not mix in RetrievalMixin yet")
-    assert hasattr(Retriever, "retrieve_batch")

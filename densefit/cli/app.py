@@ -93,7 +93,7 @@ def _load(model: str, max_seq_length: int | None, trust_remote_code: bool = Fals
 
 def _examples(data: Path, on_bad_row: str, split: str):
     from densefit.data.types import BadRowError
-    from densefit.retrieval.retriever import load_training_examples
+    from densefit.data.readers import load_training_examples
 
     try:
         with warnings.catch_warnings(record=True) as caught:

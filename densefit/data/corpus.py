@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from densefit.data.readers import (
+from densefit.data.rows import (
     SKIP_HINT,
     BadRows,
     OnBadRow,
@@ -116,7 +116,7 @@ def iter_corpus(
         >>> for doc in iter_corpus("corpus.jsonl.gz"):  # doctest: +SKIP
         ...     index.add(doc)
     """
-    path = _corpus_file(Path(path))
+    path = find_corpus_file(Path(path))
     report = report if report is not None else ReadReport(str(path))
     documents = _unique_rows(path, BadRows(on_bad_row, report), _document, "document")
 
@@ -138,7 +138,14 @@ def _document(record: Record, origin: str) -> tuple[str, Document]:
     )
 
 
-def _corpus_file(path: Path) -> Path:
+def find_corpus_file(path: str | os.PathLike) -> Path:
+    """The corpus file of a BEIR folder (``corpus.jsonl`` or ``.jsonl.gz``), or ``path`` itself
+    when it is a file; FileNotFoundError when a folder holds neither.
+
+    >>> find_corpus_file("corpus.parquet")
+    PosixPath('corpus.parquet')
+    """
+    path = Path(path)
     if not path.is_dir():
         return path
     for name in ("corpus.jsonl", "corpus.jsonl.gz"):
@@ -203,7 +210,7 @@ def load_beir(
     bad = BadRows(on_bad_row, report)
     corpus_name = "the corpus passed in"
     if corpus is None:
-        corpus_file = _corpus_file(folder)
+        corpus_file = find_corpus_file(folder)
         corpus_name = corpus_file.name
         corpus = dict(_unique_rows(corpus_file, bad, _document, "document"))
     all_queries = _read_queries(folder / "queries.jsonl", bad)

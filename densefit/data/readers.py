@@ -3,44 +3,50 @@
 Files are streamed and decoded line by line, so a bad byte or a broken row is reported at
 its own line (``data.jsonl:7: field 'anchor': expected text, got int (...)``) instead of
 crashing the whole read. ``on_bad_row="skip"`` skips such rows and lists each of them in the
-returned :class:`ReadReport`; nothing is dropped silently.
-
-The row layer here (:func:`iter_rows`, :class:`BadRows`) is shared with
-:mod:`densefit.data.corpus`.
+returned :class:`ReadReport`; nothing is dropped silently. The row layer (file formats,
+field checks, bad rows) is :mod:`densefit.data.rows`, shared with :mod:`densefit.data.corpus`.
 """
 
 from __future__ import annotations
 
-import codecs
-import csv
-import gzip
-import json
 import math
 import numbers
 import os
 import re
-import zlib
-from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+import warnings
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from densefit.data.corpus import load_beir
+from densefit.data.rows import (
+    SKIP_HINT,
+    BadRows,
+    OnBadRow,
+    Rows,
+    check_columns,
+    check_text,
+    first_present,
+    iter_rows,
+    require_text,
+    show_value,
+    type_name,
+    why_empty,
+)
 from densefit.data.types import BadRowError, Document, ReadReport, TrainingExample
 
-OnBadRow = Literal["error", "skip"]
-Record = dict[str, Any]
-Rows = Iterator[tuple[str, "Record | BadRowError"]]  # (origin, the row or why it is bad)
-
-SKIP_HINT = "fix the row, or pass --on-bad-row skip to skip bad rows"
-SUPPORTED = ".jsonl, .json, .jsonl.gz, .csv, .tsv, .parquet, or a BEIR folder"
+__all__ = [
+    "example_from_record",
+    "examples_from_records",
+    "load_training_examples",
+    "read_training_data",
+]
 
 QUERY_KEYS = ("anchor", "query", "question")
 POSITIVE_KEYS = ("positive", "pos_doc")
 NEGATIVE_KEYS = ("negative", "neg_doc")  # each a text or a list of texts
 SCORE_KEYS = ("score", "label")
 _NUMBERED_NEGATIVE = re.compile(r"negative_(\d{1,9})")
-_SURROGATE = re.compile("[\ud800-\udfff]")  # invalid UTF-8 (surrogateescape) or a bad \u escape
-_ASCII_SPACE = " \t\n\r\x0b\x0c"  # what bytes.isspace() calls blank
 
 
 # ----------------------------------------------------------------------------- training data
@@ -87,8 +93,6 @@ def read_training_data(
     path = Path(path)
     report = ReadReport(str(path))
     if path.is_dir():
-        from densefit.data.corpus import load_beir  # corpus.py imports this module
-
         beir = load_beir(path, split, on_bad_row=on_bad_row, corpus=corpus)
         report.skipped = beir.report.skipped
         examples = beir.training_pairs()
@@ -205,7 +209,7 @@ def _examples(rows: Rows, where: str, bad: BadRows) -> list[TrainingExample]:
 def _check_score(value: Any, origin: str, key: str) -> float:
     score = _to_float(value)
     if score is None:
-        raise BadRowError(origin, key, f"expected a number, got {_show(value)}", SKIP_HINT)
+        raise BadRowError(origin, key, f"expected a number, got {show_value(value)}", SKIP_HINT)
     if not math.isfinite(score):
         raise BadRowError(origin, key, f"expected a finite number, got {score}", SKIP_HINT)
     return score
@@ -220,254 +224,33 @@ def _to_float(value: Any) -> float | None:
         return None
 
 
-def why_empty(report: ReadReport) -> str:
-    """The end of a "no rows" message: the file was empty, or the first bad row skipped."""
-    if not report.skipped:
-        return ""
-    origin, reason = report.skipped[0]
-    return f" ({report.n_skipped} bad rows skipped; the first: {origin}: {reason})"
-
-
 def _not_a_mapping(origin: str, value: Any) -> BadRowError:
-    return BadRowError(origin, None, f"expected a dict, got {_type(value)}", SKIP_HINT)
+    return BadRowError(origin, None, f"expected a dict, got {type_name(value)}", SKIP_HINT)
 
 
-# ----------------------------------------------------------------------------- field checks
+def load_training_examples(
+    training_data: str | os.PathLike | Iterable[Mapping | TrainingExample],
+    *,
+    on_bad_row: OnBadRow = "error",
+    split: str = "train",
+) -> list[TrainingExample]:
+    """Training rows from a file or folder path, Haystack-style dicts, or TrainingExamples.
 
+    The one entry point of the CLI, the pipeline and :meth:`Retriever.train
+    <densefit.retrieval.retriever.Retriever.train>`. Skipped bad rows are listed in a
+    ``UserWarning`` (nothing is dropped silently).
 
-def first_present(record: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any]:
-    """The first of ``keys`` whose value is not None, and that value (``(keys[0], None)`` if none)."""
-    for key in keys:
-        if record.get(key) is not None:
-            return key, record[key]
-    return keys[0], None
-
-
-def require_text(record: Mapping[str, Any], keys: tuple[str, ...], origin: str) -> str:
-    """The non-empty text under the first present of ``keys``, or :class:`BadRowError`."""
-    key, value = first_present(record, keys)
-    if value is None:
-        names = " or ".join(repr(k) for k in keys)
-        raise BadRowError(origin, None, f"missing {names}", SKIP_HINT)
-    return check_text(value, origin, key)
-
-
-def check_text(value: Any, origin: str, key: str, *, also: str = "", empty_ok: bool = False) -> str:
-    """``value`` if it is a (non-empty, valid Unicode) string, else :class:`BadRowError`."""
-    if not isinstance(value, str):
-        wanted = f"text {also}".strip()
-        raise BadRowError(origin, key, f"expected {wanted}, got {_type(value)}", SKIP_HINT)
-    if not empty_ok and not value.strip():
-        raise BadRowError(origin, key, "is empty", SKIP_HINT)
-    if bad := _SURROGATE.search(value):
-        problem = (
-            f"invalid UTF-8 or a broken \\u escape ({ascii(bad[0])} at character {bad.start()})"
-        )
-        raise BadRowError(origin, key, problem, SKIP_HINT)
-    return value
-
-
-def check_columns(
-    record: Mapping[str, Any], where: str, wanted: dict[str, tuple[str, ...]]
-) -> None:
-    """Raise ValueError when the first row has none of the wanted columns: likely the wrong file."""
-    if any(key in record for keys in wanted.values() for key in keys):
-        return
-    expected = "; ".join(f"{role}: {' or '.join(map(repr, keys))}" for role, keys in wanted.items())
-    raise ValueError(
-        f"{where}: found the columns {list(record)!r} but none of the expected ones ({expected});"
-        " rename the columns or check that this is the right file"
-    )
-
-
-def _type(value: Any) -> str:
-    return {dict: "an object", list: "a list", type(None): "null"}.get(
-        type(value), type(value).__name__
-    )
-
-
-def _show(value: Any) -> str:
-    try:
-        shown = repr(value)
-    except ValueError:  # an int with more digits than Python will print
-        return "a number too large to show"
-    return shown if len(shown) <= 40 else shown[:37] + "..."
-
-
-# ----------------------------------------------------------------------------- bad rows
-
-
-class BadRows:
-    """What to do with a bad row: raise it (``"error"``) or list it in ``report`` (``"skip"``).
-
-    Example:
-        >>> report = ReadReport("x.jsonl")
-        >>> BadRows("skip", report)(BadRowError("x.jsonl:3", "anchor", "is empty"))
-        >>> report.skipped
-        [('x.jsonl:3', "field 'anchor': is empty")]
+    >>> rows = load_training_examples([{"question": "q", "pos_doc": "d"}])
+    >>> rows[0].query, rows[0].positive
+    ('q', 'd')
     """
-
-    def __init__(self, on_bad_row: OnBadRow, report: ReadReport):
-        if on_bad_row not in ("error", "skip"):
-            raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
-        self.skip = on_bad_row == "skip"
-        self.report = report
-
-    def __call__(self, error: BadRowError) -> None:
-        if not self.skip:
-            raise error
-        reason = f"field {error.field!r}: {error.problem}" if error.field else error.problem
-        self.report.skipped.append((error.origin, reason))
-
-
-# ----------------------------------------------------------------------------- rows of a file
-
-
-def file_format(path: Path) -> Literal["jsonl", "csv", "tsv", "parquet"]:
-    """The format of ``path`` from its suffix, or ValueError listing the supported ones."""
-    name = path.name.lower()
-    for suffixes, kind in (
-        ((".jsonl", ".json", ".jsonl.gz", ".json.gz"), "jsonl"),
-        ((".csv", ".csv.gz"), "csv"),
-        ((".tsv", ".tsv.gz"), "tsv"),
-        ((".parquet",), "parquet"),
-    ):
-        if name.endswith(suffixes):
-            return kind  # type: ignore[return-value]
-    raise ValueError(f"{path}: unsupported file type; densefit reads {SUPPORTED}")
-
-
-def iter_rows(path: str | os.PathLike) -> Rows:
-    """Stream ``(origin, row)`` for each non-blank row of a JSONL, CSV, TSV or Parquet file.
-
-    ``row`` is a dict, or a :class:`BadRowError` when the row cannot be parsed (invalid
-    UTF-8 or JSON, not an object, wrong number of CSV fields). Empty CSV cells are None.
-    ``origin`` is ``path:line`` (1-based physical line; the CSV header is line 1) or
-    ``path:row N`` for Parquet. Problems with the whole file raise ValueError.
-
-    Example:
-        >>> for origin, row in iter_rows("train.csv"):  # doctest: +SKIP
-        ...     print(origin, row)
-        train.csv:2 {'anchor': 'q', 'positive': 'p'}
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    kind = file_format(path)
-    if kind == "jsonl":
-        return _jsonl_rows(path)
-    if kind == "parquet":
-        return _parquet_rows(path)
-    return _delimited_rows(path, "\t" if kind == "tsv" else ",")
-
-
-def _binary_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """``(line number, bytes)`` of each line of a plain or gzipped file, ``\n`` included."""
-    gzipped = path.name.lower().endswith(".gz")
-    with gzip.open(path, "rb") if gzipped else open(path, "rb") as file:
-        try:
-            yield from enumerate(file, start=1)
-        except (OSError, EOFError, zlib.error) as error:
-            kind = "gzip file" if gzipped else "file"
-            raise ValueError(
-                f"{path}: cannot read this {kind} ({error}); is it complete?"
-            ) from error
-
-
-def _jsonl_rows(path: Path) -> Rows:
-    for line, raw in _binary_lines(path):
-        if raw.isspace():
-            continue
-        origin = f"{path}:{line}"
-        yield origin, _parse_json_line(raw.removeprefix(codecs.BOM_UTF8), origin, line == 1)
-
-
-def _parse_json_line(raw: bytes, origin: str, first: bool) -> Record | BadRowError:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        return BadRowError(origin, None, f"invalid UTF-8 at byte {error.start + 1}", SKIP_HINT)
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        return BadRowError(origin, None, "JSON nested too deeply", SKIP_HINT)
-    except ValueError as error:
-        if not raw.endswith(b"\n"):
-            problem = (
-                "truncated last line: not valid JSON and no final newline (was the file cut off?)"
-            )
-        elif first and text.lstrip().startswith("["):
-            problem = "a JSON array, but densefit reads JSON Lines: one object per line"
-            return BadRowError(
-                origin, None, problem, "convert it with: jq -c '.[]' in.json > out.jsonl"
-            )
-        elif isinstance(error, json.JSONDecodeError):
-            problem = f"invalid JSON at column {error.colno}: {error.msg}"
-        else:
-            problem = f"invalid JSON ({error})"
-        return BadRowError(origin, None, problem, SKIP_HINT)
-    if not isinstance(value, dict):
-        return BadRowError(origin, None, f"expected a JSON object, got {_type(value)}", SKIP_HINT)
-    return value
-
-
-def _delimited_rows(path: Path, delimiter: str) -> Rows:
-    # Undecodable bytes become lone surrogates (surrogateescape) and are reported per row;
-    # TSV is read without quoting, so one stray quote cannot swallow the rest of the file.
-    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))  # long documents are fine
-    lines = (raw.decode("utf-8", "surrogateescape") for _, raw in _binary_lines(path))
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    reader = csv.reader(lines, delimiter=delimiter, quoting=quoting)
-    header: list[str] | None = None
-    while True:
-        origin = f"{path}:{reader.line_num + 1}"  # a quoted row may span lines: its first
-        try:
-            cells = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as error:
-            if header is None:
-                raise ValueError(f"{origin}: cannot read the header row ({error})") from error
-            yield origin, BadRowError(origin, None, f"malformed row ({error})", SKIP_HINT)
-            continue
-        if all(not cell.strip(_ASCII_SPACE) for cell in cells):
-            continue  # a blank line
-        if header is None:
-            header = _header(cells, origin)
-            continue
-        if len(cells) != len(header):
-            problem = f"{len(cells)} fields, but the header has {len(header)}"
-            yield origin, BadRowError(origin, None, problem, SKIP_HINT)
-            continue
-        row = dict(zip(header, cells, strict=True))
-        if bad := next((name for name, cell in row.items() if _SURROGATE.search(cell)), None):
-            yield origin, BadRowError(origin, bad, "invalid UTF-8 bytes", SKIP_HINT)
-        else:
-            yield origin, {name: cell or None for name, cell in row.items()}
-
-
-def _header(cells: list[str], origin: str) -> list[str]:
-    names = [cell.strip() for cell in cells]
-    names[0] = names[0].removeprefix("\ufeff")
-    if any(_SURROGATE.search(name) for name in names):
-        raise ValueError(f"{origin}: the header row is not valid UTF-8; save the file as UTF-8")
-    if duplicates := sorted(name for name, n in Counter(names).items() if n > 1):
-        raise ValueError(
-            f"{origin}: duplicate column names {duplicates!r} in the header row;"
-            " give every column a unique name (the first line must be the header)"
-        )
-    return names
-
-
-def _parquet_rows(path: Path) -> Rows:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        row = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-            for record in batch.to_pylist():
-                row += 1
-                yield f"{path}:row {row}", record
-    except (pa.ArrowException, OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: cannot read this Parquet file ({error})") from error
+    if isinstance(training_data, (str, os.PathLike)):
+        examples, report = read_training_data(training_data, on_bad_row=on_bad_row, split=split)
+    else:
+        records = list(training_data)
+        if records and all(isinstance(r, TrainingExample) for r in records):
+            return records
+        examples, report = examples_from_records(records, on_bad_row=on_bad_row)
+    if report.n_skipped:
+        warnings.warn(report.summary(), UserWarning, stacklevel=2)
+    return examples

@@ -90,7 +90,7 @@ def tree_digest(folder: str | os.PathLike, skip: tuple[str, ...] = ("checkpoints
 
 
 def _corpus_file(folder: Path) -> Path:
-    from densefit.data.corpus import _corpus_file as find
+    from densefit.data.corpus import find_corpus_file as find
 
     return find(folder)
 
@@ -402,7 +402,7 @@ class Pipeline:
     def _train(self, fp: str) -> dict:
         from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
         from densefit.models import load_model
-        from densefit.retrieval.retriever import load_training_examples
+        from densefit.data.readers import load_training_examples
         from densefit.training.loop import train
 
         c = self.config

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-__all__ = ["encode_texts", "encode_with_callback", "embedding_dimension"]
+__all__ = ["embedding_dimension", "encode_texts", "encode_with_callback", "fast_path_tokenizer"]
 
 # Texts are tokenized in windows of this many batches: bounded memory on million-text inputs,
 # and enough texts per window for the token-length sort to leave little padding.
@@ -109,7 +109,7 @@ def encode_with_callback(
         return out
     was_training = model.training
     model.eval()
-    tokenizer = _fast_path_tokenizer(model)
+    tokenizer = fast_path_tokenizer(model)
     # Coarse order by characters (free); each window is then re-sorted by exact token count.
     order = np.argsort([-len(t) for t in texts], kind="stable")
     window = batch_size * _BATCHES_PER_WINDOW
@@ -188,7 +188,7 @@ def _pad(encoded: dict, picks: np.ndarray, width: int, tokenizer) -> dict:
     return features
 
 
-def _fast_path_tokenizer(model: SentenceTransformer):
+def fast_path_tokenizer(model: SentenceTransformer) -> object | None:
     """The tokenizer, when tokenizing once up front gives exactly ``model.preprocess``'s input.
 
     Returns None (use the general path) for anything unusual. The answer is remembered on the

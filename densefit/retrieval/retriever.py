@@ -1,7 +1,18 @@
-"""The high-level API, familiar to Haystack 1.x ``EmbeddingRetriever`` users."""
+"""The high-level API, familiar to Haystack 1.x ``EmbeddingRetriever`` users.
+
+:class:`Retriever` holds a :class:`sentence_transformers.SentenceTransformer` (``model``) and,
+once :meth:`Retriever.index` ran, a document store (``store``, normally a
+:class:`~densefit.retrieval.index.store.LocalDocumentStore`): train, save, embed, index,
+retrieve and evaluate.
+
+The store remembers the model that embedded it, so retrieving after the model was trained in
+place (or swapped) raises :class:`~densefit.retrieval.index.base.ModelMismatchError`: call
+``index`` again to re-embed the documents with the current weights.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -10,44 +21,58 @@ import numpy as np
 from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig
-from densefit.data.types import TrainingExample
-from densefit.retrieval.encode import encode_texts
+from densefit.data.readers import load_training_examples
+from densefit.data.types import Document, TrainingExample
 from densefit.models import load_model
-from densefit.retrieval.api import RetrievalMixin, as_document
+from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.index.base import SearchHit, StoreError
 from densefit.training.loop import TrainResult, save_model, train
 
-__all__ = ["Retriever", "load_training_examples"]
+__all__ = ["Retriever", "as_document"]
 
 
-def load_training_examples(
-    training_data: str | os.PathLike | Iterable[Mapping | TrainingExample],
-    *,
-    on_bad_row: str = "error",
-    split: str = "train",
-) -> list[TrainingExample]:
-    """Training rows from a file or folder path, Haystack-style dicts, or TrainingExamples.
+def as_document(item, position: int = 0) -> Document:
+    """A :class:`Document` from a Document, a Haystack-style dict or a plain string.
 
-    >>> rows = load_training_examples([{"question": "q", "pos_doc": "d"}])
-    >>> rows[0].query, rows[0].positive
-    ('q', 'd')
+    Dicts use ``id`` (or ``_id``), ``content`` (or ``text``), ``title`` and ``meta``; strings
+    and dicts without an id get a stable id from their text's hash.
+
+    >>> as_document({"id": "7", "content": "Cells divide.", "title": "Biology"}).text
+    'Biology Cells divide.'
+    >>> as_document("some text").id
+    'sha1:37aa63c77398d954'
     """
-    from densefit.data.readers import examples_from_records, read_training_data
+    if isinstance(item, Document):
+        return item
+    if isinstance(item, str):
+        return Document(id=_hash_id(item), text=item)
+    if isinstance(item, Mapping):
+        body = item.get("content", item.get("text"))
+        if not isinstance(body, str):
+            raise TypeError(
+                f"documents[{position}] has no text: a dict needs 'content' (or 'text') "
+                f"holding a string, got keys {sorted(item)}"
+            )
+        title = item.get("title") or ""
+        doc_id = item.get("id", item.get("_id"))
+        text = f"{title} {body}".strip() if title else body
+        return Document(
+            id=str(doc_id) if doc_id is not None else _hash_id(text),
+            text=text,
+            title=title,
+            meta=dict(item.get("meta") or {}),
+        )
+    raise TypeError(
+        f"documents[{position}] is a {type(item).__name__}: pass Documents, dicts with "
+        "'content', or strings"
+    )
 
-    if isinstance(training_data, (str, os.PathLike)):
-        examples, report = read_training_data(training_data, on_bad_row=on_bad_row, split=split)
-    else:
-        records = list(training_data)
-        if records and all(isinstance(r, TrainingExample) for r in records):
-            return records
-        examples, report = examples_from_records(records, on_bad_row=on_bad_row)
-    if report.n_skipped:
-        import warnings
 
-        warnings.warn(report.summary(), UserWarning, stacklevel=2)
-    return examples
+def _hash_id(text: str) -> str:
+    return "sha1:" + hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
 
 
-class Retriever(RetrievalMixin):
+class Retriever:
     """A dense retriever around a SentenceTransformer: train, save, embed, index, retrieve.
 
     >>> from densefit.testing import tiny_model
@@ -66,7 +91,9 @@ class Retriever(RetrievalMixin):
         batch_size: int = 32,
     ):
         self.model = load_model(
-            model, device=device, trust_remote_code=trust_remote_code,
+            model,
+            device=device,
+            trust_remote_code=trust_remote_code,
             max_seq_length=max_seq_length,
         )
         if max_seq_length is not None:
@@ -104,9 +131,14 @@ class Retriever(RetrievalMixin):
         if use_amp is True:
             amp = "fp16" if self.model.device.type == "cuda" else "bf16"
         config = TrainConfig(
-            batch_size=batch_size, epochs=n_epochs, learning_rate=learning_rate,
-            warmup_steps=num_warmup_steps, loss=train_loss, amp=amp or None,
-            gradient_checkpointing=gradient_checkpointing, **options,
+            batch_size=batch_size,
+            epochs=n_epochs,
+            learning_rate=learning_rate,
+            warmup_steps=num_warmup_steps,
+            loss=train_loss,
+            amp=amp or None,
+            gradient_checkpointing=gradient_checkpointing,
+            **options,
         )
         examples = load_training_examples(training_data, on_bad_row=on_bad_row)
         self.last_config = config
@@ -129,3 +161,113 @@ class Retriever(RetrievalMixin):
         """(n, d) float32 embeddings of documents (strings, Documents or dicts with content)."""
         texts = [as_document(d, i).text for i, d in enumerate(documents)]
         return self._embed(texts, batch_size)
+
+    def index(
+        self,
+        documents: Iterable[Document | Mapping | str],
+        store: str | os.PathLike | object | None = None,
+        batch_size: int = 64,
+        *,
+        backend: str | None = None,
+        show_progress: bool = False,
+    ):
+        """Embed ``documents`` and write them to ``store`` (which becomes ``self.store``).
+
+        ``store`` is a folder path (created for this model if new), a store object, or None:
+        ``self.store`` if set, else a temporary store deleted when the retriever is. Documents
+        already stored with the same text are skipped, so calling ``index`` again with a grown
+        corpus only embeds the new documents. Returns an
+        :class:`~densefit.retrieval.index.indexing.IndexReport`.
+        """
+        from densefit.retrieval.index.indexing import index_documents
+        from densefit.retrieval.index.store import open_store
+
+        if store is None:
+            store = (
+                self.store
+                if self.store is not None
+                else open_store(None, self.model, backend=backend)
+            )
+        elif isinstance(store, (str, os.PathLike)):
+            store = open_store(store, self.model, backend=backend)
+        store.check_model(self.model)
+        self.store = store
+        docs = (as_document(d, i) for i, d in enumerate(documents))
+        total = len(documents) if isinstance(documents, Sequence) else None
+        return index_documents(
+            store, self.model, docs, batch_size=batch_size, show_progress=show_progress, total=total
+        )
+
+    def retrieve(self, query: str, top_k: int = 10) -> list[SearchHit]:
+        """The ``top_k`` documents best matching ``query``, best first.
+
+        Each :class:`~densefit.retrieval.index.base.SearchHit` has ``id``, ``score``, ``rank``,
+        ``text``, ``title`` and ``meta``.
+        """
+        if not isinstance(query, str):
+            raise TypeError("retrieve takes one query string; use retrieve_batch for a list")
+        return self.retrieve_batch([query], top_k=top_k)[0]
+
+    def retrieve_batch(self, queries: Sequence[str], top_k: int = 10) -> list[list[SearchHit]]:
+        """:meth:`retrieve` for many queries, embedded and searched together."""
+        from densefit.retrieval.index.searching import search_batch
+
+        return search_batch(
+            self._require_store(),
+            self.model,
+            queries,
+            top_k=top_k,
+            batch_size=self.batch_size,
+        )
+
+    def evaluate(
+        self,
+        queries: str | os.PathLike | Mapping[str, str] | None = None,
+        qrels: str | os.PathLike | Mapping[str, Mapping[str, int]] | None = None,
+        *,
+        dataset: str | os.PathLike | None = None,
+        split: str = "test",
+        metrics: Sequence[str] | None = None,
+        top_k: int | None = None,
+    ):
+        """nDCG@10, MRR@10, Recall@10/100 and MAP@100 (pytrec_eval) of this retriever.
+
+        Either ``queries`` + ``qrels`` (files or mappings) scored against ``self.store``, or
+        ``dataset=BEIR_FOLDER`` which indexes that corpus into a temporary store (leaving
+        ``self.store`` alone). Returns an :class:`~densefit.evaluate.EvalResult`.
+        """
+        from densefit.evaluate import (
+            DEFAULT_METRICS,
+            evaluate_beir,
+            evaluate_store,
+            load_queries_and_qrels,
+        )
+
+        metrics = tuple(metrics or DEFAULT_METRICS)
+        batch_size = self.batch_size
+        if dataset is not None:
+            if queries is not None or qrels is not None:
+                raise ValueError("pass either dataset= or queries and qrels, not both")
+            return evaluate_beir(
+                self.model, dataset, split, metrics=metrics, top_k=top_k, batch_size=batch_size
+            )
+        if queries is None or qrels is None:
+            raise ValueError("evaluate needs queries and qrels, or dataset=BEIR_FOLDER")
+        queries, qrels = load_queries_and_qrels(queries, qrels)
+        return evaluate_store(
+            self._require_store(),
+            self.model,
+            queries,
+            qrels,
+            metrics=metrics,
+            top_k=top_k,
+            batch_size=batch_size,
+        )
+
+    def _require_store(self):
+        if self.store is None:
+            raise StoreError(
+                "this retriever has no document store yet: call retriever.index(documents) "
+                "(or retriever.index(documents, store='path/to/store')) first"
+            )
+        return self.store

@@ -107,7 +107,7 @@ class VectorBackend(Protocol):
 
 @runtime_checkable
 class DocumentStore(Protocol):
-    """What :class:`~densefit.retrieval.api.RetrievalMixin` and the CLI need from a store.
+    """What :class:`~densefit.retrieval.retriever.Retriever` and the CLI need from a store.
 
     Implemented by :class:`~densefit.retrieval.index.store.LocalDocumentStore`; the conformance suite in
     :mod:`densefit.retrieval.index.conformance` states the behaviour every implementation must have.
