@@ -26,8 +26,11 @@ __all__ = [
 ]
 
 
-class StoreError(RuntimeError):
-    """A document store cannot do what was asked; the message says why and what to do."""
+class StoreError(ValueError):
+    """A document store cannot do what was asked; the message says why and what to do.
+
+    A ValueError: like bad input, it is the user's to fix, and the CLI prints it as one line.
+    """
 
 
 class ModelMismatchError(StoreError):

@@ -195,7 +195,7 @@ class StoreConformance:
         # Another process compacting holds the write lock while it writes the next
         # generation's file; opening the store meanwhile must not delete that file.
         next_file = store_dir / "vectors-1.f32"
-        with store._transaction():
+        with store.transaction():
             next_file.write_bytes(b"being written")
             LocalDocumentStore(store_dir, backend=backend).close()
             assert next_file.exists()
@@ -235,8 +235,8 @@ class StoreConformance:
     def test_weights_changed_in_place_is_an_error(self, store, model_dir, docs):
         import torch
 
-        from densefit.retrieval.index.searching import search
         from densefit.models import load_model
+        from densefit.retrieval.index.searching import search
 
         model = load_model(model_dir)
         assert search(store, model, docs[0].text, top_k=1)[0].id == docs[0].id

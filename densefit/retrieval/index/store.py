@@ -3,6 +3,7 @@
 Layout of a store folder::
 
     store.sqlite          documents (id, text, title, meta, hashes, vector row) and meta
+    densefit.lock         the writer lock (creation and indexing hold it)
     vectors-<gen>.f32     committed embeddings, row-major (``.f16`` for float16 stores)
     faiss-<gen>-*.index   FAISS cache, only when searched with the FAISS backend
 
@@ -15,21 +16,26 @@ Updated and deleted documents leave dead rows in the vector file that searches s
 :meth:`LocalDocumentStore.compact` rewrites the file without them (a new generation, swapped
 in by one commit).
 
-The store records the model that made the embeddings: its name, the embedding dimension and a
-*fingerprint* (the model's embeddings of three probe sentences). Searching with another model
-raises :class:`~densefit.retrieval.index.base.ModelMismatchError` instead of returning garbage.
+The store records the model that made the embeddings and the settings it made them with
+(:mod:`densefit.retrieval.index.settings`): searching with another model raises
+:class:`~densefit.retrieval.index.base.ModelMismatchError` instead of returning garbage, and
+indexing with other settings raises :class:`~densefit.retrieval.index.settings.
+SettingsMismatchError` instead of mixing vectors (``densefit index --reembed`` re-embeds).
+
+The parts: :mod:`~densefit.retrieval.index.documents` (SQLite: documents, meta,
+transactions), :mod:`~densefit.retrieval.index.vectors` (the vector file and the search
+backend), :mod:`~densefit.retrieval.index.settings` (the record and the model checks) and
+:mod:`~densefit.retrieval.index.locking` (one writer at a time); this module puts them
+together behind :class:`LocalDocumentStore` and :func:`open_store`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import sqlite3
 import tempfile
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import wraps
@@ -38,90 +44,25 @@ from pathlib import Path
 import numpy as np
 
 from densefit.data.types import Document
-from densefit.retrieval.index.base import (
-    ModelMismatchError,
-    SearchHit,
-    StoreError,
-    VectorBackend,
-    WriteResult,
+from densefit.retrieval.index.base import ModelMismatchError, SearchHit, StoreError, WriteResult
+from densefit.retrieval.index.documents import (
+    DB_NAME,
+    DocumentTable,
+    meta_hash,
+    text_hash,
+    write_new_database,
 )
-from densefit.retrieval.index.exact import ExactBackend
-from densefit.retrieval.index.vectors import VectorFile
-
-__all__ = ["LocalDocumentStore", "open_store", "make_backend", "text_hash", "meta_hash"]
-
-FORMAT = "densefit-store/1"
-DB_NAME = "store.sqlite"
-SIMILARITIES = ("cosine", "dot")
-DTYPES = {"float32": "f32", "float16": "f16"}
-PROBE_TEXTS = (
-    "densefit model fingerprint: the quick brown fox jumps over the lazy dog.",
-    "What is the effect of vitamin D on bone density in older adults?",
-    "def search(index, query, k=10): return index.top_k(query, k)",
+from densefit.retrieval.index.locking import LOCK_NAME, writer_lock
+from densefit.retrieval.index.settings import (
+    DTYPES,
+    SIMILARITIES,
+    StoreRecord,
+    VectorSettings,
+    model_fingerprint,
 )
-# Same weights reproduce the probe embeddings to ~1e-7; a fine-tuned model moves them more.
-_SAME_WEIGHTS_COSINE = 1 - 1e-5
-_SQL_VARS = 900  # stay under SQLite's default limit on bound parameters
+from densefit.retrieval.index.vectors import CommittedVectors, make_backend
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS documents (
-    id TEXT PRIMARY KEY,
-    row INTEGER NOT NULL UNIQUE,
-    text TEXT NOT NULL,
-    title TEXT NOT NULL DEFAULT '',
-    meta TEXT NOT NULL DEFAULT '{}',
-    text_hash TEXT NOT NULL,
-    meta_hash TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS documents_text_hash ON documents(text_hash);
-"""
-
-
-def text_hash(text: str) -> str:
-    """The hash that decides whether a document must be re-embedded."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-
-
-def meta_hash(document: Document) -> str:
-    """The hash of what is stored but not embedded: title and metadata."""
-    payload = json.dumps([document.title, document.meta], sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:32]
-
-
-def make_backend(
-    spec: str | Callable[[int], VectorBackend], dim: int, cache_path: Path | None = None
-) -> VectorBackend:
-    """Build a backend from ``"exact"``, ``"faiss"`` / ``"faiss:FACTORY"`` or a factory.
-
-    >>> make_backend("exact", dim=4).name
-    'exact'
-    """
-    if callable(spec):
-        return spec(dim)
-    name, _, option = str(spec).partition(":")
-    if name == "exact":
-        return ExactBackend()
-    if name == "faiss":
-        from densefit.retrieval.index.faiss_backend import FaissBackend
-
-        factory = option or "HNSW32"
-        slug = "".join(c if c.isalnum() else "_" for c in factory)
-        path = cache_path.with_name(f"{cache_path.name}-{slug}.index") if cache_path else None
-        return FaissBackend(dim, factory=factory, cache_path=path)
-    raise ValueError(
-        f"unknown backend {spec!r}: use 'exact', 'faiss' (HNSW32) or 'faiss:FACTORY' "
-        "with a FAISS index_factory string such as 'faiss:Flat' or 'faiss:IVF4096,Flat'"
-    )
-
-
-def canonical_model_name(name: str) -> str:
-    """A model name that compares equal however the same model was named."""
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return str(path.resolve())
-    lowered = name.strip().lower()
-    return lowered.removeprefix("sentence-transformers/")
+__all__ = ["LocalDocumentStore", "make_backend", "meta_hash", "open_store", "text_hash"]
 
 
 def _locked(method):
@@ -141,6 +82,14 @@ def _normalise_rows(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     norms = np.where((norms == 0) | (np.abs(norms - 1) <= 1e-6), 1, norms)
     return vectors / norms
+
+
+def _parameter_version(model) -> int:
+    """Changes whenever a parameter is modified in place (optimizer steps, load_state_dict)."""
+    try:
+        return sum(p._version for p in model.parameters())
+    except (AttributeError, TypeError):  # pragma: no cover - not a torch module
+        return -1
 
 
 class LocalDocumentStore:
@@ -171,31 +120,29 @@ class LocalDocumentStore:
                 f"`densefit index CORPUS --model MODEL --store {self.path}`"
             )
         self._lock = threading.RLock()
-        # One connection shared by threads, serialised by self._lock.
-        self._conn = sqlite3.connect(
-            db, isolation_level=None, timeout=60.0, check_same_thread=False
-        )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
-        meta = self._read_meta()
-        if meta.get("format") != FORMAT:
-            raise StoreError(
-                f"{db}: unknown store format {meta.get('format')!r} (this densefit reads "
-                f"{FORMAT}); re-index into a new folder"
-            )
-        self.model_name: str = meta["model_name"]
-        self.dim: int = int(meta["dim"])
-        self.similarity: str = meta["similarity"]
-        self.dtype: str = meta["dtype"]
-        self._fingerprint = np.asarray(json.loads(meta["fingerprint"]), dtype=np.float32)
+        self._table = DocumentTable(db)  # one connection shared by threads, under self._lock
+        self.record = StoreRecord.from_meta(self._table.read_meta(), db)
+        self.model_name: str = self.record.model_name
+        self.dim: int = self.record.dim
+        self.similarity: str = self.record.similarity
+        self.dtype: str = self.record.dtype
         self.backend_spec = backend
-        self.backend: VectorBackend | None = None
-        self._generation = -1
+        self._vectors = CommittedVectors(self.path, dim=self.dim, dtype=self.dtype, backend=backend)
         self._checked: dict[int, tuple[weakref.ref, int]] = {}
         self._data_version = None
         self._cleanup: Callable | None = None
         self._reload()
         self._remove_stale_files()
+
+    @property
+    def backend(self):
+        """The search backend over the committed vectors (rebuilt after a compaction)."""
+        return self._vectors.backend
+
+    @property
+    def settings(self) -> VectorSettings | None:
+        """The settings the vectors were made with (None: not recorded, an older store)."""
+        return self.record.settings
 
     # -- creation --------------------------------------------------------------------------
 
@@ -210,8 +157,13 @@ class LocalDocumentStore:
         similarity: str = "cosine",
         dtype: str = "float32",
         backend: str | Callable = "exact",
+        settings: VectorSettings | None = None,
     ) -> LocalDocumentStore:
-        """Create an empty store for embeddings of ``dim`` dimensions from ``model_name``."""
+        """Create an empty store for embeddings of ``dim`` dimensions from ``model_name``.
+
+        ``settings`` records how the vectors are made (:func:`open_store` records the
+        model's). The caller holds the folder's writer lock when others may create it too.
+        """
         if similarity not in SIMILARITIES:
             raise StoreError(
                 f"similarity {similarity!r} is not supported by the store: it searches by "
@@ -221,39 +173,10 @@ class LocalDocumentStore:
             raise StoreError(f"dtype {dtype!r} is not supported: use one of {sorted(DTYPES)}")
         temporary = path is None
         folder = Path(tempfile.mkdtemp(prefix="densefit-store-")) if temporary else Path(path)
-        if (folder / DB_NAME).exists():
-            raise StoreError(f"{folder} already holds a store: open it instead of creating it")
-        if folder.exists() and not folder.is_dir():
-            raise StoreError(f"{folder} is a file; --store needs a folder")
-        if folder.is_dir() and any(folder.iterdir()):
-            raise StoreError(
-                f"{folder} exists and is not empty but holds no {DB_NAME}: pick a new or "
-                "empty folder for the store"
-            )
+        _check_new_folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {
-            "format": FORMAT,
-            "model_name": model_name,
-            "dim": str(dim),
-            "similarity": similarity,
-            "dtype": dtype,
-            "fingerprint": json.dumps(np.asarray(fingerprint, dtype=np.float32).tolist()),
-            "n_rows": "0",
-            "generation": "0",
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        # Build in a side file and rename: a crash during creation leaves no half store.
-        tmp_db = folder / (DB_NAME + ".creating")
-        tmp_db.unlink(missing_ok=True)
-        conn = sqlite3.connect(tmp_db, isolation_level=None)
-        try:
-            conn.executescript(_SCHEMA)
-            conn.execute("BEGIN")
-            conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)", meta.items())
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-        os.replace(tmp_db, folder / DB_NAME)
+        record = StoreRecord(model_name, dim, similarity, dtype, fingerprint, settings)
+        write_new_database(folder / DB_NAME, record.to_meta())
         store = cls(folder, backend=backend)
         if temporary:
             store._cleanup = weakref.finalize(store, shutil.rmtree, folder, True)
@@ -265,43 +188,61 @@ class LocalDocumentStore:
     def check_model(self, model) -> None:
         """Raise :class:`ModelMismatchError` unless ``model`` made this store's embeddings.
 
-        The dimension must match, and the model must reproduce the recorded fingerprint:
-        a model of the same name whose weights changed (trained in place) is refused too, and
-        the same weights under another name (a hub name vs its local folder) are accepted.
-        Checked once per model object until its parameters are modified.
+        See :meth:`StoreRecord.check_model <densefit.retrieval.index.settings.StoreRecord.
+        check_model>`. Checked once per model object until its parameters are modified.
         """
-        from densefit.models import model_name_of
-
         version = _parameter_version(model)
         cached = self._checked.get(id(model))
         if cached is not None and cached[0]() is model and cached[1] == version:
             return
-        given = model_name_of(model)
-        from densefit.retrieval.encode import embedding_dimension
-
-        dim = embedding_dimension(model)
-        if dim != self.dim:
-            raise ModelMismatchError(
-                f"{self.path}: the store holds {self.dim}-d embeddings from "
-                f"{self.model_name!r}, but model {given!r} makes {dim}-d embeddings: search "
-                f"with --model {self.model_name}, or re-index into a new store with this model"
-            )
-        fingerprint = model_fingerprint(model)
-        similarity = float(np.min(np.sum(fingerprint * self._fingerprint, axis=1)))
-        same_name = canonical_model_name(given) == canonical_model_name(self.model_name)
-        if similarity < _SAME_WEIGHTS_COSINE:
-            why = (
-                "its weights changed since the store was indexed (was it trained?)"
-                if same_name
-                else "it is a different model"
-            )
-            raise ModelMismatchError(
-                f"{self.path}: the store was indexed with {self.model_name!r}, but model "
-                f"{given!r} does not reproduce its embeddings ({why}; probe cosine "
-                f"{similarity:.4f}): search with the indexing model, or re-index the corpus "
-                "with this one (`densefit index ... --store NEW_DIR`)"
-            )
+        self.record.check_model(model, self.path)
         self._checked[id(model)] = (weakref.ref(model), version)
+
+    @_locked
+    def check_settings(self, model) -> None:
+        """Raise :class:`~densefit.retrieval.index.settings.SettingsMismatchError` when
+        ``model`` would embed documents differently (truncation, prompts, normalisation)."""
+        self._refresh()
+        self.record.check_settings(VectorSettings.of(model), self.path)
+
+    @_locked
+    def start_reembedding(self, model) -> None:
+        """Record ``model``'s settings and mark every stored vector stale, in one commit.
+
+        Stale documents are re-embedded by the next :func:`~densefit.retrieval.index.
+        indexing.index_documents` even when their text is unchanged, and it re-embeds those
+        missing from its input from their stored text; a crash in between resumes.
+        """
+        settings = VectorSettings.of(model)
+        with self.transaction() as fresh:
+            for key, value in settings.to_meta().items():
+                self._table.set_meta(key, value)
+            self._table.set_meta("stale_below_row", self._table.meta_value("n_rows"))
+        self.record.settings = settings
+        if not fresh:
+            self._reload()
+
+    @_locked
+    def stale_ids(self, ids: Sequence[str]) -> set[str]:
+        """The ids among ``ids`` whose vectors predate the last :meth:`start_reembedding`."""
+        below = int(self._table.meta_value("stale_below_row", "0"))
+        if below == 0:
+            return set()
+        return {i for i, row in self._table.rows_of(list(ids)).items() if row < below}
+
+    @_locked
+    def all_stale_ids(self) -> list[str]:
+        """Every id whose vector predates the last :meth:`start_reembedding`."""
+        below = int(self._table.meta_value("stale_below_row", "0"))
+        return [doc_id for row, doc_id in self._table.rows_in_order() if row < below]
+
+    @_locked
+    def finish_reembedding(self) -> None:
+        """Clear the stale mark once no stale vector is left (see :meth:`start_reembedding`)."""
+        if self.all_stale_ids():
+            raise StoreError(f"{self.path}: documents still hold vectors made before --reembed")
+        with self.transaction():
+            self._table.set_meta("stale_below_row", 0)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -309,7 +250,7 @@ class LocalDocumentStore:
     def count(self) -> int:
         """The number of documents."""
         self._refresh()
-        return int(self._conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
+        return self._table.count()
 
     def __len__(self) -> int:
         return self.count()
@@ -317,76 +258,55 @@ class LocalDocumentStore:
     @_locked
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         """The documents with these ids, None where an id is unknown."""
-        found: dict[str, Document] = {}
-        for part in _parts(list(ids)):
-            marks = ",".join("?" * len(part))
-            for doc_id, text, title, meta in self._conn.execute(
-                f"SELECT id, text, title, meta FROM documents WHERE id IN ({marks})", part
-            ):
-                found[doc_id] = Document(doc_id, text, title, json.loads(meta))
+        self._refresh()
+        found = self._table.get(ids)
         return [found.get(i) for i in ids]
 
     @_locked
     def hashes(self, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         """``{id: (text_hash, meta_hash)}`` for the ids that are stored."""
-        out: dict[str, tuple[str, str]] = {}
-        for part in _parts(list(ids)):
-            marks = ",".join("?" * len(part))
-            for doc_id, th, mh in self._conn.execute(
-                f"SELECT id, text_hash, meta_hash FROM documents WHERE id IN ({marks})", part
-            ):
-                out[doc_id] = (th, mh)
-        return out
+        self._refresh()
+        return self._table.hashes(ids)
 
     def ids(self) -> Iterator[str]:
         """Every document id, in id order."""
         last = ""
         while True:
             with self._lock:
-                page = self._conn.execute(
-                    "SELECT id FROM documents WHERE id > ? ORDER BY id LIMIT 10000", (last,)
-                ).fetchall()
+                self._refresh()
+                page = self._table.ids_after(last)
             if not page:
                 return
-            yield from (row[0] for row in page)
-            last = page[-1][0]
+            yield from page
+            last = page[-1]
 
     @_locked
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
         """The stored (normalised, for cosine stores) embeddings of ``ids`` as float32."""
         self._refresh()
-        rows = {}
-        for part in _parts(list(ids)):
-            marks = ",".join("?" * len(part))
-            rows.update(
-                self._conn.execute(f"SELECT id, row FROM documents WHERE id IN ({marks})", part)
-            )
+        rows = self._table.rows_of(list(ids))
         missing = [i for i in ids if i not in rows]
         if missing:
             raise KeyError(f"{len(missing)} ids are not in the store, e.g. {missing[:3]}")
-        view = self._vector_file.view(self._n_rows)
-        return np.asarray(view[[rows[i] for i in ids]], dtype=np.float32)
+        return np.asarray(self._vectors.view()[[rows[i] for i in ids]], dtype=np.float32)
 
     @_locked
     def vectors_for_texts(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:
         """Stored vectors of documents whose :func:`text_hash` is in ``hashes``, one per hash.
 
         Lets indexing copy the vector of a text that is already stored (a duplicate document)
-        instead of encoding it again.
+        instead of encoding it again. Stale vectors (:meth:`start_reembedding`) are not used.
         """
         self._refresh()
-        rows: dict[str, int] = {}
-        for part in _parts(list(set(hashes))):
-            marks = ",".join("?" * len(part))
-            query = (
-                f"SELECT text_hash, MIN(row) FROM documents WHERE text_hash IN ({marks}) "
-                "GROUP BY text_hash"
-            )
-            rows.update((h, r) for h, r in self._conn.execute(query, part) if r < self._n_rows)
+        below = int(self._table.meta_value("stale_below_row", "0"))
+        rows = {
+            h: r
+            for h, r in self._table.first_rows_of_texts(list(hashes)).items()
+            if below <= r < self._vectors.n_rows
+        }
         if not rows:
             return {}
-        view = self._vector_file.view(self._n_rows)
-        found = np.asarray(view[list(rows.values())], dtype=np.float32)  # (n, dim)
+        found = np.asarray(self._vectors.view()[list(rows.values())], dtype=np.float32)
         return dict(zip(rows, found, strict=True))
 
     @_locked
@@ -396,30 +316,10 @@ class LocalDocumentStore:
         ``query_embeddings`` is ``(q, dim)`` (or one ``(dim,)`` vector); cosine stores
         normalise them. Fewer than ``top_k`` hits come back only when the store holds fewer.
         """
-        queries = np.asarray(query_embeddings, dtype=np.float32)
-        if queries.ndim == 1:
-            queries = queries[None, :]
-        if queries.ndim != 2 or queries.shape[1] != self.dim:
-            raise ValueError(
-                f"query embeddings have shape {query_embeddings.shape}, but this store holds "
-                f"{self.dim}-d embeddings from {self.model_name!r}"
-            )
-        if top_k < 1:
-            raise ValueError(f"top_k must be at least 1, got {top_k}")
-        if not np.isfinite(queries).all():
-            raise ValueError("query embeddings contain NaN or infinite values")
-        if self.similarity == "cosine":
-            queries = _normalise_rows(queries)
+        queries = self._validate_queries(query_embeddings, top_k)
         self._refresh()
-        scores, rows = self.backend.search(queries, top_k)
-        wanted = sorted({int(r) for r in rows.ravel() if r >= 0})
-        docs: dict[int, tuple] = {}
-        for part in _parts(wanted):
-            marks = ",".join("?" * len(part))
-            for row, doc_id, text, title, meta in self._conn.execute(
-                f"SELECT row, id, text, title, meta FROM documents WHERE row IN ({marks})", part
-            ):
-                docs[row] = (doc_id, text, title, meta)
+        scores, rows = self._vectors.search(queries, top_k)
+        docs = self._table.documents_at(sorted({int(r) for r in rows.ravel() if r >= 0}))
         results = []
         for query_scores, query_rows in zip(scores, rows, strict=True):
             hits = []
@@ -427,9 +327,7 @@ class LocalDocumentStore:
                 if row < 0 or int(row) not in docs:
                     continue
                 doc_id, text, title, meta = docs[int(row)]
-                hits.append(
-                    SearchHit(doc_id, float(score), len(hits) + 1, text, title, json.loads(meta))
-                )
+                hits.append(SearchHit(doc_id, float(score), len(hits) + 1, text, title, meta))
             results.append(hits)
         return results
 
@@ -445,44 +343,20 @@ class LocalDocumentStore:
         vectors = self._validate_write(documents, embeddings)
         if not documents:
             return WriteResult()
-        records = [
-            (
-                d.id,
-                d.text,
-                d.title or "",
-                json.dumps(d.meta or {}, default=str),
-                text_hash(d.text),
-                meta_hash(d),
-            )
-            for d in documents
-        ]
-        with self._transaction() as fresh:
-            start = int(self._meta_value("n_rows"))
-            replaced = self._rows_of([d.id for d in documents])
-            self._vector_file.write(start, vectors)
-            self._conn.executemany(
-                "INSERT INTO documents(id, row, text, title, meta, text_hash, meta_hash) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET row=excluded.row, "
-                "text=excluded.text, title=excluded.title, meta=excluded.meta, "
-                "text_hash=excluded.text_hash, meta_hash=excluded.meta_hash",
-                [(r[0], start + i, *r[1:]) for i, r in enumerate(records)],
-            )
-            self._set_meta("n_rows", start + len(documents))
+        with self.transaction() as fresh:
+            start = int(self._table.meta_value("n_rows"))
+            replaced = self._table.rows_of([d.id for d in documents])
+            self._vectors.file.write(start, vectors)
+            self._table.upsert(documents, start=start)
+            self._table.set_meta("n_rows", start + len(documents))
         self._after_commit(fresh, dead=list(replaced.values()), n_rows=start + len(documents))
         return WriteResult(added=len(documents) - len(replaced), updated=len(replaced))
 
     @_locked
     def write_metadata(self, documents: Sequence[Document]) -> int:
         """Replace title and metadata of stored documents (their text and vector stay)."""
-        with self._transaction():
-            cursor = self._conn.executemany(
-                "UPDATE documents SET title=?, meta=?, meta_hash=? WHERE id=?",
-                [
-                    (d.title or "", json.dumps(d.meta or {}, default=str), meta_hash(d), d.id)
-                    for d in documents
-                ],
-            )
-        return cursor.rowcount
+        with self.transaction():
+            return self._table.update_metadata(documents)
 
     @_locked
     def delete(self, ids: Iterable[str]) -> int:
@@ -491,45 +365,41 @@ class LocalDocumentStore:
         Returns the number of documents deleted.
         """
         ids = list(dict.fromkeys(ids))
-        with self._transaction() as fresh:
-            rows = self._rows_of(ids)
-            for part in _parts(list(rows)):
-                marks = ",".join("?" * len(part))
-                self._conn.execute(f"DELETE FROM documents WHERE id IN ({marks})", part)
-        self._after_commit(fresh, dead=list(rows.values()), n_rows=self._n_rows)
+        with self.transaction() as fresh:
+            rows = self._table.rows_of(ids)
+            self._table.delete(list(rows))
+        self._after_commit(fresh, dead=list(rows.values()), n_rows=self._vectors.n_rows)
         return len(rows)
 
     @_locked
     def dead_rows(self) -> int:
         """Vectors kept for updated or deleted documents, until :meth:`compact`."""
         self._refresh()
-        return int(self._n_rows - self._alive[: self._n_rows].sum())
+        return self._vectors.dead_rows()
 
     @_locked
     def compact(self) -> int:
         """Rewrite the vector file without dead rows; returns how many were dropped."""
-        with self._transaction():
-            n_rows = int(self._meta_value("n_rows"))
-            generation = int(self._meta_value("generation"))
-            pairs = self._conn.execute("SELECT row, id FROM documents ORDER BY row").fetchall()
+        with self.transaction():
+            n_rows = int(self._table.meta_value("n_rows"))
+            generation = int(self._table.meta_value("generation"))
+            pairs = self._table.rows_in_order()
             dropped = n_rows - len(pairs)
             if dropped == 0:
                 return 0
-            old = self._vector_file.view(n_rows)
-            new_file = self._file_for(generation + 1)
+            old = self._vectors.file.view(n_rows)
+            new_file = self._vectors.file_for(generation + 1)
             rows = np.fromiter((r for r, _ in pairs), dtype=np.int64, count=len(pairs))
             new_file.path.unlink(missing_ok=True)
             for start in range(0, len(rows), 1 << 16):
                 part = rows[start : start + (1 << 16)]
                 new_file.write(start, np.asarray(old[part]))
-            # Rows must stay unique at every step: park them at negative numbers first.
-            self._conn.execute("UPDATE documents SET row = -row - 1")
-            self._conn.executemany(
-                "UPDATE documents SET row = ? WHERE id = ?",
-                [(i, doc_id) for i, (_, doc_id) in enumerate(pairs)],
-            )
-            self._set_meta("n_rows", len(pairs))
-            self._set_meta("generation", generation + 1)
+            self._table.renumber([doc_id for _, doc_id in pairs])
+            # Rows keep their order, so the stale rows stay the first ones.
+            below = int(self._table.meta_value("stale_below_row", "0"))
+            self._table.set_meta("stale_below_row", int(np.sum(rows < below)))
+            self._table.set_meta("n_rows", len(pairs))
+            self._table.set_meta("generation", generation + 1)
         self._reload()
         self._remove_stale_files()
         return dropped
@@ -543,13 +413,12 @@ class LocalDocumentStore:
     @_locked
     def close(self) -> None:
         """Flush caches and close the database. Temporary stores are deleted."""
-        if self._conn is None:
+        if self._table.conn is None:
             return
         try:
             self.flush()
         finally:
-            self._conn.close()
-            self._conn = None
+            self._table.close()
             if self._cleanup is not None:
                 self._cleanup()
 
@@ -567,20 +436,44 @@ class LocalDocumentStore:
 
     @_locked
     def info(self) -> dict:
-        """A summary for humans and ``--json``: model, sizes, dtype, backend."""
+        """A summary for humans and ``--json``: model, settings, sizes, dtype, backend."""
         self._refresh()
+        settings = self.settings
         return {
             "path": str(self.path),
             "model": self.model_name,
             "dim": self.dim,
             "similarity": self.similarity,
             "dtype": self.dtype,
+            "max_seq_length": settings.max_seq_length if settings else None,
+            "normalize": settings.normalize if settings else None,
+            "prompts": dict(settings.prompts) if settings else None,
             "documents": self.count(),
             "dead_rows": self.dead_rows(),
             "backend": getattr(self.backend, "name", str(self.backend_spec)),
         }
 
+    def transaction(self) -> _StoreTransaction:
+        """Hold SQLite's write lock in a ``with`` block; it yields True when no other
+        connection committed since this store last loaded (its view is current)."""
+        return _StoreTransaction(self)
+
     # -- internals -------------------------------------------------------------------------
+
+    def _validate_queries(self, query_embeddings: np.ndarray, top_k: int) -> np.ndarray:
+        queries = np.asarray(query_embeddings, dtype=np.float32)
+        if queries.ndim == 1:
+            queries = queries[None, :]
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise ValueError(
+                f"query embeddings have shape {np.shape(query_embeddings)}, but this store "
+                f"holds {self.dim}-d embeddings from {self.model_name!r}"
+            )
+        if top_k < 1:
+            raise ValueError(f"top_k must be at least 1, got {top_k}")
+        if not np.isfinite(queries).all():
+            raise ValueError("query embeddings contain NaN or infinite values")
+        return _normalise_rows(queries) if self.similarity == "cosine" else queries
 
     def _validate_write(self, documents: list, embeddings: np.ndarray) -> np.ndarray:
         vectors = np.asarray(embeddings, dtype=np.float32)
@@ -610,79 +503,37 @@ class LocalDocumentStore:
             raise ValueError("embeddings exceed the float16 range: use a float32 store")
         return vectors
 
-    def _transaction(self):
-        return _Transaction(self)
-
     def _after_commit(self, fresh: bool, *, dead: list[int], n_rows: int) -> None:
         """Update the live-row mask in place after our own commit (or reload if others wrote)."""
-        if not fresh:
+        if fresh:
+            self._vectors.after_write(dead=dead, n_rows=n_rows)
+        else:
             self._reload()
-            return
-        alive = self._alive
-        if n_rows > len(alive):
-            alive = np.concatenate([alive, np.ones(n_rows - len(alive), dtype=bool)])
-        alive[dead] = False
-        self._alive, self._n_rows = alive, n_rows
-        self.backend.update(self._vector_file.view(n_rows), alive)
-
-    def _read_meta(self) -> dict[str, str]:
-        return dict(self._conn.execute("SELECT key, value FROM meta"))
-
-    def _meta_value(self, key: str) -> str:
-        return self._conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()[0]
-
-    def _set_meta(self, key: str, value) -> None:
-        self._conn.execute("UPDATE meta SET value=? WHERE key=?", (str(value), key))
-
-    def _rows_of(self, ids: list[str]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for part in _parts(ids):
-            marks = ",".join("?" * len(part))
-            out.update(
-                self._conn.execute(f"SELECT id, row FROM documents WHERE id IN ({marks})", part)
-            )
-        return out
-
-    def _file_for(self, generation: int) -> VectorFile:
-        suffix = DTYPES[self.dtype]
-        return VectorFile(
-            self.path / f"vectors-{generation}.{suffix}", dim=self.dim, dtype=self.dtype
-        )
 
     def _refresh(self) -> None:
         """Reload if another connection (process) committed since we last looked."""
-        if self._conn is None:
+        if self._table.conn is None:
             raise StoreError(f"{self.path}: the store is closed")
-        if self._conn.execute("PRAGMA data_version").fetchone()[0] != self._data_version:
+        if self._table.data_version() != self._data_version:
             self._reload()
 
     def _reload(self) -> None:
         """Read the committed state and hand it to the backend."""
-        self._data_version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-        self._conn.execute("BEGIN")  # one consistent snapshot of meta and rows
+        table = self._table
+        self._data_version = table.data_version()
+        table.conn.execute("BEGIN")  # one consistent snapshot of meta and rows
         try:
-            n_rows = int(self._meta_value("n_rows"))
-            generation = int(self._meta_value("generation"))
-            rows = np.fromiter(
-                (r for (r,) in self._conn.execute("SELECT row FROM documents")), dtype=np.int64
-            )
+            meta = table.read_meta()
+            rows = table.all_rows()
         finally:
-            self._conn.execute("COMMIT")
-        alive = np.zeros(n_rows, dtype=bool)
-        alive[rows] = True
-        if generation != self._generation or self.backend is None:
-            self._vector_file = self._file_for(generation)
-            self.backend = make_backend(
-                self.backend_spec, self.dim, self.path / f"faiss-{generation}"
-            )
-            self._generation = generation
-        self._n_rows = n_rows
-        self._alive = alive
+            table.conn.execute("COMMIT")
+        self.record = StoreRecord.from_meta(meta, self.path / DB_NAME)
         try:
-            vectors = self._vector_file.view(n_rows)
+            self._vectors.load(
+                n_rows=int(meta["n_rows"]), generation=int(meta["generation"]), live_rows=rows
+            )
         except OSError as exc:
             raise StoreError(str(exc)) from None
-        self.backend.update(vectors, alive)
 
     def _remove_stale_files(self) -> None:
         """Delete vector files and caches of other generations (an interrupted compaction's);
@@ -692,73 +543,56 @@ class LocalDocumentStore:
         writes the next generation's file while holding that lock, and it must not be
         mistaken for garbage. When another process is writing, cleaning up waits for later.
         """
-        self._conn.execute("PRAGMA busy_timeout = 0")
+        conn = self._table.conn
+        conn.execute("PRAGMA busy_timeout = 0")
         try:
-            self._conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:
             return
         finally:
-            self._conn.execute("PRAGMA busy_timeout = 60000")
+            conn.execute("PRAGMA busy_timeout = 60000")
         try:
-            self._conn.execute(
-                "CREATE INDEX IF NOT EXISTS documents_text_hash ON documents(text_hash)"
-            )
-            generation = int(self._meta_value("generation"))
-            keep = self._file_for(generation).path.name
-            for path in self.path.glob("vectors-*.*"):
-                if path.name != keep:
-                    path.unlink(missing_ok=True)
-            for path in self.path.glob("faiss-*.index*"):
-                if not path.name.startswith(f"faiss-{generation}-"):
-                    path.unlink(missing_ok=True)
+            conn.execute("CREATE INDEX IF NOT EXISTS documents_text_hash ON documents(text_hash)")
+            self._vectors.remove_other_generations(int(self._table.meta_value("generation")))
         finally:
-            self._conn.execute("COMMIT")
+            conn.execute("COMMIT")
 
 
-class _Transaction:
+class _StoreTransaction:
     """``BEGIN IMMEDIATE`` ... ``COMMIT``: the write lock is held while vectors are appended."""
 
     def __init__(self, store: LocalDocumentStore):
         self.store = store
+        self.inner = None
 
     def __enter__(self) -> bool:
         """Take the write lock; True when no other connection committed since our last load."""
         store = self.store
-        if store._conn is None:
+        if store._table.conn is None:
             raise StoreError(f"{store.path}: the store is closed")
-        store._conn.execute("BEGIN IMMEDIATE")
-        version = store._conn.execute("PRAGMA data_version").fetchone()[0]
-        generation = int(store._meta_value("generation"))
-        if generation != store._generation:  # another process compacted: write to its file
-            store._vector_file = store._file_for(generation)
-        return version == store._data_version and generation == store._generation
+        self.inner = store._table.transaction()
+        self.inner.__enter__()
+        version = store._table.data_version()
+        generation = int(store._table.meta_value("generation"))
+        if generation != store._vectors.generation:  # another process compacted
+            store._vectors.use_generation(generation)
+        return version == store._data_version and generation == store._vectors.generation
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.store._conn.execute("COMMIT")
-        else:
-            self.store._conn.execute("ROLLBACK")
-        return False
+        return self.inner.__exit__(exc_type, exc, tb)
 
 
-def model_fingerprint(model) -> np.ndarray:
-    """The model's unit-length embeddings of :data:`PROBE_TEXTS`, ``(3, dim)`` float32."""
-    from densefit.retrieval.encode import encode_texts
-
-    return encode_texts(model, list(PROBE_TEXTS), batch_size=1, normalize=True)
-
-
-def _parameter_version(model) -> int:
-    """Changes whenever a parameter is modified in place (optimizer steps, load_state_dict)."""
-    try:
-        return sum(p._version for p in model.parameters())
-    except (AttributeError, TypeError):  # pragma: no cover - not a torch module
-        return -1
-
-
-def _parts(items: list, size: int = _SQL_VARS) -> Iterator[list]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def _check_new_folder(folder: Path) -> None:
+    """Refuse to create a store where one is, or in a file, or in a folder holding other files."""
+    if (folder / DB_NAME).exists():
+        raise StoreError(f"{folder} already holds a store: open it instead of creating it")
+    if folder.exists() and not folder.is_dir():
+        raise StoreError(f"{folder} is a file; --store needs a folder")
+    if folder.is_dir() and any(p.name != LOCK_NAME for p in folder.iterdir()):
+        raise StoreError(
+            f"{folder} exists and is not empty but holds no {DB_NAME}: pick a new or "
+            "empty folder for the store"
+        )
 
 
 def open_store(
@@ -768,13 +602,15 @@ def open_store(
     backend: str | Callable | None = None,
     dtype: str = "float32",
     create: bool = True,
+    lock_timeout: float | None = None,
 ) -> LocalDocumentStore:
     """Open the store at ``path``, creating it for ``model`` when it does not exist yet.
 
     With a ``model`` the store is checked against it (:class:`ModelMismatchError` when the
     embeddings came from another model). ``path=None`` gives a temporary store. ``backend``
     is ``"exact"`` (default), ``"faiss"`` (HNSW32) or ``"faiss:FACTORY"``; it is a search-time
-    choice and can differ between opens of the same store.
+    choice and can differ between opens of the same store. Creation holds the folder's writer
+    lock (waiting up to ``lock_timeout`` seconds), so concurrent callers create it once.
 
     >>> from densefit.testing import tiny_model
     >>> store = open_store(None, tiny_model())
@@ -782,22 +618,33 @@ def open_store(
     (0, 32)
     """
     backend = backend or "exact"
-    if path is not None and (Path(path) / DB_NAME).is_file():
-        store = LocalDocumentStore(path, backend=backend)
-        if model is not None:
-            try:
-                store.check_model(model)
-            except ModelMismatchError:
-                store.close()
-                raise
-        return store
-    if model is None or not create:
-        raise StoreError(
-            f"no densefit store at {path}: build one with "
-            f"`densefit index CORPUS --model MODEL --store {path}`"
-        )
-    from densefit.retrieval.encode import embedding_dimension
+    if path is None or not (Path(path) / DB_NAME).is_file():
+        if model is None or not create:
+            raise StoreError(
+                f"no densefit store at {path}: build one with "
+                f"`densefit index CORPUS --model MODEL --store {path}`"
+            )
+        if path is None:
+            return _create_for(None, model, backend=backend, dtype=dtype)
+        if Path(path).exists() and not Path(path).is_dir():
+            raise StoreError(f"{path} is a file; --store needs a folder")
+        with writer_lock(path, timeout=lock_timeout):
+            if not (Path(path) / DB_NAME).is_file():  # nobody created it while we waited
+                return _create_for(path, model, backend=backend, dtype=dtype)
+    store = LocalDocumentStore(path, backend=backend)
+    if model is not None:
+        try:
+            store.check_model(model)
+        except ModelMismatchError:
+            store.close()
+            raise
+    return store
+
+
+def _create_for(path, model, *, backend, dtype: str) -> LocalDocumentStore:
+    """A new store recording ``model``: its name, dimension, fingerprint and settings."""
     from densefit.models import model_name_of
+    from densefit.retrieval.encode import embedding_dimension
 
     name = model_name_of(model)
     if Path(name).expanduser().is_dir():
@@ -816,4 +663,5 @@ def open_store(
         similarity=similarity,
         dtype=dtype,
         backend=backend,
+        settings=VectorSettings.of(model),
     )

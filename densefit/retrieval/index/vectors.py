@@ -1,4 +1,5 @@
-"""The append-only file of raw vectors behind a store, and its commit protocol.
+"""The append-only file of raw vectors behind a store, its commit protocol, and the backend
+that searches the committed rows.
 
 Rows are written at the end of the file and made durable (``fsync``) *before* the SQLite
 transaction that records the new row count commits. Readers map only the committed rows, so a
@@ -9,11 +10,15 @@ overwrites: the last committed state is always readable.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["VectorFile"]
+from densefit.retrieval.index.base import VectorBackend
+from densefit.retrieval.index.exact import ExactBackend
+
+__all__ = ["CommittedVectors", "VectorFile", "make_backend"]
 
 
 class VectorFile:
@@ -64,3 +69,110 @@ class VectorFile:
                 "vector file was truncated or replaced outside densefit; re-index into a new store"
             )
         return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(rows, self.dim))
+
+
+def make_backend(
+    spec: str | Callable[[int], VectorBackend], dim: int, cache_path: Path | None = None
+) -> VectorBackend:
+    """Build a backend from ``"exact"``, ``"faiss"`` / ``"faiss:FACTORY"`` or a factory.
+
+    >>> make_backend("exact", dim=4).name
+    'exact'
+    """
+    if callable(spec):
+        return spec(dim)
+    name, _, option = str(spec).partition(":")
+    if name == "exact":
+        return ExactBackend()
+    if name == "faiss":
+        from densefit.retrieval.index.faiss_backend import FaissBackend
+
+        factory = option or "HNSW32"
+        slug = "".join(c if c.isalnum() else "_" for c in factory)
+        path = cache_path.with_name(f"{cache_path.name}-{slug}.index") if cache_path else None
+        return FaissBackend(dim, factory=factory, cache_path=path)
+    raise ValueError(
+        f"unknown backend {spec!r}: use 'exact', 'faiss' (HNSW32) or 'faiss:FACTORY' "
+        "with a FAISS index_factory string such as 'faiss:Flat' or 'faiss:IVF4096,Flat'"
+    )
+
+
+class CommittedVectors:
+    """A store's committed vectors: the file of one generation, the live-row mask, the backend.
+
+    The store tells it what SQLite committed (:meth:`load`, :meth:`after_write`); it keeps the
+    backend in step. A new generation (after compaction) gets a new file and a new backend.
+
+    >>> import tempfile, numpy as np
+    >>> vectors = CommittedVectors(Path(tempfile.mkdtemp()), dim=2, dtype="float32", backend="exact")
+    >>> vectors.file_for(0).write(0, np.eye(2, dtype=np.float32))
+    >>> vectors.load(n_rows=2, generation=0, live_rows=[1])
+    >>> vectors.search(np.array([[0.0, 1.0]], dtype=np.float32), 1)[1].tolist()
+    [[1]]
+    """
+
+    def __init__(self, folder: Path, *, dim: int, dtype: str, backend):
+        self.folder = folder
+        self.dim = dim
+        self.dtype = dtype
+        self.backend_spec = backend
+        self.backend: VectorBackend | None = None
+        self.generation = -1
+        self.n_rows = 0
+        self.alive = np.zeros(0, dtype=bool)
+        self.file: VectorFile | None = None
+
+    def file_for(self, generation: int) -> VectorFile:
+        """The vector file of ``generation`` (``vectors-<gen>.f32`` or ``.f16``)."""
+        suffix = {"float32": "f32", "float16": "f16"}[self.dtype]
+        return VectorFile(
+            self.folder / f"vectors-{generation}.{suffix}", dim=self.dim, dtype=self.dtype
+        )
+
+    def use_generation(self, generation: int) -> None:
+        """Write to ``generation``'s file from now on (another process compacted)."""
+        self.file = self.file_for(generation)
+
+    def load(self, *, n_rows: int, generation: int, live_rows) -> None:
+        """Take the committed state: ``n_rows`` rows, of which ``live_rows`` are alive."""
+        alive = np.zeros(n_rows, dtype=bool)
+        alive[np.asarray(live_rows, dtype=np.int64)] = True
+        if generation != self.generation or self.backend is None:
+            self.file = self.file_for(generation)
+            self.backend = make_backend(
+                self.backend_spec, self.dim, self.folder / f"faiss-{generation}"
+            )
+            self.generation = generation
+        self.n_rows, self.alive = n_rows, alive
+        self.backend.update(self.view(), alive)
+
+    def after_write(self, *, dead: list[int], n_rows: int) -> None:
+        """Our own commit grew the file to ``n_rows`` and killed the rows ``dead``."""
+        alive = self.alive
+        if n_rows > len(alive):
+            alive = np.concatenate([alive, np.ones(n_rows - len(alive), dtype=bool)])
+        alive[dead] = False
+        self.alive, self.n_rows = alive, n_rows
+        self.backend.update(self.view(), alive)
+
+    def view(self, rows: int | None = None) -> np.ndarray:
+        """The committed rows (a read-only memory map)."""
+        return self.file.view(self.n_rows if rows is None else rows)
+
+    def dead_rows(self) -> int:
+        """Rows no document points at any more."""
+        return int(self.n_rows - self.alive[: self.n_rows].sum())
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The backend's ``(scores, rows)`` for ``queries``."""
+        return self.backend.search(queries, k)
+
+    def remove_other_generations(self, generation: int) -> None:
+        """Delete vector files and FAISS caches of every generation but ``generation``."""
+        keep = self.file_for(generation).path.name
+        for path in self.folder.glob("vectors-*.*"):
+            if path.name != keep:
+                path.unlink(missing_ok=True)
+        for path in self.folder.glob("faiss-*.index*"):
+            if not path.name.startswith(f"faiss-{generation}-"):
+                path.unlink(missing_ok=True)

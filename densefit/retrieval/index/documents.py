@@ -1,0 +1,265 @@
+"""The SQLite half of a store: the document table, the meta table, and write transactions.
+
+``store.sqlite`` holds one row per document (id, text, title, metadata, the hashes that
+decide whether it must be re-embedded, and its row in the vector file) and a ``meta`` table of
+``key -> value`` strings (format, model, settings, row count, generation). One connection is
+shared by a store's threads; the store serialises calls on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from densefit.data.types import Document
+
+__all__ = ["DB_NAME", "DocumentTable", "Transaction", "meta_hash", "parts", "text_hash"]
+
+DB_NAME = "store.sqlite"
+SQL_VARS = 900  # stay under SQLite's default limit on bound parameters
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS documents (
+    id TEXT PRIMARY KEY,
+    row INTEGER NOT NULL UNIQUE,
+    text TEXT NOT NULL,
+    title TEXT NOT NULL DEFAULT '',
+    meta TEXT NOT NULL DEFAULT '{}',
+    text_hash TEXT NOT NULL,
+    meta_hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS documents_text_hash ON documents(text_hash);
+"""
+
+_UPSERT = (
+    "INSERT INTO documents(id, row, text, title, meta, text_hash, meta_hash) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET row=excluded.row, "
+    "text=excluded.text, title=excluded.title, meta=excluded.meta, "
+    "text_hash=excluded.text_hash, meta_hash=excluded.meta_hash"
+)
+
+
+def text_hash(text: str) -> str:
+    """The hash that decides whether a document must be re-embedded."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def meta_hash(document: Document) -> str:
+    """The hash of what is stored but not embedded: title and metadata."""
+    payload = json.dumps([document.title, document.meta], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:32]
+
+
+def parts(items: list, size: int = SQL_VARS) -> Iterator[list]:
+    """``items`` in slices small enough for one SQL ``IN (...)``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def write_new_database(path: Path, meta: dict[str, str]) -> None:
+    """Create ``path`` with the schema and ``meta``, built in a side file and renamed into
+    place, so that a crash during creation leaves no half-made database."""
+    import os
+
+    tmp_db = path.with_name(path.name + ".creating")
+    tmp_db.unlink(missing_ok=True)
+    conn = sqlite3.connect(tmp_db, isolation_level=None)
+    try:
+        conn.executescript(SCHEMA)
+        conn.execute("BEGIN")
+        conn.executemany("INSERT INTO meta(key, value) VALUES (?, ?)", meta.items())
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    os.replace(tmp_db, path)
+
+
+class DocumentTable:
+    """Queries on one store's ``store.sqlite``; the caller holds the store's thread lock.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> write_new_database(folder / DB_NAME, {"n_rows": "0"})
+    >>> table = DocumentTable(folder / DB_NAME)
+    >>> with table.transaction():
+    ...     table.upsert([Document("a", "cells divide")], start=0)
+    >>> table.count(), table.rows_of(["a"])
+    (1, {'a': 0})
+    """
+
+    def __init__(self, db: Path):
+        self.db = db
+        self.conn: sqlite3.Connection | None = sqlite3.connect(
+            db, isolation_level=None, timeout=60.0, check_same_thread=False
+        )
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+
+    # -- meta ------------------------------------------------------------------------------
+
+    def read_meta(self) -> dict[str, str]:
+        """Every ``key -> value`` of the meta table."""
+        return dict(self.conn.execute("SELECT key, value FROM meta"))
+
+    def meta_value(self, key: str, default: str | None = None) -> str | None:
+        """One meta value (``default`` when the key is not recorded)."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return default if row is None else row[0]
+
+    def set_meta(self, key: str, value) -> None:
+        """Record ``key = str(value)``, inside the caller's transaction."""
+        self.conn.execute(
+            "INSERT INTO meta(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (key, str(value)),
+        )
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits."""
+        return self.conn.execute("PRAGMA data_version").fetchone()[0]
+
+    def transaction(self) -> Transaction:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception)."""
+        return Transaction(self)
+
+    # -- documents -------------------------------------------------------------------------
+
+    def count(self) -> int:
+        """The number of documents."""
+        return int(self.conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
+
+    def get(self, ids: Sequence[str]) -> dict[str, Document]:
+        """``{id: Document}`` for the ids that are stored."""
+        found: dict[str, Document] = {}
+        for part in parts(list(ids)):
+            marks = ",".join("?" * len(part))
+            for doc_id, text, title, meta in self.conn.execute(
+                f"SELECT id, text, title, meta FROM documents WHERE id IN ({marks})", part
+            ):
+                found[doc_id] = Document(doc_id, text, title, json.loads(meta))
+        return found
+
+    def hashes(self, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """``{id: (text_hash, meta_hash)}`` for the ids that are stored."""
+        out: dict[str, tuple[str, str]] = {}
+        for part in parts(list(ids)):
+            marks = ",".join("?" * len(part))
+            for doc_id, th, mh in self.conn.execute(
+                f"SELECT id, text_hash, meta_hash FROM documents WHERE id IN ({marks})", part
+            ):
+                out[doc_id] = (th, mh)
+        return out
+
+    def ids_after(self, last: str, limit: int = 10000) -> list[str]:
+        """Up to ``limit`` ids greater than ``last``, in id order (for paging)."""
+        query = "SELECT id FROM documents WHERE id > ? ORDER BY id LIMIT ?"
+        return [row[0] for row in self.conn.execute(query, (last, limit))]
+
+    def rows_of(self, ids: list[str]) -> dict[str, int]:
+        """``{id: vector row}`` for the ids that are stored."""
+        out: dict[str, int] = {}
+        for part in parts(ids):
+            marks = ",".join("?" * len(part))
+            out.update(
+                self.conn.execute(f"SELECT id, row FROM documents WHERE id IN ({marks})", part)
+            )
+        return out
+
+    def all_rows(self) -> list[int]:
+        """The vector row of every document."""
+        return [r for (r,) in self.conn.execute("SELECT row FROM documents")]
+
+    def first_rows_of_texts(self, hashes: list[str]) -> dict[str, int]:
+        """``{text_hash: the lowest row holding that text}`` for the hashes that are stored."""
+        rows: dict[str, int] = {}
+        for part in parts(list(set(hashes))):
+            marks = ",".join("?" * len(part))
+            query = (
+                f"SELECT text_hash, MIN(row) FROM documents WHERE text_hash IN ({marks}) "
+                "GROUP BY text_hash"
+            )
+            rows.update(self.conn.execute(query, part))
+        return rows
+
+    def documents_at(self, rows: list[int]) -> dict[int, tuple[str, str, str, dict]]:
+        """``{row: (id, text, title, meta)}`` of the documents at these vector rows."""
+        docs: dict[int, tuple] = {}
+        for part in parts(rows):
+            marks = ",".join("?" * len(part))
+            for row, doc_id, text, title, meta in self.conn.execute(
+                f"SELECT row, id, text, title, meta FROM documents WHERE row IN ({marks})", part
+            ):
+                docs[row] = (doc_id, text, title, json.loads(meta))
+        return docs
+
+    def upsert(self, documents: Sequence[Document], *, start: int) -> None:
+        """Insert or replace ``documents``, the i-th at vector row ``start + i``."""
+        self.conn.executemany(
+            _UPSERT,
+            [
+                (
+                    d.id,
+                    start + i,
+                    d.text,
+                    d.title or "",
+                    json.dumps(d.meta or {}, default=str),
+                    text_hash(d.text),
+                    meta_hash(d),
+                )
+                for i, d in enumerate(documents)
+            ],
+        )
+
+    def update_metadata(self, documents: Sequence[Document]) -> int:
+        """Replace title and metadata of stored documents; returns the rows changed."""
+        cursor = self.conn.executemany(
+            "UPDATE documents SET title=?, meta=?, meta_hash=? WHERE id=?",
+            [
+                (d.title or "", json.dumps(d.meta or {}, default=str), meta_hash(d), d.id)
+                for d in documents
+            ],
+        )
+        return cursor.rowcount
+
+    def delete(self, ids: list[str]) -> None:
+        """Delete these documents (inside the caller's transaction)."""
+        for part in parts(ids):
+            marks = ",".join("?" * len(part))
+            self.conn.execute(f"DELETE FROM documents WHERE id IN ({marks})", part)
+
+    def rows_in_order(self) -> list[tuple[int, str]]:
+        """``(row, id)`` of every document, by row."""
+        return self.conn.execute("SELECT row, id FROM documents ORDER BY row").fetchall()
+
+    def renumber(self, ids_in_order: list[str]) -> None:
+        """Give the i-th id row i (compaction), keeping rows unique at every step."""
+        self.conn.execute("UPDATE documents SET row = -row - 1")  # park at negative rows
+        self.conn.executemany(
+            "UPDATE documents SET row = ? WHERE id = ?",
+            [(i, doc_id) for i, doc_id in enumerate(ids_in_order)],
+        )
+
+    def close(self) -> None:
+        """Close the connection."""
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+class Transaction:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``: SQLite's write lock is held inside the block."""
+
+    def __init__(self, table: DocumentTable):
+        self.table = table
+
+    def __enter__(self) -> DocumentTable:
+        self.table.conn.execute("BEGIN IMMEDIATE")
+        return self.table
+
+    def __exit__(self, exc_type, exc, tb):
+        self.table.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        return False

@@ -1,0 +1,85 @@
+"""One writer at a time: an advisory lock file in the store folder (``fcntl.flock``).
+
+Creating a store and indexing into it hold this lock, so two ``densefit index`` runs on one
+store never both create it and never both embed the same documents: the second waits for
+the first (saying so), then finds every document already stored. The operating system drops
+the lock when its holder exits, killed or not, so a crash never leaves a store locked.
+Searches do not take it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from densefit.retrieval.index.base import StoreError
+
+__all__ = ["LOCK_NAME", "StoreLockedError", "writer_lock"]
+
+LOCK_NAME = "densefit.lock"
+
+
+class StoreLockedError(StoreError):
+    """Another process kept the store's writer lock longer than we were willing to wait."""
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def writer_lock(
+    folder: str | os.PathLike,
+    *,
+    timeout: float | None = None,
+    on_wait: Callable[[str], None] | None = _say,
+    poll: float = 0.1,
+) -> Iterator[None]:
+    """Hold the writer lock of the store folder ``folder`` (created if missing) in the block.
+
+    Waits up to ``timeout`` seconds (forever when None) for another holder, telling
+    ``on_wait`` once that it waits and for whom; :class:`StoreLockedError` after that.
+
+    >>> import tempfile
+    >>> with writer_lock(tempfile.mkdtemp()):
+    ...     pass
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not _try_lock(fd):
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+            if on_wait is not None:
+                limit = "" if timeout is None else f" (up to {timeout:g}s)"
+                on_wait(
+                    f"{folder}: another process is writing to this store ({holder}); "
+                    f"waiting for it to finish{limit}"
+                )
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not _try_lock(fd):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise StoreLockedError(
+                        f"{folder}: another process ({holder}) is still writing to this store "
+                        f"after {timeout:g}s: wait for it to finish, or raise --lock-timeout"
+                    )
+                time.sleep(poll)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

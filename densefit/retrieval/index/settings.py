@@ -1,0 +1,222 @@
+"""What made a store's vectors, recorded in its meta table, and the checks against a model.
+
+A store records the model (name, embedding dimension and a *fingerprint*: the model's
+embeddings of three probe sentences) and the settings that change the vectors a model makes
+from the same text: the truncation length (``max_seq_length``), the prompts, and whether the
+model normalises its embeddings. Searching with another model raises
+:class:`~densefit.retrieval.index.base.ModelMismatchError`; indexing with other settings
+raises :class:`SettingsMismatchError` (vectors made two ways must not be mixed in one store).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from densefit.retrieval.index.base import ModelMismatchError, StoreError
+
+__all__ = [
+    "FORMAT",
+    "PROBE_TEXTS",
+    "SettingsMismatchError",
+    "StoreRecord",
+    "VectorSettings",
+    "canonical_model_name",
+    "model_fingerprint",
+]
+
+FORMAT = "densefit-store/1"
+SIMILARITIES = ("cosine", "dot")
+DTYPES = {"float32": "f32", "float16": "f16"}
+PROBE_TEXTS = (
+    "densefit model fingerprint: the quick brown fox jumps over the lazy dog.",
+    "What is the effect of vitamin D on bone density in older adults?",
+    "def search(index, query, k=10): return index.top_k(query, k)",
+)
+# Same weights reproduce the probe embeddings to ~1e-7; a fine-tuned model moves them more.
+SAME_WEIGHTS_COSINE = 1 - 1e-5
+
+
+class SettingsMismatchError(StoreError):
+    """Indexing would mix vectors made with different settings into one store."""
+
+
+def canonical_model_name(name: str) -> str:
+    """A model name that compares equal however the same model was named."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path.resolve())
+    lowered = name.strip().lower()
+    return lowered.removeprefix("sentence-transformers/")
+
+
+def model_fingerprint(model) -> np.ndarray:
+    """The model's unit-length embeddings of :data:`PROBE_TEXTS`, ``(3, dim)`` float32."""
+    from densefit.retrieval.encode import encode_texts
+
+    return encode_texts(model, list(PROBE_TEXTS), batch_size=1, normalize=True)
+
+
+@dataclass(frozen=True)
+class VectorSettings:
+    """The settings besides the weights that decide a model's vector for a text.
+
+    ``None`` (in a store made before they were recorded) means unknown: not compared.
+
+    >>> from densefit.testing import tiny_model
+    >>> VectorSettings.of(tiny_model()).max_seq_length
+    64
+    """
+
+    max_seq_length: int | None = None
+    normalize: bool | None = None
+    prompts: dict = field(default_factory=dict, hash=False)  # issue 15 fills these
+
+    @classmethod
+    def of(cls, model) -> VectorSettings:
+        """The settings ``model`` embeds documents with now."""
+        from sentence_transformers.models import Normalize
+
+        length = getattr(model, "max_seq_length", None)
+        return cls(
+            max_seq_length=int(length) if length is not None else None,
+            normalize=any(isinstance(module, Normalize) for module in model),
+            prompts={},
+        )
+
+    def to_meta(self) -> dict[str, str]:
+        """The meta-table entries of these settings."""
+        return {
+            "max_seq_length": json.dumps(self.max_seq_length),
+            "normalize": json.dumps(self.normalize),
+            "prompts": json.dumps(self.prompts, sort_keys=True),
+        }
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, str]) -> VectorSettings | None:
+        """The recorded settings, or None for a store made before they were recorded."""
+        if "max_seq_length" not in meta:
+            return None
+        return cls(
+            max_seq_length=json.loads(meta["max_seq_length"]),
+            normalize=json.loads(meta["normalize"]),
+            prompts=json.loads(meta["prompts"]),
+        )
+
+    def differences(self, other: VectorSettings) -> list[tuple[str, object, object]]:
+        """``(setting, ours, theirs)`` for every setting that differs."""
+        return [
+            (name, getattr(self, name), getattr(other, name))
+            for name in ("max_seq_length", "normalize", "prompts")
+            if getattr(self, name) != getattr(other, name)
+        ]
+
+
+_FIXES = {
+    "max_seq_length": "pass --max-seq-length {stored}",
+    "normalize": "use a model that {verb} normalise its embeddings",
+    "prompts": "use the prompts {stored}",
+}
+
+
+@dataclass
+class StoreRecord:
+    """What a store's meta table says about its vectors: model, shape and settings."""
+
+    model_name: str
+    dim: int
+    similarity: str
+    dtype: str
+    fingerprint: np.ndarray
+    settings: VectorSettings | None
+
+    def to_meta(self) -> dict[str, str]:
+        """The meta-table entries of a new store (format, model, settings, empty counters)."""
+        meta = {
+            "format": FORMAT,
+            "model_name": self.model_name,
+            "dim": str(self.dim),
+            "similarity": self.similarity,
+            "dtype": self.dtype,
+            "fingerprint": json.dumps(np.asarray(self.fingerprint, dtype=np.float32).tolist()),
+            "n_rows": "0",
+            "generation": "0",
+            "stale_below_row": "0",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        if self.settings is not None:
+            meta.update(self.settings.to_meta())
+        return meta
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, str], where: Path) -> StoreRecord:
+        """Read the record, or :class:`StoreError` for a store of an unknown format."""
+        if meta.get("format") != FORMAT:
+            raise StoreError(
+                f"{where}: unknown store format {meta.get('format')!r} (this densefit reads "
+                f"{FORMAT}); re-index into a new folder"
+            )
+        return cls(
+            model_name=meta["model_name"],
+            dim=int(meta["dim"]),
+            similarity=meta["similarity"],
+            dtype=meta["dtype"],
+            fingerprint=np.asarray(json.loads(meta["fingerprint"]), dtype=np.float32),
+            settings=VectorSettings.from_meta(meta),
+        )
+
+    def check_model(self, model, where: Path) -> None:
+        """Raise :class:`ModelMismatchError` unless ``model`` made these vectors.
+
+        The dimension must match, and the model must reproduce the recorded fingerprint:
+        a model of the same name whose weights changed (trained in place) is refused too, and
+        the same weights under another name (a hub name vs its local folder) are accepted.
+        """
+        from densefit.models import model_name_of
+        from densefit.retrieval.encode import embedding_dimension
+
+        given = model_name_of(model)
+        dim = embedding_dimension(model)
+        if dim != self.dim:
+            raise ModelMismatchError(
+                f"{where}: the store holds {self.dim}-d embeddings from "
+                f"{self.model_name!r}, but model {given!r} makes {dim}-d embeddings: search "
+                f"with --model {self.model_name}, or re-index into a new store with this model"
+            )
+        fingerprint = model_fingerprint(model)
+        similarity = float(np.min(np.sum(fingerprint * self.fingerprint, axis=1)))
+        same_name = canonical_model_name(given) == canonical_model_name(self.model_name)
+        if similarity < SAME_WEIGHTS_COSINE:
+            why = (
+                "its weights changed since the store was indexed (was it trained?)"
+                if same_name
+                else "it is a different model"
+            )
+            raise ModelMismatchError(
+                f"{where}: the store was indexed with {self.model_name!r}, but model "
+                f"{given!r} does not reproduce its embeddings ({why}; probe cosine "
+                f"{similarity:.4f}): search with the indexing model, or re-index the corpus "
+                "with this one (`densefit index ... --store NEW_DIR`)"
+            )
+
+    def check_settings(self, settings: VectorSettings, where: Path) -> None:
+        """Raise :class:`SettingsMismatchError` naming the first setting that differs.
+
+        A store made before settings were recorded accepts any settings.
+        """
+        if self.settings is None:
+            return
+        differences = self.settings.differences(settings)
+        if not differences:
+            return
+        name, stored, given = differences[0]
+        fix = _FIXES[name].format(stored=stored, verb="does" if stored else "does not")
+        raise SettingsMismatchError(
+            f"{where}: the store's vectors were made with {name}={stored!r}, but this run "
+            f"embeds with {name}={given!r}: {fix}, or pass --reembed to re-embed every "
+            "document with the new settings (or index into a new --store)"
+        )
