@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from densefit.data.types import ReadReport
+
 __all__ = [
     "DEFAULT_METRICS",
     "EvalResult",
@@ -36,7 +38,9 @@ __all__ = [
     "evaluate_store",
     "format_table",
     "paired_randomization_test",
+    "load_queries_and_qrels",
     "retrieve_run",
+    "skipped_caption",
 ]
 
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100")
@@ -60,13 +64,16 @@ class EvalResult:
     n_queries: int = 0
     missing_queries: list[str] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    skipped_rows: list[tuple[str, str]] = field(default_factory=list)  # (file:line, reason)
 
     def to_dict(self, *, per_query: bool = False) -> dict:
+        """A JSON-ready dict; ``per_query`` adds every query's scores."""
         out = {
             "name": self.name,
             "metrics": {k: round(v, 6) for k, v in self.metrics.items()},
             "n_queries": self.n_queries,
             "missing_queries": self.missing_queries,
+            "skipped_rows": [list(row) for row in self.skipped_rows],
             "info": self.info,
         }
         if per_query:
@@ -260,9 +267,9 @@ def evaluate_beir(
     0.645
     """
     from densefit.data.corpus import BeirDataset, load_beir
+    from densefit.models import load_model, model_name_of
     from densefit.retrieval.index.indexing import index_documents
     from densefit.retrieval.index.store import open_store
-    from densefit.models import load_model, model_name_of
 
     model = load_model(model)
     beir = (
@@ -299,9 +306,9 @@ def evaluate_beir(
             "split": split,
             "backend": backend,
             "index": report.to_dict(),
-            "skipped_rows": beir.report.n_skipped,
         }
     )
+    result.skipped_rows = list(beir.report.skipped)
     if store_dir is None:
         result.info["store"] = None
     return result
@@ -384,8 +391,20 @@ def format_table(results: Sequence[EvalResult], *, title: str | None = None):
             c = comparison[metric]
             row += [f"{c['delta']:+.4f}", f"{c['wins']}/{c['losses']}", f"{c['p_value']:.3f}"]
         table.add_row(*row)
-    table.caption = f"{results[0].n_queries} queries"
+    table.caption = f"{results[0].n_queries} queries" + skipped_caption(results[0].skipped_rows)
     return table
+
+
+def skipped_caption(skipped: Sequence[tuple[str, str]]) -> str:
+    """``"; 2 bad rows skipped: a.tsv:3, a.tsv:9"`` (every file:line), or ``""``.
+
+    >>> skipped_caption([("qrels/test.tsv:3", "duplicate judgment")])
+    '; 1 bad row skipped: qrels/test.tsv:3'
+    """
+    if not skipped:
+        return ""
+    noun = "row" if len(skipped) == 1 else "rows"
+    return f"; {len(skipped)} bad {noun} skipped: " + ", ".join(origin for origin, _ in skipped)
 
 
 def format_markdown(results: Sequence[EvalResult]) -> str:
@@ -405,13 +424,20 @@ def _threads() -> int:
 
 
 def load_queries_and_qrels(
-    queries: str | os.PathLike | Mapping[str, str], qrels: str | os.PathLike | Mapping
+    queries: str | os.PathLike | Mapping[str, str],
+    qrels: str | os.PathLike | Mapping,
+    *,
+    on_bad_row: str = "error",
+    report: ReadReport | None = None,
 ) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
-    """Queries and qrels from files (BEIR ``queries.jsonl``, qrels TSV) or from mappings."""
+    """Queries and qrels from files (BEIR ``queries.jsonl``, qrels TSV) or from mappings.
+
+    With ``on_bad_row="skip"``, bad rows of the files are skipped and listed in ``report``.
+    """
     from densefit.data.corpus import read_qrels, read_queries
 
     if isinstance(queries, (str, os.PathLike)):
-        queries = read_queries(Path(queries))
+        queries = read_queries(Path(queries), on_bad_row=on_bad_row, report=report)
     if isinstance(qrels, (str, os.PathLike)):
-        qrels = read_qrels(Path(qrels))
+        qrels = read_qrels(Path(qrels), on_bad_row=on_bad_row, report=report)
     return dict(queries), {q: dict(d) for q, d in qrels.items()}

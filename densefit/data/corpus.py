@@ -157,29 +157,48 @@ def find_corpus_file(path: str | os.PathLike) -> Path:
 # ----------------------------------------------------------------------------- queries, qrels
 
 
-def read_queries(path: str | os.PathLike) -> dict[str, str]:
+def read_queries(
+    path: str | os.PathLike,
+    *,
+    on_bad_row: OnBadRow = "error",
+    report: ReadReport | None = None,
+) -> dict[str, str]:
     """Read a BEIR ``queries.jsonl`` (``_id``, ``text``) into ``{query_id: text}``.
+
+    With ``on_bad_row="skip"``, pass a ``report`` to learn which rows were skipped.
 
     Example:
         >>> read_queries("scifact/queries.jsonl")["1"]  # doctest: +SKIP
         '0-dimensional biomaterials show inductive properties.'
     """
-    return _read_queries(Path(path), BadRows("error", ReadReport(str(path))))
+    report = report if report is not None else ReadReport(str(path))
+    queries = _read_queries(Path(path), BadRows(on_bad_row, report))
+    report.rows += len(queries)
+    return queries
 
 
-def read_qrels(path: str | os.PathLike) -> dict[str, dict[str, int]]:
+def read_qrels(
+    path: str | os.PathLike,
+    *,
+    on_bad_row: OnBadRow = "error",
+    report: ReadReport | None = None,
+) -> dict[str, dict[str, int]]:
     """Read a BEIR qrels TSV (header ``query-id corpus-id score``) into ``{query: {doc: score}}``.
+
+    With ``on_bad_row="skip"``, pass a ``report`` to learn which rows were skipped.
 
     Example:
         >>> read_qrels("scifact/qrels/test.tsv")["1"]  # doctest: +SKIP
         {'31715818': 1}
     """
     path = Path(path)
+    report = report if report is not None else ReadReport(str(path))
     qrels: dict[str, dict[str, int]] = {}
-    for judgment in _judgments(path, BadRows("error", ReadReport(str(path)))):
+    for judgment in _judgments(path, BadRows(on_bad_row, report)):
         qrels.setdefault(judgment.query_id, {})[judgment.doc_id] = judgment.score
+        report.rows += 1
     if not qrels:
-        raise ValueError(f"{path}: no judgments")
+        raise ValueError(f"{path}: no judgments{why_empty(report)}")
     return qrels
 
 

@@ -60,11 +60,19 @@ class ReadReport:
 
     @property
     def n_skipped(self) -> int:
+        """How many rows were skipped."""
         return len(self.skipped)
 
+    def to_dict(self) -> dict:
+        """``{"path", "rows", "skipped": [[origin, reason], ...]}`` for ``--json`` output."""
+        return {"path": self.path, "rows": self.rows, "skipped": [list(s) for s in self.skipped]}
+
     def summary(self, limit: int = 5) -> str:
+        """One line: rows read, and the first ``limit`` skipped rows with their reasons."""
         if not self.skipped:
             return f"{self.path}: {self.rows} rows read, none skipped"
         shown = "; ".join(f"{o}: {r}" for o, r in self.skipped[:limit])
         more = f"; ... and {self.n_skipped - limit} more" if self.n_skipped > limit else ""
-        return f"{self.path}: {self.rows} rows read, {self.n_skipped} bad rows skipped ({shown}{more})"
+        return (
+            f"{self.path}: {self.rows} rows read, {self.n_skipped} bad rows skipped ({shown}{more})"
+        )

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from densefit.data.types import Document
+from densefit.retrieval.index.locking import writer_lock
 from densefit.retrieval.index.store import LocalDocumentStore, meta_hash, text_hash
 
 __all__ = ["IndexReport", "index_documents", "prune_documents"]
@@ -25,7 +26,8 @@ __all__ = ["IndexReport", "index_documents", "prune_documents"]
 class IndexReport:
     """What :func:`index_documents` did; nothing in the input goes unaccounted for.
 
-    ``seen`` = ``added + updated + metadata_updated + unchanged + duplicates``.
+    ``seen`` = ``added + updated + reembedded + metadata_updated + unchanged + duplicates``;
+    ``reembedded_stored`` counts stored documents not in the input that ``reembed`` re-embedded.
     """
 
     store: str
@@ -33,6 +35,8 @@ class IndexReport:
     seen: int = 0
     added: int = 0
     updated: int = 0
+    reembedded: int = 0  # same text, vector made again with new settings (``reembed``)
+    reembedded_stored: int = 0  # stored, not in the input, re-embedded from the stored text
     metadata_updated: int = 0
     unchanged: int = 0
     duplicates: int = 0
@@ -55,6 +59,11 @@ class IndexReport:
             f"{self.seen} documents read: {self.added} added, {self.updated} re-embedded "
             f"(text changed), {self.unchanged} unchanged (skipped)"
         ]
+        if self.reembedded or self.reembedded_stored:
+            parts.append(
+                f"{self.reembedded + self.reembedded_stored} re-embedded with new settings "
+                f"({self.reembedded_stored} of them stored but not in the input)"
+            )
         if self.metadata_updated:
             parts.append(f"{self.metadata_updated} title/metadata updated")
         if self.duplicates:
@@ -87,13 +96,21 @@ def index_documents(
     show_progress: bool = False,
     total: int | None = None,
     compact: bool = True,
+    reembed: bool = False,
+    lock_timeout: float | None = None,
 ) -> IndexReport:
     """Embed ``documents`` with ``model`` and write them to ``store``, resuming where it left.
 
     The store must have been created for ``model`` (:class:`~densefit.retrieval.index.base.
-    ModelMismatchError` otherwise). Documents already stored with the same text are skipped;
-    a repeated id replaces the earlier document and is counted in the report. ``compact``
-    rewrites the vector file when more than half of it is dead rows.
+    ModelMismatchError` otherwise) and its vectors made with the model's current settings
+    (truncation length, prompts, normalisation: :class:`~densefit.retrieval.index.settings.
+    SettingsMismatchError` otherwise), unless ``reembed`` re-embeds every stored document with
+    the new settings (those missing from ``documents`` from their stored text). Documents
+    already stored with the same text are skipped; a repeated id replaces the earlier
+    document and is counted in the report. ``compact`` rewrites the vector file when more
+    than half of it is dead rows. The store's writer lock is held throughout: a second
+    indexer waits (up to ``lock_timeout`` seconds, forever when None) and then finds the
+    documents already stored.
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.index.store import open_store
@@ -105,8 +122,6 @@ def index_documents(
     >>> index_documents(store, model, docs).unchanged  # a second run skips them
     2
     """
-    from tqdm.auto import tqdm
-
     from densefit.models import model_name_of
 
     if commit_every < 1:
@@ -115,41 +130,73 @@ def index_documents(
     if total is None and isinstance(documents, Sequence):
         total = len(documents)
     report = IndexReport(store=str(store.path), model=model_name_of(model))
-    seen_ids: set[str] = set()
     started = time.perf_counter()
-    with tqdm(
-        total=total, desc="Indexing", unit="doc", disable=not show_progress, smoothing=0.1
-    ) as bar:
-        for chunk in _chunks(documents, commit_every):
-            unique, repeats = _dedupe(chunk, seen_ids, report)
-            stored = store.hashes(list(unique))
-            to_embed, meta_only = [], []
-            for doc in unique.values():
-                hashes = stored.get(doc.id)
-                if hashes is None or hashes[0] != text_hash(doc.text):
-                    to_embed.append(doc)
-                    outcome = "added" if hashes is None else "updated"
-                elif hashes[1] != meta_hash(doc):
-                    meta_only.append(doc)
-                    outcome = "metadata_updated"
-                else:
-                    outcome = "unchanged"
-                if doc.id not in repeats:  # repeats of earlier chunks count as duplicates
-                    setattr(report, outcome, getattr(report, outcome) + 1)
-            skipped = len(chunk) - len(to_embed)
-            bar.update(skipped)
-            if to_embed:
-                store.write(to_embed, _embeddings(store, model, to_embed, batch_size, bar, report))
-                report.commits += 1
-            if meta_only:
-                store.write_metadata(meta_only)
-                report.commits += 1
-            bar.set_postfix(new=report.added, changed=report.updated, skipped=report.unchanged)
-    if compact and store.dead_rows() > max(1024, store.count()):
-        report.compacted = store.compact()
-    store.flush()
+    with writer_lock(store.path, timeout=lock_timeout):
+        if reembed:
+            store.start_reembedding(model)
+        else:
+            store.check_settings(model)
+        with _progress(total, show_progress) as bar:
+            seen_ids: set[str] = set()
+            for chunk in _chunks(documents, commit_every):
+                _index_chunk(store, model, chunk, seen_ids, batch_size, bar, report)
+            _reembed_the_rest(store, model, commit_every, batch_size, bar, report)
+        if compact and store.dead_rows() > max(1024, store.count()):
+            report.compacted = store.compact()
+        store.flush()
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _progress(total: int | None, show: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Indexing", unit="doc", disable=not show, smoothing=0.1)
+
+
+def _index_chunk(store, model, chunk, seen_ids, batch_size: int, bar, report) -> None:
+    """Compare one chunk with the store by hash, embed what is new or changed, commit."""
+    unique, repeats = _dedupe(chunk, seen_ids, report)
+    stored = store.hashes(list(unique))
+    stale = store.stale_ids(list(unique))
+    to_embed, meta_only = [], []
+    for doc in unique.values():
+        hashes = stored.get(doc.id)
+        if hashes is None or hashes[0] != text_hash(doc.text):
+            to_embed.append(doc)
+            outcome = "added" if hashes is None else "updated"
+        elif doc.id in stale:
+            to_embed.append(doc)
+            outcome = "reembedded"
+        elif hashes[1] != meta_hash(doc):
+            meta_only.append(doc)
+            outcome = "metadata_updated"
+        else:
+            outcome = "unchanged"
+        if doc.id not in repeats:  # repeats of earlier chunks count as duplicates
+            setattr(report, outcome, getattr(report, outcome) + 1)
+    bar.update(len(chunk) - len(to_embed))
+    if to_embed:
+        store.write(to_embed, _embeddings(store, model, to_embed, batch_size, bar, report))
+        report.commits += 1
+    if meta_only:
+        store.write_metadata(meta_only)
+        report.commits += 1
+    bar.set_postfix(new=report.added, changed=report.updated, skipped=report.unchanged)
+
+
+def _reembed_the_rest(store, model, commit_every: int, batch_size: int, bar, report) -> None:
+    """Re-embed, from their stored text, the documents still holding vectors made before
+    ``reembed`` (those not in this run's input), then clear the store's stale mark."""
+    stale = store.all_stale_ids()
+    for start in range(0, len(stale), commit_every):
+        docs = [d for d in store.get(stale[start : start + commit_every]) if d is not None]
+        if bar.total is not None:
+            bar.total += len(docs)
+        store.write(docs, _embeddings(store, model, docs, batch_size, bar, report))
+        report.commits += 1
+        report.reembedded_stored += len(docs)
+    store.finish_reembedding()
 
 
 def _embeddings(store, model, docs: list[Document], batch_size: int, bar, report) -> np.ndarray:

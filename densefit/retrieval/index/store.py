@@ -239,6 +239,8 @@ class LocalDocumentStore:
     @_locked
     def finish_reembedding(self) -> None:
         """Clear the stale mark once no stale vector is left (see :meth:`start_reembedding`)."""
+        if self._table.meta_value("stale_below_row", "0") == "0":
+            return
         if self.all_stale_ids():
             raise StoreError(f"{self.path}: documents still hold vectors made before --reembed")
         with self.transaction():
