@@ -265,3 +265,82 @@ def test_interrupted_index_says_how_to_resume(app, model_dir, data, tmp_path, mo
     monkeypatch.setattr(indexing, "index_documents", interrupted)
     result = invoke(app, ["index", data, "--model", model_dir / "tiny", "--store", tmp_path / "s"])
     assert result.exit_code == 130 and "run the same command again to resume" in result.stderr
+
+
+def test_index_with_other_settings_is_refused_or_reembedded(app, model_dir, data, tmp_path):
+    store = tmp_path / "store"
+    model = model_dir / "tiny"
+    first = invoke(app, ["index", data, "--model", model, "--store", store, "--no-progress"])
+    assert first.exit_code == 0, first.output
+    refused = invoke(
+        app,
+        ["index", data, "--model", model, "--store", store, "--max-seq-length", 8],
+    )
+    assert refused.exit_code == 2
+    lines = [x for x in refused.stderr.splitlines() if x.strip() and "Loading weights" not in x]
+    assert len(lines) == 1 and lines[0].startswith("error:")  # one line, no traceback
+    message = lines[0]
+    assert "max_seq_length=64" in message and "--reembed" in message
+    reembedded = invoke(
+        app,
+        ["index", data, "--model", model, "--store", store, "--max-seq-length", 8]
+        + ["--reembed", "--json", "--no-progress"],
+    )
+    assert reembedded.exit_code == 0, reembedded.output
+    out = json.loads(reembedded.stdout)
+    assert out["report"]["reembedded"] == 30 and out["report"]["encoded"] == 30
+    assert out["store"]["max_seq_length"] == 8 and out["store"]["prompts"] == {}
+    again = invoke(
+        app,
+        ["index", data, "--model", model, "--store", store, "--max-seq-length", 8, "--json"],
+    )
+    assert json.loads(again.stdout)["report"]["unchanged"] == 30
+
+
+def _beir_with_bad_rows(data, folder):
+    """A copy of ``data`` with a judgment of an unknown document (qrels line 3) and a
+    query without text (queries.jsonl line 2)."""
+    import shutil
+
+    shutil.copytree(data, folder)
+    qrels = folder / "qrels" / "test.tsv"
+    lines = qrels.read_text().splitlines()
+    lines.insert(2, "q3\tno-such-doc\t1")
+    qrels.write_text("\n".join(lines) + "\n")
+    queries = (folder / "queries.jsonl").read_text().splitlines()
+    queries.insert(1, json.dumps({"_id": "q-empty", "text": ""}))
+    (folder / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    return folder, qrels
+
+
+def test_eval_reports_every_skipped_row(app, model_dir, data, tmp_path):
+    folder, qrels = _beir_with_bad_rows(data, tmp_path / "beir")
+    queries = folder / "queries.jsonl"
+    strict = invoke(app, ["eval", "--dataset", folder, "--model", model_dir / "tiny"])
+    assert strict.exit_code == 2 and f"{queries}:2" in strict.stderr
+    args = ["eval", "--dataset", folder, "--model", model_dir / "tiny", "--on-bad-row", "skip"]
+    as_json = invoke(app, args + ["--json", "--no-progress"])
+    assert as_json.exit_code == 0, as_json.output
+    skipped = json.loads(as_json.stdout)["results"][0]["skipped_rows"]
+    assert [origin for origin, _ in skipped] == [f"{queries}:2", f"{qrels}:3"]
+    assert "no-such-doc" in skipped[1][1]
+    table = invoke(app, args + ["--no-progress"])
+    assert table.exit_code == 0, table.output
+    flat = " ".join(table.stdout.split())  # the caption may wrap
+    assert "2 bad rows skipped" in flat and f"{qrels}:3".replace(" ", "") in flat.replace(" ", "")
+    assert f"{qrels}:3" in table.stderr.replace("\n", "")
+
+
+def test_eval_of_a_store_reports_skipped_rows_too(app, model_dir, data, tmp_path):
+    folder, qrels = _beir_with_bad_rows(data, tmp_path / "beir")
+    store = tmp_path / "store"
+    invoke(app, ["index", data, "--model", model_dir / "tiny", "--store", store, "--no-progress"])
+    args = ["eval", "--store", store, "--queries", folder / "queries.jsonl", "--qrels", qrels]
+    strict = invoke(app, args)
+    assert strict.exit_code == 2 and "queries.jsonl:2" in strict.stderr
+    skipped_run = invoke(app, args + ["--on-bad-row", "skip", "--json", "--no-progress"])
+    assert skipped_run.exit_code == 0, skipped_run.output
+    result = json.loads(skipped_run.stdout)["results"][0]
+    assert [origin for origin, _ in result["skipped_rows"]] == [f"{folder}/queries.jsonl:2"]
+    # q3's judgment of an unknown document is no bad row here: the store is not the corpus
+    assert result["n_queries"] == 10 and "q-empty" not in result["missing_queries"]

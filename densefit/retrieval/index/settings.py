@@ -37,6 +37,9 @@ PROBE_TEXTS = (
     "What is the effect of vitamin D on bone density in older adults?",
     "def search(index, query, k=10): return index.top_k(query, k)",
 )
+# Every probe fits in this many tokens (with BERT's and MiniLM's tokenizers), so for models whose
+# max_seq_length is at least this, fingerprints match those recorded before it was fixed.
+PROBE_LENGTH = 64
 # Same weights reproduce the probe embeddings to ~1e-7; a fine-tuned model moves them more.
 SAME_WEIGHTS_COSINE = 1 - 1e-5
 
@@ -55,10 +58,20 @@ def canonical_model_name(name: str) -> str:
 
 
 def model_fingerprint(model) -> np.ndarray:
-    """The model's unit-length embeddings of :data:`PROBE_TEXTS`, ``(3, dim)`` float32."""
+    """The model's unit-length embeddings of :data:`PROBE_TEXTS`, ``(3, dim)`` float32.
+
+    Made at :data:`PROBE_LENGTH` tokens whatever the model's ``max_seq_length``: the
+    fingerprint identifies the weights, and a store re-embedded with another truncation
+    length (``--reembed``) must still recognise its model.
+    """
     from densefit.retrieval.encode import encode_texts
 
-    return encode_texts(model, list(PROBE_TEXTS), batch_size=1, normalize=True)
+    length = getattr(model, "max_seq_length", None)
+    model.max_seq_length = PROBE_LENGTH
+    try:
+        return encode_texts(model, list(PROBE_TEXTS), batch_size=1, normalize=True)
+    finally:
+        model.max_seq_length = length
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,147 @@
+"""Stores record what made their vectors (issue 18.5): settings, refusal, --reembed, the lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.index import open_store
+from densefit.retrieval.index.conformance import make_corpus
+from densefit.retrieval.index.indexing import index_documents
+from densefit.retrieval.index.locking import StoreLockedError, writer_lock
+from densefit.retrieval.index.settings import SettingsMismatchError, VectorSettings
+
+
+@pytest.fixture
+def model(tmp_path):
+    from densefit.testing import tiny_model
+
+    return tiny_model(tmp_path / "tiny")
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def test_store_records_the_settings(tmp_path):
+    from densefit.testing import tiny_model
+
+    model = tiny_model(tmp_path / "m", max_seq_length=48, normalize=True)
+    with open_store(tmp_path / "s", model) as store:
+        info = store.info()
+    assert (info["max_seq_length"], info["normalize"], info["prompts"]) == (48, True, {})
+    with open_store(tmp_path / "s", model) as reopened:  # read back from store.sqlite
+        assert reopened.settings == VectorSettings(max_seq_length=48, normalize=True, prompts={})
+
+
+def test_other_truncation_is_refused_and_nothing_changes(model, tmp_path):
+    docs = make_corpus(12)
+    with open_store(tmp_path / "s", model) as store:
+        index_documents(store, model, docs)
+        before = store.vectors([d.id for d in docs])
+        model.max_seq_length = 8
+        with pytest.raises(SettingsMismatchError) as caught:
+            index_documents(store, model, docs)
+        message = str(caught.value)
+        assert "max_seq_length=64" in message and "max_seq_length=8" in message
+        assert "--max-seq-length 64" in message and "--reembed" in message
+        assert "\n" not in message
+        np.testing.assert_array_equal(store.vectors([d.id for d in docs]), before)
+        assert store.dead_rows() == 0
+
+
+def test_reembed_remakes_every_vector_even_those_not_in_the_input(model, tmp_path):
+    docs = make_corpus(20)
+    with open_store(tmp_path / "s", model) as store:
+        index_documents(store, model, docs)
+        model.max_seq_length = 8  # the corpus texts are longer: truncation changes vectors
+        report = index_documents(store, model, docs[:10], reembed=True)
+        assert (report.reembedded, report.reembedded_stored, report.encoded) == (10, 10, 20)
+        expected = _unit(encode_texts(model, [d.text for d in docs]))
+        stored = store.vectors([d.id for d in docs])
+        np.testing.assert_allclose(stored, expected, atol=1e-6)
+        assert store.settings.max_seq_length == 8 and store.all_stale_ids() == []
+        again = index_documents(store, model, docs)  # the new settings are the store's now
+        assert (again.unchanged, again.encoded) == (20, 0)
+
+
+def test_interrupted_reembed_resumes_without_the_flag(model, tmp_path):
+    docs = make_corpus(16)
+    with open_store(tmp_path / "s", model) as store:
+        index_documents(store, model, docs)
+        model.max_seq_length = 8
+        store.start_reembedding(model)  # ... and the process died here
+    with open_store(tmp_path / "s", model) as store:
+        report = index_documents(store, model, docs[:4])  # no reembed=True: resumes anyway
+        assert (report.reembedded, report.reembedded_stored) == (4, 12)
+        expected = _unit(encode_texts(model, [d.text for d in docs]))
+        np.testing.assert_allclose(store.vectors([d.id for d in docs]), expected, atol=1e-6)
+        assert store.all_stale_ids() == []
+
+
+def test_duplicate_texts_do_not_copy_stale_vectors(model, tmp_path):
+    docs = make_corpus(6)
+    with open_store(tmp_path / "s", model) as store:
+        index_documents(store, model, docs)
+        model.max_seq_length = 8
+        twin = type(docs[0])("twin", docs[0].text)  # same text as a stored, stale document
+        index_documents(store, model, [twin], reembed=True)
+        expected = _unit(encode_texts(model, [docs[0].text]))
+        np.testing.assert_allclose(store.vectors(["twin"]), expected, atol=1e-6)
+
+
+def test_lock_waits_then_gives_up_with_a_clear_message(tmp_path):
+    said = []
+    with writer_lock(tmp_path):
+        with pytest.raises(StoreLockedError, match="--lock-timeout"):
+            with writer_lock(tmp_path, timeout=0.3, on_wait=said.append):
+                pass
+    assert len(said) == 1 and "waiting" in said[0] and f"pid {os.getpid()}" in said[0]
+    with writer_lock(tmp_path, timeout=0):  # released: taken at once
+        pass
+
+
+def _write_corpus(path: Path, n: int) -> None:
+    with open(path, "w") as fh:
+        for doc in make_corpus(n):
+            fh.write(json.dumps({"_id": doc.id, "text": doc.text}) + "\n")
+
+
+def test_two_index_processes_create_and_embed_once(tmp_path):
+    """Both wait on the lock the test holds, then race: one store, each document once."""
+    from densefit.testing import tiny_model
+
+    tiny_model(tmp_path / "build").save(str(tmp_path / "model"))
+    _write_corpus(tmp_path / "corpus.jsonl", 200)
+    store = tmp_path / "store"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    command = [sys.executable, "-m", "densefit", "index", str(tmp_path / "corpus.jsonl")]
+    command += ["--model", str(tmp_path / "model"), "--store", str(store)]
+    command += ["--commit-every", "20", "--no-progress", "--json"]
+    logs = [tmp_path / f"err{i}.txt" for i in range(2)]
+    with writer_lock(store):
+        runs = [
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log.open("w"), env=env)
+            for log in logs
+        ]
+        deadline = time.monotonic() + 300
+        while not all("waiting" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline, [log.read_text() for log in logs]
+            assert all(run.poll() is None for run in runs), [log.read_text() for log in logs]
+            time.sleep(0.2)
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [log.read_text() for log in logs]
+    reports = [json.loads(out)["report"] for out in outputs]
+    assert sum(r["added"] for r in reports) == 200
+    assert sum(r["encoded"] for r in reports) == 200  # never embedded twice
+    assert sorted(r["unchanged"] for r in reports) == [0, 200]
+    with open_store(store) as opened:
+        assert opened.count() == 200 and opened.dead_rows() == 0
