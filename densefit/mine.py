@@ -154,6 +154,8 @@ def mine_hard_negatives(
         raise ValueError("no pairs to mine negatives for")
     if not corpus:
         raise ValueError("the corpus is empty: there is nothing to mine from")
+    from tqdm.auto import tqdm
+
     from densefit.training.loop import peak_rss_bytes
 
     report = MiningReport(method=method, rows=len(pairs))
@@ -162,68 +164,87 @@ def mine_hard_negatives(
     report.queries = len(plan.queries)
     report.positives_outside_corpus = len(plan.outside)
     report.seconds["prepare"] = round(time.perf_counter() - started, 3)
+    searchers = _Searchers(
+        method, plan, model, batch_size, show_progress, corpus_embeddings, rrf_k, report
+    )
+    choice = _Choice(num_negatives, range_min, range_max, relative_margin, sampling, seed)
 
-    searchers = []
-    if method in ("bm25", "hybrid"):
-        t0 = time.perf_counter()
-        searchers.append(_Bm25(plan, show_progress))
-        report.seconds["bm25_index"] = round(time.perf_counter() - t0, 3)
-    dense = None
-    if method in ("dense", "hybrid"):
-        t0 = time.perf_counter()
-        dense = _Dense(plan, _model(model), batch_size, show_progress, corpus_embeddings)
-        searchers.append(dense)
-        report.seconds["dense_encode"] = round(time.perf_counter() - t0, 3)
-
-    t0 = time.perf_counter()
-    from tqdm.auto import tqdm
-
+    started = time.perf_counter()
     mined: list[TrainingExample | None] = [None] * len(pairs)
-    rng = random.Random(seed)
     with tqdm(
         total=len(plan.queries), desc=f"Mining ({method})", unit="query", disable=not show_progress
     ) as bar:
         for start in range(0, len(plan.queries), query_block):
             block = list(range(start, min(start + query_block, len(plan.queries))))
-            # Depth: enough to see range_max non-positives after skipping every positive.
-            depth = min(plan.n_docs, range_max + max(len(plan.excluded[q]) for q in block))
-            rankings = [s.search(block, depth) for s in searchers]
-            if method == "hybrid":
-                ranked = _fuse(rankings, rrf_k, depth)
-                ranked = [
-                    (docs, dense.doc_scores(q, docs))
-                    for q, (docs, _) in zip(block, ranked, strict=True)
-                ]
-            else:
-                ranked = rankings[0]
-            margin_source = dense if method == "hybrid" else searchers[0]
-            for q, (docs, scores) in zip(block, ranked, strict=True):
+            for q, (docs, scores) in zip(block, searchers.rank(block, range_max), strict=True):
                 for row in plan.rows_of[q]:
-                    threshold = None
-                    if relative_margin is not None:
-                        pos = margin_source.positive_score(q, row)
-                        threshold = pos - relative_margin * abs(pos)
-                    mined[row] = _select(
-                        plan,
-                        q,
-                        row,
-                        docs,
-                        scores,
-                        report,
-                        num_negatives=num_negatives,
-                        range_min=range_min,
-                        range_max=range_max,
-                        threshold=threshold,
-                        sampling=sampling,
-                        rng=rng,
-                    )
+                    threshold = searchers.margin_threshold(q, row, relative_margin)
+                    mined[row] = _select(plan, q, row, docs, scores, report, choice, threshold)
             bar.update(len(block))
-    report.seconds["search"] = round(time.perf_counter() - t0, 3)
+    report.seconds["search"] = round(time.perf_counter() - started, 3)
     report.peak_rss_mb = round(peak_rss_bytes() / 2**20, 1)
     out = [m for m in mined if m is not None]
     report.negatives = sum(len(m.negatives) for m in out)
     report.rows_short = sum(len(m.negatives) < num_negatives for m in out)
     return out, report
+
+
+@dataclass
+class _Choice:
+    """Which ranked candidates become negatives (see :func:`mine_hard_negatives`)."""
+
+    num_negatives: int
+    range_min: int
+    range_max: int
+    relative_margin: float | None
+    sampling: str
+    seed: int
+
+    def __post_init__(self):
+        self.rng = random.Random(self.seed)
+
+
+class _Searchers:
+    """The method's searchers (BM25, dense, or both fused) behind one ``rank`` call."""
+
+    def __init__(
+        self, method, plan, model, batch_size, show_progress, corpus_embeddings, rrf_k, report
+    ):
+        self.method, self.plan, self.rrf_k = method, plan, rrf_k
+        self.searchers: list = []
+        self.dense = None
+        if method in ("bm25", "hybrid"):
+            started = time.perf_counter()
+            self.searchers.append(_Bm25(plan, show_progress))
+            report.seconds["bm25_index"] = round(time.perf_counter() - started, 3)
+        if method in ("dense", "hybrid"):
+            started = time.perf_counter()
+            self.dense = _Dense(plan, _model(model), batch_size, show_progress, corpus_embeddings)
+            self.searchers.append(self.dense)
+            report.seconds["dense_encode"] = round(time.perf_counter() - started, 3)
+        # Hybrid scores (for the margin and the ranking's scores) are the dense model's.
+        self.margin_source = self.dense if method == "hybrid" else self.searchers[0]
+
+    def rank(self, block: list[int], range_max: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(documents, scores)`` best first for each query of ``block``."""
+        plan = self.plan
+        # Depth: enough to see range_max non-positives after skipping every positive.
+        depth = min(plan.n_docs, range_max + max(len(plan.excluded[q]) for q in block))
+        rankings = [s.search(block, depth) for s in self.searchers]
+        if self.method != "hybrid":
+            return rankings[0]
+        fused = _fuse(rankings, self.rrf_k, depth)
+        return [
+            (docs, self.dense.doc_scores(q, docs))
+            for q, (docs, _) in zip(block, fused, strict=True)
+        ]
+
+    def margin_threshold(self, q: int, row: int, relative_margin: float | None) -> float | None:
+        """Candidates scoring above this are too close to the row's positive (None: no margin)."""
+        if relative_margin is None:
+            return None
+        positive = self.margin_source.positive_score(q, row)
+        return positive - relative_margin * abs(positive)
 
 
 def _check_arguments(method, model, num_negatives, range_min, range_max, margin, sampling):
@@ -423,19 +444,7 @@ def _fuse(rankings, rrf_k: int, depth: int) -> list[tuple[np.ndarray, np.ndarray
 
 
 def _select(
-    plan,
-    q,
-    row,
-    docs,
-    scores,
-    report,
-    *,
-    num_negatives,
-    range_min,
-    range_max,
-    threshold,
-    sampling,
-    rng,
+    plan, q, row, docs, scores, report, choice: _Choice, threshold: float | None
 ) -> TrainingExample:
     """The negatives of one row from its query's ranking (best first)."""
     pair = plan.pairs[row]
@@ -448,9 +457,9 @@ def _select(
             report.skipped_positives += 1
             continue
         rank += 1
-        if rank <= range_min:
+        if rank <= choice.range_min:
             continue
-        if rank > range_max:
+        if rank > choice.range_max:
             break
         if threshold is not None and score > threshold:
             report.skipped_margin += 1
@@ -460,10 +469,10 @@ def _select(
             continue
         texts.add(text)
         chosen.append(doc)
-        if sampling == "top" and len(chosen) == num_negatives:
+        if choice.sampling == "top" and len(chosen) == choice.num_negatives:
             break
-    if sampling == "random" and len(chosen) > num_negatives:
-        chosen = sorted(rng.sample(chosen, num_negatives), key=chosen.index)
+    if choice.sampling == "random" and len(chosen) > choice.num_negatives:
+        chosen = sorted(choice.rng.sample(chosen, choice.num_negatives), key=chosen.index)
     return dataclasses.replace(
         pair,
         negatives=tuple(plan.corpus[d].text for d in chosen),
