@@ -248,10 +248,11 @@ class StoreConformance:
             search(store, model, docs[0].text)
 
     def test_same_weights_under_another_name_is_accepted(self, store, model_dir):
-        from densefit.models import load_model
+        from densefit.models import load_model, model_name_of
 
         model = load_model(model_dir)
         model._densefit_name = "my-copy-of-the-model"
+        assert model_name_of(model) != store.model_name  # the name really differs
         store.check_model(model)
 
     # -- crashes ---------------------------------------------------------------------------

@@ -92,6 +92,54 @@ def _parameter_version(model) -> int:
         return -1
 
 
+def checked_queries(record: StoreRecord, query_embeddings: np.ndarray, top_k: int) -> np.ndarray:
+    """``(q, dim)`` float32 queries for a search of ``record``'s store, or ValueError."""
+    queries = np.asarray(query_embeddings, dtype=np.float32)
+    if queries.ndim == 1:
+        queries = queries[None, :]
+    if queries.ndim != 2 or queries.shape[1] != record.dim:
+        raise ValueError(
+            f"query embeddings have shape {np.shape(query_embeddings)}, but this store "
+            f"holds {record.dim}-d embeddings from {record.model_name!r}"
+        )
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if not np.isfinite(queries).all():
+        raise ValueError("query embeddings contain NaN or infinite values")
+    return _normalise_rows(queries) if record.similarity == "cosine" else queries
+
+
+def checked_vectors(record: StoreRecord, documents: list, embeddings: np.ndarray) -> np.ndarray:
+    """The float32 (normalised, for cosine stores) vectors of a write, or an error naming
+    the document at fault (unique non-empty ids, the store's dimension, finite values)."""
+    vectors = np.asarray(embeddings, dtype=np.float32)
+    if vectors.ndim != 2 or vectors.shape != (len(documents), record.dim):
+        raise ValueError(
+            f"expected embeddings of shape ({len(documents)}, {record.dim}) for "
+            f"{len(documents)} documents in a {record.dim}-d store, got {np.shape(embeddings)}"
+        )
+    seen: set[str] = set()
+    for i, doc in enumerate(documents):
+        if not isinstance(doc, Document):
+            raise TypeError(f"documents[{i}] is a {type(doc).__name__}, not a Document")
+        if not isinstance(doc.id, str) or not doc.id:
+            raise ValueError(f"documents[{i}] has an empty or non-string id {doc.id!r}")
+        if doc.id in seen:
+            raise ValueError(
+                f"document id {doc.id!r} appears twice in one write: ids must be unique "
+                "(index_documents keeps the last occurrence and reports duplicates)"
+            )
+        seen.add(doc.id)
+    if not np.isfinite(vectors).all():
+        bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
+        raise ValueError(f"the embedding of document {documents[bad].id!r} has NaN/inf values")
+    if record.similarity == "cosine":
+        vectors = _normalise_rows(vectors)
+    if record.dtype == "float16" and np.abs(vectors).max(initial=0) > 65504:
+        raise ValueError("embeddings exceed the float16 range: use a float32 store")
+    return vectors
+
+
 class LocalDocumentStore:
     """Documents in SQLite, embeddings in a vector file, searched by a pluggable backend.
 
@@ -318,7 +366,7 @@ class LocalDocumentStore:
         ``query_embeddings`` is ``(q, dim)`` (or one ``(dim,)`` vector); cosine stores
         normalise them. Fewer than ``top_k`` hits come back only when the store holds fewer.
         """
-        queries = self._validate_queries(query_embeddings, top_k)
+        queries = checked_queries(self.record, query_embeddings, top_k)
         self._refresh()
         scores, rows = self._vectors.search(queries, top_k)
         docs = self._table.documents_at(sorted({int(r) for r in rows.ravel() if r >= 0}))
@@ -342,7 +390,7 @@ class LocalDocumentStore:
         Ids must be unique within one call. Cosine stores normalise the embeddings.
         """
         documents = list(documents)
-        vectors = self._validate_write(documents, embeddings)
+        vectors = checked_vectors(self.record, documents, embeddings)
         if not documents:
             return WriteResult()
         with self.transaction() as fresh:
@@ -389,13 +437,8 @@ class LocalDocumentStore:
             dropped = n_rows - len(pairs)
             if dropped == 0:
                 return 0
-            old = self._vectors.file.view(n_rows)
-            new_file = self._vectors.file_for(generation + 1)
             rows = np.fromiter((r for r, _ in pairs), dtype=np.int64, count=len(pairs))
-            new_file.path.unlink(missing_ok=True)
-            for start in range(0, len(rows), 1 << 16):
-                part = rows[start : start + (1 << 16)]
-                new_file.write(start, np.asarray(old[part]))
+            self._vectors.copy_rows(rows, n_rows=n_rows, generation=generation + 1)
             self._table.renumber([doc_id for _, doc_id in pairs])
             # Rows keep their order, so the stale rows stay the first ones.
             below = int(self._table.meta_value("stale_below_row", "0"))
@@ -461,49 +504,6 @@ class LocalDocumentStore:
         return _StoreTransaction(self)
 
     # -- internals -------------------------------------------------------------------------
-
-    def _validate_queries(self, query_embeddings: np.ndarray, top_k: int) -> np.ndarray:
-        queries = np.asarray(query_embeddings, dtype=np.float32)
-        if queries.ndim == 1:
-            queries = queries[None, :]
-        if queries.ndim != 2 or queries.shape[1] != self.dim:
-            raise ValueError(
-                f"query embeddings have shape {np.shape(query_embeddings)}, but this store "
-                f"holds {self.dim}-d embeddings from {self.model_name!r}"
-            )
-        if top_k < 1:
-            raise ValueError(f"top_k must be at least 1, got {top_k}")
-        if not np.isfinite(queries).all():
-            raise ValueError("query embeddings contain NaN or infinite values")
-        return _normalise_rows(queries) if self.similarity == "cosine" else queries
-
-    def _validate_write(self, documents: list, embeddings: np.ndarray) -> np.ndarray:
-        vectors = np.asarray(embeddings, dtype=np.float32)
-        if vectors.ndim != 2 or vectors.shape != (len(documents), self.dim):
-            raise ValueError(
-                f"expected embeddings of shape ({len(documents)}, {self.dim}) for "
-                f"{len(documents)} documents in a {self.dim}-d store, got {np.shape(embeddings)}"
-            )
-        seen: set[str] = set()
-        for i, doc in enumerate(documents):
-            if not isinstance(doc, Document):
-                raise TypeError(f"documents[{i}] is a {type(doc).__name__}, not a Document")
-            if not isinstance(doc.id, str) or not doc.id:
-                raise ValueError(f"documents[{i}] has an empty or non-string id {doc.id!r}")
-            if doc.id in seen:
-                raise ValueError(
-                    f"document id {doc.id!r} appears twice in one write: ids must be unique "
-                    "(index_documents keeps the last occurrence and reports duplicates)"
-                )
-            seen.add(doc.id)
-        if not np.isfinite(vectors).all():
-            bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
-            raise ValueError(f"the embedding of document {documents[bad].id!r} has NaN/inf values")
-        if self.similarity == "cosine":
-            vectors = _normalise_rows(vectors)
-        if self.dtype == "float16" and np.abs(vectors).max(initial=0) > 65504:
-            raise ValueError("embeddings exceed the float16 range: use a float32 store")
-        return vectors
 
     def _after_commit(self, fresh: bool, *, dead: list[int], n_rows: int) -> None:
         """Update the live-row mask in place after our own commit (or reload if others wrote)."""

@@ -159,6 +159,15 @@ class CommittedVectors:
         """The committed rows (a read-only memory map)."""
         return self.file.view(self.n_rows if rows is None else rows)
 
+    def copy_rows(self, rows: np.ndarray, *, n_rows: int, generation: int) -> None:
+        """Write ``rows`` of the current file, in order, as ``generation``'s file (compaction)."""
+        old = self.file.view(n_rows)
+        new_file = self.file_for(generation)
+        new_file.path.unlink(missing_ok=True)
+        for start in range(0, len(rows), 1 << 16):
+            part = rows[start : start + (1 << 16)]
+            new_file.write(start, np.asarray(old[part]))
+
     def dead_rows(self) -> int:
         """Rows no document points at any more."""
         return int(self.n_rows - self.alive[: self.n_rows].sum())
