@@ -166,3 +166,17 @@ def test_as_document_errors():
         as_document({"id": "1", "body": "x"})
     with pytest.raises(TypeError, match="documents\\[4\\] is a int"):
         as_document(5, 4)
+
+
+def test_retriever_refuses_other_settings_unless_reembed(tmp_path):
+    from densefit.retrieval.index.settings import SettingsMismatchError
+    from densefit.testing import tiny_model
+
+    retriever = Retriever(tiny_model(tmp_path / "m"))
+    docs = make_corpus(8)
+    retriever.index(docs, store=tmp_path / "s")
+    retriever.model.max_seq_length = 8
+    with pytest.raises(SettingsMismatchError, match="reembed=True"):
+        retriever.index(docs)
+    report = retriever.index(docs, reembed=True)
+    assert report.reembedded == 8 and retriever.store.settings.max_seq_length == 8

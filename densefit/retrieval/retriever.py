@@ -170,13 +170,15 @@ class Retriever:
         *,
         backend: str | None = None,
         show_progress: bool = False,
+        reembed: bool = False,
     ):
         """Embed ``documents`` and write them to ``store`` (which becomes ``self.store``).
 
         ``store`` is a folder path (created for this model if new), a store object, or None:
         ``self.store`` if set, else a temporary store deleted when the retriever is. Documents
         already stored with the same text are skipped, so calling ``index`` again with a grown
-        corpus only embeds the new documents. Returns an
+        corpus only embeds the new documents. A store made with other settings (e.g. another
+        ``max_seq_length``) is refused unless ``reembed`` re-embeds all of it. Returns an
         :class:`~densefit.retrieval.index.indexing.IndexReport`.
         """
         from densefit.retrieval.index.indexing import index_documents
@@ -195,7 +197,13 @@ class Retriever:
         docs = (as_document(d, i) for i, d in enumerate(documents))
         total = len(documents) if isinstance(documents, Sequence) else None
         return index_documents(
-            store, self.model, docs, batch_size=batch_size, show_progress=show_progress, total=total
+            store,
+            self.model,
+            docs,
+            batch_size=batch_size,
+            show_progress=show_progress,
+            total=total,
+            reembed=reembed,
         )
 
     def retrieve(self, query: str, top_k: int = 10) -> list[SearchHit]:

@@ -230,6 +230,6 @@ class StoreRecord:
         fix = _FIXES[name].format(stored=stored, verb="does" if stored else "does not")
         raise SettingsMismatchError(
             f"{where}: the store's vectors were made with {name}={stored!r}, but this run "
-            f"embeds with {name}={given!r}: {fix}, or pass --reembed to re-embed every "
-            "document with the new settings (or index into a new --store)"
+            f"embeds with {name}={given!r}: {fix}, or pass --reembed (reembed=True in Python) to "
+            "re-embed every document with the new settings, or index into a new --store"
         )
