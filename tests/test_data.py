@@ -545,3 +545,30 @@ def test_scifact(shared_datasets):
     assert all(e.positive and e.positive_ids for e in examples)
     beir = load_beir(scifact, "test")
     assert (len(beir.corpus), len(beir.queries), len(beir.judgments)) == (5183, 300, 339)
+
+
+def test_load_training_examples_takes_paths_dicts_and_examples(tmp_path):
+    from densefit.data import TrainingExample, load_training_examples
+
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"anchor": "q1", "positive": "p1"}\n{"anchor": 3, "positive": "p2"}\n')
+    with pytest.warns(UserWarning, match=f"{path}:2"):  # the skipped row, by file:line
+        rows = load_training_examples(path, on_bad_row="skip")
+    assert [(r.query, r.origin) for r in rows] == [("q1", f"{path}:1")]
+    with pytest.raises(BadRowError, match=f"{path}:2"):
+        load_training_examples(path)
+    from_dicts = load_training_examples([{"question": "q", "pos_doc": "d", "neg_doc": ["n"]}])
+    assert (from_dicts[0].positive, from_dicts[0].negatives) == ("d", ("n",))
+    examples = [TrainingExample("q", "p")]
+    assert load_training_examples(examples) == examples
+
+
+def test_find_corpus_file(tmp_path):
+    from densefit.data import find_corpus_file
+
+    (tmp_path / "corpus.jsonl.gz").write_bytes(b"")
+    assert find_corpus_file(tmp_path) == tmp_path / "corpus.jsonl.gz"
+    assert find_corpus_file(tmp_path / "docs.csv") == tmp_path / "docs.csv"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no corpus.jsonl"):
+        find_corpus_file(tmp_path / "empty")
