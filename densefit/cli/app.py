@@ -92,8 +92,8 @@ def _load(model: str, max_seq_length: int | None, trust_remote_code: bool = Fals
 
 
 def _examples(data: Path, on_bad_row: str, split: str):
-    from densefit.data.types import BadRowError
     from densefit.data.readers import load_training_examples
+    from densefit.data.types import BadRowError
 
     try:
         with warnings.catch_warnings(record=True) as caught:
