@@ -147,6 +147,11 @@ def _corpus_file(path: Path) -> Path:
     raise FileNotFoundError(f"{path}: no corpus.jsonl or corpus.jsonl.gz in this BEIR folder")
 
 
+def find_corpus_file(path: str | os.PathLike) -> Path:
+    """The corpus file itself: ``path`` when it is a file, else the BEIR folder's corpus.jsonl(.gz)."""
+    return _corpus_file(Path(path))
+
+
 # ----------------------------------------------------------------------------- queries, qrels
 
 
