@@ -186,11 +186,11 @@ def test_training_killed_mid_run_resumes_from_its_checkpoint(workspace, tmp_path
         if record["step"] == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(stages_module, "_train_step_hook", interrupt)
+    monkeypatch.setattr(stages_module, "on_train_step", interrupt)
     with pytest.raises(KeyboardInterrupt):
         run_pipeline(config)
     assert not (tmp_path / "out" / "stages" / "train.json").exists()
-    monkeypatch.setattr(stages_module, "_train_step_hook", lambda record: None)
+    monkeypatch.setattr(stages_module, "on_train_step", lambda record: None)
 
     result = run_pipeline(config)
     train = result.markers["train"]["result"]

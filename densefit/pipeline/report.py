@@ -5,6 +5,10 @@ Plots (matplotlib, Agg backend) go to ``OUTPUT/plots/``:
 - ``training.png``  training loss and in-batch accuracy against the step;
 - ``resources.png`` peak RSS (and CUDA peak, on CUDA) and examples/s against the step;
 - ``metrics.png``   base vs trained for every metric.
+
+The report reads plain data: the output folder, the run config and the stage markers
+(``OUTPUT/stages/<name>.json`` as dicts). It imports nothing from :mod:`densefit.pipeline.stages`;
+the stages import it.
 """
 
 from __future__ import annotations
@@ -13,11 +17,48 @@ import json
 import os
 import platform
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from densefit.pipeline.config import RunConfig
 
-__all__ = ["write_report", "read_train_log"]
+__all__ = ["describe_eval", "load_eval_results", "read_train_log", "write_report"]
+
+
+def describe_eval(info: dict, n_queries: int) -> str:
+    """One line: which split, how many queries and documents, full corpus or subsample."""
+    corpus = info.get("corpus", {})
+    what = (
+        f"full corpus, {corpus.get('documents')} documents"
+        if corpus.get("kind") == "full"
+        else f"subsample of the corpus: {corpus.get('documents')} of {corpus.get('corpus_documents')}"
+        f" documents ({corpus.get('judged_documents')} judged + {corpus.get('distractors')} "
+        f"random distractors, seed {corpus.get('sample_seed')})"
+    )
+    return (
+        f"{info.get('split')} split: {n_queries} queries; {what}; "
+        f"max_seq_length {info.get('max_seq_length')}"
+    )
+
+
+def load_eval_results(output: str | os.PathLike) -> list:
+    """The base and trained :class:`~densefit.evaluate.EvalResult` saved in ``output/eval``."""
+    from densefit.evaluate import EvalResult
+
+    out = []
+    for name in ("base", "trained"):
+        d = json.loads((Path(output) / "eval" / f"{name}.json").read_text())
+        out.append(
+            EvalResult(
+                d["name"],
+                d["metrics"],
+                d["per_query"],
+                d["n_queries"],
+                d.get("missing_queries", []),
+                d.get("info", {}),
+            )
+        )
+    return out
 
 
 def read_train_log(path: str | os.PathLike) -> list[dict]:
@@ -228,58 +269,42 @@ def _plots(out: Path, log: list[dict], metrics: dict, names: tuple[str, str], ca
 # ----------------------------------------------------------------------------- report
 
 
-def write_report(out: Path, config: RunConfig, markers: dict, *, ran: list[str]) -> dict:
-    """Write report.json, report.md and the plots from the stage markers; return the JSON."""
+def write_report(
+    out: str | os.PathLike,
+    config: RunConfig,
+    markers: dict[str, dict],
+    *,
+    ran: Sequence[str],
+    stages: Sequence[str],
+) -> dict:
+    """Write report.json, report.md and the plots from the stage markers; return the JSON.
+
+    ``markers`` maps a stage name to its marker dict; ``stages`` lists the stages before the
+    report in run order (a stage without a marker is reported as off); ``ran`` names those
+    that ran in this invocation (the others were skipped as finished).
+    """
     import yaml
 
     from densefit.evaluate import compare_results
-    from densefit.pipeline.stages import STAGES, describe_eval, load_eval_results
 
     out = Path(out)
     evals = dict(zip(("base", "trained"), load_eval_results(out)))
-    comparison = compare_results(evals["base"], evals["trained"])
-    metrics = {
-        m: {
-            "base": round(c["base"], 6),
-            "trained": round(c["trained"], 6),
-            "delta": round(c["delta"], 6),
-            "wins": c["wins"],
-            "losses": c["losses"],
-            "ties": c["ties"],
-            "p_value": round(c["p_value"], 4),
-        }
-        for m, c in comparison.items()
-    }
+    metrics = _metrics(compare_results(evals["base"], evals["trained"]))
     log = read_train_log(out / "model" / "train_log.jsonl")
     train_result = markers["train"]["result"]
-    stages = {}
-    for name in STAGES[:-1]:
-        if name not in markers:
-            stages[name] = {"status": "off"}
-            continue
-        m = markers[name]
-        status = "ran" if name in ran else "skipped (finished earlier, inputs unchanged)"
-        if m["result"].get("reused_from"):
-            status = f"reused from {m['result']['reused_from']}"
-        stages[name] = {
-            "status": status,
-            "seconds": m["seconds"],
-            "started_at": m["started_at"],
-            "finished_at": m["finished_at"],
-            "load_average": m.get("load_average"),
-        }
+    stage_rows = _stage_rows(markers, ran, stages)
     evaluated = describe_eval(evals["base"].info, evals["base"].n_queries)
     report = {
         "created_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         "output": str(out),
         "config": config.to_dict(),
-        "stages": stages,
-        "stage_seconds_total": round(sum(s.get("seconds", 0) for s in stages.values()), 1),
+        "stages": stage_rows,
+        "stage_seconds_total": round(sum(s.get("seconds", 0) for s in stage_rows.values()), 1),
         "data": _data_counts(config, markers),
         "memory_plan": _memory_plan(train_result.get("plan", {})),
         "train": _train_summary(train_result, log),
         "evaluated_on": evaluated,
-        "eval": {name: {k: v for k, v in r.to_dict().items()} for name, r in evals.items()},
+        "eval": {name: r.to_dict() for name, r in evals.items()},
         "metrics": metrics,
         "environment": _environment(),
     }
@@ -291,6 +316,43 @@ def write_report(out: Path, config: RunConfig, markers: dict, *, ran: list[str])
     return report
 
 
+def _metrics(comparison: dict) -> dict:
+    """The paired comparison of every metric, rounded for the report."""
+    return {
+        m: {
+            "base": round(c["base"], 6),
+            "trained": round(c["trained"], 6),
+            "delta": round(c["delta"], 6),
+            "wins": c["wins"],
+            "losses": c["losses"],
+            "ties": c["ties"],
+            "p_value": round(c["p_value"], 4),
+        }
+        for m, c in comparison.items()
+    }
+
+
+def _stage_rows(markers: dict, ran: Sequence[str], stages: Sequence[str]) -> dict:
+    """One row per stage: off, ran, skipped or reused, with its times."""
+    rows = {}
+    for name in stages:
+        if name not in markers:
+            rows[name] = {"status": "off"}
+            continue
+        m = markers[name]
+        status = "ran" if name in ran else "skipped (finished earlier, inputs unchanged)"
+        if m["result"].get("reused_from"):
+            status = f"reused from {m['result']['reused_from']}"
+        rows[name] = {
+            "status": status,
+            "seconds": m["seconds"],
+            "started_at": m["started_at"],
+            "finished_at": m["finished_at"],
+            "load_average": m.get("load_average"),
+        }
+    return rows
+
+
 def _fmt(value, digits: int = 4) -> str:
     if value is None:
         return "-"
@@ -300,18 +362,33 @@ def _fmt(value, digits: int = 4) -> str:
 
 
 def _markdown(r: dict, config_yaml: str) -> str:
-    d, t, p = r["data"], r["train"], r["memory_plan"]
+    """report.md: one section per piece, in reading order."""
+    pieces = (
+        _md_summary(r),
+        _md_results(r),
+        _md_training(r),
+        _md_memory_plan(r["memory_plan"]),
+        _md_stages(r),
+        _md_data(r["data"]),
+        _md_environment(r["environment"]),
+        ["## Config", "", "```yaml", config_yaml.rstrip(), "```"],
+    )
+    return "\n\n".join("\n".join(lines) for lines in pieces) + "\n"
+
+
+def _md_summary(r: dict) -> list[str]:
+    """Title, what was trained on, what was evaluated, and the warnings that qualify it."""
+    d = r["data"]
+    negatives = (
+        f", with {d['mined_negatives']} hard negatives mined by {d['mining_method']}"
+        if "mined_rows" in d
+        else ", in-batch negatives only"
+    )
     lines = [
         f"# densefit run: {Path(r['config']['data']).name}",
         "",
         f"Base model `{r['config']['model']}`, fine-tuned on {d['train_rows']} training rows "
-        f"({d['train_source']})"
-        + (
-            f", with {d['mined_negatives']} hard negatives mined by {d['mining_method']}"
-            if "mined_rows" in d
-            else ", in-batch negatives only"
-        )
-        + ".",
+        f"({d['train_source']}){negatives}.",
         "",
         f"Evaluated on: {r['evaluated_on']}.",
     ]
@@ -329,8 +406,12 @@ def _markdown(r: dict, config_yaml: str) -> str:
             f"**Warning**: {d['eval_queries_also_in_training']} evaluation queries are also in "
             f"the training split `{r['config']['train_split']}`: the split is not held out.",
         ]
-    lines += [
-        "",
+    return lines
+
+
+def _md_results(r: dict) -> list[str]:
+    """The base / trained / delta table with the paired test, and the metrics plot."""
+    lines = [
         "## Results",
         "",
         "| metric | base | trained | delta | wins / losses / ties | p (paired) |",
@@ -341,10 +422,13 @@ def _markdown(r: dict, config_yaml: str) -> str:
             f"| {name} | {m['base']:.4f} | {m['trained']:.4f} | {m['delta']:+.4f} | "
             f"{m['wins']} / {m['losses']} / {m['ties']} | {m['p_value']:.3f} |"
         )
-    lines += [
-        "",
-        "![base vs trained](plots/metrics.png)",
-        "",
+    return lines + ["", "![base vs trained](plots/metrics.png)"]
+
+
+def _md_training(r: dict) -> list[str]:
+    """The training summary row, the resume note and the two step plots."""
+    t = r["train"]
+    lines = [
         "## Training",
         "",
         "| steps | examples | final loss (last step) | in-batch accuracy (first step -> "
@@ -362,29 +446,38 @@ def _markdown(r: dict, config_yaml: str) -> str:
             "",
             f"Resumed after an interruption from the checkpoint of step {t['resumed_from_step']}.",
         ]
-    lines += [
+    return lines + [
         "",
         "![loss and in-batch accuracy](plots/training.png)",
         "",
         "![memory and throughput](plots/resources.png)",
-        "",
-        "### Memory plan",
-        "",
-        f"Strategy **{p['strategy']}** (chosen by {p['chosen_by']})"
-        + (f", chunks of {p['chunk_size']} rows" if p.get("chunk_size") else "")
-        + (f" / {p['token_budget']} padded tokens" if p.get("token_budget") else "")
-        + (f", {p['keep_graphs']} chunk graph(s) kept from the first pass"
-           if str(p["strategy"]).startswith("cache") and p.get("keep_graphs") else "")
-        + (f", CPU memory from {p['cpu_allocator']}'s malloc" if p.get("cpu_allocator") else "")
-        + (
+    ]
+
+
+def _md_memory_plan(p: dict) -> list[str]:
+    """One sentence: the strategy, its chunking, and the planner's prediction and reason."""
+    parts = [f"Strategy **{p['strategy']}** (chosen by {p['chosen_by']})"]
+    if p.get("chunk_size"):
+        parts.append(f", chunks of {p['chunk_size']} rows")
+    if p.get("token_budget"):
+        parts.append(f" / {p['token_budget']} padded tokens")
+    if str(p["strategy"]).startswith("cache") and p.get("keep_graphs"):
+        parts.append(f", {p['keep_graphs']} chunk graph(s) kept from the first pass")
+    if p.get("cpu_allocator"):
+        parts.append(f", CPU memory from {p['cpu_allocator']}'s malloc")
+    if p.get("predicted_peak_mib"):
+        parts.append(
             f"; predicted peak {p['predicted_peak_mib']:.0f} MiB of a {p['budget_mib']:.0f} MiB "
             f"budget (static: {p['static_mib']:.0f} MiB)"
-            if p.get("predicted_peak_mib")
-            else ""
         )
-        + (f": {p['reason']}" if p.get("reason") else "")
-        + ".",
-        "",
+    if p.get("reason"):
+        parts.append(f": {p['reason']}")
+    return ["### Memory plan", "", "".join(parts) + "."]
+
+
+def _md_stages(r: dict) -> list[str]:
+    """Each stage's status, time and load average, and the total."""
+    lines = [
         "## Stages",
         "",
         "| stage | status | seconds | finished | load average (start/end) |",
@@ -396,30 +489,20 @@ def _markdown(r: dict, config_yaml: str) -> str:
             f"| {name} | {s['status']} | {_fmt(s.get('seconds'), 1)} | "
             f"{s.get('finished_at', '-')} | {load.get('start', '-')} / {load.get('end', '-')} |"
         )
-    lines += [
-        "",
-        f"Stage time in all: {r['stage_seconds_total']:.0f} s.",
-        "",
-        "## Data",
-        "",
-        "| | |",
-        "|---|---|",
-    ]
-    lines += [f"| {k} | {v} |" for k, v in d.items()]
-    env = r["environment"]
-    lines += [
-        "",
+    return lines + ["", f"Stage time in all: {r['stage_seconds_total']:.0f} s."]
+
+
+def _md_data(d: dict) -> list[str]:
+    """The data counts as a two-column table."""
+    return ["## Data", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in d.items()]
+
+
+def _md_environment(env: dict) -> list[str]:
+    """Versions, threads, CPUs, GPU and the load average when the report was written."""
+    return [
         "## Environment",
         "",
         f"densefit {env['densefit']}, torch {env['torch']} ({env['torch_threads']} thread(s), "
         f"{env['cpus']} CPUs{', ' + env['cuda'] if env['cuda'] else ''}), Python {env['python']}; "
         f"load average at the report: {env['load_average_at_report']}.",
-        "",
-        "## Config",
-        "",
-        "```yaml",
-        config_yaml.rstrip(),
-        "```",
-        "",
     ]
-    return "\n".join(lines)

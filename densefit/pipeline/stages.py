@@ -29,9 +29,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from densefit.data.corpus import find_corpus_file
 from densefit.pipeline.config import RunConfig
+from densefit.pipeline.report import describe_eval, load_eval_results, write_report
 
-__all__ = ["STAGES", "Pipeline", "RunResult", "run_pipeline", "fingerprint"]
+__all__ = [
+    "STAGES",
+    "Pipeline",
+    "RunResult",
+    "beir_digest",
+    "file_digest",
+    "fingerprint",
+    "model_digest",
+    "on_train_step",
+    "run_pipeline",
+    "tree_digest",
+]
 
 STAGES = ("mine", "train", "eval_base", "eval_trained", "report")
 # TrainConfig fields that change neither the weights nor the log: not in the fingerprint.
@@ -43,8 +56,12 @@ _TRAIN_NOT_FINGERPRINTED = (
 )
 
 
-def _train_step_hook(record: dict) -> None:
-    """Called after every training step (tests replace it to interrupt a run)."""
+def on_train_step(record: dict) -> None:
+    """Called with each step's log record during the train stage; does nothing.
+
+    A hook: replace it (``monkeypatch.setattr(stages, "on_train_step", ...)``) to watch or
+    interrupt a run; the tests raise ``KeyboardInterrupt`` from it to kill training mid-run.
+    """
 
 
 # ----------------------------------------------------------------------------- fingerprints
@@ -89,12 +106,6 @@ def tree_digest(folder: str | os.PathLike, skip: tuple[str, ...] = ("checkpoints
     return h.hexdigest()
 
 
-def _corpus_file(folder: Path) -> Path:
-    from densefit.data.corpus import find_corpus_file as find
-
-    return find(folder)
-
-
 def beir_digest(folder: str | os.PathLike, split: str) -> dict:
     """Digests of the files of one BEIR split: corpus, queries and qrels/<split>.tsv."""
     folder = Path(folder)
@@ -103,7 +114,7 @@ def beir_digest(folder: str | os.PathLike, split: str) -> dict:
         splits = sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
         raise FileNotFoundError(f"{qrels}: no such file; the splits in {folder} are {splits}")
     return {
-        "corpus": file_digest(_corpus_file(folder)),
+        "corpus": file_digest(find_corpus_file(folder)),
         "queries": file_digest(folder / "queries.jsonl"),
         f"qrels/{split}": file_digest(qrels),
     }
@@ -142,22 +153,6 @@ class RunResult:
         table = format_table([base, trained], title=title or "before / after")
         table.caption = describe_eval(base.info, base.n_queries)
         return table
-
-
-def describe_eval(info: dict, n_queries: int) -> str:
-    """One line: which split, how many queries and documents, full corpus or subsample."""
-    corpus = info.get("corpus", {})
-    what = (
-        f"full corpus, {corpus.get('documents')} documents"
-        if corpus.get("kind") == "full"
-        else f"subsample of the corpus: {corpus.get('documents')} of {corpus.get('corpus_documents')}"
-        f" documents ({corpus.get('judged_documents')} judged + {corpus.get('distractors')} "
-        f"random distractors, seed {corpus.get('sample_seed')})"
-    )
-    return (
-        f"{info.get('split')} split: {n_queries} queries; {what}; "
-        f"max_seq_length {info.get('max_seq_length')}"
-    )
 
 
 # ----------------------------------------------------------------------------- the pipeline
@@ -275,6 +270,18 @@ class Pipeline:
 
     def run(self) -> RunResult:
         """Run (or skip) every stage in order; the result lists what ran."""
+        self._prepare()
+        mine_fp = self._run_mine()
+        train_fp = self._run_train(mine_fp)
+        self._run_evals(train_fp)
+        self._run_report()
+        self.result.report = json.loads((self.out / "report.json").read_text())
+        return self.result
+
+    def _prepare(self) -> None:
+        """Check dependencies, apply threads and progress settings, write OUTPUT/config.yaml."""
+        import yaml
+
         _check_dependencies(self.config)
         if self.config.threads is not None:
             import torch
@@ -285,47 +292,49 @@ class Pipeline:
 
             hf_logging.disable_progress_bar()
         self.out.mkdir(parents=True, exist_ok=True)
-        import yaml
-
         (self.out / "config.yaml").write_text(
             yaml.safe_dump(self.config.to_dict(), sort_keys=False), encoding="utf-8"
         )
+
+    def _run_mine(self) -> str | None:
+        """Stage 1 when ``mine.method`` is set; its fingerprint, or None when mining is off."""
         c = self.config
-        _, train_source = self._train_source()
-        mine_fp = None
-        if c.mine.method:
-            inputs = {
-                "pairs": train_source,
-                "corpus": self._digest("corpus", lambda: file_digest(_corpus_file(Path(c.data)))),
-                "mine": dataclasses.asdict(c.mine),
-                "model": self._model_digest() if c.mine.method != "bm25" else None,
-                "on_bad_row": c.on_bad_row,
-            }
-            mine_fp = fingerprint(inputs)
-            self._stage(1, "mine", mine_fp, inputs, self._mine, ["mined.jsonl"])
-        else:
+        if not c.mine.method:
             self.console.rule(f"[1/{len(STAGES)}] mine: off (mine.method is null)")
             self._marker_path("mine").unlink(missing_ok=True)
+            return None
+        _, train_source = self._train_source()
+        inputs = {
+            "pairs": train_source,
+            "corpus": self._digest("corpus", lambda: file_digest(find_corpus_file(c.data))),
+            "mine": dataclasses.asdict(c.mine),
+            "model": self._model_digest() if c.mine.method != "bm25" else None,
+            "on_bad_row": c.on_bad_row,
+        }
+        mine_fp = fingerprint(inputs)
+        self._stage(1, "mine", mine_fp, inputs, self._mine, ["mined.jsonl"])
+        return mine_fp
 
+    def _run_train(self, mine_fp: str | None) -> str:
+        """Stage 2; its fingerprint (model, data or mined file, training options)."""
+        c = self.config
+        _, train_source = self._train_source()
         train_options = {
             k: v for k, v in c.train_config().to_dict().items() if k not in _TRAIN_NOT_FINGERPRINTED
         }
-        train_inputs = {
+        inputs = {
             "model": self._model_digest(),
             "data": {"mined": mine_fp} if mine_fp else train_source,
             "train": train_options,
             "on_bad_row": c.on_bad_row,
         }
-        train_fp = fingerprint(train_inputs)
-        self._stage(
-            2,
-            "train",
-            train_fp,
-            train_inputs,
-            lambda: self._train(train_fp),
-            ["model/modules.json", "model/train_log.jsonl"],
-        )
+        train_fp = fingerprint(inputs)
+        outputs = ["model/modules.json", "model/train_log.jsonl"]
+        self._stage(2, "train", train_fp, inputs, lambda: self._train(train_fp), outputs)
+        return train_fp
 
+    def _run_evals(self, train_fp: str) -> None:
+        """Stages 3 and 4: the base model, then the trained one, with the same settings."""
         eval_inputs = self._eval_inputs()
         base_inputs = {"model": self._model_digest(), **eval_inputs}
         base_fp = fingerprint(base_inputs)
@@ -347,26 +356,13 @@ class Pipeline:
             ["eval/trained.json"],
         )
 
-        report_inputs = {
-            s: self.markers[s]["fingerprint"] for s in STAGES[:-1] if s in self.markers
-        }
-        report_inputs["config"] = c.to_dict()
-        self._stage(
-            5,
-            "report",
-            fingerprint(report_inputs),
-            report_inputs,
-            self._report,
-            [
-                "report.md",
-                "report.json",
-                "plots/training.png",
-                "plots/resources.png",
-                "plots/metrics.png",
-            ],
-        )
-        self.result.report = json.loads((self.out / "report.json").read_text())
-        return self.result
+    def _run_report(self) -> None:
+        """Stage 5: redone when any stage before it (or the config) changed."""
+        inputs = {s: self.markers[s]["fingerprint"] for s in STAGES[:-1] if s in self.markers}
+        inputs["config"] = self.config.to_dict()
+        plots = ("training", "resources", "metrics")
+        outputs = ["report.md", "report.json", *(f"plots/{name}.png" for name in plots)]
+        self._stage(5, "report", fingerprint(inputs), inputs, self._report, outputs)
 
     # -- stages
 
@@ -400,9 +396,9 @@ class Pipeline:
         return report.to_dict()
 
     def _train(self, fp: str) -> dict:
-        from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
         from densefit.models import load_model
         from densefit.data.readers import load_training_examples
+        from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
         from densefit.training.loop import train
 
         c = self.config
@@ -438,7 +434,7 @@ class Pipeline:
             config,
             output_dir=model_dir,
             resume=resume,
-            on_step=lambda record: _train_step_hook(record),
+            on_step=lambda record: on_train_step(record),
         )
         if c.delete_checkpoints and (model_dir / "checkpoints").exists():
             shutil.rmtree(model_dir / "checkpoints")
@@ -550,9 +546,9 @@ class Pipeline:
         return _summary(full)
 
     def _report(self) -> dict:
-        from densefit.pipeline.report import write_report
-
-        report = write_report(self.out, self.config, self.markers, ran=list(self.result.ran))
+        report = write_report(
+            self.out, self.config, self.markers, ran=list(self.result.ran), stages=STAGES[:-1]
+        )
         return {"files": ["report.md", "report.json", "plots/"], "metrics": report["metrics"]}
 
 
@@ -593,15 +589,3 @@ def run_pipeline(config: RunConfig, *, force: bool = False, console=None) -> Run
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)
         return Pipeline(config, force=force, console=console).run()
-
-
-def load_eval_results(output: Path) -> list:
-    """The base and trained :class:`~densefit.evaluate.EvalResult` saved in ``output/eval``."""
-    from densefit.evaluate import EvalResult
-
-    out = []
-    for name in ("base", "trained"):
-        d = json.loads((Path(output) / "eval" / f"{name}.json").read_text())
-        out.append(EvalResult(d["name"], d["metrics"], d["per_query"], d["n_queries"],
-                              d.get("missing_queries", []), d.get("info", {})))
-    return out
