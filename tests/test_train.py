@@ -8,7 +8,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit import Retriever, TrainConfig, TrainingExample, train
-from densefit.training.loop import batches
+from densefit.data.batching import batches
 
 ROWS = [
     TrainingExample(
