@@ -86,8 +86,8 @@ def main(spec: dict) -> dict:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     from densefit.config import TrainConfig
-    from densefit.models import load_model
     from densefit.data.batching import columns_of
+    from densefit.models import load_model
     from densefit.training.setup import make_optimizer, setup_run
     from densefit.training.step import train_step
 

@@ -21,9 +21,9 @@ from sentence_transformers import SentenceTransformer
 from typer.testing import CliRunner
 
 from densefit import TrainConfig, train
-from densefit.training.checkpoint import list_checkpoints
 from densefit.data.readers import read_training_data
 from densefit.testing import tiny_model
+from densefit.training.checkpoint import list_checkpoints
 
 CHILD = Path(__file__).with_name("_train_child.py")
 # 24 rows, 4 per step: 6 steps per epoch, 24 steps; checkpoints at 5, 6, 10, 12, 15, ...

@@ -40,8 +40,8 @@ def train_step(run: TrainRun, group: Sequence[Sequence[int]]) -> dict:
     while True:
         # Zeroed in place, not freed: the gradient buffers are allocated once and reused.
         # Freeing them each step lets the next backward allocate them again in a heap the
-        # step's activations have fragmented (on CPU, glibc: higher peaks in A/B runs,
-        # bench/results/allocator.md).
+        # step's activations have fragmented (on CPU under glibc: higher peaks; see README,
+        # "What these runs showed", and bench/results/allocator.md for glibc's heap).
         run.optimizer.zero_grad(set_to_none=False)
         try:
             stats, health = _forward_backward(run, group)
