@@ -58,7 +58,7 @@ def batches(
     """The row indices of each batch of one epoch: a seeded permutation cut into batches.
 
     >>> batches(5, 2, seed=0, epoch=0)
-    [[4, 1], [2, 0], [3]]
+    [[4, 0], [1, 3], [2]]
     """
     generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(n, generator=generator).tolist()
@@ -76,8 +76,13 @@ def epoch_batches(
     examples: Sequence[TrainingExample], config: TrainConfig, epoch: int
 ) -> list[list[int]]:
     """Row indices of each micro-batch of one epoch: seeded, then de-duplicated if asked."""
-    out = batches(len(examples), _micro_batch_size(config), seed=config.seed, epoch=epoch,
-                  drop_last=config.drop_last)
+    out = batches(
+        len(examples),
+        _micro_batch_size(config),
+        seed=config.seed,
+        epoch=epoch,
+        drop_last=config.drop_last,
+    )
     if config.no_duplicates:  # same batch count and sizes, texts unique per batch
         out = no_duplicate_batches(examples, out)
     return out
@@ -89,8 +94,15 @@ def steps_per_epoch(examples: Sequence[TrainingExample], config: TrainConfig) ->
     >>> steps_per_epoch([None] * 10, TrainConfig(batch_size=4))
     3
     """
-    micro = len(batches(len(examples), _micro_batch_size(config), seed=config.seed, epoch=0,
-                        drop_last=config.drop_last))
+    micro = len(
+        batches(
+            len(examples),
+            _micro_batch_size(config),
+            seed=config.seed,
+            epoch=0,
+            drop_last=config.drop_last,
+        )
+    )
     return math.ceil(micro / config.gradient_accumulation_steps)
 
 
@@ -126,8 +138,8 @@ def step_groups(
 
     >>> from itertools import islice
     >>> steps = islice(step_groups([None] * 5, TrainConfig(batch_size=2, seed=0)), 4)
-    >>> [(g.epoch, g.micro_batches) for g in steps][2:]
-    [(0, [[3]]), (1, [[1, 0], [4, 2]][:1])]
+    >>> [(g.epoch, g.micro_batches, g.next_epoch, g.next_batch) for g in steps][1:]
+    [(0, [[1, 3]], 0, 2), (0, [[2]], 1, 0), (1, [[0, 4]], 1, 1)]
     """
     accumulate = config.gradient_accumulation_steps
     while True:
@@ -137,8 +149,9 @@ def step_groups(
         for first in range(batch, len(micro), accumulate):
             after = first + accumulate
             done = after >= len(micro)
-            yield StepGroup(epoch, micro[first:after], epoch + 1 if done else epoch,
-                            0 if done else after)
+            yield StepGroup(
+                epoch, micro[first:after], epoch + 1 if done else epoch, 0 if done else after
+            )
         epoch, batch = epoch + 1, 0
 
 

@@ -70,6 +70,7 @@ def auto_loss_chunk(batch_size: int, n_negatives: int = 0) -> int | None:
         return None
     return max(1, _LOSS_BLOCK_ELEMENTS // candidates)
 
+
 # Relative cost of one step, in forward-pass units (plain: a forward and a backward ~ 3),
 # from the CPU step times in bench/results/memory_speed.md: checkpointing and the cache that
 # re-embeds every chunk cost about 1.5 forward passes more than plain; each chunk whose graph
@@ -191,7 +192,9 @@ def _row_lengths(
     )
 
 
-def probe_activations(model: SentenceTransformer, max_length: int, rows: int = 4) -> ActivationModel:
+def probe_activations(
+    model: SentenceTransformer, max_length: int, rows: int = 4
+) -> ActivationModel:
     """Fit ``a*L + b*L^2`` bytes per row from forward probes at two lengths (train mode)."""
     device = model.device
     lengths = sorted({max(2, max_length // 2), max(4, max_length)})
@@ -205,7 +208,9 @@ def probe_activations(model: SentenceTransformer, max_length: int, rows: int = 4
         generator = torch.Generator().manual_seed(length)
         low = 1000 if vocab > 2000 else 5  # skip special tokens
         features = {k: v for k, v in template.items() if not isinstance(v, torch.Tensor)}
-        features["input_ids"] = torch.randint(low, vocab, (rows, length), generator=generator).to(device)
+        features["input_ids"] = torch.randint(low, vocab, (rows, length), generator=generator).to(
+            device
+        )
         features["attention_mask"] = torch.ones(rows, length, dtype=torch.long, device=device)
         if "token_type_ids" in template:
             features["token_type_ids"] = torch.zeros(rows, length, dtype=torch.long, device=device)
@@ -276,7 +281,9 @@ class _RunShape:
 
     def peak(self, activations: float) -> int:
         return int(
-            self.static + HEADROOM * activations + self.loss_bytes(self.loss_chunk)
+            self.static
+            + HEADROOM * activations
+            + self.loss_bytes(self.loss_chunk)
             + self.embeddings
         )
 
@@ -290,16 +297,21 @@ class _RunShape:
 
     def graph_bytes(self, column_lengths: list[int], checkpoint: bool, sub_batch: int) -> float:
         """Activation bytes of one column embedded in sub-batches that keep their graphs."""
-        groups = group_rows(column_lengths, chunk_size=sub_batch,
-                            sort_by_length=self.sort_by_length)
-        return sum(self.chunk_bytes(len(g), max(column_lengths[i] for i in g), checkpoint)
-                   for g in groups)
+        groups = group_rows(
+            column_lengths, chunk_size=sub_batch, sort_by_length=self.sort_by_length
+        )
+        return sum(
+            self.chunk_bytes(len(g), max(column_lengths[i] for i in g), checkpoint) for g in groups
+        )
 
     def batch_columns(self, rows: Sequence[int]) -> list[list[int]]:
         """Token lengths of a batch's non-empty columns: anchors, positives, negatives."""
         lengths = self.lengths
-        cols = [[lengths.anchors[i] for i in rows], [lengths.positives[i] for i in rows],
-                [n for i in rows for n in lengths.negatives[i]]]
+        cols = [
+            [lengths.anchors[i] for i in rows],
+            [lengths.positives[i] for i in rows],
+            [n for i in rows for n in lengths.negatives[i]],
+        ]
         return [c for c in cols if c]
 
     def worst_columns(self) -> list[list[int]]:
@@ -315,16 +327,19 @@ class _RunShape:
     def whole_batch(self, checkpoint: bool, sub_batch: int) -> float:
         """Activation bytes of the run's largest batch embedded whole (plain, checkpoint)."""
         if self.exact:
-            return max(sum(self.graph_bytes(c, checkpoint, sub_batch)
-                           for c in self.batch_columns(b)) for b in self.batches)
+            return max(
+                sum(self.graph_bytes(c, checkpoint, sub_batch) for c in self.batch_columns(b))
+                for b in self.batches
+            )
         return sum(self.graph_bytes(c, checkpoint, sub_batch) for c in self.worst_columns())
 
     def cut(self, cols: list[list[int]], token_budget: int) -> list[tuple[int, int]]:
         """(rows, padded length) of each chunk training cuts these columns into, in order."""
-        return [(len(g), max(col[i] for i in g))
-                for col in cols
-                for g in group_rows(col, token_budget=token_budget,
-                                    sort_by_length=self.sort_by_length)]
+        return [
+            (len(g), max(col[i] for i in g))
+            for col in cols
+            for g in group_rows(col, token_budget=token_budget, sort_by_length=self.sort_by_length)
+        ]
 
     def run_chunks(self, token_budget: int) -> list[list[tuple[int, int]]]:
         """The chunks of every batch of this run at this token budget (cut once, reused)."""
@@ -344,8 +359,10 @@ class _RunShape:
         if self.exact:
             per_batch = self.run_chunks(token_budget)[:64]
         else:
-            longest = [sorted(v, reverse=True)[: B if k != "negatives" else self.n_candidates - B]
-                       for k, v in self.columns.items()]
+            longest = [
+                sorted(v, reverse=True)[: B if k != "negatives" else self.n_candidates - B]
+                for k, v in self.columns.items()
+            ]
             per_batch = [self.cut(longest, token_budget)]
         return [[rows * length for rows, length in chunks] for chunks in per_batch]
 
@@ -365,8 +382,9 @@ class _RunShape:
 
 def _kept_share(per_batch: list[list[int]], keep: int) -> float:
     """Mean share of a batch's padded tokens in its last ``keep`` chunks."""
-    return sum(sum(t[len(t) - min(keep, len(t)):]) / max(1, sum(t))
-               for t in per_batch) / len(per_batch)
+    return sum(sum(t[len(t) - min(keep, len(t)) :]) / max(1, sum(t)) for t in per_batch) / len(
+        per_batch
+    )
 
 
 def probe_run(
@@ -396,20 +414,34 @@ def probe_run(
     B = config.batch_size
     negs_per_row = len(columns.get("negatives", [])) / max(1, len(lengths.anchors))
     n_candidates = B + int(math.ceil(B * negs_per_row))
-    get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    get_dim = (
+        getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    )
     dim = int(get_dim() or 768)
     inner = transformer_of(model).config
     # plain / checkpoint sub-batches: the user's, else the default, then half of it (a
     # smaller sub-batch trims more padding on heavy-tailed data: less memory, more calls)
     subs = [config.chunk_size] if config.chunk_size else [DEFAULT_SUB_BATCH, DEFAULT_SUB_BATCH // 2]
     shape = _RunShape(
-        budget=budget, batch_size=B, n_candidates=n_candidates, n_examples=len(examples),
-        lengths=lengths, columns=columns, longest=longest, cap=cap, act=activation_model,
-        static=_static_bytes(model), hidden=int(getattr(inner, "hidden_size", dim)),
-        layers=int(getattr(inner, "num_hidden_layers", 12)), loss_chunk=None,
+        budget=budget,
+        batch_size=B,
+        n_candidates=n_candidates,
+        n_examples=len(examples),
+        lengths=lengths,
+        columns=columns,
+        longest=longest,
+        cap=cap,
+        act=activation_model,
+        static=_static_bytes(model),
+        hidden=int(getattr(inner, "hidden_size", dim)),
+        layers=int(getattr(inner, "num_hidden_layers", 12)),
+        loss_chunk=None,
         embeddings=2 * 4 * dim * (B + n_candidates),  # values + cached grads
-        batches=batches, exact=batches is not None and lengths.exact,
-        sort_by_length=config.sort_by_length, symmetric=config.symmetric, device=device,
+        batches=batches,
+        exact=batches is not None and lengths.exact,
+        sort_by_length=config.sort_by_length,
+        symmetric=config.symmetric,
+        device=device,
         sub_batches=subs,
     )
     loss_chunk = config.loss_chunk_size or auto_loss_chunk(B, n_candidates - B)
@@ -420,7 +452,9 @@ def probe_run(
     return shape
 
 
-def _probe_untouched(model: SentenceTransformer, length: int, device: torch.device) -> ActivationModel:
+def _probe_untouched(
+    model: SentenceTransformer, length: int, device: torch.device
+) -> ActivationModel:
     """:func:`probe_activations` without checkpointing, leaving the run's RNG and the
     model's checkpointing as they were, and the probe's freed buffers given back."""
     was_checkpointing = is_checkpointing(model)
@@ -446,9 +480,17 @@ def plain_candidates(shape: _RunShape) -> list[dict]:
             if tried[-1][1] <= shape.budget:
                 break
         sub, p = tried[-1] if tried[-1][1] <= shape.budget else tried[0]
-        out.append({"strategy": name, "chunk_size": sub, "token_budget": None,
-                    "keep_graphs": None, "peak_bytes": p, "fits": p <= shape.budget,
-                    "relative_time": RELATIVE_TIME[name]})
+        out.append(
+            {
+                "strategy": name,
+                "chunk_size": sub,
+                "token_budget": None,
+                "keep_graphs": None,
+                "peak_bytes": p,
+                "fits": p <= shape.budget,
+                "relative_time": RELATIVE_TIME[name],
+            }
+        )
     return out
 
 
@@ -468,9 +510,17 @@ def cached_candidates(shape: _RunShape) -> list[dict]:
                 best = (size, p)
         if best is None:
             p = shape.peak(shape.chunk_peak(length, checkpoint))
-            out.append({"strategy": name, "chunk_size": 1, "token_budget": length,
-                        "keep_graphs": 1, "peak_bytes": p, "fits": False,
-                        "relative_time": RELATIVE_TIME[name]})
+            out.append(
+                {
+                    "strategy": name,
+                    "chunk_size": 1,
+                    "token_budget": length,
+                    "keep_graphs": 1,
+                    "peak_bytes": p,
+                    "fits": False,
+                    "relative_time": RELATIVE_TIME[name],
+                }
+            )
             continue
         # One kept graph costs nothing over the recompute (one chunk's graph is alive at a
         # time either way); each further kept graph adds a chunk's activations.
@@ -479,10 +529,17 @@ def cached_candidates(shape: _RunShape) -> list[dict]:
         per_batch = shape.chunk_tokens(size * length)
         most = max(len(t) for t in per_batch)  # keeping more graphs than chunks saves nothing
         keep = min(most, 1 + max(0, int((shape.budget - best[1]) // max(1.0, graph))))
-        out.append({"strategy": name, "chunk_size": size, "token_budget": size * length,
-                    "keep_graphs": keep, "peak_bytes": int(best[1] + (keep - 1) * graph),
-                    "fits": True,
-                    "relative_time": RELATIVE_TIME[name] - RECOMPUTE * _kept_share(per_batch, keep)})
+        out.append(
+            {
+                "strategy": name,
+                "chunk_size": size,
+                "token_budget": size * length,
+                "keep_graphs": keep,
+                "peak_bytes": int(best[1] + (keep - 1) * graph),
+                "fits": True,
+                "relative_time": RELATIVE_TIME[name] - RECOMPUTE * _kept_share(per_batch, keep),
+            }
+        )
     return out
 
 
@@ -502,19 +559,27 @@ def choose(shape: _RunShape, candidates: list[dict], sort_by_length: bool) -> Me
 
     def cost(c: dict) -> tuple:
         # fewer, larger chunks run faster; on a tie the simpler strategy wins
-        return (round(c["relative_time"], 3), order.index(c["strategy"]),
-                -(c["token_budget"] or c["chunk_size"] or B))
+        return (
+            round(c["relative_time"], 3),
+            order.index(c["strategy"]),
+            -(c["token_budget"] or c["chunk_size"] or B),
+        )
 
     chosen = min(fitting, key=cost)
-    basis = ("the largest batch of this run" if shape.exact
-             else "the longest texts of the data in one batch")
+    basis = (
+        "the largest batch of this run"
+        if shape.exact
+        else "the longest texts of the data in one batch"
+    )
     if chosen["strategy"] == "plain":
         reason = f"{basis} fits whole: no recomputation needed"
     elif chosen["strategy"] == "checkpoint":
         reason = f"{basis} fits with checkpointing"
     else:
-        reason = (f"plain needs {candidates[0]['peak_bytes'] / 2**30:.2f} GiB for {basis}; "
-                  "largest chunk that fits")
+        reason = (
+            f"plain needs {candidates[0]['peak_bytes'] / 2**30:.2f} GiB for {basis}; "
+            "largest chunk that fits"
+        )
     measured = len(shape.lengths.anchors)
     return MemoryPlan(
         strategy=chosen["strategy"],
@@ -531,9 +596,16 @@ def choose(shape: _RunShape, candidates: list[dict], sort_by_length: bool) -> Me
         static_bytes=shape.static,
         fits=True,
         reason=reason,
-        lengths={k: {"max": max(v), "mean": round(sum(v) / len(v), 1), "cap": shape.cap,
-                     "rows_measured": measured, "exact": shape.lengths.exact}
-                 for k, v in shape.columns.items()},
+        lengths={
+            k: {
+                "max": max(v),
+                "mean": round(sum(v) / len(v), 1),
+                "cap": shape.cap,
+                "rows_measured": measured,
+                "exact": shape.lengths.exact,
+            }
+            for k, v in shape.columns.items()
+        },
         candidates=candidates,
     )
 
@@ -585,7 +657,9 @@ def plan_for_run(
         if config.gradient_checkpointing and name == "plain":
             name = "checkpoint"
         return fixed_plan(
-            name, config.chunk_size, token_budget=config.token_budget,
+            name,
+            config.chunk_size,
+            token_budget=config.token_budget,
             sort_by_length=config.sort_by_length,
             keep_graphs=1 if config.keep_graphs is None else config.keep_graphs,
             loss_chunk_size=config.loss_chunk_size,

@@ -38,6 +38,8 @@ from typing import IO, Any
 import numpy as np
 import torch
 
+from densefit.memory.plan import MemoryPlan
+
 __all__ = [
     "CheckpointError",
     "Checkpoint",
@@ -181,10 +183,8 @@ class Checkpoint:
     def step(self) -> int:
         return int(self.state["step"])
 
-    def plan(self):
+    def plan(self) -> MemoryPlan:
         """The run's memory plan as it was, halvings after out-of-memory errors included."""
-        from densefit.memory.plan import MemoryPlan
-
         if "memory_plan" in self.state:
             return MemoryPlan.from_dict(self.state["memory_plan"])
         saved, planned = self.state["strategy"], self.state.get("plan", {})  # before the plan
@@ -441,10 +441,11 @@ class Checkpointer:
         return epoch_end or last or bool(self.every and step % self.every == 0)
 
     def save(
-        self, step: int, *, epoch: int, batch: int, seen: int, losses: list[float], plan
+        self, step: int, *, epoch: int, batch: int, seen: int, losses: list[float],
+        plan: MemoryPlan,
     ) -> Path | None:
         """Write the checkpoint of the state after ``step``; ``(epoch, batch)`` is the next
-        micro-batch, ``plan`` the run's :class:`~densefit.memory.plan.MemoryPlan` now (after
+        micro-batch, ``plan`` the run's :class:`MemoryPlan` now (after
         any out-of-memory halving). On an OS error (disk full...) warn, clean up and return
         None."""
         p = self.parts

@@ -79,12 +79,23 @@ def train(
     >>> result.steps
     1
     """
-    run = setup_run(model, examples, config, output_dir=output_dir, log_path=log_path,
-                    resume=resume, overwrite=overwrite)
+    run = setup_run(
+        model,
+        examples,
+        config,
+        output_dir=output_dir,
+        log_path=log_path,
+        resume=resume,
+        overwrite=overwrite,
+    )
     config = run.config
-    log = StepLog(run.log_path if run.is_main else None, total=run.total_steps,
-                  initial=run.step, every=config.log_every,
-                  progress=config.show_progress and run.is_main)
+    log = StepLog(
+        run.log_path if run.is_main else None,
+        total=run.total_steps,
+        initial=run.step,
+        every=config.log_every,
+        progress=config.show_progress and run.is_main,
+    )
     model.train()
     started = time.perf_counter()
     record, origins = {}, []
@@ -99,19 +110,25 @@ def train(
             record.update(step=run.step, epoch=group.epoch)
             log.write(record)
             origins = [examples[i].origin for i in group.rows]
-            run.guard.check(run.step, record, origins, learning_rate=config.learning_rate,
-                            amp=config.amp)
+            run.guard.check(
+                run.step, record, origins, learning_rate=config.learning_rate, amp=config.amp
+            )
             _checkpoint(run, epoch_end=group.epoch_end)
             if on_step is not None and run.is_main:
                 on_step(record)
-    run.guard.check_end(run.step, record, origins, learning_rate=config.learning_rate,
-                        amp=config.amp)
+    run.guard.check_end(
+        run.step, record, origins, learning_rate=config.learning_rate, amp=config.amp
+    )
     model.eval()
     result = TrainResult(
-        steps=run.step, examples=run.seen,
-        final_loss=run.losses[-1] if run.losses else float("nan"), losses=run.losses,
-        plan=run.report(), log_path=str(run.log_path) if run.log_path else None,
-        seconds=time.perf_counter() - started, skipped_nonfinite=run.guard.total,
+        steps=run.step,
+        examples=run.seen,
+        final_loss=run.losses[-1] if run.losses else float("nan"),
+        losses=run.losses,
+        plan=run.report(),
+        log_path=str(run.log_path) if run.log_path else None,
+        seconds=time.perf_counter() - started,
+        skipped_nonfinite=run.guard.total,
         memory_plan=run.plan,
     )
     if output_dir is not None and run.is_main:
@@ -125,13 +142,23 @@ def _checkpoint(run: TrainRun, *, epoch_end: bool) -> None:
     """Write a checkpoint when one is due: every ``checkpoint_every`` steps, at each epoch
     end and after the last step."""
     last = run.step >= run.total_steps
-    if run.checkpoints is not None and run.checkpoints.due(run.step, epoch_end=epoch_end, last=last):
-        run.checkpoints.save(run.step, epoch=run.epoch, batch=run.batch, seen=run.seen,
-                             losses=run.losses, plan=run.plan)
+    if run.checkpoints is not None and run.checkpoints.due(
+        run.step, epoch_end=epoch_end, last=last
+    ):
+        run.checkpoints.save(
+            run.step,
+            epoch=run.epoch,
+            batch=run.batch,
+            seen=run.seen,
+            losses=run.losses,
+            plan=run.plan,
+        )
 
 
 def save_model(
-    model: SentenceTransformer, output_dir: str | os.PathLike, config: TrainConfig,
+    model: SentenceTransformer,
+    output_dir: str | os.PathLike,
+    config: TrainConfig,
     result: TrainResult | None = None,
 ) -> Path:
     """Save in sentence-transformers format, with ``densefit_config.json`` beside it."""
@@ -142,7 +169,12 @@ def save_model(
 
     extra = {"densefit_version": densefit.__version__, "torch_version": torch.__version__}
     if result is not None:
-        extra.update(steps=result.steps, examples=result.examples, final_loss=result.final_loss,
-                     memory_plan=result.plan, seconds=round(result.seconds, 2))
+        extra.update(
+            steps=result.steps,
+            examples=result.examples,
+            final_loss=result.final_loss,
+            memory_plan=result.plan,
+            seconds=round(result.seconds, 2),
+        )
     config.save(out / "densefit_config.json", **extra)
     return out

@@ -76,13 +76,19 @@ def make_loss_fn(
     def loss_fn(emb: list[torch.Tensor]) -> torch.Tensor:
         device = emb[0].device
         mnrl_fn = partial(
-            mnrl, scale=config.scale, symmetric=config.symmetric,
-            similarity=config.similarity, chunk_size=loss_chunk,
+            mnrl,
+            scale=config.scale,
+            symmetric=config.symmetric,
+            similarity=config.similarity,
+            chunk_size=loss_chunk,
             mask=None if mask is None else mask.to(device),
         )
         if share is not None:
-            return share.loss(emb, mnrl_fn, lambda e: health.update(
-                score_health(e, local_rows, config.similarity)))
+            return share.loss(
+                emb,
+                mnrl_fn,
+                lambda e: health.update(score_health(e, local_rows, config.similarity)),
+            )
         health.update(score_health(emb, rows, config.similarity))
         health["in_batch_accuracy"] = in_batch_accuracy(emb, mask, config.similarity)
         return mnrl_fn(emb[0], emb[1], emb[2] if emb[2].numel() else None)

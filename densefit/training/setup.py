@@ -127,7 +127,10 @@ def check_examples(examples: Sequence[TrainingExample], config: TrainConfig) -> 
 
 
 def check_output_dir(
-    output_dir: str | os.PathLike | None, config: TrainConfig, *, resume: bool = False,
+    output_dir: str | os.PathLike | None,
+    config: TrainConfig,
+    *,
+    resume: bool = False,
     overwrite: bool = False,
 ) -> None:
     """Refuse to train into a folder that holds anything but a densefit run of this config.
@@ -151,12 +154,16 @@ def check_output_dir(
         except (ValueError, UnicodeDecodeError):
             previous = None
         if isinstance(previous, dict):
-            differ = [k for k, v in config.to_dict().items()
-                      if k not in MAY_DIFFER and k in previous and previous[k] != v]
+            differ = [
+                k
+                for k, v in config.to_dict().items()
+                if k not in MAY_DIFFER and k in previous and previous[k] != v
+            ]
             if not differ:
                 return
-            shown = ", ".join(f"{k}={previous[k]!r} (now {config.to_dict()[k]!r})"
-                              for k in differ[:3])
+            shown = ", ".join(
+                f"{k}={previous[k]!r} (now {config.to_dict()[k]!r})" for k in differ[:3]
+            )
             raise ValueError(
                 f"{folder}: holds a densefit run with other options ({shown}); choose a new "
                 "--output, or pass --overwrite to train into it anyway"
@@ -175,7 +182,8 @@ def _run_file(name: str) -> bool:
     its checkpoints."""
     stem, _, suffix = LOG_NAME.partition(".")
     return name in (LOG_NAME, CHECKPOINTS) or (
-        name.startswith(stem + ".") and name.endswith("." + suffix)
+        name.startswith(stem + ".")
+        and name.endswith("." + suffix)
         and name[len(stem) + 1 : -len(suffix) - 1].isdigit()
     )
 
@@ -212,7 +220,9 @@ def make_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _autocast(config: TrainConfig, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+def _autocast(
+    config: TrainConfig, device: torch.device
+) -> Callable[[], contextlib.AbstractContextManager]:
     if config.amp is None:
         return contextlib.nullcontext
     dtype = torch.bfloat16 if config.amp == "bf16" else torch.float16
@@ -294,11 +304,19 @@ def setup_run(
     warmup = config.warmup_steps if config.warmup_steps is not None else int(0.1 * total)
     optimizer = make_optimizer(model, config)
     run = TrainRun(
-        model=model, examples=examples, config=config, device=device, plan=plan,
-        strategy=make_strategy(plan), optimizer=optimizer,
-        scheduler=make_scheduler(optimizer, warmup, total), autocast=_autocast(config, device),
+        model=model,
+        examples=examples,
+        config=config,
+        device=device,
+        plan=plan,
+        strategy=make_strategy(plan),
+        optimizer=optimizer,
+        scheduler=make_scheduler(optimizer, warmup, total),
+        autocast=_autocast(config, device),
         scaler=torch.amp.GradScaler("cuda") if config.amp == "fp16" else None,
-        guard=NonFiniteGuard(config.max_nonfinite), dist=dist, total_steps=total,
+        guard=NonFiniteGuard(config.max_nonfinite),
+        dist=dist,
+        total_steps=total,
         resumed=resumed,
     )
     run.strategy.prepare(model)
@@ -320,8 +338,14 @@ def _prepare_output(run: TrainRun, output_dir, log_path, *, resume: bool) -> Non
         log_path = log_path or Path(output_dir) / LOG_NAME
         if run.config.keep_checkpoints and run.is_main:
             run.checkpoints = Checkpointer(
-                output_dir, run.config, run.examples, model=run.model, optimizer=run.optimizer,
-                scheduler=run.scheduler, scaler=run.scaler, guard=run.guard,
+                output_dir,
+                run.config,
+                run.examples,
+                model=run.model,
+                optimizer=run.optimizer,
+                scheduler=run.scheduler,
+                scaler=run.scaler,
+                guard=run.guard,
                 resumed=run.resumed,
             )
     run.log_path = Path(log_path) if log_path else None

@@ -54,11 +54,15 @@ def train_step(run: TrainRun, group: Sequence[Sequence[int]]) -> dict:
     seconds = time.perf_counter() - started
     rows = sum(len(b) for b in group)
     record.update(
-        examples=rows, step_time_s=round(seconds, 4),
+        examples=rows,
+        step_time_s=round(seconds, 4),
         examples_per_s=round(rows / seconds, 2) if seconds > 0 else None,
-        lr=run.scheduler.get_last_lr()[0], peak_rss_mb=round(peak_rss_bytes() / 2**20, 1),
-        strategy=run.plan.strategy, chunk_size=run.plan.chunk_size,
-        token_budget=run.plan.token_budget, oom_retries=run.plan.oom_retries,
+        lr=run.scheduler.get_last_lr()[0],
+        peak_rss_mb=round(peak_rss_bytes() / 2**20, 1),
+        strategy=run.plan.strategy,
+        chunk_size=run.plan.chunk_size,
+        token_budget=run.plan.token_budget,
+        oom_retries=run.plan.oom_retries,
         skipped_nonfinite=run.guard.total,
     )
     if run.device.type == "cuda":
@@ -79,9 +83,15 @@ def _forward_backward(run: TrainRun, group) -> tuple[list[StepStats], list[dict]
             rows, loss_fn = run.dist.local_loss_fn(run.config, rows, health[-1])
         if n_micro > 1:
             loss_fn = lambda emb, base=loss_fn: base(emb) / n_micro  # noqa: E731
-        stats.append(run.strategy.forward_backward(
-            run.model, columns_of(rows), loss_fn, autocast=run.autocast, scaler=run.scaler,
-        ))
+        stats.append(
+            run.strategy.forward_backward(
+                run.model,
+                columns_of(rows),
+                loss_fn,
+                autocast=run.autocast,
+                scaler=run.scaler,
+            )
+        )
     return stats, health
 
 
@@ -103,7 +113,8 @@ def _shrink_after_oom(run: TrainRun, exc: RuntimeError) -> None:
     run.use_plan(halved)
     warnings.warn(
         f"out of memory with {old.summary()}: redoing the step with {halved.summary()}",
-        RuntimeWarning, stacklevel=3,
+        RuntimeWarning,
+        stacklevel=3,
     )
 
 
@@ -116,10 +127,17 @@ def _sync_and_step(run: TrainRun, group, stats: list[StepStats], health: list[di
     if run.dist is not None:  # the step's one synchronisation: gradients and loss, summed
         local_rows = sum(run.dist.shard(len(b))[1] - run.dist.shard(len(b))[0] for b in group)
         loss, real, padded = run.dist.sync(run.model, loss, real, padded)
-        extra = {"world_size": run.dist.world_size, "per_device_examples": local_rows,
-                 **run.dist.take_comm_stats()}
+        extra = {
+            "world_size": run.dist.world_size,
+            "per_device_examples": local_rows,
+            **run.dist.take_comm_stats(),
+        }
     outcome = guarded_step(
-        run.model, run.optimizer, run.scheduler, run.scaler, loss=loss,
+        run.model,
+        run.optimizer,
+        run.scheduler,
+        run.scaler,
+        loss=loss,
         max_grad_norm=run.config.max_grad_norm,
     )
     run.guard.update(outcome)

@@ -167,7 +167,12 @@ class StepLog:
     """
 
     def __init__(
-        self, path: str | os.PathLike | None, *, total: int, initial: int = 0, every: int = 1,
+        self,
+        path: str | os.PathLike | None,
+        *,
+        total: int,
+        initial: int = 0,
+        every: int = 1,
         progress: bool = True,
     ):
         self.every = every
@@ -176,8 +181,9 @@ class StepLog:
         if progress:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, initial=initial, desc="train", unit="step",
-                            dynamic_ncols=True)
+            self.bar = tqdm(
+                total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True
+            )
 
     def write(self, record: dict) -> None:
         """Log the step's record (every ``every`` steps) and advance the bar."""
@@ -187,8 +193,10 @@ class StepLog:
         if self.bar is not None:
             speed = record.get("examples_per_s")
             self.bar.set_postfix(
-                loss=f"{record['loss']:.4f}", ex_s=f"{speed or 0:.1f}",
-                pad=f"{record['padding_efficiency']:.2f}", **health_postfix(record),
+                loss=f"{record['loss']:.4f}",
+                ex_s=f"{speed or 0:.1f}",
+                pad=f"{record['padding_efficiency']:.2f}",
+                **health_postfix(record),
             )
             self.bar.update(1)
 
