@@ -134,14 +134,14 @@ def test_no_usable_checkpoint_is_a_clear_error(tiny, tmp_path):
 def test_disk_full_during_a_checkpoint_warns_cleans_up_and_training_goes_on(
     tiny, tmp_path, monkeypatch
 ):
-    original = checkpoint_module._write_part
+    original = checkpoint_module.write_part
 
     def full_disk(path, write):
         if path.parent.name.startswith(".tmp-step-000003") and path.name == "trainer.pt":
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         original(path, write)
 
-    monkeypatch.setattr(checkpoint_module, "_write_part", full_disk)
+    monkeypatch.setattr(checkpoint_module, "write_part", full_disk)
     out = tmp_path / "out"
     with pytest.warns(
         RuntimeWarning, match=r"No space left.*newest checkpoint is still step-000002"

@@ -42,7 +42,7 @@ def test_the_check_comes_before_anything_slow(tiny, tmp_path, monkeypatch):
         raise AssertionError("planned before checking the output folder")
 
     monkeypatch.setattr(setup, "plan_for_run", no_planning)
-    monkeypatch.setattr(setup, "_prepare_model", no_planning)
+    monkeypatch.setattr(setup, "make_optimizer", no_planning)
     (tmp_path / "data.csv").write_text("x")
     with pytest.raises(ValueError, match="not a densefit run"):
         train(tiny, ROWS, cfg(memory="auto"), output_dir=tmp_path)

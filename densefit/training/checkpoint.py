@@ -50,6 +50,7 @@ __all__ = [
     "truncate_log",
     "data_fingerprint",
     "MAY_DIFFER",
+    "write_part",
 ]
 
 FORMAT = 1
@@ -145,7 +146,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_part(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+def write_part(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """Write one file of a checkpoint and fsync it (tests replace this to simulate a kill)."""
     with open(path, "wb") as f:
         write(f)
@@ -375,7 +376,7 @@ def truncate_log(path: str | os.PathLike, step: int) -> int:
         kept.append(line + b"\n")
     if dropped:
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        _write_part(tmp, lambda f: f.writelines(kept))
+        write_part(tmp, lambda f: f.writelines(kept))
         os.replace(tmp, path)
     return dropped
 
@@ -475,12 +476,12 @@ class Checkpointer:
             tmp.mkdir()
             files = {}
             for filename, write in parts.items():
-                _write_part(tmp / filename, write)
+                write_part(tmp / filename, write)
                 files[filename] = {
                     "bytes": (tmp / filename).stat().st_size,
                     "sha256": _sha256(tmp / filename),
                 }
-            _write_part(tmp / "manifest.json", _json_bytes({"format": FORMAT, "files": files}))
+            write_part(tmp / "manifest.json", _json_bytes({"format": FORMAT, "files": files}))
             _fsync_dir(tmp)
             if final.exists() or final.is_symlink():  # the same step again, after a resume
                 old = self.root / f".old-{name}-{os.getpid()}"
