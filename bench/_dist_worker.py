@@ -6,7 +6,7 @@ Every collective is counted: ``torch.distributed`` calls by wrapping the module'
 DistributedDataParallel's gradient all-reduces through a comm hook (its reducer does not go
 through the Python functions). Prints ``RESULT {...}`` with per-step times and counts.
 
-impl ``densefit``: the training loop's own step (``densefit.training.loop._optimizer_step``) on the
+impl ``densefit``: the training loop's own step (``densefit.training.step.train_step``) on the
 global batch; densefit shards it and gathers candidates (``gather=candidates``).
 impl ``st``: sentence-transformers' CachedMultipleNegativesRankingLoss with
 ``gather_across_devices=True`` driven as SentenceTransformerTrainer drives it under DDP
@@ -66,9 +66,11 @@ def main(spec: dict) -> dict:
     cuda = device.startswith("cuda")
 
     from densefit.config import TrainConfig
-    from densefit.training.distributed import DistributedRun, shard_bounds
+    from densefit.data.batching import columns_of
     from densefit.models import load_model
-    from densefit.training.loop import _optimizer, columns_of, make_strategy, train_step
+    from densefit.training.distributed import shard_bounds
+    from densefit.training.setup import make_optimizer, setup_run
+    from densefit.training.step import train_step
 
     B, steps, chunk = spec["batch_size"], spec["steps"], spec["chunk_size"]
     warm = 2 * world
@@ -79,28 +81,24 @@ def main(spec: dict) -> dict:
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     config = TrainConfig(
         batch_size=B,
-        memory="cache",
+        memory=spec.get("method", "cache"),
         chunk_size=chunk,
         show_progress=False,
         learning_rate=1e-5,
         max_seq_length=spec["max_seq_length"],
         device=device,
     )
-    optimizer = _optimizer(model, config)
-    materialize_optimizer(model, optimizer)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-
     if spec["impl"] == "densefit":
         if not cuda:
             from densefit.memory.allocator import release_freed_memory_promptly
 
             release_freed_memory_promptly()  # as train() does on CPU
-        run = DistributedRun.detect(model, config)
-        strategy = make_strategy(spec.get("method", "cache"), chunk)
-        strategy.prepare(model)
+        run = setup_run(model, rows, config)  # rank 0's plan, broadcast weights
+        materialize_optimizer(model, run.optimizer)
+        torch.manual_seed(rank)
 
-        def step(batch):
-            record = train_step(model, batch, config, strategy, optimizer, scheduler, run=run)
+        def step(indices):
+            record = train_step(run, [list(indices)])
             keys = (
                 "grad_allreduces",
                 "embedding_allgathers",
@@ -112,6 +110,8 @@ def main(spec: dict) -> dict:
     else:
         from sentence_transformers.sentence_transformer import losses
 
+        optimizer = make_optimizer(model, config)
+        materialize_optimizer(model, optimizer)
         loss_model = losses.CachedMultipleNegativesRankingLoss(
             model, mini_batch_size=chunk, gather_across_devices=world > 1
         )
@@ -135,7 +135,8 @@ def main(spec: dict) -> dict:
             ddp.register_comm_hook(None, counting_hook)
             loss_model.model = ddp  # what SentenceTransformerTrainer does under DDP
 
-        def step(batch):
+        def step(indices):
+            batch = [rows[i] for i in indices]
             a, b = shard_bounds(len(batch), world, rank)
             local = batch[a:b]
             optimizer.zero_grad(set_to_none=True)
@@ -153,7 +154,7 @@ def main(spec: dict) -> dict:
             optimizer.step()
             return float(loss.detach()), {}
 
-    step(rows[B * steps :])  # warm-up on a few rows
+    step(range(B * steps, len(rows)))  # warm-up on a few rows
     if world > 1:
         dist.barrier()
     times, per_step = [], []
@@ -161,7 +162,7 @@ def main(spec: dict) -> dict:
         CALLS.clear()
         BYTES.clear()
         t0 = time.perf_counter()
-        loss, own = step(rows[i * B : (i + 1) * B])
+        loss, own = step(range(i * B, (i + 1) * B))
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)

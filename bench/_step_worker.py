@@ -86,8 +86,10 @@ def main(spec: dict) -> dict:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
     from densefit.config import TrainConfig
+    from densefit.data.batching import columns_of
     from densefit.models import load_model
-    from densefit.training.loop import _optimizer, build_strategy, columns_of, train_step
+    from densefit.training.setup import make_optimizer, setup_run
+    from densefit.training.step import train_step
 
     B, steps = spec["batch_size"], spec.get("steps", 1)
     warmup_rows = spec.get("warmup_rows", 4)
@@ -108,8 +110,6 @@ def main(spec: dict) -> dict:
         token_budget=spec.get("token_budget"),
         keep_graphs=spec.get("keep_graphs"),
     )
-    optimizer = _optimizer(model, config)
-    materialize_optimizer(model, optimizer)
     import densefit
     from densefit.memory.allocator import allocator_in_use
 
@@ -140,13 +140,10 @@ def main(spec: dict) -> dict:
         t0 = time.perf_counter()
         # auto plans for exactly the batches this worker runs
         run_batches = [list(range(i * B, (i + 1) * B)) for i in range(steps)]
-        strategy, plan = build_strategy(model, rows, config, batches=run_batches)
+        run = setup_run(model, rows, config, batches=run_batches)
         out["plan_seconds"] = round(time.perf_counter() - t0, 2)
-        strategy.prepare(model)
-        if plan.get("loss_chunk_size") and config.loss_chunk_size is None:
-            import dataclasses
-
-            config = dataclasses.replace(config, loss_chunk_size=plan["loss_chunk_size"])
+        materialize_optimizer(model, run.optimizer)
+        plan = run.report()
         out["plan"] = {
             k: plan.get(k)
             for k in (
@@ -163,13 +160,15 @@ def main(spec: dict) -> dict:
                 {k: c.get(k) for k in ("strategy", "peak_bytes", "fits", "relative_time", "keep_graphs")}
                 for c in plan["candidates"]
             ]
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
 
-        def step(batch):
-            record = train_step(model, batch, config, strategy, optimizer, scheduler)
+        def step(indices):
+            record = train_step(run, [list(indices)])
             return record["padding_efficiency"]
     else:
         from sentence_transformers.sentence_transformer import losses
+
+        optimizer = make_optimizer(model, config)
+        materialize_optimizer(model, optimizer)
 
         peer = spec["method"].removesuffix("-mi")  # -mi: the same peer under mimalloc
         if peer == "st-cmnrl":
@@ -183,8 +182,9 @@ def main(spec: dict) -> dict:
                     gradient_checkpointing_kwargs={"use_reentrant": False}
                 )
 
-        def step(batch):
+        def step(indices):
             optimizer.zero_grad(set_to_none=True)
+            batch = [rows[i] for i in indices]
             features = [model.preprocess(col) for col in columns_of(batch) if col]
             real = sum(int(f["attention_mask"].sum()) for f in features)
             total = sum(f["attention_mask"].numel() for f in features)
@@ -204,7 +204,7 @@ def main(spec: dict) -> dict:
         torch.cuda.synchronize()
         out["baseline_cuda_mb"] = round(torch.cuda.memory_allocated() / 2**20, 1)
     # Warm-up on a few rows (lazy initialisation, first allocations), then timed full steps.
-    step(rows[B * steps :])
+    step(range(B * steps, len(rows)))
     gc.collect()
     reset_peak_rss()
     if cuda:
@@ -214,9 +214,8 @@ def main(spec: dict) -> dict:
     status = "ok"
     try:
         for i in range(steps):
-            batch = rows[i * B : (i + 1) * B]
             t0 = time.perf_counter()
-            pads.append(step(batch))
+            pads.append(step(range(i * B, (i + 1) * B)))
             if cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)

@@ -5,12 +5,13 @@
 Every collective is counted by wrapping ``torch.distributed.all_reduce`` / ``all_gather`` /
 ``broadcast`` (the test's own count, independent of densefit's). SPEC:
 
-- ``cases``: one optimizer step each (``densefit.training.loop._optimizer_step``, the training
-  loop's own code, with no clipping so the gradients are left as summed) on ``rows`` with
-  the ``config`` of the case; rank 0 writes ``OUT/case-i.pt`` with the loss, every
-  parameter gradient and the collectives of the step;
-- ``train``: a whole ``densefit.training.loop.train`` run; every rank writes ``OUT/train-RANK.json``
-  with the losses, the collectives and whether it wrote a log.
+- ``cases``: one optimizer step each (:func:`densefit.training.step.train_step`, the training
+  loop's own code, after :func:`densefit.training.setup.setup_run`, with no clipping so the
+  gradients are left as summed) on ``rows`` with the ``config`` of the case; rank 0 writes
+  ``OUT/case-i.pt`` with the loss, every parameter gradient and the collectives of the step;
+- ``train``: a whole :func:`densefit.train` run; every rank writes ``OUT/train-RANK.json``
+  with the losses, the collectives, the run's memory plan and what each cached
+  forward-backward really ran with (kept graphs, token budget, chunk).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import torch.distributed as dist
 from sentence_transformers import SentenceTransformer
 
 from densefit import TrainConfig, TrainingExample
-from densefit.training.distributed import DistributedRun, init_distributed, teardown_distributed
-from densefit.memory.strategies import make_strategy
-from densefit.training.loop import _linear_schedule, _optimizer, train, train_step
+from densefit.memory.strategies import CachedStrategy
+from densefit.training.distributed import init_distributed, teardown_distributed
+from densefit.training.loop import train
+from densefit.training.setup import setup_run
+from densefit.training.step import train_step
 
 CALLS: list[tuple[str, int]] = []
 
@@ -59,18 +62,28 @@ def rows_of(spec_rows: list[dict]) -> list[TrainingExample]:
     ]
 
 
+USED: list[dict] = []  # what each cached forward-backward really ran with
+_cached = CachedStrategy.forward_backward
+
+
+def recording(self, *args, **kwargs):
+    USED.append({"keep_graphs": self.keep_graphs, "token_budget": self.token_budget,
+                 "chunk_size": self.chunk_size})
+    return _cached(self, *args, **kwargs)
+
+
+CachedStrategy.forward_backward = recording
+
+
 def one_step(base: str, rows, case: dict, out: Path, index: int) -> None:
-    config = TrainConfig(**{"max_grad_norm": None, "show_progress": False, **case["config"]})
+    config = TrainConfig(**{"max_grad_norm": None, "show_progress": False, **case["config"],
+                            "memory": case["strategy"], "chunk_size": case.get("chunk")})
     model = SentenceTransformer(base, device="cpu")
     model.train()
-    run = DistributedRun.detect(model, config)
-    strategy = make_strategy(case["strategy"], case.get("chunk"))
-    strategy.prepare(model)
-    optimizer = _optimizer(model, config)
-    scheduler = _linear_schedule(optimizer, 0, 10)
+    run = setup_run(model, rows, config)
     torch.manual_seed(case.get("seed", 0) + dist.get_rank())
     CALLS.clear()
-    record = train_step(model, rows, config, strategy, optimizer, scheduler, run=run)
+    record = train_step(run, [list(range(len(rows)))])
     if dist.get_rank() == 0:
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         torch.save(
@@ -95,6 +108,7 @@ def main(spec_path: str) -> None:
         job = spec["train"]
         model = SentenceTransformer(spec["base"], device="cpu")
         CALLS.clear()
+        USED.clear()
         result = train(
             model, rows_of(job["rows"]), TrainConfig(**job["config"]), output_dir=job["output"]
         )
@@ -105,6 +119,8 @@ def main(spec_path: str) -> None:
                     "losses": result.losses,
                     "steps": result.steps,
                     "calls": CALLS,
+                    "plan": result.memory_plan.to_dict(),
+                    "used": USED,
                 }
             )
         )

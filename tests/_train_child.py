@@ -30,14 +30,14 @@ def main(spec_path: str) -> None:
     torch.set_num_threads(spec["threads"])
     kill_at = spec.get("kill_in_checkpoint")
     if kill_at is not None:
-        original = densefit.training.checkpoint._write_part
+        original = densefit.training.checkpoint.write_part
 
         def write_part(path, write):
             original(path, write)
             if path.parent.name.startswith(f".tmp-step-{kill_at:06d}") and path.name == "model.pt":
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        densefit.training.checkpoint._write_part = write_part
+        densefit.training.checkpoint.write_part = write_part
 
     def on_step(record: dict) -> None:
         time.sleep(spec.get("step_sleep", 0))

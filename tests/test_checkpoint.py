@@ -59,7 +59,8 @@ def test_a_checkpoint_has_every_part_and_a_manifest_of_checksums(tiny, tmp_path)
         assert meta == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     state = json.loads((step3 / "state.json").read_text())
     assert (state["step"], state["epoch"], state["batch"], state["seen"]) == (3, 1, 1, 12)
-    assert state["strategy"]["name"] == "plain" and state["guard"] == {"total": 0, "in_a_row": 0}
+    assert state["memory_plan"]["strategy"] == "plain"
+    assert state["guard"] == {"total": 0, "in_a_row": 0}
     assert state["config"]["checkpoint_every"] == 3 and state["data"]["rows"] == 8
     trainer = torch.load(step3 / "trainer.pt", weights_only=True)
     assert {"optimizer", "scheduler", "scaler", "rng"} <= trainer.keys()
@@ -133,14 +134,14 @@ def test_no_usable_checkpoint_is_a_clear_error(tiny, tmp_path):
 def test_disk_full_during_a_checkpoint_warns_cleans_up_and_training_goes_on(
     tiny, tmp_path, monkeypatch
 ):
-    original = checkpoint_module._write_part
+    original = checkpoint_module.write_part
 
     def full_disk(path, write):
         if path.parent.name.startswith(".tmp-step-000003") and path.name == "trainer.pt":
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         original(path, write)
 
-    monkeypatch.setattr(checkpoint_module, "_write_part", full_disk)
+    monkeypatch.setattr(checkpoint_module, "write_part", full_disk)
     out = tmp_path / "out"
     with pytest.warns(
         RuntimeWarning, match=r"No space left.*newest checkpoint is still step-000002"
@@ -189,8 +190,10 @@ def test_rng_states_round_trip():
 def test_a_fresh_run_into_an_old_output_warns_and_its_checkpoints_win(tiny, tmp_path):
     out = tmp_path / "out"
     train(tiny, ROWS, cfg(epochs=3), output_dir=out)
+    with pytest.raises(ValueError, match="other options .*max_steps"):
+        train(tiny, ROWS, cfg(epochs=3, max_steps=1), output_dir=out)  # not without overwrite
     with pytest.warns(UserWarning, match="checkpoints of an earlier run .*pass --resume"):
-        train(tiny, ROWS, cfg(epochs=3, max_steps=1), output_dir=out)
+        train(tiny, ROWS, cfg(epochs=3, max_steps=1), output_dir=out, overwrite=True)
     # written later, so newest, though its step number is smaller
     assert latest_checkpoint(out / "checkpoints").step == 1
 
@@ -224,7 +227,7 @@ def test_the_strategy_after_out_of_memory_halving_is_restored(tiny, tmp_path, mo
     with pytest.warns(RuntimeWarning, match="out of memory"), pytest.raises(KeyError):
         train(tiny, ROWS, config, output_dir=out, on_step=crash)
     monkeypatch.undo()
-    saved = latest_checkpoint(out / "checkpoints").state["strategy"]
+    saved = latest_checkpoint(out / "checkpoints").state["memory_plan"]
     assert (saved["chunk_size"], saved["oom_retries"]) == (2, 2)
     records = []
     with warnings.catch_warnings():

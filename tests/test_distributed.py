@@ -6,7 +6,6 @@ the CLI) with a timeout: a hang fails the test instead of freezing it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -19,11 +18,14 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit import TrainConfig, TrainingExample
-from densefit.training.distributed import shard_bounds
 from densefit.losses import mnrl
 from densefit.memory.strategies import make_strategy
 from densefit.testing import tiny_model
-from densefit.training.loop import _linear_schedule, _optimizer, _optimizer_step, make_loss_fn, train
+from densefit.training.distributed import shard_bounds
+from densefit.training.loop import train
+from densefit.training.objective import make_loss_fn
+from densefit.training.setup import setup_run
+from densefit.training.step import train_step
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 240  # seconds for a whole multi-process run (imports take ~8 s per process here)
@@ -151,24 +153,13 @@ def reference_step(
     base: str, rows: list[dict], strategy: str, chunk: int, config: dict, seed: int = 0
 ):
     """One process on the union batch: the same training-loop step."""
-    cfg = TrainConfig(**{"max_grad_norm": None, "show_progress": False, **config})
+    cfg = TrainConfig(**{"max_grad_norm": None, "show_progress": False, **config,
+                         "memory": strategy, "chunk_size": chunk})
     model = SentenceTransformer(base, device="cpu")
     model.train()
-    s = make_strategy(strategy, chunk)
-    s.prepare(model)
-    optimizer = _optimizer(model, cfg)
+    run = setup_run(model, examples(rows), cfg)
     torch.manual_seed(seed)
-    record = _optimizer_step(
-        model,
-        examples(rows),
-        [list(range(len(rows)))],
-        cfg,
-        s,
-        optimizer,
-        _linear_schedule(optimizer, 0, 10),
-        contextlib.nullcontext,
-        None,
-    )
+    record = train_step(run, [list(range(len(rows)))])
     return record["loss"], {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -228,6 +219,8 @@ TRAIN_CONFIG = {
     "batch_size": 6,
     "memory": "cache",
     "chunk_size": 2,
+    "token_budget": 24,
+    "keep_graphs": 2,
     "learning_rate": 1e-3,
     "show_progress": False,
     "keep_checkpoints": 0,
@@ -318,6 +311,17 @@ def test_training_run_matches_one_process_and_syncs_once_per_step(two_ranks, bas
     assert [x["per_device_examples"] for x in log] == [3, 3, 1]
     assert all(x["chunks"] >= 4 for x in log[:2])  # 3 rows per rank in chunks of 2
     assert (run / "model.safetensors").exists() or any(run.rglob("model.safetensors"))
+
+
+def test_every_rank_runs_the_users_kept_graphs_and_token_budget(two_ranks):
+    """The plan rank 0 broadcasts is the plan every rank's strategy runs (kept graphs too)."""
+    ranks = [json.loads((two_ranks / f"train-{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["plan"] == ranks[1]["plan"]
+    for r in ranks:
+        assert (r["plan"]["keep_graphs"], r["plan"]["token_budget"]) == (2, 24)
+        assert r["used"] and all(
+            u == {"keep_graphs": 2, "token_budget": 24, "chunk_size": 2} for u in r["used"]
+        )
 
 
 def test_mnrl_rows_partition_adds_up_to_the_batch_loss():

@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from densefit import TrainConfig, TrainingExample, train
-from densefit.losses.masking import false_negative_mask, merge_health, score_health
+from densefit.data.batching import columns_of
+from densefit.losses.masking import false_negative_mask
 from densefit.memory import make_strategy
-from densefit.training.loop import columns_of, make_loss_fn
+from densefit.training.objective import make_loss_fn
+from densefit.training.telemetry import merge_health, score_health
 
 D = 16
 
@@ -259,7 +261,7 @@ def test_compact_mask_loss_equals_dense_mask_loss(symmetric):
 
 
 def test_in_batch_accuracy_in_blocks_equals_the_full_score_matrix():
-    from densefit.losses.masking import in_batch_accuracy
+    from densefit.training.telemetry import in_batch_accuracy
 
     torch.manual_seed(0)
     a, p, n = torch.randn(37, 8), torch.randn(37, 8), torch.randn(11, 8)

@@ -103,11 +103,12 @@ def test_token_budget_caps_padded_tokens(tiny):
     assert len(chunks[0]) > len(chunks[-1])
 
 
-def test_halve_shrinks_chunk_then_stops():
-    s = make_strategy("cache", 4)
-    assert s.halve() and s.chunk_size == 2
-    assert s.halve() and s.chunk_size == 1
-    assert not s.halve()
+def test_halved_plan_shrinks_chunk_then_stops():
+    plan = make_strategy("cache", 4).plan
+    assert plan.halved().chunk_size == 2 and plan.halved().oom_retries == 1
+    assert plan.halved().halved().chunk_size == 1
+    assert plan.halved().halved().halved() is None
+    assert plan.chunk_size == 4  # frozen: halving makes a new plan
 
 
 def test_checkpointing_same_gradients_fewer_saved_bytes(tiny):
@@ -197,10 +198,44 @@ def test_kept_graph_of_a_column_the_loss_ignores_is_dropped(tiny):
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
-def test_halve_drops_kept_graphs_before_the_chunk():
-    s = make_strategy("cache", 4, keep_graphs=4)
-    assert s.halve() and (s.keep_graphs, s.chunk_size) == (2, 4)
-    assert s.halve() and (s.keep_graphs, s.chunk_size) == (1, 4)
-    assert s.halve() and (s.keep_graphs, s.chunk_size) == (1, 2)
+def test_halving_drops_kept_graphs_before_the_chunk():
+    plans = [make_strategy("cache", 4, keep_graphs=4).plan]
+    for _ in range(3):
+        plans.append(plans[-1].halved())
+    assert [(p.keep_graphs, p.chunk_size) for p in plans[1:]] == [(2, 4), (1, 4), (1, 2)]
+    token = make_strategy("checkpoint", token_budget=64).plan
+    assert (token.halved().token_budget, token.halved().chunk_size) == (32, None)
     with pytest.raises(ValueError, match="keep_graphs"):
         make_strategy("cache", 4, keep_graphs=-1)
+
+
+@pytest.mark.parametrize("name", ["plain", "checkpoint", "cache", "cache+checkpoint"])
+def test_plan_to_strategy_to_plan_round_trip(name):
+    """Through JSON (a checkpoint, a broadcast) and back: the strategy is what the plan says."""
+    import json
+
+    from densefit.memory import CachedStrategy, MemoryPlan
+
+    plan = MemoryPlan(name, chunk_size=8, token_budget=256, keep_graphs=3, sort_by_length=False,
+                      loss_chunk_size=4, oom_retries=1, chosen_by="planner")
+    strategy = make_strategy(MemoryPlan.from_dict(json.loads(json.dumps(plan.to_dict()))))
+    assert strategy.plan == plan
+    assert (strategy.name, strategy.chunk_size, strategy.token_budget, strategy.sort_by_length,
+            strategy.checkpoint) == (name, 8, 256, False, name.endswith("checkpoint"))
+    assert isinstance(strategy, CachedStrategy) == name.startswith("cache")
+    if name.startswith("cache"):
+        assert strategy.keep_graphs == 3
+    with pytest.raises(ValueError, match="unknown memory plan fields: chunk"):
+        MemoryPlan.from_dict({**plan.to_dict(), "chunk": 1})
+
+
+def test_the_users_plan_keeps_kept_graphs_and_token_budget():
+    from densefit.config import TrainConfig
+    from densefit.memory.planner import plan_for_run
+
+    config = TrainConfig(memory="cache+checkpoint", keep_graphs=3, token_budget=64)
+    strategy = make_strategy(plan_for_run(None, [], config))
+    assert (strategy.name, strategy.keep_graphs, strategy.token_budget, strategy.chunk_size) == (
+        "cache+checkpoint", 3, 64, None)
+    plain = plan_for_run(None, [], TrainConfig(gradient_checkpointing=True))
+    assert (plain.strategy, plain.chunk_size, plain.chosen_by) == ("checkpoint", 16, "user")

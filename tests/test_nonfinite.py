@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from densefit import TrainConfig, TrainingExample, train
 from densefit.training.guards import NonFiniteError, NonFiniteGuard, guarded_step
 
-train_module = importlib.import_module("densefit.training.loop")
+objective = importlib.import_module("densefit.training.objective")
 
 ROWS = [
     TrainingExample(f"what is the cell {i}", f"the protein gene {i}", (f"python {i}",),
@@ -28,14 +28,14 @@ def cfg(**kw) -> TrainConfig:
 
 def inject_nan(monkeypatch, steps: set[int]) -> None:
     """The test hook: the loss of these steps (1-based; one micro-batch per step) is NaN."""
-    original = train_module.make_loss_fn
+    original = objective.make_loss_fn
     calls = itertools.count(1)
 
     def make_loss_fn(*args, **kwargs):
         loss_fn, call = original(*args, **kwargs), next(calls)
         return (lambda emb: loss_fn(emb) * float("nan")) if call in steps else loss_fn
 
-    monkeypatch.setattr(train_module, "make_loss_fn", make_loss_fn)
+    monkeypatch.setattr(objective, "make_loss_fn", make_loss_fn)
 
 
 def weights(model) -> torch.Tensor:
@@ -82,8 +82,22 @@ def test_too_many_nan_steps_in_a_row_stop_with_advice(tiny, tmp_path, monkeypatc
 def test_scattered_nan_steps_do_not_stop_the_run_and_zero_means_never(tiny, monkeypatch):
     inject_nan(monkeypatch, {1, 3, 5, 7})
     assert train(tiny, ROWS, cfg(max_nonfinite=2)).skipped_nonfinite == 4
-    inject_nan(monkeypatch, set(range(1, 9)))
-    assert train(tiny, ROWS, cfg(max_nonfinite=0)).skipped_nonfinite == 8
+    inject_nan(monkeypatch, set(range(1, 8)))  # 7 bad steps in a row, then a good one
+    assert train(tiny, ROWS, cfg(max_nonfinite=0)).skipped_nonfinite == 7
+
+
+def test_a_run_whose_every_step_was_skipped_ends_with_an_error(tiny, tmp_path, monkeypatch):
+    """Shorter than --max-nonfinite (or with 0: never stop early), it still fails at the end:
+    no 'final loss nan' success, and no model saved as if it had trained."""
+    for limit in (5, 0):
+        inject_nan(monkeypatch, set(range(1, 100)))
+        records, out = [], tmp_path / f"out{limit}"
+        with pytest.raises(NonFiniteError, match=r"all 3 steps of the run .*never updated") as err:
+            train(tiny, ROWS, cfg(max_steps=3, max_nonfinite=limit), output_dir=out,
+                  on_step=records.append)
+        assert len(records) == 3 and all(r["skipped"] for r in records)  # ran to the end
+        assert "data.jsonl:" in str(err.value) and "lower learning rate" in str(err.value)
+        assert not (out / "densefit_config.json").exists()
 
 
 def test_cli_stops_with_the_message_and_exit_code_2(tiny, tmp_path, monkeypatch):
@@ -101,6 +115,13 @@ def test_cli_stops_with_the_message_and_exit_code_2(tiny, tmp_path, monkeypatch)
     assert (
         result.exit_code == 2 and "error: step 2: the loss or gradient norm was not finite" in text
     )
+    # shorter than --max-nonfinite: the end of the run fails the same way
+    inject_nan(monkeypatch, set(range(1, 9)))
+    result = CliRunner().invoke(app, ["train", str(data), "-m", str(tmp_path / "base"), "-o",
+                                      str(tmp_path / "short"), "--batch-size", "4",
+                                      "--max-steps", "2", "--no-progress"])  # fmt: skip
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "error: all 2 steps of the run had a non-finite" in text
 
 
 # ----------------------------------------------------------------------------- guarded_step

@@ -3,7 +3,17 @@ import torch
 
 from densefit import TrainConfig, TrainingExample
 from densefit.config import parse_bytes
-from densefit.memory.planner import ActivationModel, plan_memory, resolve_budget, saved_bytes
+from densefit.data.batching import planned_batches
+from densefit.memory.planner import (
+    CPU_MAX_CHUNK_ROWS,
+    HEADROOM,
+    RELATIVE_TIME,
+    ActivationModel,
+    plan_for_run,
+    plan_memory,
+    resolve_budget,
+    saved_bytes,
+)
 
 ROWS = [TrainingExample(f"query {i} " * (i % 4 + 1), f"the cell protein {i} " * (i % 9 + 1)) for i in range(50)]
 
@@ -27,9 +37,15 @@ def test_plain_when_it_fits_cache_when_not(tiny):
     small = plan_memory(tiny, ROWS, TrainConfig(batch_size=4096, memory_budget="40MiB"))
     assert small.strategy in ("cache", "cache+checkpoint")
     assert small.predicted_peak_bytes <= small.budget_bytes
-    assert small.token_budget >= small.chunk_size
+    rows = chosen(small)["chunk_size"]  # rows per chunk at the longest length
+    assert small.token_budget >= rows and small.chunk_size is None  # capped in tokens only
     assert "largest chunk" in small.reason
     assert "predicted peak" in small.table()
+
+
+def chosen(plan) -> dict:
+    """The planner's row of the strategy it chose."""
+    return next(c for c in plan.candidates if c["strategy"] == plan.strategy)
 
 
 def test_planner_raises_clear_error_when_nothing_fits(tiny):
@@ -44,13 +60,12 @@ def test_planner_picks_largest_fitting_chunk():
     act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
     plan = plan_memory(model, ROWS, TrainConfig(batch_size=1024, memory_budget="12MiB"), activation_model=act)
     # doubling the chosen chunk must not fit (on CPU the planner also stops at 32 rows)
-    from densefit.memory.planner import _CPU_MAX_CHUNK_ROWS, _HEADROOM
-
+    rows = chosen(plan)["chunk_size"]
     longest = max(v["max"] for v in plan.lengths.values())
-    next_peak = plan.predicted_peak_bytes + _HEADROOM * act.bytes(plan.chunk_size, longest)
-    assert plan.strategy == "cache"
-    assert plan.chunk_size == _CPU_MAX_CHUNK_ROWS or next_peak > plan.budget_bytes
-    assert plan.chunk_size <= _CPU_MAX_CHUNK_ROWS
+    next_peak = plan.predicted_peak_bytes + HEADROOM * act.bytes(rows, longest)
+    assert plan.strategy == "cache" and plan.token_budget == rows * longest
+    assert rows == CPU_MAX_CHUNK_ROWS or next_peak > plan.budget_bytes
+    assert rows <= CPU_MAX_CHUNK_ROWS
 
 
 def test_probe_does_not_touch_the_random_stream(tiny):
@@ -75,8 +90,6 @@ def test_saved_bytes_counts_activations_not_parameters():
 
 
 def test_plan_for_the_runs_real_batches_is_tighter_than_worst_case(tiny):
-    from densefit.training.loop import planned_batches
-
     rows = [TrainingExample("q", "cell " * (60 if i < 8 else 2)) for i in range(64)]
     config = TrainConfig(batch_size=8, memory_budget="4GiB", chunk_size=4)
     act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
@@ -100,7 +113,6 @@ def test_group_rows_is_what_make_chunks_runs(tiny):
 
 
 def test_cache_keeps_as_many_chunk_graphs_as_the_budget_allows():
-    from densefit.memory.planner import _RELATIVE_TIME
     from densefit.testing import tiny_model
 
     model = tiny_model()
@@ -114,24 +126,26 @@ def test_cache_keeps_as_many_chunk_graphs_as_the_budget_allows():
         assert p.predicted_peak_bytes <= p.budget_bytes
         chosen = next(c for c in p.candidates if c["strategy"] == "cache")
         assert chosen["keep_graphs"] == p.keep_graphs
-        assert chosen["relative_time"] < _RELATIVE_TIME["cache"]  # kept chunks are not re-embedded
+        assert chosen["relative_time"] < RELATIVE_TIME["cache"]  # kept chunks are not re-embedded
         assert "graph(s) kept" in p.table()
     times = [next(c for c in p.candidates if c["strategy"] == "cache")["relative_time"] for p in plans]
     assert times[-1] < times[0]
 
 
 def test_auto_strategy_carries_the_planned_kept_graphs(tiny):
-    from densefit.training.loop import build_strategy
+    import dataclasses
+
+    from densefit.memory import make_strategy
 
     rows = ROWS * 82  # one batch of 4,096
     config = TrainConfig(batch_size=4096, memory_budget="40MiB", memory="auto", show_progress=False)
-    strategy, plan = build_strategy(tiny, rows, config)
-    assert plan["strategy"] == "cache"
-    assert strategy.keep_graphs == plan["keep_graphs"] >= 1
-    import dataclasses
-
-    strategy, _ = build_strategy(tiny, rows, dataclasses.replace(config, keep_graphs=0))
-    assert strategy.keep_graphs == 0
+    plan = plan_for_run(tiny, rows, config)
+    strategy = make_strategy(plan)
+    assert plan.strategy == "cache" and plan.chosen_by == "planner"
+    assert strategy.keep_graphs == plan.keep_graphs >= 1
+    assert strategy.token_budget == plan.token_budget and strategy.chunk_size is None
+    plan = plan_for_run(tiny, rows, dataclasses.replace(config, keep_graphs=0))
+    assert make_strategy(plan).keep_graphs == 0
 
 
 def test_cache_chunks_are_planned_from_the_runs_real_chunks(tiny):
@@ -141,15 +155,14 @@ def test_cache_chunks_are_planned_from_the_runs_real_chunks(tiny):
     token budget fits than the worst case (a full chunk of the longest texts) allows.
     """
     from densefit.memory.chunking import make_chunks, tokenize
-    from densefit.memory.planner import _HEADROOM, _static_bytes
-    from densefit.training.loop import planned_batches
 
     rows = [TrainingExample("q", "cell " * (60 if i % 64 == 0 else 3)) for i in range(256)]
     config = TrainConfig(batch_size=64, chunk_size=None)
     act = ActivationModel(per_token=1000.0, per_token_squared=100.0)
     batches = planned_batches(rows, config)
     cache = lambda p: next(c for c in p.candidates if c["strategy"] == "cache")  # noqa: E731
-    static = _static_bytes(tiny)
+    static = plan_memory(tiny, rows, TrainConfig(batch_size=64, memory_budget="4GiB"),
+                         activation_model=act).static_bytes
     wider = 0
     for extra in (2**20, 2**21, 2**22, 2**23):
         budget = TrainConfig(batch_size=64, memory_budget=static + extra)
@@ -162,14 +175,12 @@ def test_cache_chunks_are_planned_from_the_runs_real_chunks(tiny):
             texts = [rows[i].positive for i in b]
             for c in make_chunks(tokenize(tiny, texts), token_budget=exact["token_budget"]):
                 n, length = c.features["attention_mask"].shape
-                assert static + _HEADROOM * act.bytes(n, length) <= exact["peak_bytes"]
+                assert static + HEADROOM * act.bytes(n, length) <= exact["peak_bytes"]
     assert wider >= 1
 
 
 def test_plain_falls_back_to_smaller_sub_batches_before_recomputing(tiny):
     """Heavy-tailed lengths: sub-batches of 8 trim more padding than 16, so plain fits in less."""
-    from densefit.training.loop import planned_batches
-
     rows = [TrainingExample("q " * (i % 7 + 1), "cell " * (2 + (i * 37) % 61)) for i in range(64)]
     act = ActivationModel(per_token=1000.0, per_token_squared=10.0)
     config = TrainConfig(batch_size=64, memory_budget="4GiB")

@@ -21,9 +21,9 @@ from sentence_transformers import SentenceTransformer
 from typer.testing import CliRunner
 
 from densefit import TrainConfig, train
-from densefit.training.checkpoint import list_checkpoints
 from densefit.data.readers import read_training_data
 from densefit.testing import tiny_model
+from densefit.training.checkpoint import list_checkpoints
 
 CHILD = Path(__file__).with_name("_train_child.py")
 # 24 rows, 4 per step: 6 steps per epoch, 24 steps; checkpoints at 5, 6, 10, 12, 15, ...
@@ -133,6 +133,34 @@ def test_resume_after_a_crash_ends_with_identical_weights(run, tmp_path, crash_a
     steps = 6 * config["epochs"]
     assert result.losses == reference.losses and result.steps == steps
     assert logged_steps(output) == list(range(1, steps + 1))  # each step once, in order
+
+
+def test_a_resumed_run_keeps_the_planned_kept_graphs_and_token_budget(run, tmp_path, monkeypatch):
+    """The strategy that runs after --resume is the checkpoint's plan, kept graphs included
+    (they used to fall back to 1 while the plan still said 3), and the run ends identical."""
+    from densefit.memory.strategies import CachedStrategy
+
+    config = {**CONFIG, "epochs": 1, "memory": "cache", "token_budget": 40, "keep_graphs": 3}
+    output = tmp_path / "out"
+
+    def crash(record):
+        if record["step"] == 5:
+            raise Crash
+
+    with pytest.raises(Crash):
+        resume(run, output, config, on_step=crash)
+    used, original = [], CachedStrategy.forward_backward
+
+    def recording(self, *args, **kwargs):
+        used.append((self.keep_graphs, self.token_budget, self.chunk_size))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(CachedStrategy, "forward_backward", recording)
+    model, result = resume(run, output, config, resume=True)
+    assert used == [(3, 40, None)]  # step 6, the only one after the checkpoint at step 5
+    assert (result.memory_plan.keep_graphs, result.plan["token_budget"]) == (3, 40)
+    monkeypatch.undo()
+    assert_same_weights(state(model), run.reference(**config).weights)
 
 
 def spawn(run, output: Path, **spec) -> subprocess.Popen:

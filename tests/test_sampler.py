@@ -6,8 +6,8 @@ import time
 import pytest
 
 from densefit import TrainConfig, TrainingExample, train
-from densefit.data.samplers import no_duplicate_batches, row_keys
-from densefit.training.loop import batches
+from densefit.data.batching import no_duplicate_batches, row_keys
+from densefit.data.batching import batches
 
 
 def dataset(n, n_queries, n_docs, seed=0, negatives=1):

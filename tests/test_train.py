@@ -8,7 +8,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit import Retriever, TrainConfig, TrainingExample, train
-from densefit.training.loop import batches
+from densefit.data.batching import batches
 
 ROWS = [
     TrainingExample(
@@ -56,12 +56,24 @@ def test_same_seed_same_weights_and_cache_equals_plain(tiny):
     torch.testing.assert_close(weights(c), weights(a), atol=1e-5, rtol=1e-4)
 
 
-def test_margin_mse_trains_and_needs_scores(tiny):
-    result = train(tiny, ROWS, cfg(loss="margin_mse", max_steps=2))
-    assert np.isfinite(result.final_loss)
+def test_margin_mse_trains_and_needs_scores():
+    """The step's loss is margin-MSE of the first batch's embeddings (dropout off), by hand."""
+    from densefit.data.batching import columns_of, epoch_batches
+    from densefit.losses import margin_mse
+    from densefit.testing import tiny_model
+
+    model = tiny_model(dropout=0.0)
+    config = cfg(loss="margin_mse", max_steps=2)
+    rows = [ROWS[i] for i in epoch_batches(ROWS, config, 0)[0]]
+    with torch.no_grad():
+        a, p, n = (torch.as_tensor(model.encode(col, convert_to_tensor=True)) for col in columns_of(rows))
+    expected = margin_mse(a, p, n, torch.tensor([r.score for r in rows]))
+    result = train(model, ROWS, config)
+    assert result.losses[0] == pytest.approx(float(expected), rel=1e-4)
+    assert result.losses[1] != result.losses[0]
     rows = [TrainingExample("q", "p", (), origin="data.jsonl:7")]
     with pytest.raises(ValueError, match=r"data.jsonl:7.*margin_mse"):
-        train(tiny, rows, cfg(loss="margin_mse"))
+        train(model, rows, cfg(loss="margin_mse"))
 
 
 def test_gradient_accumulation_warns_it_adds_no_negatives(tiny):
@@ -92,8 +104,20 @@ def test_out_of_memory_halves_chunk_and_redoes_step(tiny, monkeypatch):
 
 
 def test_bf16_autocast_on_cpu_and_fp16_needs_cuda(tiny):
-    result = train(tiny, ROWS, cfg(amp="bf16", max_steps=1))
-    assert np.isfinite(result.final_loss)
+    """The encoder's matrix products really run in bf16 under --amp bf16, in fp32 without."""
+    linear = next(m for m in tiny.modules() if isinstance(m, torch.nn.Linear))
+    seen = []
+    handle = linear.register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
+    try:
+        result = train(copy.deepcopy(tiny), ROWS, cfg(max_steps=1))  # the copy: no hook
+        train(tiny, ROWS, cfg(max_steps=1))
+        assert seen and set(seen) == {torch.float32}
+        seen.clear()
+        bf16 = train(tiny, ROWS, cfg(amp="bf16", max_steps=1))
+        assert seen and set(seen) == {torch.bfloat16}
+    finally:
+        handle.remove()
+    assert np.isfinite(bf16.final_loss) and bf16.final_loss != result.final_loss
     with pytest.raises(ValueError, match="fp16 needs a CUDA"):
         train(tiny, ROWS, cfg(amp="fp16", max_steps=1))
 

@@ -1,4 +1,4 @@
-"""False negatives inside the loss, and the per-step batch health telemetry.
+"""False negatives inside the loss (the step telemetry is in :mod:`densefit.training.telemetry`).
 
 In-batch negatives are only negatives if they are different documents. A batch can hold
 the same text twice (duplicate rows, a hard negative equal to some row's positive, the same
@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from densefit.data.types import TrainingExample
 
@@ -37,10 +36,6 @@ __all__ = [
     "CandidateMask",
     "candidates_of",
     "false_negative_mask",
-    "health_postfix",
-    "in_batch_accuracy",
-    "merge_health",
-    "score_health",
 ]
 
 
@@ -296,112 +291,3 @@ def false_negative_mask(rows: Sequence[TrainingExample]) -> BatchMask:
     if n_dup + n_known == 0:
         mask = None
     return BatchMask(mask, C, len(group_of), n_dup, n_known)
-
-
-@torch.no_grad()
-def score_health(
-    embeddings: Sequence[torch.Tensor], rows: Sequence[TrainingExample], similarity: str = "cos"
-) -> dict:
-    """Mean similarity of each anchor to its own positive and to its own hard negatives.
-
-    Detached and O((B + M) d). A hard-negative score close to (or above) the positive score
-    is the sign of false negatives among the mined negatives.
-
-    >>> a = torch.tensor([[1.0, 0.0]]); p = torch.tensor([[1.0, 0.0]]); n = torch.tensor([[0.0, 1.0]])
-    >>> score_health([a, p, n], [TrainingExample("q", "p", ("n",))])
-    {'pos_score': 1.0, 'hard_neg_score': 0.0}
-    """
-    anchors, positives = embeddings[0].detach().float(), embeddings[1].detach().float()
-    d = anchors.shape[-1]
-    negatives = embeddings[2].detach().float().reshape(-1, d) if len(embeddings) > 2 else None
-    if similarity == "cos":
-        anchors, positives = F.normalize(anchors, dim=-1), F.normalize(positives, dim=-1)
-        if negatives is not None:
-            negatives = F.normalize(negatives, dim=-1)
-    out = {
-        "pos_score": round(float((anchors * positives).sum(-1).mean()), 4),
-        "hard_neg_score": None,
-    }
-    if negatives is not None and negatives.numel():
-        owner = torch.tensor([i for i, r in enumerate(rows) for _ in r.negatives])  # (M,)
-        if len(owner) == len(negatives):
-            owner = owner.to(anchors.device)
-            score = (anchors[owner] * negatives).sum(-1).mean()
-            out["hard_neg_score"] = round(float(score), 4)
-    return out
-
-
-@torch.no_grad()
-def in_batch_accuracy(
-    embeddings: Sequence[torch.Tensor],
-    mask: torch.Tensor | None = None,
-    similarity: str = "cos",
-    block: int | None = None,
-) -> float:
-    """Fraction of anchors whose own positive strictly outscores every other candidate.
-
-    Candidates are MNRL's: all ``B`` positives, then the ``M`` hard negatives; ``mask``
-    (B, B + M) tensor or :class:`CandidateMask`, True = excluded, drops false negatives as
-    the loss does. Scores are computed
-    in blocks of ``block`` anchors under no_grad, so nothing B x B is held for big batches.
-
-    >>> a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
-    >>> in_batch_accuracy([a, a, torch.empty(0, 2)])
-    1.0
-    >>> in_batch_accuracy([a, a, torch.tensor([[1.0, 0.0]])])  # ties anchor 0's positive
-    0.5
-    """
-    anchors, d = embeddings[0].detach().float(), embeddings[0].shape[-1]
-    parts = [embeddings[1].detach().float()]
-    if len(embeddings) > 2 and embeddings[2].numel():
-        parts.append(embeddings[2].detach().float().reshape(-1, d))
-    candidates = torch.cat(parts)  # (B + M, d)
-    if similarity == "cos":
-        anchors, candidates = F.normalize(anchors, dim=-1), F.normalize(candidates, dim=-1)
-    B = anchors.shape[0]
-    block = block or max(1, 2**20 // max(1, candidates.shape[0]))  # ~1M scores per block
-    correct = 0
-    for start in range(0, B, block):
-        rows = torch.arange(start, min(start + block, B), device=anchors.device)
-        scores = anchors[rows] @ candidates.T  # (b, B + M)
-        own = scores[rows - start, rows].clone()  # (b,)
-        if mask is not None:
-            stop = start + len(rows)  # a tensor or a CandidateMask: one block of rows
-            scores.masked_fill_(mask[start:stop].to(scores.device), float("-inf"))
-        scores[rows - start, rows] = float("-inf")  # compare with every other candidate
-        correct += int((own > scores.max(dim=1).values).sum())
-    return round(correct / B, 4) if B else 0.0
-
-
-def merge_health(parts: Sequence[dict]) -> dict:
-    """One step's telemetry from its micro-batches': counts add up, scores and accuracies
-    are averaged.
-
-    >>> merge_health([{"candidates": 4, "pos_score": 0.5}, {"candidates": 2, "pos_score": 0.7}])
-    {'candidates': 6, 'pos_score': 0.6}
-    """
-    out: dict = {}
-    for key in dict.fromkeys(k for part in parts for k in part):
-        values = [part[key] for part in parts if part.get(key) is not None]
-        if key.endswith(("_score", "_accuracy")):
-            out[key] = round(sum(values) / len(values), 4) if values else None
-        else:
-            out[key] = sum(values)
-    return out
-
-
-def health_postfix(record: dict) -> dict:
-    """The batch health fields of a step record, short, for the progress bar.
-
-    >>> health_postfix({"candidates": 8, "unique_candidates": 7, "masked_duplicates": 2,
-    ...                 "masked_known_positives": 1, "pos_score": 0.8, "hard_neg_score": 0.5})
-    {'uniq': '7/8', 'fn': 3, 'pos/neg': '0.80/0.50'}
-    """
-    out: dict = {}
-    if "candidates" in record:
-        out["uniq"] = f"{record['unique_candidates']}/{record['candidates']}"
-        out["fn"] = record["masked_duplicates"] + record["masked_known_positives"]
-    if record.get("pos_score") is not None:
-        neg = record.get("hard_neg_score")
-        out["pos/neg"] = f"{record['pos_score']:.2f}/" + ("-" if neg is None else f"{neg:.2f}")
-    return out

@@ -62,9 +62,10 @@ def _tensors_only(features) -> dict:
     """A plain dict of the features, without the tokenizer's per-text encodings.
 
     A fast tokenizer's BatchEncoding keeps one Rust ``Encoding`` per text, holding the
-    text's whole tokenisation (tokens, offsets, the overflow past the truncation): ~270 MiB
-    for 4,096 NFCorpus abstracts at 32 tokens, alive for as long as the features are (the
-    whole training step). Only the tensors are needed; the rest is freed and trimmed now.
+    text's whole tokenisation (tokens, offsets, the overflow past the truncation), alive for
+    as long as the features are (the whole training step): O(batch) memory, measured in
+    README "What these runs showed" (the scaling points of bench/results/memory_speed.md).
+    Only the tensors are needed; the rest is freed and trimmed now.
     """
     out = dict(features)
     del features

@@ -18,18 +18,23 @@ are not re-embedded); else ``cache+checkpoint``. Costs are relative step times m
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig, parse_bytes
+from densefit.data.batching import planned_batches
 from densefit.data.types import TrainingExample
+from densefit.memory.allocator import trim
 from densefit.memory.chunking import group_rows, tokenize
-from densefit.memory.strategies import DEFAULT_SUB_BATCH
+from densefit.memory.plan import MemoryPlan
+from densefit.memory.strategies import DEFAULT_SUB_BATCH, fixed_plan
 from densefit.models import (
     disable_gradient_checkpointing,
     enable_gradient_checkpointing,
@@ -38,8 +43,12 @@ from densefit.models import (
 )
 
 __all__ = [
+    "CPU_MAX_CHUNK_ROWS",
+    "HEADROOM",
     "MemoryPlan",
     "ActivationModel",
+    "RELATIVE_TIME",
+    "plan_for_run",
     "plan_memory",
     "saved_bytes",
     "resolve_budget",
@@ -61,22 +70,20 @@ def auto_loss_chunk(batch_size: int, n_negatives: int = 0) -> int | None:
         return None
     return max(1, _LOSS_BLOCK_ELEMENTS // candidates)
 
-# Relative cost of one step, in forward-pass units (plain: a forward and a backward ~ 3).
-# Measured on CPU (bench/results/memory_speed.md, batches 32-128, 3 steps, SciFact@128 and
-# pydoc@256): checkpointing 1.3-1.5x plain, the cache re-embedding every chunk 1.15-1.5x;
-# each chunk whose graph the cache keeps is not re-embedded: with one
-# kept chunk (no extra memory) 0.9-1.3x plain. A kept share s of the padded tokens saves
-# _RECOMPUTE * s.
-_RELATIVE_TIME = {"plain": 3.0, "checkpoint": 4.5, "cache": 4.5, "cache+checkpoint": 6.0}
-_RECOMPUTE = 1.5
-# Backward briefly holds activation gradients next to the saved tensors: keep headroom.
-# Measured (bench/results/memory_speed.md, all-MiniLM-L6-v2 on CPU, batches 16-256): a
-# training step's peak RSS above the model and optimizer is 1.15-1.27x the bytes saved for
-# backward (activation gradients, transient attention scores, the optimizer step).
-_HEADROOM = 1.35
+
+# Relative cost of one step, in forward-pass units (plain: a forward and a backward ~ 3),
+# from the CPU step times in bench/results/memory_speed.md: checkpointing and the cache that
+# re-embeds every chunk cost about 1.5 forward passes more than plain; each chunk whose graph
+# the cache keeps is not re-embedded: a kept share s of the padded tokens saves RECOMPUTE * s.
+RELATIVE_TIME = {"plain": 3.0, "checkpoint": 4.5, "cache": 4.5, "cache+checkpoint": 6.0}
+RECOMPUTE = 1.5
+# Backward briefly holds activation gradients next to the saved tensors (and transient
+# attention scores, the optimizer step): the peak above the static bytes is this multiple of
+# the bytes saved for backward, with a margin over the ratios in bench/results/memory_speed.md.
+HEADROOM = 1.35
 # On CPU a gradient-cache chunk larger than this many rows (at the longest length) runs no
-# faster (same benchmark): the planner leaves the rest of the budget unused there.
-_CPU_MAX_CHUNK_ROWS = 32
+# faster (bench/results/memory_speed.md): the planner leaves the rest of the budget unused.
+CPU_MAX_CHUNK_ROWS = 32
 
 
 def saved_bytes(fn, *, exclude: Sequence[torch.Tensor] = ()) -> int:
@@ -114,53 +121,6 @@ class ActivationModel:
         return rows * (self.per_token * length + self.per_token_squared * length * length)
 
 
-@dataclass
-class MemoryPlan:
-    """The planner's decision and the numbers behind it."""
-
-    strategy: str
-    chunk_size: int | None
-    token_budget: int | None
-    loss_chunk_size: int | None
-    batch_size: int
-    budget_bytes: int
-    predicted_peak_bytes: int
-    static_bytes: int
-    fits: bool
-    reason: str
-    lengths: dict = field(default_factory=dict)
-    candidates: list[dict] = field(default_factory=list)
-    chosen_by: str = "planner"
-    keep_graphs: int = 1  # cache: chunks whose first-pass graphs are kept (not re-embedded)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def table(self) -> str:
-        gib = 2**30
-        lines = [
-            f"batch size {self.batch_size}, budget {self.budget_bytes / gib:.2f} GiB "
-            f"(static: params + grads + AdamW {self.static_bytes / gib:.2f} GiB)",
-            f"{'strategy':<18}{'chunk':>8}{'tokens/chunk':>14}{'kept':>6}{'peak GiB':>10}"
-            f"{'rel. time':>11}  fits",
-        ]
-        for c in self.candidates:
-            lines.append(
-                f"{c['strategy']:<18}{str(c['chunk_size'] or '-'):>8}"
-                f"{str(c['token_budget'] or '-'):>14}{str(c.get('keep_graphs') or '-'):>6}"
-                f"{c['peak_bytes'] / gib:>10.2f}{c.get('relative_time', 0):>11.2f}  "
-                f"{'yes' if c['fits'] else 'no'}"
-            )
-        kept = f", {self.keep_graphs} graph(s) kept" if self.strategy.startswith("cache") else ""
-        lines.append(
-            f"-> {self.strategy}"
-            + (f", chunk {self.chunk_size} rows / {self.token_budget} tokens{kept}"
-               if self.chunk_size else "")
-            + f", predicted peak {self.predicted_peak_bytes / gib:.2f} GiB: {self.reason}"
-        )
-        return "\n".join(lines)
-
-
 def resolve_budget(budget: str | int | None, device: torch.device) -> int:
     """Bytes from ``8GiB``-style sizes, or a fraction (``0.8`` / ``80%``) of free memory."""
     text = None if budget is None else str(budget).strip()
@@ -182,18 +142,6 @@ def resolve_budget(budget: str | int | None, device: torch.device) -> int:
     import psutil
 
     return int(psutil.virtual_memory().available * fraction)
-
-
-def _release_freed_memory() -> None:
-    """Give the probe's freed buffers back to the OS (glibc keeps them otherwise)."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
 
 
 def _static_bytes(model: torch.nn.Module) -> int:
@@ -244,7 +192,9 @@ def _row_lengths(
     )
 
 
-def probe_activations(model: SentenceTransformer, max_length: int, rows: int = 4) -> ActivationModel:
+def probe_activations(
+    model: SentenceTransformer, max_length: int, rows: int = 4
+) -> ActivationModel:
     """Fit ``a*L + b*L^2`` bytes per row from forward probes at two lengths (train mode)."""
     device = model.device
     lengths = sorted({max(2, max_length // 2), max(4, max_length)})
@@ -258,7 +208,9 @@ def probe_activations(model: SentenceTransformer, max_length: int, rows: int = 4
         generator = torch.Generator().manual_seed(length)
         low = 1000 if vocab > 2000 else 5  # skip special tokens
         features = {k: v for k, v in template.items() if not isinstance(v, torch.Tensor)}
-        features["input_ids"] = torch.randint(low, vocab, (rows, length), generator=generator).to(device)
+        features["input_ids"] = torch.randint(low, vocab, (rows, length), generator=generator).to(
+            device
+        )
         features["attention_mask"] = torch.ones(rows, length, dtype=torch.long, device=device)
         if "token_type_ids" in template:
             features["token_type_ids"] = torch.zeros(rows, length, dtype=torch.long, device=device)
@@ -287,6 +239,377 @@ def probe_activations(model: SentenceTransformer, max_length: int, rows: int = 4
     return ActivationModel(a, b)
 
 
+@dataclass
+class _RunShape:
+    """What the planner knows about a run: its budget, batch, lengths and model sizes.
+
+    Its methods cost a candidate: activation bytes of a whole batch or of the largest chunk,
+    and the peak that adds the static bytes, the loss and the embeddings.
+    """
+
+    budget: int
+    batch_size: int
+    n_candidates: int  # positives + hard negatives of one batch (the loss's columns)
+    n_examples: int
+    lengths: _RowLengths
+    columns: dict[str, list[int]]  # non-empty columns' token lengths (all rows, or a sample)
+    longest: dict[str, int]
+    cap: int
+    act: ActivationModel
+    static: int
+    hidden: int
+    layers: int
+    loss_chunk: int | None
+    embeddings: int  # bytes of every embedding and its cached gradient
+    batches: Sequence[Sequence[int]] | None
+    exact: bool  # every batch of the run known, every row measured
+    sort_by_length: bool
+    symmetric: bool
+    device: torch.device
+    sub_batches: list[int]  # plain / checkpoint sub-batch sizes to try, largest first
+    cut_at: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return max(self.longest.values())
+
+    def loss_bytes(self, loss_chunk: int | None) -> int:
+        """Scores, softmax and its gradient for one block of anchors x all candidates."""
+        B = self.batch_size
+        block = B if loss_chunk is None else min(B, loss_chunk)
+        return int(3 * 4 * block * self.n_candidates * (2 if self.symmetric else 1))
+
+    def peak(self, activations: float) -> int:
+        return int(
+            self.static
+            + HEADROOM * activations
+            + self.loss_bytes(self.loss_chunk)
+            + self.embeddings
+        )
+
+    def chunk_bytes(self, rows: int, length: int, checkpoint: bool) -> float:
+        """Activation bytes of one chunk with its graph (checkpointing: each layer's input
+        is kept and one layer is recomputed at a time)."""
+        full = self.act.bytes(rows, length)
+        if checkpoint:
+            return rows * length * self.hidden * 4 * (self.layers + 1) + full / self.layers
+        return full
+
+    def graph_bytes(self, column_lengths: list[int], checkpoint: bool, sub_batch: int) -> float:
+        """Activation bytes of one column embedded in sub-batches that keep their graphs."""
+        groups = group_rows(
+            column_lengths, chunk_size=sub_batch, sort_by_length=self.sort_by_length
+        )
+        return sum(
+            self.chunk_bytes(len(g), max(column_lengths[i] for i in g), checkpoint) for g in groups
+        )
+
+    def batch_columns(self, rows: Sequence[int]) -> list[list[int]]:
+        """Token lengths of a batch's non-empty columns: anchors, positives, negatives."""
+        lengths = self.lengths
+        cols = [
+            [lengths.anchors[i] for i in rows],
+            [lengths.positives[i] for i in rows],
+            [n for i in rows for n in lengths.negatives[i]],
+        ]
+        return [c for c in cols if c]
+
+    def worst_columns(self) -> list[list[int]]:
+        """No batch list or a sample: the longest texts the data holds, all in one batch."""
+        B, out = self.batch_size, []
+        scale = self.n_examples / len(self.lengths.anchors)  # > 1 when sampled
+        for name, values in self.columns.items():
+            n = B if name != "negatives" else self.n_candidates - B
+            ranked = sorted(values, reverse=True)
+            out.append([ranked[min(len(ranked) - 1, int(r / scale))] for r in range(n)])
+        return out
+
+    def whole_batch(self, checkpoint: bool, sub_batch: int) -> float:
+        """Activation bytes of the run's largest batch embedded whole (plain, checkpoint)."""
+        if self.exact:
+            return max(
+                sum(self.graph_bytes(c, checkpoint, sub_batch) for c in self.batch_columns(b))
+                for b in self.batches
+            )
+        return sum(self.graph_bytes(c, checkpoint, sub_batch) for c in self.worst_columns())
+
+    def cut(self, cols: list[list[int]], token_budget: int) -> list[tuple[int, int]]:
+        """(rows, padded length) of each chunk training cuts these columns into, in order."""
+        return [
+            (len(g), max(col[i] for i in g))
+            for col in cols
+            for g in group_rows(col, token_budget=token_budget, sort_by_length=self.sort_by_length)
+        ]
+
+    def run_chunks(self, token_budget: int) -> list[list[tuple[int, int]]]:
+        """The chunks of every batch of this run at this token budget (cut once, reused)."""
+        if token_budget not in self.cut_at:
+            self.cut_at[token_budget] = [
+                self.cut(self.batch_columns(rows), token_budget) for rows in self.batches
+            ]
+        return self.cut_at[token_budget]
+
+    def chunk_tokens(self, token_budget: int) -> list[list[int]]:
+        """Padded tokens of each chunk, in training's order, for each batch of this run.
+
+        Chunks are formed as training forms them, for the batches of this run (the first
+        64: the shares vary little), else for the longest texts of the data in one batch.
+        """
+        B = self.batch_size
+        if self.exact:
+            per_batch = self.run_chunks(token_budget)[:64]
+        else:
+            longest = [
+                sorted(v, reverse=True)[: B if k != "negatives" else self.n_candidates - B]
+                for k, v in self.columns.items()
+            ]
+            per_batch = [self.cut(longest, token_budget)]
+        return [[rows * length for rows, length in chunks] for chunks in per_batch]
+
+    def chunk_peak(self, tokens: int, checkpoint: bool) -> float:
+        """Activation bytes of the largest chunk at a budget of ``tokens`` padded tokens.
+
+        With the run's batches known, the chunks every one of them will be cut into (a
+        chunk of short texts holds many rows but few tokens); else the worst case, a full
+        chunk of the longest texts.
+        """
+        if self.exact:
+            shapes = {shape for chunks in self.run_chunks(tokens) for shape in chunks}
+        else:
+            shapes = {(max(1, tokens // self.length), self.length)}
+        return max(self.chunk_bytes(rows, length, checkpoint) for rows, length in shapes)
+
+
+def _kept_share(per_batch: list[list[int]], keep: int) -> float:
+    """Mean share of a batch's padded tokens in its last ``keep`` chunks."""
+    return sum(sum(t[len(t) - min(keep, len(t)) :]) / max(1, sum(t)) for t in per_batch) / len(
+        per_batch
+    )
+
+
+def probe_run(
+    model: SentenceTransformer,
+    examples: Sequence[TrainingExample],
+    config: TrainConfig,
+    batches: Sequence[Sequence[int]] | None,
+    exact_limit: int,
+    activation_model: ActivationModel | None,
+) -> _RunShape:
+    """Step 1: measure the data's token lengths, the model's sizes and (unless given) its
+    activation bytes per row; decide the loss's score blocks."""
+    device = torch.device(config.device or model.device)
+    budget = resolve_budget(config.memory_budget, device)
+    if config.max_seq_length is not None:
+        model.max_seq_length = config.max_seq_length
+    if not examples:
+        raise ValueError("cannot plan memory: the training data has no rows")
+    lengths = _row_lengths(model, examples, exact_limit, config.seed)
+    columns = {c: lengths.column(c) for c in ("anchors", "positives", "negatives")}
+    columns = {c: v for c, v in columns.items() if v}
+    cap = int(getattr(model, "max_seq_length", 0) or max(max(v) for v in columns.values()))
+    longest = {k: min(cap, max(v)) for k, v in columns.items()}
+    if activation_model is None:
+        activation_model = _probe_untouched(model, max(longest.values()), device)
+
+    B = config.batch_size
+    negs_per_row = len(columns.get("negatives", [])) / max(1, len(lengths.anchors))
+    n_candidates = B + int(math.ceil(B * negs_per_row))
+    get_dim = (
+        getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    )
+    dim = int(get_dim() or 768)
+    inner = transformer_of(model).config
+    # plain / checkpoint sub-batches: the user's, else the default, then half of it (a
+    # smaller sub-batch trims more padding on heavy-tailed data: less memory, more calls)
+    subs = [config.chunk_size] if config.chunk_size else [DEFAULT_SUB_BATCH, DEFAULT_SUB_BATCH // 2]
+    shape = _RunShape(
+        budget=budget,
+        batch_size=B,
+        n_candidates=n_candidates,
+        n_examples=len(examples),
+        lengths=lengths,
+        columns=columns,
+        longest=longest,
+        cap=cap,
+        act=activation_model,
+        static=_static_bytes(model),
+        hidden=int(getattr(inner, "hidden_size", dim)),
+        layers=int(getattr(inner, "num_hidden_layers", 12)),
+        loss_chunk=None,
+        embeddings=2 * 4 * dim * (B + n_candidates),  # values + cached grads
+        batches=batches,
+        exact=batches is not None and lengths.exact,
+        sort_by_length=config.sort_by_length,
+        symmetric=config.symmetric,
+        device=device,
+        sub_batches=subs,
+    )
+    loss_chunk = config.loss_chunk_size or auto_loss_chunk(B, n_candidates - B)
+    if config.loss_chunk_size is None and shape.loss_bytes(loss_chunk) > 0.05 * budget:
+        # keep the score blocks to a small share of a tight budget
+        loss_chunk = max(1, int(0.05 * budget / (3 * 4 * n_candidates)))
+    shape.loss_chunk = loss_chunk
+    return shape
+
+
+def _probe_untouched(
+    model: SentenceTransformer, length: int, device: torch.device
+) -> ActivationModel:
+    """:func:`probe_activations` without checkpointing, leaving the run's RNG and the
+    model's checkpointing as they were, and the probe's freed buffers given back."""
+    was_checkpointing = is_checkpointing(model)
+    disable_gradient_checkpointing(model)
+    # The probe runs dropout: keep the run's random stream untouched by it.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        found = probe_activations(model, length)
+    if was_checkpointing:
+        enable_gradient_checkpointing(model)
+    gc.collect()
+    trim()
+    return found
+
+
+def plain_candidates(shape: _RunShape) -> list[dict]:
+    """Step 2a: plain and checkpoint, each with the largest sub-batch that fits (else the
+    first, reported as not fitting)."""
+    out = []
+    for name in ("plain", "checkpoint"):
+        tried = []
+        for sub in shape.sub_batches:
+            tried.append((sub, shape.peak(shape.whole_batch(name == "checkpoint", sub))))
+            if tried[-1][1] <= shape.budget:
+                break
+        sub, p = tried[-1] if tried[-1][1] <= shape.budget else tried[0]
+        out.append(
+            {
+                "strategy": name,
+                "chunk_size": sub,
+                "token_budget": None,
+                "keep_graphs": None,
+                "peak_bytes": p,
+                "fits": p <= shape.budget,
+                "relative_time": RELATIVE_TIME[name],
+            }
+        )
+    return out
+
+
+def cached_candidates(shape: _RunShape) -> list[dict]:
+    """Step 2b: the cache (with and without checkpointing) with the largest chunk that fits,
+    keeping as many first-pass graphs as the rest of the budget holds."""
+    length, B = shape.length, shape.batch_size
+    largest = B if shape.device.type != "cpu" else min(B, CPU_MAX_CHUNK_ROWS)
+    sizes = [2**i for i in range(0, int(math.log2(max(1, largest))) + 1)]
+    out = []
+    for name in ("cache", "cache+checkpoint"):
+        checkpoint = name == "cache+checkpoint"
+        best = None
+        for size in sizes:
+            p = shape.peak(shape.chunk_peak(size * length, checkpoint))
+            if p <= shape.budget:
+                best = (size, p)
+        if best is None:
+            p = shape.peak(shape.chunk_peak(length, checkpoint))
+            out.append(
+                {
+                    "strategy": name,
+                    "chunk_size": 1,
+                    "token_budget": length,
+                    "keep_graphs": 1,
+                    "peak_bytes": p,
+                    "fits": False,
+                    "relative_time": RELATIVE_TIME[name],
+                }
+            )
+            continue
+        # One kept graph costs nothing over the recompute (one chunk's graph is alive at a
+        # time either way); each further kept graph adds a chunk's activations.
+        size = best[0]
+        graph = HEADROOM * shape.chunk_peak(size * length, checkpoint)
+        per_batch = shape.chunk_tokens(size * length)
+        most = max(len(t) for t in per_batch)  # keeping more graphs than chunks saves nothing
+        keep = min(most, 1 + max(0, int((shape.budget - best[1]) // max(1.0, graph))))
+        out.append(
+            {
+                "strategy": name,
+                "chunk_size": size,
+                "token_budget": size * length,
+                "keep_graphs": keep,
+                "peak_bytes": int(best[1] + (keep - 1) * graph),
+                "fits": True,
+                "relative_time": RELATIVE_TIME[name] - RECOMPUTE * _kept_share(per_batch, keep),
+            }
+        )
+    return out
+
+
+def choose(shape: _RunShape, candidates: list[dict], sort_by_length: bool) -> MemoryPlan:
+    """Step 3: the fastest candidate that fits (MemoryError, saying what to change, if none)."""
+    B, budget = shape.batch_size, shape.budget
+    fitting = [c for c in candidates if c["fits"]]
+    if not fitting:
+        smallest = min(candidates, key=lambda c: c["peak_bytes"])
+        raise MemoryError(
+            f"batch size {B} does not fit in {budget / 2**30:.2f} GiB with any strategy "
+            f"(smallest predicted peak {smallest['peak_bytes'] / 2**30:.2f} GiB with "
+            f"{smallest['strategy']}): raise --memory-budget, lower --max-seq-length, or "
+            "use a smaller model"
+        )
+    order = list(RELATIVE_TIME)
+
+    def cost(c: dict) -> tuple:
+        # fewer, larger chunks run faster; on a tie the simpler strategy wins
+        return (
+            round(c["relative_time"], 3),
+            order.index(c["strategy"]),
+            -(c["token_budget"] or c["chunk_size"] or B),
+        )
+
+    chosen = min(fitting, key=cost)
+    basis = (
+        "the largest batch of this run"
+        if shape.exact
+        else "the longest texts of the data in one batch"
+    )
+    if chosen["strategy"] == "plain":
+        reason = f"{basis} fits whole: no recomputation needed"
+    elif chosen["strategy"] == "checkpoint":
+        reason = f"{basis} fits with checkpointing"
+    else:
+        reason = (
+            f"plain needs {candidates[0]['peak_bytes'] / 2**30:.2f} GiB for {basis}; "
+            "largest chunk that fits"
+        )
+    measured = len(shape.lengths.anchors)
+    return MemoryPlan(
+        strategy=chosen["strategy"],
+        # cached chunks are capped in padded tokens only: chunks of short texts take more rows
+        chunk_size=None if chosen["token_budget"] else chosen["chunk_size"],
+        token_budget=chosen["token_budget"],
+        keep_graphs=chosen.get("keep_graphs") or 1,
+        sort_by_length=sort_by_length,
+        loss_chunk_size=shape.loss_chunk,
+        chosen_by="planner",
+        batch_size=B,
+        budget_bytes=budget,
+        predicted_peak_bytes=chosen["peak_bytes"],
+        static_bytes=shape.static,
+        fits=True,
+        reason=reason,
+        lengths={
+            k: {
+                "max": max(v),
+                "mean": round(sum(v) / len(v), 1),
+                "cap": shape.cap,
+                "rows_measured": measured,
+                "exact": shape.lengths.exact,
+            }
+            for k, v in shape.columns.items()
+        },
+        candidates=candidates,
+    )
+
+
 def plan_memory(
     model: SentenceTransformer,
     examples: Sequence[TrainingExample],
@@ -305,229 +628,45 @@ def plan_memory(
     that, or without ``batches``, it plans for the worst batch the data could produce (the
     longest texts of a sample). Cached chunks are capped in padded tokens, so they fit
     whatever the batch holds. Either way the plan holds for the whole run.
+
+    Three steps: :func:`probe_run`, then the candidates (:func:`plain_candidates`,
+    :func:`cached_candidates`), then :func:`choose`.
     """
-    device = torch.device(config.device or model.device)
-    budget = resolve_budget(config.memory_budget, device)
-    if config.max_seq_length is not None:
-        model.max_seq_length = config.max_seq_length
-    if not examples:
-        raise ValueError("cannot plan memory: the training data has no rows")
-    lengths = _row_lengths(model, examples, exact_limit, config.seed)
-    columns = {c: lengths.column(c) for c in ("anchors", "positives", "negatives")}
-    columns = {c: v for c, v in columns.items() if v}
-    cap = int(getattr(model, "max_seq_length", 0) or max(max(v) for v in columns.values()))
-    longest = {k: min(cap, max(v)) for k, v in columns.items()}
-    if activation_model is None:
-        was_checkpointing = is_checkpointing(model)
-        disable_gradient_checkpointing(model)
-        # The probe runs dropout: keep the run's random stream untouched by it.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            activation_model = probe_activations(model, max(longest.values()))
-        if was_checkpointing:
-            enable_gradient_checkpointing(model)
-        _release_freed_memory()
-    act = activation_model
+    shape = probe_run(model, examples, config, batches, exact_limit, activation_model)
+    candidates = plain_candidates(shape) + cached_candidates(shape)
+    return choose(shape, candidates, config.sort_by_length)
 
-    B = config.batch_size
-    negs_per_row = len(columns.get("negatives", [])) / max(1, len(lengths.anchors))
-    n_candidates = B + int(math.ceil(B * negs_per_row))
-    get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-    dim = int(get_dim() or 768)
-    static = _static_bytes(model)
-    hidden = int(getattr(transformer_of(model).config, "hidden_size", dim))
-    layers = int(getattr(transformer_of(model).config, "num_hidden_layers", 12))
 
-    def loss_bytes(loss_chunk: int | None) -> int:
-        block = B if loss_chunk is None else min(B, loss_chunk)
-        # scores, softmax and its gradient for one block of anchors x all candidates
-        return int(3 * 4 * block * n_candidates * (2 if config.symmetric else 1))
+def plan_for_run(
+    model: SentenceTransformer,
+    examples: Sequence[TrainingExample],
+    config: TrainConfig,
+    batches: Sequence[Sequence[int]] | None = None,
+) -> MemoryPlan:
+    """The memory plan of a run: the user's strategy, or the planner's with ``memory="auto"``.
 
-    loss_chunk = config.loss_chunk_size or auto_loss_chunk(B, n_candidates - B)
-    if config.loss_chunk_size is None and loss_bytes(loss_chunk) > 0.05 * budget:
-        # keep the score blocks to a small share of a tight budget
-        loss_chunk = max(1, int(0.05 * budget / (3 * 4 * n_candidates)))
-    embeddings = 2 * 4 * dim * (B + n_candidates)  # values + cached grads
-    # plain / checkpoint sub-batches: the user's, else the default, then half of it (a
-    # smaller sub-batch trims more padding on heavy-tailed data: less memory, more calls)
-    sub_batches = [config.chunk_size] if config.chunk_size else [DEFAULT_SUB_BATCH, DEFAULT_SUB_BATCH // 2]
-    exact = batches is not None and lengths.exact  # every batch of the run, every row measured
+    ``batches`` (row indices of every forward-backward) default to the run's own
+    (:func:`densefit.data.batching.planned_batches`). The user's ``keep_graphs`` overrides
+    the planner's; ``gradient_checkpointing`` turns ``plain`` into ``checkpoint``.
 
-    def graph_bytes(column_lengths: list[int], checkpoint: bool, sub_batch: int) -> float:
-        """Activation bytes of one column embedded in sub-batches that keep their graphs."""
-        total = 0.0
-        for group in group_rows(column_lengths, chunk_size=sub_batch,
-                                sort_by_length=config.sort_by_length):
-            count, length = len(group), max(column_lengths[i] for i in group)
-            full = act.bytes(count, length)
-            if checkpoint:  # each layer's input is kept; one layer is recomputed at a time
-                full = count * length * hidden * 4 * (layers + 1) + full / layers
-            total += full
-        return total
-
-    def batch_columns(rows: Sequence[int]) -> list[list[int]]:
-        """Token lengths of a batch's non-empty columns: anchors, positives, negatives."""
-        cols = [[lengths.anchors[i] for i in rows], [lengths.positives[i] for i in rows],
-                [n for i in rows for n in lengths.negatives[i]]]
-        return [c for c in cols if c]
-
-    def batch_bytes(rows: Sequence[int], checkpoint: bool, sub_batch: int) -> float:
-        return sum(graph_bytes(c, checkpoint, sub_batch) for c in batch_columns(rows))
-
-    def worst_case_bytes(checkpoint: bool, sub_batch: int) -> float:
-        """No batch list or a sample: the longest texts the data holds, all in one batch."""
-        total = 0.0
-        for name, values in columns.items():
-            n = B if name != "negatives" else n_candidates - B
-            ranked = sorted(values, reverse=True)
-            scale = len(examples) / len(lengths.anchors)  # > 1 when sampled
-            picks = [ranked[min(len(ranked) - 1, int(r / scale))] for r in range(n)]
-            total += graph_bytes(picks, checkpoint, sub_batch)
-        return total
-
-    def whole_batch(checkpoint: bool, sub_batch: int) -> float:
-        if exact:
-            return max(batch_bytes(b, checkpoint, sub_batch) for b in batches)
-        return worst_case_bytes(checkpoint, sub_batch)
-
-    cut_at: dict[int, list[list[tuple[int, int]]]] = {}
-
-    def cut(cols: list[list[int]], token_budget: int) -> list[tuple[int, int]]:
-        """(rows, padded length) of each chunk training cuts these columns into, in order."""
-        return [(len(g), max(col[i] for i in g))
-                for col in cols
-                for g in group_rows(col, token_budget=token_budget,
-                                    sort_by_length=config.sort_by_length)]
-
-    def run_chunks(token_budget: int) -> list[list[tuple[int, int]]]:
-        """The chunks of every batch of this run at this token budget (cut once, reused)."""
-        if token_budget not in cut_at:
-            cut_at[token_budget] = [cut(batch_columns(rows), token_budget) for rows in batches]
-        return cut_at[token_budget]
-
-    def chunk_tokens(token_budget: int) -> list[list[int]]:
-        """Padded tokens of each chunk, in training's order, for each batch of this run.
-
-        Chunks are formed as training forms them, for the batches of this run (the first
-        64: the shares vary little), else for the longest texts of the data in one batch.
-        """
-        if exact:
-            per_batch = run_chunks(token_budget)[:64]
-        else:
-            per_batch = [cut([sorted(v, reverse=True)[: B if k != "negatives" else n_candidates - B]
-                              for k, v in columns.items()], token_budget)]
-        return [[rows * length for rows, length in chunks] for chunks in per_batch]
-
-    def kept_share(per_batch: list[list[int]], keep: int) -> float:
-        """Mean share of a batch's padded tokens in its last ``keep`` chunks."""
-        return sum(sum(t[len(t) - min(keep, len(t)):]) / max(1, sum(t))
-                   for t in per_batch) / len(per_batch)
-
-    def chunk_shapes(token_budget: int) -> set[tuple[int, int]]:
-        """(rows, padded length) of each distinct chunk at this token budget.
-
-        With the run's batches known, the chunks every one of them will be cut into (a
-        chunk of short texts holds many rows but few tokens); else the worst case, a full
-        chunk of the longest texts.
-        """
-        if exact:
-            return {shape for chunks in run_chunks(token_budget) for shape in chunks}
-        length = max(longest.values())
-        return {(max(1, token_budget // length), length)}
-
-    def chunk_peak(tokens: int, checkpoint: bool) -> float:
-        """Activation bytes of the largest chunk at a budget of ``tokens`` padded tokens."""
-        def one(rows: int, length: int) -> float:
-            full = act.bytes(rows, length)
-            if checkpoint:
-                return rows * length * hidden * 4 * (layers + 1) + full / layers
-            return full
-
-        return max(one(rows, length) for rows, length in chunk_shapes(tokens))
-
-    def peak(activations: float) -> int:
-        return int(static + _HEADROOM * activations + loss_bytes(loss_chunk) + embeddings)
-
-    candidates = []
-    for name in ("plain", "checkpoint"):
-        # the largest sub-batch that fits (else the first, reported as not fitting)
-        tried = []
-        for sub in sub_batches:
-            tried.append((sub, peak(whole_batch(name == "checkpoint", sub))))
-            if tried[-1][1] <= budget:
-                break
-        sub, p = tried[-1] if tried[-1][1] <= budget else tried[0]
-        candidates.append({"strategy": name, "chunk_size": sub, "token_budget": None,
-                           "keep_graphs": None, "peak_bytes": p, "fits": p <= budget,
-                           "relative_time": _RELATIVE_TIME[name]})
-    length = max(longest.values())
-    largest = B if device.type != "cpu" else min(B, _CPU_MAX_CHUNK_ROWS)
-    sizes = [2**i for i in range(0, int(math.log2(max(1, largest))) + 1)]
-    for name in ("cache", "cache+checkpoint"):
-        best = None
-        for size in sizes:
-            p = peak(chunk_peak(size * length, name == "cache+checkpoint"))
-            if p <= budget:
-                best = (size, p)
-        if best is None:
-            p = peak(chunk_peak(length, name == "cache+checkpoint"))
-            candidates.append({"strategy": name, "chunk_size": 1, "token_budget": length,
-                               "keep_graphs": 1, "peak_bytes": p, "fits": False,
-                               "relative_time": _RELATIVE_TIME[name]})
-            continue
-        # One kept graph costs nothing over the recompute (one chunk's graph is alive at a
-        # time either way); each further kept graph adds a chunk's activations.
-        size = best[0]
-        graph = _HEADROOM * chunk_peak(size * length, name == "cache+checkpoint")
-        per_batch = chunk_tokens(size * length)
-        most = max(len(t) for t in per_batch)  # keeping more graphs than chunks saves nothing
-        keep = min(most, 1 + max(0, int((budget - best[1]) // max(1.0, graph))))
-        share = kept_share(per_batch, keep)
-        candidates.append({"strategy": name, "chunk_size": size, "token_budget": size * length,
-                           "keep_graphs": keep, "peak_bytes": int(best[1] + (keep - 1) * graph),
-                           "fits": True,
-                           "relative_time": _RELATIVE_TIME[name] - _RECOMPUTE * share})
-
-    fitting = [c for c in candidates if c["fits"]]
-    if not fitting:
-        smallest = min(candidates, key=lambda c: c["peak_bytes"])
-        raise MemoryError(
-            f"batch size {B} does not fit in {budget / 2**30:.2f} GiB with any strategy "
-            f"(smallest predicted peak {smallest['peak_bytes'] / 2**30:.2f} GiB with "
-            f"{smallest['strategy']}): raise --memory-budget, lower --max-seq-length, or "
-            "use a smaller model"
+    >>> plan_for_run(None, [], TrainConfig(memory="cache", keep_graphs=2)).keep_graphs
+    2
+    """
+    if config.memory != "auto":
+        name = config.memory
+        if config.gradient_checkpointing and name == "plain":
+            name = "checkpoint"
+        return fixed_plan(
+            name,
+            config.chunk_size,
+            token_budget=config.token_budget,
+            sort_by_length=config.sort_by_length,
+            keep_graphs=1 if config.keep_graphs is None else config.keep_graphs,
+            loss_chunk_size=config.loss_chunk_size,
         )
-
-    order = list(_RELATIVE_TIME)
-
-    def cost(c: dict) -> tuple:
-        # fewer, larger chunks run faster; on a tie the simpler strategy wins
-        return (round(c["relative_time"], 3), order.index(c["strategy"]),
-                -(c["token_budget"] or c["chunk_size"] or B))
-
-    chosen = min(fitting, key=cost)
-    basis = ("the largest batch of this run" if exact
-             else "the longest texts of the data in one batch")
-    if chosen["strategy"] == "plain":
-        reason = f"{basis} fits whole: no recomputation needed"
-    elif chosen["strategy"] == "checkpoint":
-        reason = f"{basis} fits with checkpointing"
-    else:
-        reason = (f"plain needs {candidates[0]['peak_bytes'] / 2**30:.2f} GiB for {basis}; "
-                  "largest chunk that fits")
-    return MemoryPlan(
-        strategy=chosen["strategy"],
-        chunk_size=chosen["chunk_size"],
-        token_budget=chosen["token_budget"],
-        loss_chunk_size=loss_chunk,
-        batch_size=B,
-        budget_bytes=budget,
-        predicted_peak_bytes=chosen["peak_bytes"],
-        static_bytes=static,
-        fits=True,
-        reason=reason,
-        lengths={k: {"max": max(v), "mean": round(sum(v) / len(v), 1), "cap": cap,
-                     "rows_measured": len(lengths.anchors), "exact": lengths.exact}
-                 for k, v in columns.items()},
-        candidates=candidates,
-        keep_graphs=chosen.get("keep_graphs") or 1,
-    )
+    if batches is None:
+        batches = planned_batches(examples, config)
+    plan = plan_memory(model, examples, config, batches=batches)
+    if config.keep_graphs is not None:
+        plan = dataclasses.replace(plan, keep_graphs=config.keep_graphs)
+    return plan

@@ -27,6 +27,7 @@ from sentence_transformers import SentenceTransformer
 
 from densefit.memory.allocator import trim
 from densefit.memory.chunking import Chunk, make_chunks, padding_efficiency, tokenize
+from densefit.memory.plan import STRATEGIES, MemoryPlan
 from densefit.models import disable_gradient_checkpointing, enable_gradient_checkpointing
 
 __all__ = [
@@ -34,12 +35,13 @@ __all__ = [
     "MemoryStrategy",
     "PlainStrategy",
     "CachedStrategy",
+    "fixed_plan",
     "make_strategy",
+    "MemoryPlan",
     "STRATEGIES",
 ]
 
 LossFn = Callable[[list[torch.Tensor]], torch.Tensor]
-STRATEGIES = ("plain", "checkpoint", "cache", "cache+checkpoint")
 # Rows per length-sorted sub-batch when none is given: small enough to trim most padding
 # on heavy-tailed data, large enough to keep matrix products efficient.
 DEFAULT_SUB_BATCH = 16
@@ -88,31 +90,21 @@ class _RngState:
 
 
 class MemoryStrategy:
-    """Base class: tokenise and chunk the columns; subclasses run forward and backward."""
+    """Base class: tokenise and chunk the columns; subclasses run forward and backward.
 
-    name = "base"
+    A strategy is what its frozen :class:`MemoryPlan` says (``strategy.plan``); its name,
+    chunk and token budget are read from the plan and never change. Build one with
+    :func:`make_strategy`.
+    """
 
-    def __init__(
-        self,
-        chunk_size: int | None = None,
-        *,
-        token_budget: int | None = None,
-        sort_by_length: bool = True,
-        checkpoint: bool = False,
-    ):
-        self.chunk_size = chunk_size
-        self.token_budget = token_budget
-        self.sort_by_length = sort_by_length
-        self.checkpoint = checkpoint
-        self.oom_retries = 0  # chunk halvings after out-of-memory errors (logged per step)
+    def __init__(self, plan: MemoryPlan):
+        self.plan = plan
 
-    def describe(self) -> dict:
-        return {
-            "strategy": self.name,
-            "chunk_size": self.chunk_size,
-            "token_budget": self.token_budget,
-            "sort_by_length": self.sort_by_length,
-        }
+    name = property(lambda self: self.plan.strategy)
+    chunk_size = property(lambda self: self.plan.chunk_size)
+    token_budget = property(lambda self: self.plan.token_budget)
+    sort_by_length = property(lambda self: self.plan.sort_by_length)
+    checkpoint = property(lambda self: self.plan.checkpointed)
 
     def prepare(self, model: SentenceTransformer) -> None:
         """Switch gradient checkpointing on or off inside the transformer to match."""
@@ -120,16 +112,6 @@ class MemoryStrategy:
             enable_gradient_checkpointing(model)
         else:
             disable_gradient_checkpointing(model)
-
-    def halve(self) -> bool:
-        """Halve the chunk (after an out-of-memory error). False when it cannot shrink."""
-        if self.token_budget is not None and self.token_budget > 16:
-            self.token_budget //= 2
-            return True
-        if self.chunk_size is not None and self.chunk_size > 1:
-            self.chunk_size = max(1, self.chunk_size // 2)
-            return True
-        return False
 
     def chunk_columns(
         self, model: SentenceTransformer, columns: Sequence[Sequence[str]]
@@ -186,8 +168,6 @@ def _scatter(pieces: list[torch.Tensor], chunks: list[Chunk], n: int) -> torch.T
 class PlainStrategy(MemoryStrategy):
     """Embed every chunk with its graph kept; one loss, one backward."""
 
-    name = "plain"
-
     def forward_backward(self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None):
         chunked = self.chunk_columns(model, columns)
         embeddings = []
@@ -214,23 +194,7 @@ class CachedStrategy(MemoryStrategy):
     keeps as many as the budget allows). ``keep_graphs=0`` is the classic gradient cache.
     """
 
-    name = "cache"
-
-    def __init__(self, chunk_size=None, *, keep_graphs: int = 1, **kwargs):
-        super().__init__(chunk_size, **kwargs)
-        if keep_graphs < 0:
-            raise ValueError(f"keep_graphs must be >= 0, got {keep_graphs}")
-        self.keep_graphs = keep_graphs
-
-    def describe(self) -> dict:
-        return {**super().describe(), "keep_graphs": self.keep_graphs}
-
-    def halve(self) -> bool:
-        """After an out-of-memory error: keep half as many graphs, then halve the chunk."""
-        if self.keep_graphs > 1:
-            self.keep_graphs //= 2
-            return True
-        return super().halve()
+    keep_graphs = property(lambda self: self.plan.keep_graphs)
 
     def forward_backward(self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None):
         chunked = self.chunk_columns(model, columns)
@@ -291,34 +255,48 @@ class CachedStrategy(MemoryStrategy):
 
 
 def make_strategy(
-    name: str,
+    plan: MemoryPlan | str,
     chunk_size: int | None = None,
     *,
     token_budget: int | None = None,
     sort_by_length: bool = True,
     keep_graphs: int = 1,
 ) -> MemoryStrategy:
-    """Build a strategy by name: plain, checkpoint, cache, cache+checkpoint.
+    """The strategy a plan describes: the one place a strategy is built.
 
-    >>> make_strategy("cache", 32).describe()["strategy"]
+    ``make_strategy("cache", 32, ...)`` is short for ``make_strategy(fixed_plan("cache", 32,
+    ...))``: a user's choice, with the default chunk filled in.
+
+    >>> make_strategy("cache", 32).plan.strategy
     'cache'
+    >>> make_strategy(MemoryPlan("checkpoint", chunk_size=8)).checkpoint
+    True
     """
-    kwargs = dict(token_budget=token_budget, sort_by_length=sort_by_length)
-    if name in ("plain", "checkpoint") and chunk_size is None and token_budget is None:
-        chunk_size = DEFAULT_SUB_BATCH
-    if name == "plain":
-        strategy: MemoryStrategy = PlainStrategy(chunk_size, **kwargs)
-    elif name == "checkpoint":
-        strategy = PlainStrategy(chunk_size, checkpoint=True, **kwargs)
-    elif name in ("cache", "cache+checkpoint"):
-        if chunk_size is None and token_budget is None:
-            chunk_size = DEFAULT_CACHE_CHUNK
-        strategy = CachedStrategy(
-            chunk_size, checkpoint=name == "cache+checkpoint", keep_graphs=keep_graphs, **kwargs
+    if isinstance(plan, str):
+        plan = fixed_plan(
+            plan, chunk_size, token_budget=token_budget, sort_by_length=sort_by_length,
+            keep_graphs=keep_graphs,
         )
-    else:
-        raise ValueError(
-            f"unknown memory strategy {name!r}: choose one of {', '.join(STRATEGIES)} or auto"
-        )
-    strategy.name = name
-    return strategy
+    return (CachedStrategy if plan.cached else PlainStrategy)(plan)
+
+
+def fixed_plan(
+    name: str,
+    chunk_size: int | None = None,
+    *,
+    token_budget: int | None = None,
+    sort_by_length: bool = True,
+    keep_graphs: int = 1,
+    loss_chunk_size: int | None = None,
+) -> MemoryPlan:
+    """The plan of a strategy the user chose by name, with the default chunk when none is given.
+
+    >>> fixed_plan("plain").chunk_size, fixed_plan("cache").chunk_size
+    (16, 32)
+    """
+    if chunk_size is None and token_budget is None:
+        chunk_size = DEFAULT_CACHE_CHUNK if name.startswith("cache") else DEFAULT_SUB_BATCH
+    return MemoryPlan(
+        name, chunk_size=chunk_size, token_budget=token_budget, keep_graphs=keep_graphs,
+        sort_by_length=sort_by_length, loss_chunk_size=loss_chunk_size,
+    )

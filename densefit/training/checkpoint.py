@@ -5,7 +5,7 @@ One checkpoint is one folder::
     OUTPUT/checkpoints/step-000123/
         model.pt       model.state_dict()
         trainer.pt     optimizer, scheduler, GradScaler, RNG states (Python, NumPy, torch CPU/CUDA)
-        state.json     data position (epoch, next batch), counters, memory strategy, config
+        state.json     data position (epoch, next batch), counters, memory plan, config
         manifest.json  size and sha256 of each file above; written last
 
 A checkpoint is written into ``.tmp-step-000123-<pid>/``; every file and the folder are
@@ -38,6 +38,8 @@ from typing import IO, Any
 import numpy as np
 import torch
 
+from densefit.memory.plan import MemoryPlan
+
 __all__ = [
     "CheckpointError",
     "Checkpoint",
@@ -47,6 +49,8 @@ __all__ = [
     "resume_checkpoint",
     "truncate_log",
     "data_fingerprint",
+    "MAY_DIFFER",
+    "write_part",
 ]
 
 FORMAT = 1
@@ -54,14 +58,17 @@ FILES = ("model.pt", "trainer.pt", "state.json")
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"step-(\d{6,})")
 _SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
-# Options that may change between the interrupted run and its resume: they do not change
-# the weights (the memory options are taken from the checkpoint's plan anyway).
-_MAY_DIFFER = frozenset(
+# Options that may change between two runs of the same training (a resume, a rerun into
+# the same folder): they do not change the weights (on resume the memory options are taken
+# from the checkpoint's plan anyway).
+MAY_DIFFER = frozenset(
     {"show_progress", "log_every", "device", "checkpoint_every", "keep_checkpoints",
      "max_nonfinite", "memory", "memory_budget", "chunk_size", "token_budget",
-     "loss_chunk_size", "sort_by_length", "gradient_checkpointing"}
+     "loss_chunk_size", "sort_by_length", "gradient_checkpointing", "keep_graphs",
+     "release_cpu_memory"}
 )  # fmt: skip
-_MEMORY = ("memory", "memory_budget", "chunk_size", "token_budget", "gradient_checkpointing")
+_MEMORY = ("memory", "memory_budget", "chunk_size", "token_budget", "keep_graphs",
+           "gradient_checkpointing")
 
 
 class CheckpointError(ValueError):
@@ -139,7 +146,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_part(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+def write_part(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """Write one file of a checkpoint and fsync it (tests replace this to simulate a kill)."""
     with open(path, "wb") as f:
         write(f)
@@ -177,25 +184,23 @@ class Checkpoint:
     def step(self) -> int:
         return int(self.state["step"])
 
-    def strategy(self):
-        """The memory strategy as it was, chunk halvings after out-of-memory errors included."""
-        from densefit.memory.strategies import make_strategy
-
-        saved = self.state["strategy"]
-        strategy = make_strategy(
-            saved["name"],
-            saved["chunk_size"],
-            token_budget=saved["token_budget"],
-            sort_by_length=saved["sort_by_length"],
+    def plan(self) -> MemoryPlan:
+        """The run's memory plan as it was, halvings after out-of-memory errors included."""
+        if "memory_plan" in self.state:
+            return MemoryPlan.from_dict(self.state["memory_plan"])
+        saved, planned = self.state["strategy"], self.state.get("plan", {})  # before the plan
+        return MemoryPlan(
+            saved["name"], chunk_size=saved["chunk_size"], token_budget=saved["token_budget"],
+            sort_by_length=saved["sort_by_length"], oom_retries=int(saved.get("oom_retries", 0)),
+            keep_graphs=int(saved.get("keep_graphs", planned.get("keep_graphs") or 1)),
+            loss_chunk_size=planned.get("loss_chunk_size"),
         )
-        strategy.oom_retries = int(saved.get("oom_retries", 0))
-        return strategy
 
     def check_matches(self, config, examples: Sequence) -> None:
         """Refuse a resume whose options would change the run; warn about other differences."""
         saved, current = self.state.get("config", {}), config.to_dict()
         differ = [
-            k for k in current if k in saved and k not in _MAY_DIFFER and saved[k] != current[k]
+            k for k in current if k in saved and k not in MAY_DIFFER and saved[k] != current[k]
         ]
         if differ:
             shown = ", ".join(f"{k}={saved[k]!r} (now {current[k]!r})" for k in differ)
@@ -206,7 +211,7 @@ class Checkpoint:
         memory = [k for k in _MEMORY if k in saved and saved[k] != current[k]]
         if memory:
             warnings.warn(
-                f"resuming with the checkpoint's memory plan ({self.state['strategy']}); "
+                f"resuming with the checkpoint's memory plan ({self.plan().summary()}); "
                 f"the new {', '.join(memory)} of this run are not used",
                 UserWarning,
                 stacklevel=3,
@@ -371,7 +376,7 @@ def truncate_log(path: str | os.PathLike, step: int) -> int:
         kept.append(line + b"\n")
     if dropped:
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        _write_part(tmp, lambda f: f.writelines(kept))
+        write_part(tmp, lambda f: f.writelines(kept))
         os.replace(tmp, path)
     return dropped
 
@@ -383,8 +388,9 @@ class Checkpointer:
     """Writes the checkpoints of one run under ``output_dir/checkpoints``.
 
     >>> checkpoints = Checkpointer("runs/m", config, examples, model=model, optimizer=opt,
-    ...     scheduler=sched, scaler=None, strategy=strategy, plan={}, guard=guard)  # doctest: +SKIP
-    >>> checkpoints.save(10, epoch=0, batch=10, seen=320, losses=losses)  # doctest: +SKIP
+    ...     scheduler=sched, scaler=None, guard=guard)  # doctest: +SKIP
+    >>> checkpoints.save(10, epoch=0, batch=10, seen=320, losses=losses,
+    ...                  plan=plan)  # doctest: +SKIP
     PosixPath('runs/m/checkpoints/step-000010')
     """
 
@@ -398,8 +404,6 @@ class Checkpointer:
         optimizer,
         scheduler,
         scaler,
-        strategy,
-        plan: dict,
         guard,
         resumed: Checkpoint | None = None,
     ):
@@ -412,10 +416,8 @@ class Checkpointer:
             optimizer=optimizer,
             scheduler=scheduler,
             scaler=scaler,
-            strategy=strategy,
             guard=guard,
         )
-        self.plan = plan
         self.data = data_fingerprint(examples)
         if self.root.is_symlink() or (
             self.root.exists() and not _inside(self.root, self.output_dir)
@@ -440,23 +442,21 @@ class Checkpointer:
         return epoch_end or last or bool(self.every and step % self.every == 0)
 
     def save(
-        self, step: int, *, epoch: int, batch: int, seen: int, losses: list[float]
+        self, step: int, *, epoch: int, batch: int, seen: int, losses: list[float],
+        plan: MemoryPlan,
     ) -> Path | None:
         """Write the checkpoint of the state after ``step``; ``(epoch, batch)`` is the next
-        micro-batch. On an OS error (disk full...) warn, clean up and return None."""
+        micro-batch, ``plan`` the run's :class:`MemoryPlan` now (after
+        any out-of-memory halving). On an OS error (disk full...) warn, clean up and return
+        None."""
         p = self.parts
-        strategy = p["strategy"]
         name = f"step-{step:06d}"
         final = self.root / name
         tmp = self.root / f".tmp-{name}-{os.getpid()}"
         state = {
             "format": FORMAT, "step": step, "epoch": epoch, "batch": batch, "seen": seen,
             "losses": losses, "sequence": self.sequence, "guard": p["guard"].state_dict(),
-            "strategy": {"name": strategy.name, "chunk_size": strategy.chunk_size,
-                         "token_budget": strategy.token_budget,
-                         "sort_by_length": strategy.sort_by_length,
-                         "oom_retries": strategy.oom_retries},
-            "plan": self.plan, "config": self.config.to_dict(), "data": self.data,
+            "memory_plan": plan.to_dict(), "config": self.config.to_dict(), "data": self.data,
             "torch_version": torch.__version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }  # fmt: skip
         trainer = {
@@ -476,12 +476,12 @@ class Checkpointer:
             tmp.mkdir()
             files = {}
             for filename, write in parts.items():
-                _write_part(tmp / filename, write)
+                write_part(tmp / filename, write)
                 files[filename] = {
                     "bytes": (tmp / filename).stat().st_size,
                     "sha256": _sha256(tmp / filename),
                 }
-            _write_part(tmp / "manifest.json", _json_bytes({"format": FORMAT, "files": files}))
+            write_part(tmp / "manifest.json", _json_bytes({"format": FORMAT, "files": files}))
             _fsync_dir(tmp)
             if final.exists() or final.is_symlink():  # the same step again, after a resume
                 old = self.root / f".old-{name}-{os.getpid()}"

@@ -38,14 +38,17 @@ import datetime
 import inspect
 import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from densefit.data.batching import planned_batches
 from densefit.data.types import TrainingExample
-from densefit.losses import mnrl
+from densefit.memory.plan import MemoryPlan
+from densefit.memory.planner import plan_for_run
+from densefit.training.objective import LossFn, make_loss_fn
 
 __all__ = [
     "GATHER_MODES",
@@ -63,7 +66,6 @@ __all__ = [
 ]
 
 GATHER_MODES = ("none", "candidates", "both")
-LossFn = Callable[[list[torch.Tensor]], torch.Tensor]
 
 
 # ----------------------------------------------------------------------------- process group
@@ -333,11 +335,55 @@ def broadcast_object(obj, src: int = 0):
 # ----------------------------------------------------------------------------- the run
 
 
+class _GatheredShare:
+    """One rank's part of an MNRL batch: its anchors against every rank's candidates.
+
+    ``gather="candidates"``: one all-gather of the positives and hard negatives (anchors too
+    for a symmetric loss); this rank scores its own anchors (labels offset by its first row)
+    and weighs its loss by its share of the rows. ``gather="both"``: anchors gathered too,
+    every rank computes the whole batch's loss divided by the world size.
+    """
+
+    def __init__(self, run: DistributedRun, config, rows: Sequence[TrainingExample]):
+        n = len(rows)
+        bounds = [shard_bounds(n, run.world_size, r) for r in range(run.world_size)]
+        self.rows = slice(*bounds[run.rank])
+        self.row_counts = [b - a for a, b in bounds]
+        self.neg_counts = [sum(len(r.negatives) for r in rows[a:b]) for a, b in bounds]
+        self.both = run.gather == "both"
+        self.gather_anchors = self.both or config.symmetric
+        self.local = self.row_counts[run.rank]
+        self.weight = self.local / n
+        self.queries = n if self.both else self.local
+        self.world, self.dim = run.world_size, run.dim
+
+    def loss(self, emb: list[torch.Tensor], mnrl_fn, record_health) -> torch.Tensor:
+        anchors, positives, negatives = (
+            e if e.numel() else torch.zeros(0, self.dim, device=emb[0].device) for e in emb
+        )
+        if self.local:
+            record_health([anchors, positives, negatives])
+        columns, counts = [positives, negatives], [self.row_counts, self.neg_counts]
+        if self.gather_anchors:
+            columns.append(anchors)
+            counts.append(self.row_counts)
+        gathered = gather_rows(columns, counts, self.dim)
+        if not self.local and not self.both:  # no rows here: a zero whose backward joins the all-reduce
+            return sum(g.sum() for g in gathered) * 0.0
+        negs = gathered[1] if sum(self.neg_counts) else None
+        if self.both:  # every rank: the whole batch's loss; the ranks' copies add up to one
+            return mnrl_fn(gathered[2], gathered[0], negs) / self.world
+        all_anchors = gathered[2] if self.gather_anchors else anchors
+        return mnrl_fn(all_anchors, gathered[0], negs, rows=self.rows) * self.weight
+
+
+
+
 @dataclass
 class DistributedRun:
     """This rank's view of a multi-process run: sharding, the gathering loss, the one sync.
 
-    Built by :func:`densefit.training.loop.train` when a process group with more than one rank is
+    Built by :func:`densefit.training.setup.setup_run` when a process group with more than one rank is
     initialised; ``None`` there means one process and the plain code path.
     """
 
@@ -367,57 +413,30 @@ class DistributedRun:
 
     # -- setup ----------------------------------------------------------------------------
 
-    def agree_on_strategy(self, model, examples: Sequence[TrainingExample], config):
-        """Rank 0 chooses the memory strategy (the planner, for --memory auto); all ranks use it.
-
-        The planner plans for one device's share: the largest shard of any batch of the run.
+    def agree_on_plan(self, model, examples: Sequence[TrainingExample], config) -> MemoryPlan:
+        """Rank 0 makes the memory plan (:func:`densefit.memory.planner.plan_for_run`); every
+        rank gets the same one. The planner plans for one device's share: the largest shard
+        of any batch of the run.
         """
-        from densefit.memory.strategies import make_strategy
-        from densefit.training.loop import build_strategy, planned_batches
-
-        decision = None
+        plan = None
         if self.is_main:
-            if config.memory == "auto":
-                shards = [
-                    b[slice(*shard_bounds(len(b), self.world_size, r))]
-                    for b in planned_batches(examples, config)
-                    for r in range(self.world_size)
-                ]
-                per_device = max(len(s) for s in shards)
-                from densefit.memory.planner import plan_memory
+            shards = [
+                b[slice(*shard_bounds(len(b), self.world_size, r))]
+                for b in planned_batches(examples, config)
+                for r in range(self.world_size)
+            ]
+            per_device = dataclasses.replace(config, batch_size=max(1, *map(len, shards)))
+            plan = plan_for_run(model, examples, per_device, [s for s in shards if s]).to_dict()
+        return MemoryPlan.from_dict(broadcast_object(plan))
 
-                plan = plan_memory(
-                    model,
-                    examples,
-                    dataclasses.replace(config, batch_size=max(1, per_device)),
-                    batches=[s for s in shards if s],
-                ).to_dict()
-                described = {
-                    "strategy": plan["strategy"],
-                    "chunk_size": None if plan["token_budget"] else plan["chunk_size"],
-                    "token_budget": plan["token_budget"],
-                    "sort_by_length": config.sort_by_length,
-                }
-            else:
-                strategy, plan = build_strategy(model, examples, config)
-                described = strategy.describe()
-            decision = {"described": described, "plan": plan}
-        decision = broadcast_object(decision)
-        d = decision["described"]
-        strategy = make_strategy(
-            d["strategy"],
-            d["chunk_size"],
-            token_budget=d["token_budget"],
-            sort_by_length=d["sort_by_length"],
-        )
-        plan = {
-            **decision["plan"],
+    def describe(self, config) -> dict:
+        """The run's layout, for the plan report."""
+        return {
             "batch_size": config.batch_size,
             "per_device_batch_size": -(-config.batch_size // self.world_size),
             "world_size": self.world_size,
             "gather": self.gather,
         }
-        return strategy, plan
 
     def shard(self, n: int) -> tuple[int, int]:
         return shard_bounds(n, self.world_size, self.rank)
@@ -431,8 +450,6 @@ class DistributedRun:
 
         The losses of all ranks add up to the loss of the whole batch in one process.
         """
-        from densefit.training.loop import make_loss_fn
-
         n = len(rows)
         start, stop = self.shard(n)
         local = list(rows[start:stop])
@@ -447,55 +464,9 @@ class DistributedRun:
                 return base(emb) * share
 
             return local, local_loss
-
-        from densefit.losses.masking import false_negative_mask, score_health
-        from densefit.memory.planner import auto_loss_chunk
-
         # Every rank knows the whole batch: its false-negative mask needs no communication,
         # and its candidate order (positives, then negatives, by row) is the gathered order.
-        found = false_negative_mask(rows)
-        mask = found.mask if config.mask_false_negatives else None  # (n, n + M) or None
-        health.update(found.telemetry())
-        bounds = [shard_bounds(n, self.world_size, r) for r in range(self.world_size)]
-        row_counts = [b - a for a, b in bounds]
-        neg_counts = [sum(len(r.negatives) for r in rows[a:b]) for a, b in bounds]
-        n_negatives = sum(neg_counts)
-        both = self.gather == "both"
-        gather_anchors = both or config.symmetric
-        queries = n if both else len(local)
-        loss_chunk = config.loss_chunk_size or auto_loss_chunk(queries, n + n_negatives - queries)
-        dim = self.dim
-
-        def gathered_loss(emb: list[torch.Tensor]) -> torch.Tensor:
-            anchors, positives, negatives = (
-                e if e.numel() else torch.zeros(0, dim, device=emb[0].device) for e in emb
-            )
-            if local:
-                health.update(
-                    score_health([anchors, positives, negatives], local, config.similarity)
-                )
-            columns, counts = [positives, negatives], [row_counts, neg_counts]
-            if gather_anchors:
-                columns.append(anchors)
-                counts.append(row_counts)
-            gathered = gather_rows(columns, counts, dim)
-            all_positives, all_negatives = gathered[0], gathered[1]
-            if not local and not both:  # no rows here: a zero whose backward joins the all-reduce
-                return sum(g.sum() for g in gathered) * 0.0
-            kwargs = dict(
-                scale=config.scale,
-                symmetric=config.symmetric,
-                similarity=config.similarity,
-                chunk_size=loss_chunk,
-                mask=None if mask is None else mask.to(all_positives.device),
-            )
-            negs = all_negatives if n_negatives else None
-            if both:  # every rank: the whole batch's loss; the ranks' copies add up to one
-                return mnrl(gathered[2], all_positives, negs, **kwargs) / self.world_size
-            all_anchors = gathered[2] if gather_anchors else anchors
-            return mnrl(all_anchors, all_positives, negs, rows=slice(start, stop), **kwargs) * share
-
-        return local, gathered_loss
+        return local, make_loss_fn(config, rows, health, share=_GatheredShare(self, config, rows))
 
     def sync(self, model: torch.nn.Module, loss: float, real_tokens: int, padded_tokens: int):
         """The step's one all-reduce: gradients, loss and token counts summed over ranks."""

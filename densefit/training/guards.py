@@ -130,16 +130,40 @@ class NonFiniteGuard:
         if not self.limit or self.in_a_row < self.limit:
             return
         first = step - self.in_a_row + 1
-        rows = ", ".join(o for o in list(origins)[:5] if o) or "origins not recorded"
-        lr = f" (--lr, now {learning_rate:g})" if learning_rate is not None else ""
-        fp16 = "; --amp bf16 instead of fp16 (fp16 overflows above 65504)" if amp == "fp16" else ""
         raise NonFiniteError(
             f"step {step}: the loss or gradient norm was not finite in {self.in_a_row} steps "
             f"in a row (steps {first}-{step}; last loss {record.get('loss')}, grad norm "
             f"{record.get('grad_norm')}). Those optimizer steps were skipped, so the weights "
-            f"are still those after step {first - 1}; stopping. Try: a lower learning rate"
-            f"{lr}{fp16}, in a new run (a resume keeps the checkpoint's options); or check "
-            f"the data rows of the last bad step ({rows}). "
+            f"are still those after step {first - 1}; stopping. "
+            + self._advice(origins, learning_rate, amp)
+        )
+
+    def check_end(
+        self,
+        step: int,
+        record: dict,
+        origins: Sequence[str] = (),
+        *,
+        learning_rate: float | None = None,
+        amp: str | None = None,
+    ) -> None:
+        """At the end of a run: raise when every step was skipped (whatever ``limit``), so a
+        run that never updated the weights does not end as if it had trained."""
+        if step == 0 or self.total < step:
+            return
+        raise NonFiniteError(
+            f"all {step} steps of the run had a non-finite loss or gradient norm (last loss "
+            f"{record.get('loss')}, grad norm {record.get('grad_norm')}) and were skipped: "
+            "the weights were never updated. " + self._advice(origins, learning_rate, amp)
+        )
+
+    def _advice(self, origins: Sequence[str], learning_rate: float | None, amp: str | None) -> str:
+        rows = ", ".join(o for o in list(origins)[:5] if o) or "origins not recorded"
+        lr = f" (--lr, now {learning_rate:g})" if learning_rate is not None else ""
+        fp16 = "; --amp bf16 instead of fp16 (fp16 overflows above 65504)" if amp == "fp16" else ""
+        return (
+            f"Try: a lower learning rate{lr}{fp16}, in a new run (a resume keeps the "
+            f"checkpoint's options); or check the data rows of the last bad step ({rows}). "
             f"--max-nonfinite sets how many skips in a row to tolerate (now {self.limit}; "
             "0: never stop)."
         )

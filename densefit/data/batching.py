@@ -1,7 +1,12 @@
-"""Batch samplers: rearrange an epoch's batches so that no batch holds the same text twice.
+"""Batching: which rows each optimizer step of a run trains on, decided in one place.
 
-:func:`no_duplicate_batches` takes the plain seeded batches of
-:func:`densefit.training.loop.batches` and moves rows between them so that, where the data allows
+Every epoch is a seeded permutation of the rows cut into micro-batches (:func:`batches`),
+optionally rearranged so no batch holds the same text twice (:func:`no_duplicate_batches`);
+:func:`step_groups` walks the optimizer steps (``gradient_accumulation_steps`` micro-batches
+each) from any position, for the training loop, a resume, and the planner
+(:func:`planned_batches`). The order depends only on the seed, so it is known in advance.
+
+:func:`no_duplicate_batches` takes the plain seeded batches of :func:`batches` and moves rows between them so that, where the data allows
 it, no text (query, positive or hard negative) appears in two rows of one batch. The batch
 count and sizes never change (every rank of a distributed run gets the same count), every
 row is used exactly once per epoch, and the work is O(rows x texts per row): texts are
@@ -14,13 +19,29 @@ this sampler is an optimisation: every batch keeps its full number of distinct n
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from hashlib import blake2b
 
+import torch
+
+from densefit.config import TrainConfig
 from densefit.data.types import TrainingExample
 
-__all__ = ["no_duplicate_batches", "row_keys"]
+__all__ = [
+    "StepGroup",
+    "batches",
+    "columns_of",
+    "epoch_batches",
+    "no_duplicate_batches",
+    "planned_batches",
+    "row_keys",
+    "step_groups",
+    "steps_per_epoch",
+    "total_steps",
+]
 
 # Deferred rows each batch re-examines before taking new ones, as a multiple of its size:
 # bounds the work per batch (O(n) overall) even when the data is full of duplicates.
@@ -29,6 +50,127 @@ _DEFERRED_LOOKS = 2
 # at for swaps are capped at _SWAP_WORK per row of the epoch (O(n) overall).
 _SWAP_BATCHES = 16
 _SWAP_WORK = 4
+
+
+def batches(
+    n: int, batch_size: int, *, seed: int, epoch: int, drop_last: bool = False
+) -> list[list[int]]:
+    """The row indices of each batch of one epoch: a seeded permutation cut into batches.
+
+    >>> batches(5, 2, seed=0, epoch=0)
+    [[4, 0], [1, 3], [2]]
+    """
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    order = torch.randperm(n, generator=generator).tolist()
+    out = [order[i : i + batch_size] for i in range(0, n, batch_size)]
+    if drop_last and out and len(out[-1]) < batch_size:
+        out.pop()
+    return out
+
+
+def _micro_batch_size(config: TrainConfig) -> int:
+    return config.batch_size // config.gradient_accumulation_steps or 1
+
+
+def epoch_batches(
+    examples: Sequence[TrainingExample], config: TrainConfig, epoch: int
+) -> list[list[int]]:
+    """Row indices of each micro-batch of one epoch: seeded, then de-duplicated if asked."""
+    out = batches(
+        len(examples),
+        _micro_batch_size(config),
+        seed=config.seed,
+        epoch=epoch,
+        drop_last=config.drop_last,
+    )
+    if config.no_duplicates:  # same batch count and sizes, texts unique per batch
+        out = no_duplicate_batches(examples, out)
+    return out
+
+
+def steps_per_epoch(examples: Sequence[TrainingExample], config: TrainConfig) -> int:
+    """Optimizer steps in one epoch (de-duplication keeps the batch count: not run here).
+
+    >>> steps_per_epoch([None] * 10, TrainConfig(batch_size=4))
+    3
+    """
+    micro = len(
+        batches(
+            len(examples),
+            _micro_batch_size(config),
+            seed=config.seed,
+            epoch=0,
+            drop_last=config.drop_last,
+        )
+    )
+    return math.ceil(micro / config.gradient_accumulation_steps)
+
+
+def total_steps(examples: Sequence[TrainingExample], config: TrainConfig) -> int:
+    """Optimizer steps of the whole run: ``max_steps``, else every epoch's."""
+    return config.max_steps or steps_per_epoch(examples, config) * config.epochs
+
+
+@dataclass(frozen=True)
+class StepGroup:
+    """The micro-batches of one optimizer step, and where the step after it starts."""
+
+    epoch: int
+    micro_batches: list[list[int]]  # row indices of each micro-batch
+    next_epoch: int  # the data position after this step (what a checkpoint saves)
+    next_batch: int
+
+    @property
+    def epoch_end(self) -> bool:
+        """The last step of its epoch."""
+        return self.next_epoch > self.epoch
+
+    @property
+    def rows(self) -> list[int]:
+        return [i for b in self.micro_batches for i in b]
+
+
+def step_groups(
+    examples: Sequence[TrainingExample], config: TrainConfig, *, epoch: int = 0, batch: int = 0
+) -> Iterator[StepGroup]:
+    """Every optimizer step from micro-batch ``batch`` of ``epoch`` on, epoch after epoch,
+    without end (the caller stops after its steps); nothing when an epoch has no batch.
+
+    >>> from itertools import islice
+    >>> steps = islice(step_groups([None] * 5, TrainConfig(batch_size=2, seed=0)), 4)
+    >>> [(g.epoch, g.micro_batches, g.next_epoch, g.next_batch) for g in steps][1:]
+    [(0, [[1, 3]], 0, 2), (0, [[2]], 1, 0), (1, [[0, 4]], 1, 1)]
+    """
+    accumulate = config.gradient_accumulation_steps
+    while True:
+        micro = epoch_batches(examples, config, epoch)
+        if not micro:
+            return
+        for first in range(batch, len(micro), accumulate):
+            after = first + accumulate
+            done = after >= len(micro)
+            yield StepGroup(
+                epoch, micro[first:after], epoch + 1 if done else epoch, 0 if done else after
+            )
+        epoch, batch = epoch + 1, 0
+
+
+def planned_batches(examples: Sequence[TrainingExample], config: TrainConfig) -> list[list[int]]:
+    """Row indices of every forward-backward (micro-batch) the run will do, in order."""
+    out: list[list[int]] = []
+    steps = total_steps(examples, config)
+    for _, group in zip(range(steps), step_groups(examples, config)):
+        out += group.micro_batches
+    return out
+
+
+def columns_of(rows: Sequence[TrainingExample]) -> list[list[str]]:
+    """Text columns of a batch: anchors, positives, then all hard negatives flattened."""
+    return [
+        [r.query for r in rows],
+        [r.positive for r in rows],
+        [n for r in rows for n in r.negatives],
+    ]
 
 
 def row_keys(row: TrainingExample) -> frozenset[bytes]:

@@ -1,0 +1,107 @@
+"""The loss of a batch as a function of its column embeddings: the one ``make_loss_fn``.
+
+MNRL masks false negatives (:mod:`densefit.losses.masking`) and blocks its score matrix
+when it is large; margin-MSE takes the rows' teacher scores. Either way the loss records
+the batch's health (:mod:`densefit.training.telemetry`) while it runs. Under torchrun the
+same function computes one rank's part of the loss through a :class:`Share` (the
+gathering lives in :mod:`densefit.training.distributed`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Protocol
+
+import torch
+
+from densefit.config import TrainConfig
+from densefit.data.types import TrainingExample
+from densefit.losses import margin_mse, mnrl
+from densefit.losses.masking import false_negative_mask
+from densefit.memory.planner import auto_loss_chunk
+from densefit.training.telemetry import in_batch_accuracy, score_health
+
+__all__ = ["LossFn", "Share", "make_loss_fn"]
+
+LossFn = Callable[[list[torch.Tensor]], torch.Tensor]
+
+
+class Share(Protocol):
+    """One process's part of a batch that several processes compute together."""
+
+    rows: slice  # this process's rows of the batch
+    queries: int  # anchors this process scores (for the score blocks)
+
+    def loss(
+        self,
+        embeddings: list[torch.Tensor],
+        mnrl_fn: Callable[..., torch.Tensor],
+        record_health: Callable[[list[torch.Tensor]], None],
+    ) -> torch.Tensor:
+        """This process's part of the batch loss from its own column embeddings
+        (``record_health`` takes them, when this process has rows)."""
+
+
+def make_loss_fn(
+    config: TrainConfig,
+    rows: Sequence[TrainingExample],
+    health: dict | None = None,
+    *,
+    share: Share | None = None,
+) -> LossFn:
+    """The batch's loss as a function of its column embeddings [anchors, positives, negatives].
+
+    MNRL masks false negatives (duplicates, known positives: :mod:`densefit.losses.masking`);
+    ``health`` receives the batch's telemetry (counts now, scores when the loss runs).
+    With ``share`` (MNRL under torchrun) ``rows`` is the whole batch, the embeddings are
+    this process's rows, and the result is this process's part of the batch loss.
+
+    >>> rows = [TrainingExample("q", "p"), TrainingExample("r", "s")]
+    >>> emb = [torch.eye(2), torch.eye(2), torch.empty(0, 2)]
+    >>> round(float(make_loss_fn(TrainConfig(), rows)(emb)), 4)
+    0.0
+    """
+    health = {} if health is None else health
+    if config.loss != "mnrl":
+        return _margin_loss(config, rows, health)
+    found = false_negative_mask(rows)
+    mask = found.mask if config.mask_false_negatives else None  # (B, B + M) or None
+    health.update(found.telemetry())
+    n_candidates = len(rows) + sum(len(r.negatives) for r in rows)
+    queries = len(rows) if share is None else share.queries
+    loss_chunk = config.loss_chunk_size or auto_loss_chunk(queries, n_candidates - queries)
+    local_rows = rows if share is None else rows[share.rows]
+
+    def loss_fn(emb: list[torch.Tensor]) -> torch.Tensor:
+        device = emb[0].device
+        mnrl_fn = partial(
+            mnrl,
+            scale=config.scale,
+            symmetric=config.symmetric,
+            similarity=config.similarity,
+            chunk_size=loss_chunk,
+            mask=None if mask is None else mask.to(device),
+        )
+        if share is not None:
+            return share.loss(
+                emb,
+                mnrl_fn,
+                lambda e: health.update(score_health(e, local_rows, config.similarity)),
+            )
+        health.update(score_health(emb, rows, config.similarity))
+        health["in_batch_accuracy"] = in_batch_accuracy(emb, mask, config.similarity)
+        return mnrl_fn(emb[0], emb[1], emb[2] if emb[2].numel() else None)
+
+    return loss_fn
+
+
+def _margin_loss(config: TrainConfig, rows: Sequence[TrainingExample], health: dict) -> LossFn:
+    scores = torch.tensor([r.score for r in rows], dtype=torch.float32)
+
+    def margin_loss(emb: list[torch.Tensor]) -> torch.Tensor:
+        health.update(score_health(emb, rows, config.similarity))
+        health["in_batch_accuracy"] = in_batch_accuracy(emb, None, config.similarity)
+        return margin_mse(emb[0], emb[1], emb[2], scores.to(emb[0].device))
+
+    return margin_loss

@@ -1,0 +1,357 @@
+"""Everything a run needs before its first step, in one object: :func:`setup_run`.
+
+The training loop, the benchmarks and the tests all start a run the same way: check the
+data and the output folder, move the model, agree on a memory plan (the user's, the
+planner's, the checkpoint's, or rank 0's under torchrun), build the strategy from it, the
+optimizer, the schedule, AMP, the guards, then restore a checkpoint when resuming.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+
+from densefit.config import TrainConfig
+from densefit.data.batching import total_steps
+from densefit.data.types import TrainingExample
+from densefit.memory.allocator import allocator_in_use, release_freed_memory_promptly
+from densefit.memory.plan import MemoryPlan
+from densefit.memory.planner import plan_for_run
+from densefit.memory.strategies import MemoryStrategy, make_strategy
+from densefit.training.checkpoint import (
+    CHECKPOINTS,
+    MAY_DIFFER,
+    Checkpoint,
+    Checkpointer,
+    resume_checkpoint,
+    truncate_log,
+)
+from densefit.training.distributed import DistributedRun, broadcast_parameters
+from densefit.training.guards import NonFiniteGuard
+from densefit.training.telemetry import rotate_log
+
+__all__ = [
+    "TrainRun",
+    "check_examples",
+    "check_output_dir",
+    "make_optimizer",
+    "make_scheduler",
+    "seed_everything",
+    "setup_run",
+]
+
+LOG_NAME = "train_log.jsonl"
+
+
+@dataclass
+class TrainRun:
+    """One run's model, data, memory plan, optimizer and position (the loop's whole state).
+
+    ``plan`` and ``strategy`` change together, only through :meth:`use_plan` (after an
+    out-of-memory error the step switches to the halved plan).
+    """
+
+    model: SentenceTransformer
+    examples: Sequence[TrainingExample]
+    config: TrainConfig
+    device: torch.device
+    plan: MemoryPlan
+    strategy: MemoryStrategy
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    guard: NonFiniteGuard
+    dist: DistributedRun | None  # None: one process
+    total_steps: int
+    log_path: Path | None = None
+    checkpoints: Checkpointer | None = None
+    resumed: Checkpoint | None = None
+    step: int = 0  # optimizer steps done
+    seen: int = 0  # rows trained on
+    epoch: int = 0  # the data position of the next step: epoch and micro-batch
+    batch: int = 0
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def is_main(self) -> bool:
+        """The process that logs, checkpoints and saves."""
+        return self.dist is None or self.dist.is_main
+
+    def use_plan(self, plan: MemoryPlan) -> None:
+        """Switch to ``plan``: its strategy is built and prepared on the model."""
+        self.plan, self.strategy = plan, make_strategy(plan)
+        self.strategy.prepare(self.model)
+
+    def report(self) -> dict:
+        """The plan as logged and returned: its fields, the allocator, the process layout."""
+        out = self.plan.to_dict()
+        if self.device.type == "cpu":  # mimalloc (the CLI's default on Linux) or the system's
+            out["cpu_allocator"] = allocator_in_use()
+        if self.dist is not None:
+            out.update(self.dist.describe(self.config))
+        return out
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def check_examples(examples: Sequence[TrainingExample], config: TrainConfig) -> None:
+    """Refuse empty data, and rows the loss cannot use (margin-MSE: one negative, a score)."""
+    if not examples:
+        raise ValueError("no training examples: the data is empty")
+    if config.loss == "margin_mse":
+        for ex in examples:
+            if ex.score is None or len(ex.negatives) != 1:
+                where = ex.origin or "a row"
+                raise ValueError(
+                    f"{where}: loss margin_mse needs exactly one negative and a score per row "
+                    f"(found {len(ex.negatives)} negative(s), score {ex.score!r}); "
+                    "add neg_doc and score, or train with --loss mnrl"
+                )
+
+
+def check_output_dir(
+    output_dir: str | os.PathLike | None,
+    config: TrainConfig,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> None:
+    """Refuse to train into a folder that holds anything but a densefit run of this config.
+
+    Allowed: no folder, an empty one, a finished run with the same options (those in
+    :data:`~densefit.training.checkpoint.MAY_DIFFER` may differ; its log is kept, renamed),
+    an interrupted run (only a log and checkpoints), any folder with ``resume`` (the
+    checkpoint decides) or ``overwrite``.
+    """
+    if output_dir is None:
+        return
+    folder = Path(output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder}: exists and is not a folder; choose another --output")
+    if resume or overwrite or not folder.exists():
+        return
+    saved = folder / "densefit_config.json"
+    if saved.is_file():
+        try:
+            previous = json.loads(saved.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            previous = None
+        if isinstance(previous, dict):
+            differ = [
+                k
+                for k, v in config.to_dict().items()
+                if k not in MAY_DIFFER and k in previous and previous[k] != v
+            ]
+            if not differ:
+                return
+            shown = ", ".join(
+                f"{k}={previous[k]!r} (now {config.to_dict()[k]!r})" for k in differ[:3]
+            )
+            raise ValueError(
+                f"{folder}: holds a densefit run with other options ({shown}); choose a new "
+                "--output, or pass --overwrite to train into it anyway"
+            )
+    foreign = sorted(p.name for p in folder.iterdir() if not _run_file(p.name))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ValueError(
+            f"{folder}: holds files that are not a densefit run ({shown}); choose a new "
+            "--output, or pass --overwrite to train into it anyway"
+        )
+
+
+def _run_file(name: str) -> bool:
+    """A file an interrupted densefit run leaves: its log (or an older, renamed one) and
+    its checkpoints."""
+    stem, _, suffix = LOG_NAME.partition(".")
+    return name in (LOG_NAME, CHECKPOINTS) or (
+        name.startswith(stem + ".")
+        and name.endswith("." + suffix)
+        and name[len(stem) + 1 : -len(suffix) - 1].isdigit()
+    )
+
+
+def _no_decay(name: str) -> bool:
+    return name.endswith(".bias") or "LayerNorm" in name or "layer_norm" in name or "norm." in name
+
+
+def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW with ``config.weight_decay`` on weights, none on biases and norms."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if _no_decay(name) else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": config.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    # The fused kernel updates in place: no per-step temporaries the size of the model.
+    device = next(model.parameters()).device.type
+    return torch.optim.AdamW(groups, lr=config.learning_rate, fused=device in ("cpu", "cuda"))
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, warmup: int, total: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over ``warmup`` steps, then linear decay to 0 at step ``total``."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / (warmup + 1)
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _autocast(
+    config: TrainConfig, device: torch.device
+) -> Callable[[], contextlib.AbstractContextManager]:
+    if config.amp is None:
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if config.amp == "bf16" else torch.float16
+    if config.amp == "fp16" and device.type != "cuda":
+        raise ValueError("--amp fp16 needs a CUDA device; on CPU use --amp bf16")
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _prepare_model(model: SentenceTransformer, config: TrainConfig) -> torch.device:
+    device = torch.device(config.device or model.device)
+    model.to(device)
+    if config.max_seq_length is not None:
+        model.max_seq_length = config.max_seq_length
+    if config.gradient_accumulation_steps > 1 and config.loss == "mnrl":
+        warnings.warn(
+            "gradient accumulation does not add in-batch negatives: each micro-batch only "
+            "sees its own rows as negatives. Use one large --batch-size with --memory auto "
+            "(gradient cache) instead.",
+            UserWarning,
+            stacklevel=4,
+        )
+    if device.type == "cpu" and config.release_cpu_memory:
+        release_freed_memory_promptly()  # chunks of varying sizes would fragment the heap
+    return device
+
+
+def _agree_on_plan(model, examples, config, dist, resumed, batches) -> MemoryPlan:
+    if resumed is not None:
+        resumed.check_matches(config, examples)
+        return resumed.plan()  # after any out-of-memory halving
+    if dist is not None:
+        broadcast_parameters(model)  # identical starting weights on every rank
+        return dist.agree_on_plan(model, examples, config)  # rank 0 plans
+    return plan_for_run(model, examples, config, batches)
+
+
+def setup_run(
+    model: SentenceTransformer,
+    examples: Sequence[TrainingExample],
+    config: TrainConfig | None = None,
+    *,
+    output_dir: str | os.PathLike | None = None,
+    log_path: str | os.PathLike | None = None,
+    resume: bool | str | os.PathLike = False,
+    overwrite: bool = False,
+    batches: Sequence[Sequence[int]] | None = None,
+) -> TrainRun:
+    """Check, plan and build everything a run needs; restore the checkpoint when resuming.
+
+    ``batches`` (row indices of every forward-backward) are what ``memory="auto"`` plans
+    for; by default the run's own. Inside a process group of several ranks the plan is
+    rank 0's and the starting weights are broadcast. See :func:`densefit.training.train`.
+
+    >>> from densefit.testing import tiny_model
+    >>> rows = [TrainingExample("what is a cell", "the cell is a unit")]
+    >>> run = setup_run(tiny_model(), rows, TrainConfig(memory="cache", show_progress=False))
+    >>> run.strategy.name, run.total_steps
+    ('cache', 1)
+    """
+    config = config or TrainConfig()
+    check_examples(examples, config)
+    check_output_dir(output_dir, config, resume=bool(resume), overwrite=overwrite)
+    if config.checkpoint_every and output_dir is None:
+        raise ValueError("checkpoint_every needs output_dir (checkpoints go to OUTPUT/checkpoints)")
+    device = _prepare_model(model, config)
+    dist = DistributedRun.detect(model, config)
+    if dist is not None and resume:
+        raise ValueError(
+            "resuming a multi-process run is not supported yet (each rank's RNG state is not "
+            "checkpointed): resume it in one process with the same options (same global "
+            "batches and gradients), or start a new run"
+        )
+    seed_everything(config.seed + (dist.rank if dist else 0))  # dropout differs across ranks
+    resumed = resume_checkpoint(resume, output_dir) if resume else None
+    plan = _agree_on_plan(model, examples, config, dist, resumed, batches)
+    if plan.loss_chunk_size and config.loss_chunk_size is None:
+        config = dataclasses.replace(config, loss_chunk_size=plan.loss_chunk_size)
+    total = total_steps(examples, config)
+    warmup = config.warmup_steps if config.warmup_steps is not None else int(0.1 * total)
+    optimizer = make_optimizer(model, config)
+    run = TrainRun(
+        model=model,
+        examples=examples,
+        config=config,
+        device=device,
+        plan=plan,
+        strategy=make_strategy(plan),
+        optimizer=optimizer,
+        scheduler=make_scheduler(optimizer, warmup, total),
+        autocast=_autocast(config, device),
+        scaler=torch.amp.GradScaler("cuda") if config.amp == "fp16" else None,
+        guard=NonFiniteGuard(config.max_nonfinite),
+        dist=dist,
+        total_steps=total,
+        resumed=resumed,
+    )
+    run.strategy.prepare(model)
+    if resumed is not None:  # weights, optimizer, scheduler, scaler, counters, then RNG states
+        resumed.restore(model, optimizer, run.scheduler, run.scaler, run.guard)
+        state = resumed.state
+        run.step, run.seen, run.losses = resumed.step, state["seen"], state["losses"]
+        run.epoch, run.batch = state["epoch"], state["batch"]
+    _prepare_output(run, output_dir, log_path, resume=bool(resume))
+    return run
+
+
+def _prepare_output(run: TrainRun, output_dir, log_path, *, resume: bool) -> None:
+    """The output folder, the checkpointer, and a log that holds each step once: resumed,
+    the steps after the checkpoint are dropped; a new run moves an old log aside."""
+    if output_dir is not None:
+        if run.is_main:
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+        log_path = log_path or Path(output_dir) / LOG_NAME
+        if run.config.keep_checkpoints and run.is_main:
+            run.checkpoints = Checkpointer(
+                output_dir,
+                run.config,
+                run.examples,
+                model=run.model,
+                optimizer=run.optimizer,
+                scheduler=run.scheduler,
+                scaler=run.scaler,
+                guard=run.guard,
+                resumed=run.resumed,
+            )
+    run.log_path = Path(log_path) if log_path else None
+    if run.log_path is None or not run.is_main:
+        return
+    if resume and run.resumed is not None:
+        truncate_log(run.log_path, run.step)  # steps after the checkpoint are redone
+    else:
+        rotate_log(run.log_path)  # a new run: its steps never follow an old run's
