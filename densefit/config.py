@@ -150,7 +150,8 @@ def check_memory_budget(value: str | int | float | None) -> None:
     if not text:
         return
     wanted = (
-        "must be a size such as 8GiB or 512MiB, or a share of the free memory such as 0.8 or 80%"
+        "must be a memory size such as 8GiB or 512MiB, or a share of the free memory such as "
+        "0.8 or 80%"
     )
     try:
         share = float(text[:-1]) / 100 if text.endswith("%") else float(text)
@@ -213,7 +214,7 @@ class TrainConfig:
     >>> TrainConfig(warmup_steps=-5)
     Traceback (most recent call last):
     ...
-    densefit.config.OptionError: warmup_steps must be >= 0, got -5
+    densefit.errors.OptionError: warmup_steps must be >= 0, got -5
     """
 
     batch_size: int = option(

@@ -21,6 +21,9 @@ class OptionError(ValueError):
         self.name, self.template, self.flag = name, template, flag
         super().__init__(self.named(name))
 
+    def __reduce__(self):  # noqa: ANN204 - picklable across processes
+        return (_rebuild, (self.name, self.template, self.flag))
+
     def named(self, label: str) -> str:
         """The message with the option called ``label``."""
         return self.template.format(option=label)
@@ -28,3 +31,7 @@ class OptionError(ValueError):
     def for_cli(self) -> str:
         """The message with the option called by its command-line flag."""
         return self.named(self.flag or "--" + self.name.replace("_", "-"))
+
+
+def _rebuild(name: str, template: str, flag: str | None) -> OptionError:
+    return OptionError(name, template, flag=flag)

@@ -31,8 +31,7 @@ def check_output_folder(output: Path) -> None:
     """Refuse an ``--output`` that names an existing file (before any data or model loads)."""
     if output.exists() and not output.is_dir():
         raise FileExistsError(
-            f"--output {output} is a file; the trained model is a folder: give a new or "
-            "existing folder"
+            f"--output {output} is a file, not a folder: give a new or existing folder"
         )
 
 
@@ -57,6 +56,20 @@ def _launch_torchrun(nproc: int) -> None:
     err.print(f"launching: {' '.join(cmd)}", highlight=False)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     raise typer.Exit(subprocess.call(cmd, env=env))
+
+
+def _start_processes(config, nproc: int | None) -> tuple[int, bool]:  # noqa: ANN001
+    """(processes, whether this is the main one); launches torchrun for ``--nproc N``."""
+    from densefit.training import distributed
+
+    if nproc is not None and nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    if nproc is not None and nproc > 1 and not distributed.launched_by_torchrun():
+        _launch_torchrun(nproc)
+    if distributed.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+        config.device = str(distributed.init_distributed(config.device))  # cuda -> cuda:RANK
+        return distributed.world_size(), distributed.is_main_process()
+    return 1, True
 
 
 def _examples(data: Path, on_bad_row: OnBadRow, split: str) -> list:
@@ -144,14 +157,7 @@ def train(
 
     config = TrainConfig(**(options or {}), show_progress=progress)
     check_output_folder(output)
-    if nproc is not None and nproc < 1:
-        fail(f"--nproc must be >= 1, got {nproc}")
-    if nproc is not None and nproc > 1 and not distributed.launched_by_torchrun():
-        _launch_torchrun(nproc)
-    world, main = 1, True
-    if distributed.launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
-        config.device = str(distributed.init_distributed(config.device))  # cuda -> cuda:RANK
-        world, main = distributed.world_size(), distributed.is_main_process()
+    world, main = _start_processes(config, nproc)
     examples = _examples(data, on_bad_row, split)
     st_model = load_model(model, max_seq_length=config.max_seq_length)
     if config.device:
