@@ -280,3 +280,28 @@ def test_options_command_prints_the_markdown_table():
     result = runner.invoke(app, ["options", "--markdown"])
     assert result.exit_code == 0 and result.stdout == options_markdown()
     assert "| `train.warmup_steps` | `--warmup` | null | >= 0 |" in result.stdout
+
+
+def test_device_presence_on_a_one_gpu_machine(monkeypatch):
+    from densefit.config import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert check_device("auto") == "cuda" and check_device("cuda:0") == "cuda:0"
+    with pytest.raises(ValueError, match=r"has 1 CUDA device\(s\): cuda:0 to cuda:0"):
+        check_device("cuda:3")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="MPS is not available"):
+        check_device("mps")
+
+
+def test_a_missing_extra_says_what_to_install(capsys):
+    from densefit.cli.app import error_exit_code
+
+    missing = ModuleNotFoundError("No module named 'faiss'", name="faiss")
+    assert error_exit_code(missing) == 2
+    assert capsys.readouterr().err == (
+        "error: No module named 'faiss': pip install 'densefit[index]'\n"
+    )
+    assert error_exit_code(ModuleNotFoundError("No module named 'nope'", name="nope")) == 1
+    assert capsys.readouterr().err.startswith("unexpected error: ModuleNotFoundError")
