@@ -92,6 +92,7 @@ CASES = [
     ("train", ["--keep-graphs", "-1"], "--keep-graphs must be >= 0"),
     ("train", ["--weight-decay", "-0.1"], "--weight-decay must be >= 0"),
     ("train", ["--max-grad-norm", "0"], "--max-grad-norm must be > 0"),
+    ("train", ["--max-grad-norm", "abc"], "'--max-grad-norm'"),
     ("train", ["--log-every", "0"], "--log-every must be >= 1"),
     ("train", ["--grad-accum", "0"], "--grad-accum must be >= 1"),
     ("train", ["--batch-size", "0"], "--batch-size must be >= 1"),
