@@ -1,16 +1,43 @@
-"""Typed configuration: the one source of truth, saved as JSON beside every trained model."""
+"""Typed configuration: the one source of truth, saved as JSON beside every trained model.
+
+Every :class:`TrainConfig` field is declared once, with its help text, its command-line flag,
+its choices and its allowed range (an :class:`Option` in the field's metadata). Everything
+else is derived from that declaration: the checks in ``TrainConfig.__post_init__`` (so the
+Python API, the CLI and ``densefit run``'s YAML get the same ones), the ``densefit train`` and
+``densefit plan`` options (:mod:`densefit.cli.train`), the ``train.*`` keys of ``densefit run``
+(:mod:`densefit.pipeline.config`) and the options table of the README
+(:func:`options_markdown`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
-from dataclasses import asdict, dataclass, fields
+import re
+import typing
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
-__all__ = ["TrainConfig", "parse_bytes"]
+from densefit.errors import OptionError
+
+__all__ = [
+    "Option",
+    "OptionError",
+    "TrainConfig",
+    "check_device",
+    "check_memory_budget",
+    "config_options",
+    "option_of",
+    "options_markdown",
+    "parse_bytes",
+]
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20,
-          "G": 2**30, "T": 2**40}
+          "G": 2**30, "T": 2**40}  # fmt: skip
 
 
 def parse_bytes(text: str | int | float) -> int:
@@ -25,98 +52,446 @@ def parse_bytes(text: str | int | float) -> int:
         return int(text)
     s = str(text).strip().upper().replace(" ", "")
     number = s.rstrip("KMGTIB")
-    unit = s[len(number):]
+    unit = s[len(number) :]
+    message = f"cannot read memory size {text!r}: write e.g. 8GiB, 512MiB or 2GB"
     if unit not in _UNITS or not number:
-        raise ValueError(f"cannot read memory size {text!r}: write e.g. 8GiB, 512MiB or 2GB")
+        raise ValueError(message)
     try:
         value = float(number)
     except ValueError:
-        raise ValueError(f"cannot read memory size {text!r}: write e.g. 8GiB, 512MiB or 2GB") from None
+        raise ValueError(message) from None
     return int(value * _UNITS[unit])
+
+
+# ----------------------------------------------------------------------------- declaration
+
+
+Choices = Sequence[Any] | Callable[[], Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class Option:
+    """How one TrainConfig field is offered and checked: declared once, read everywhere.
+
+    ``flag`` is the click declaration (``--warmup``; booleans ``--symmetric/--no-symmetric``
+    unless given a single flag such as ``--no-duplicates``). ``choices`` is a sequence or a
+    function returning the registry it comes from (read lazily: no import cycle).
+    ``ge``/``gt`` bound numbers; ``check`` is a function that raises ``ValueError`` for a bad
+    value (its message completes "OPTION ..."). ``cli=False``: not a ``densefit train``
+    option; ``plan=False``: not a ``densefit plan`` option.
+    """
+
+    help: str
+    flag: str | None = None
+    choices: Choices | None = None
+    ge: float | None = None
+    gt: float | None = None
+    check: Callable[[Any], None] | None = None
+    metavar: str | None = None
+    cli: bool = True
+    plan: bool = True
+
+    def choice_list(self) -> tuple:
+        """The allowed values (the registry's, read now), or ``()`` when any value goes."""
+        if self.choices is None:
+            return ()
+        return tuple(self.choices() if callable(self.choices) else self.choices)
+
+    def allowed(self) -> str:
+        """What the option accepts, in words (for errors, help and docs)."""
+        choices = self.choice_list()
+        if choices:
+            return ", ".join("null" if c is None else str(c) for c in choices)
+        if self.gt is not None:
+            return f"> {self.gt:g}"
+        if self.ge is not None:
+            return f">= {self.ge:g}"
+        return self.metavar or ""
+
+
+def option(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field carrying its :class:`Option` in ``metadata["option"]``."""
+    return field(default=default, metadata={"option": Option(help=help, **kwargs)})
+
+
+def _loss_names() -> tuple[str, ...]:
+    from densefit.losses.contrastive import LOSSES
+
+    return tuple(LOSSES)
+
+
+def _similarities() -> tuple[str, ...]:
+    from densefit.losses.contrastive import SIMILARITIES
+
+    return SIMILARITIES
+
+
+def _memory_strategies() -> tuple[str, ...]:
+    from densefit.memory.strategies import STRATEGIES
+
+    return (*STRATEGIES, "auto")
+
+
+def _gather_modes() -> tuple[str, ...]:
+    # Lazily: densefit.training (the package) imports this module back.
+    from densefit.training.distributed import GATHER_MODES
+
+    return GATHER_MODES
+
+
+def check_memory_budget(value: str | int | float | None) -> None:
+    """Raise ``ValueError`` unless ``value`` is a size (``8GiB``, bytes) or a share of the
+    free memory (``0.8``, ``80%``), as :func:`densefit.memory.planner.resolve_budget` reads it.
+
+    >>> check_memory_budget("80%"), check_memory_budget(0.5), check_memory_budget("8GiB")
+    (None, None, None)
+    """
+    text = None if value is None else str(value).strip()
+    if not text:
+        return
+    wanted = (
+        "must be a memory size such as 8GiB or 512MiB, or a share of the free memory such as "
+        "0.8 or 80%"
+    )
+    try:
+        share = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        try:
+            size = parse_bytes(text)
+        except ValueError:
+            raise ValueError(f"{wanted}, got {value!r}") from None
+        share = None if size > 0 else 0.0
+    if share is not None and not (share > 0):
+        raise ValueError(f"{wanted} (above 0), got {value!r}")
+    if share is not None and 1 < share and text.endswith("%"):
+        raise ValueError(f"{wanted} (100% at most), got {value!r}")
+
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+
+
+def check_device(device: str | None) -> str | None:
+    """``device`` checked against this machine, ``auto`` resolved (cuda if present, else cpu).
+
+    Raises ``ValueError`` naming the choices, or saying which device is not present.
+
+    >>> check_device("cpu"), check_device(None)
+    ('cpu', None)
+    """
+    if device is None:
+        return None
+    text = str(device).strip().lower()
+    if not _DEVICE.fullmatch(text):
+        raise ValueError(f"must be one of {', '.join(DEVICES)}, got {device!r}")
+    import torch
+
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(text.partition(":")[2] or 0)
+        if count == 0:
+            raise ValueError(f"is {text}, but torch sees no CUDA device here: use cpu or auto")
+        if index >= count:
+            raise ValueError(
+                f"is {text}, but this machine has {count} CUDA device(s): cuda:0 to cuda:{count - 1}"
+            )
+    if text == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("is mps, but MPS is not available here: use cpu or auto")
+    return text
+
+
+# ----------------------------------------------------------------------------- the config
 
 
 @dataclass
 class TrainConfig:
-    """Everything that decides a training run.
+    """Everything that decides a training run; each field declares its help, flag and range.
 
     >>> TrainConfig(batch_size=64, loss="mnrl").batch_size
     64
+    >>> TrainConfig(warmup_steps=-5)
+    Traceback (most recent call last):
+    ...
+    densefit.errors.OptionError: warmup_steps must be >= 0, got -5
     """
 
-    batch_size: int = 32
-    epochs: int = 1
-    max_steps: int | None = None
-    learning_rate: float = 2e-5
-    warmup_steps: int | None = None  # None: 10% of the steps
-    weight_decay: float = 0.01
-    max_grad_norm: float | None = 1.0
-    seed: int = 42
-    loss: str = "mnrl"  # mnrl | margin_mse
-    scale: float = 20.0  # MNRL inverse temperature
-    symmetric: bool = False
-    similarity: str = "cos"
-    amp: str | None = None  # None | bf16 | fp16
-    gradient_checkpointing: bool = False
-    memory: str = "plain"  # plain | checkpoint | cache | cache+checkpoint | auto
-    chunk_size: int | None = None  # rows per encoder chunk
-    token_budget: int | None = None  # padded tokens per encoder chunk
-    loss_chunk_size: int | None = None  # anchors per block of the MNRL score matrix
-    # cache: chunks whose first-pass graphs are kept, not re-embedded (1 costs no memory);
-    # None: 1, or as many as memory_budget allows with --memory auto
-    keep_graphs: int | None = None
-    memory_budget: str | None = None  # e.g. "8GiB", for --memory auto
-    sort_by_length: bool = True
+    batch_size: int = option(
+        32,
+        "Rows per step: every other row's texts are in-batch negatives. With several "
+        "processes: the global batch, split across them.",
+        ge=1,
+    )
+    epochs: int = option(1, "Passes over the training data.", ge=1)
+    max_steps: int | None = option(
+        None, "Stop after this many steps (overrides epochs); default: epochs decide.", ge=1
+    )
+    learning_rate: float = option(2e-5, "Peak learning rate (AdamW).", flag="--lr", gt=0)
+    warmup_steps: int | None = option(
+        None, "Linear warm-up steps; default: 10% of the steps.", flag="--warmup", ge=0
+    )
+    weight_decay: float = option(0.01, "AdamW weight decay (not on biases and norms).", ge=0)
+    max_grad_norm: float | None = option(
+        1.0, "Clip the gradient norm to this; null: no clipping.", gt=0, plan=False
+    )
+    seed: int = option(42, "Seed of the data order and dropout.")
+    loss: str = option(
+        "mnrl",
+        "mnrl (in-batch + hard negatives) or margin_mse (needs a teacher score per row).",
+        choices=_loss_names,
+    )
+    scale: float = option(20.0, "MNRL inverse temperature.", gt=0)
+    symmetric: bool = option(False, "MNRL in both directions (query->doc, doc->query).")
+    similarity: str = option("cos", "Score of two embeddings.", choices=_similarities)
+    amp: str | None = option(
+        None, "Mixed precision: bf16 (CPU/CUDA) or fp16 (CUDA); default: off.",
+        choices=(None, "bf16", "fp16"),
+    )  # fmt: skip
+    gradient_checkpointing: bool = option(
+        False,
+        "Recompute activations in backward (with memory plain).",
+        flag="--gradient-checkpointing",
+    )
+    memory: str = option(
+        "plain",
+        "Memory strategy; auto: the planner picks one from the memory budget.",
+        choices=_memory_strategies,
+        plan=False,
+    )
+    chunk_size: int | None = option(
+        None, "Rows per encoder chunk (cache strategies); default: planned.", ge=1
+    )
+    token_budget: int | None = option(
+        None, "Padded tokens per encoder chunk; default: planned.", ge=1
+    )
+    loss_chunk_size: int | None = option(
+        None, "Anchors per block of the MNRL score matrix; default: automatic.", ge=1
+    )
+    # cache: chunks whose first-pass graphs are kept, not re-embedded (1 costs no memory)
+    keep_graphs: int | None = option(
+        None,
+        "Cache: chunks whose graphs are kept instead of re-embedded (1 costs no memory); "
+        "default: 1, or as many as the memory budget allows with memory auto.",
+        ge=0,
+    )
+    memory_budget: str | float | None = option(
+        None,
+        "For memory auto: a size (8GiB) or a share of the free memory (0.8, 80%); "
+        "default: 0.8 of the free memory.",
+        check=check_memory_budget,
+        metavar="SIZE|SHARE",
+    )
+    sort_by_length: bool = option(True, "Length-sorted chunks (less padding; changes no result).")
     # CPU under glibc's malloc: fix the mmap threshold and trim the heap after each chunk
     # (less activation memory for the cache, slower steps: bench/results/allocator.md). Off by
     # default; the CLI trains under mimalloc on Linux, which needs none of it.
-    release_cpu_memory: bool = False
-    mask_false_negatives: bool = True  # mask duplicates / known positives in MNRL
-    no_duplicates: bool = False  # batches without repeated texts (same count and sizes)
-    max_seq_length: int | None = None
-    gradient_accumulation_steps: int = 1
-    drop_last: bool = False
-    log_every: int = 1
-    device: str | None = None
-    show_progress: bool = True
-    checkpoint_every: int | None = None  # steps; checkpoints are also written at epoch ends
-    keep_checkpoints: int = 2  # 0: write no checkpoints
-    max_nonfinite: int = 5  # stop after this many non-finite steps in a row; 0: never
-    gather: str = "candidates"  # several processes: none | candidates | both (densefit.training.distributed)
+    release_cpu_memory: bool = option(
+        False,
+        "CPU under the system's glibc malloc (DENSEFIT_ALLOCATOR=system): return freed "
+        "activations to the OS after each chunk (less memory, slower steps). Not needed "
+        "under mimalloc, the CLI's default on Linux.",
+    )
+    mask_false_negatives: bool = option(
+        True, "Mask duplicate texts and known positives (by id) among the MNRL negatives."
+    )
+    no_duplicates: bool = option(
+        False,
+        "Regroup batches so that no text repeats within a batch (same number of batches).",
+        flag="--no-duplicates",
+    )
+    max_seq_length: int | None = option(
+        None,
+        "Truncate texts to this many tokens; default: the model's own. Above the model's "
+        "limit (its position embeddings) is an error.",
+        ge=1,
+    )
+    gradient_accumulation_steps: int = option(
+        1,
+        "Micro-batches per step (does NOT add in-batch negatives; prefer memory auto).",
+        flag="--grad-accum",
+        ge=1,
+    )
+    drop_last: bool = option(False, "Drop the last, smaller batch of each epoch.")
+    log_every: int = option(
+        1, "Write a line to the training log (train_log.jsonl) every N steps.", ge=1, plan=False
+    )
+    device: str | None = option(
+        None,
+        "auto (cuda if present, else cpu), cpu, cuda, cuda:N or mps; default: cpu.",
+        check=check_device,
+        metavar="|".join(DEVICES),
+    )
+    show_progress: bool = option(True, "Show progress bars.", cli=False, plan=False)
+    checkpoint_every: int | None = option(
+        None,
+        "Checkpoint every N steps (and at each epoch end) so that an interrupted run resumes; "
+        "default: at epoch ends only.",
+        ge=1,
+        plan=False,
+    )
+    keep_checkpoints: int = option(
+        2, "How many of the newest checkpoints to keep; 0: write none.", ge=0, plan=False
+    )
+    max_nonfinite: int = option(
+        5,
+        "Stop after this many steps in a row with a non-finite loss or gradient (each is "
+        "skipped); 0: never.",
+        ge=0,
+        plan=False,
+    )
+    gather: str = option(
+        "candidates",
+        "Several processes: candidates = every device's texts are negatives for every anchor; "
+        "both = anchors too, each device computes the whole loss; none = each device's rows only.",
+        choices=_gather_modes,
+        plan=False,
+    )
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.batch_size >= 1, "batch_size must be >= 1"),
-            (self.epochs >= 1, "epochs must be >= 1"),
-            (self.max_steps is None or self.max_steps >= 1, "max_steps must be >= 1"),
-            (self.learning_rate > 0, "learning rate must be > 0"),
-            (self.loss in ("mnrl", "margin_mse"), f"loss must be mnrl or margin_mse, not {self.loss!r}"),
-            (self.amp in (None, "bf16", "fp16"), f"amp must be bf16 or fp16, not {self.amp!r}"),
-            (self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1"),
-            (self.checkpoint_every is None or self.checkpoint_every >= 1,
-             "checkpoint_every must be >= 1 (or None: only at epoch ends)"),
-            (self.keep_checkpoints >= 0, "keep_checkpoints must be >= 0 (0: no checkpoints)"),
-            (self.max_nonfinite >= 0, "max_nonfinite must be >= 0 (0: never stop)"),
-            (self.gather in ("none", "candidates", "both"),
-             f"gather must be none, candidates or both, not {self.gather!r}"),
-            (self.memory in ("plain", "checkpoint", "cache", "cache+checkpoint", "auto"),
-             f"memory must be plain, checkpoint, cache, cache+checkpoint or auto, not {self.memory!r}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-        if self.memory_budget is not None:
-            parse_bytes(self.memory_budget)
+        for f, opt in config_options():
+            setattr(self, f.name, check_value(f.name, opt, getattr(self, f.name)))
 
     def to_dict(self) -> dict:
+        """Every field by name (JSON-ready)."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> TrainConfig:
+    def from_dict(cls, data: dict, *, ignore_extra: bool = False) -> TrainConfig:
+        """Build from a mapping of field names; unknown keys are an error unless
+        ``ignore_extra`` (e.g. what :meth:`save` adds: versions, steps, the memory plan).
+
+        >>> TrainConfig.from_dict({"batch_size": 8, "steps": 3}, ignore_extra=True).batch_size
+        8
+        """
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
-        if unknown:
+        if unknown and not ignore_extra:
             raise ValueError(f"unknown training options: {', '.join(unknown)}")
-        return cls(**data)
+        return cls(**{k: v for k, v in data.items() if k in known})
 
-    def save(self, path: str | Path, **extra) -> None:
+    @classmethod
+    def load(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        """Read the ``densefit_config.json`` that :meth:`save` wrote (a file or its folder);
+        ``overrides`` replace fields, e.g. ``device="cpu"`` for a model trained on a GPU.
+        """
+        path = Path(path)
+        if path.is_dir():
+            path = path / "densefit_config.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return cls.from_dict({**data, **overrides}, ignore_extra=True)
+
+    def save(self, path: str | Path, **extra: Any) -> None:
+        """Write the fields and ``extra`` (versions, results) as JSON to ``path``."""
         Path(path).write_text(json.dumps({**self.to_dict(), **extra}, indent=2, default=str))
+
+
+# ----------------------------------------------------------------------------- derived
+
+
+def config_options() -> list[tuple[dataclasses.Field, Option]]:
+    """(field, option) of every TrainConfig field, in declaration order."""
+    return [(f, f.metadata["option"]) for f in fields(TrainConfig)]
+
+
+def option_of(name: str) -> Option:
+    """The :class:`Option` declared for the TrainConfig field ``name``."""
+    return _options_by_name()[name]
+
+
+@functools.cache
+def _options_by_name() -> dict[str, Option]:
+    return {f.name: opt for f, opt in config_options()}
+
+
+@functools.cache
+def field_types() -> dict[str, Any]:
+    """Each field's type hint (``int | None`` ...), resolved."""
+    return typing.get_type_hints(TrainConfig)
+
+
+def flag_declaration(name: str) -> str:
+    """The click declaration of field ``name``'s flag: the declared one, else ``--x`` (a
+    boolean: ``--x/--no-x``).
+    """
+    declared = option_of(name).flag
+    if declared:
+        return declared
+    flag = "--" + name.replace("_", "-")
+    return f"{flag}/--no-{flag[2:]}" if field_types()[name] is bool else flag
+
+
+def flag_of(name: str) -> str:
+    """The CLI flag of field ``name`` (the first of ``--x/--no-x``), named in errors."""
+    return flag_declaration(name).split("/")[0]
+
+
+def check_value(name: str, opt: Option, value: Any) -> Any:
+    """``value`` checked against ``opt``'s choices, range and check; raises :class:`OptionError`.
+
+    Returns the value to store (``device="auto"`` becomes the device it names here).
+    """
+
+    def bad(requirement: str) -> OptionError:
+        requirement = requirement.replace("{", "{{").replace("}", "}}")
+        return OptionError(name, "{option} " + requirement, flag=flag_of(name))
+
+    choices = opt.choice_list()
+    if choices and value not in choices:
+        shown = ", ".join("null" if c is None else str(c) for c in choices)
+        raise bad(f"must be one of {shown}, got {value!r}")
+    if value is None or isinstance(value, bool):
+        return value
+    bounded = opt.ge is not None or opt.gt is not None
+    if bounded and not isinstance(value, (int, float)):
+        raise bad(f"must be {_type_words(field_types().get(name, float))}, got {value!r}")
+    if opt.ge is not None and not value >= opt.ge:
+        raise bad(f"must be >= {opt.ge:g}, got {value!r}")
+    if opt.gt is not None and not value > opt.gt:
+        raise bad(f"must be > {opt.gt:g}, got {value!r}")
+    if opt.check is not None:
+        try:
+            checked = opt.check(value)
+        except ValueError as exc:
+            raise bad(str(exc)) from None
+        return value if checked is None else checked
+    return value
+
+
+def _type_words(hint: Any) -> str:
+    names = {bool: "true/false", int: "an integer", float: "a number", str: "text"}
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    words = " or ".join(names.get(a, getattr(a, "__name__", str(a))) for a in args)
+    return words + (" or null" if type(None) in typing.get_args(hint) else "")
+
+
+def iter_option_rows() -> Iterator[dict[str, str]]:
+    """One row per TrainConfig field: key, flag, default, allowed values, help."""
+    for f, opt in config_options():
+        default = f.default if isinstance(f.default, str) else json.dumps(f.default)
+        yield {
+            "key": f.name,
+            "flag": flag_declaration(f.name) if opt.cli else "",
+            "type": _type_words(field_types()[f.name]),
+            "default": default,
+            "allowed": opt.allowed(),
+            "help": opt.help,
+        }
+
+
+def options_markdown() -> str:
+    """The training options as a Markdown table (YAML key, CLI flag, default, allowed, meaning).
+
+    The README's table is this function's output (``densefit options --markdown``).
+    """
+    lines = [
+        "| `train.` key | `densefit train` flag | default | allowed | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in iter_option_rows():
+        flag = f"`{row['flag']}`" if row["flag"] else ""
+        allowed = row["allowed"] or row["type"]
+        lines.append(
+            f"| `train.{row['key']}` | {flag} | {row['default']} | {allowed} | {row['help']} |"
+        )
+    return "\n".join(lines) + "\n"

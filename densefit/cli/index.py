@@ -15,8 +15,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from densefit.cli.common import OnBadRow, err, fail
-from densefit.cli.errors import user_errors
+from densefit.cli.common import OnBadRow, err, fail, warn
 
 __all__ = ["register"]
 
@@ -89,35 +88,30 @@ def index(
     from densefit.data.types import ReadReport
     from densefit.retrieval.index.store import open_store
 
-    with user_errors():
-        if not corpus.exists():
-            raise FileNotFoundError(f"{corpus}: no such file or folder")
-        st_model = _load_model(model, max_seq_length)
-        document_store = open_store(
-            store, st_model, backend=backend, dtype=dtype.value, lock_timeout=lock_timeout
+    if not corpus.exists():
+        raise FileNotFoundError(f"{corpus}: no such file or folder")
+    st_model = _load_model(model, max_seq_length)
+    document_store = open_store(
+        store, st_model, backend=backend, dtype=dtype.value, lock_timeout=lock_timeout
+    )
+    if document_store.dtype != dtype.value and dtype != Dtype.float32:
+        warn(f"{store} stores {document_store.dtype} vectors; --dtype applies to new stores only")
+    read_report = ReadReport(str(corpus))
+    documents = iter_corpus(corpus, on_bad_row=on_bad_row.value, report=read_report)
+    with document_store:
+        report = _index_into(
+            document_store,
+            st_model,
+            documents,
+            prune=prune,
+            total=_count_rows(corpus),
+            batch_size=batch_size,
+            commit_every=commit_every,
+            show_progress=progress,
+            reembed=reembed,
+            lock_timeout=lock_timeout,
         )
-        if document_store.dtype != dtype.value and dtype != Dtype.float32:
-            err.print(
-                f"[yellow]warning:[/] {store} stores {document_store.dtype} vectors; --dtype "
-                "applies to new stores only",
-                highlight=False,
-            )
-        read_report = ReadReport(str(corpus))
-        documents = iter_corpus(corpus, on_bad_row=on_bad_row.value, report=read_report)
-        with document_store:
-            report = _index_into(
-                document_store,
-                st_model,
-                documents,
-                prune=prune,
-                total=_count_rows(corpus),
-                batch_size=batch_size,
-                commit_every=commit_every,
-                show_progress=progress,
-                reembed=reembed,
-                lock_timeout=lock_timeout,
-            )
-            info = document_store.info()
+        info = document_store.info()
     if as_json:
         payload = {"report": report.to_dict(), "read": read_report.to_dict(), "store": info}
         typer.echo(json.dumps(payload, indent=2))
@@ -180,20 +174,19 @@ def search(
     from densefit.retrieval.index.searching import search_batch
     from densefit.retrieval.index.store import LocalDocumentStore
 
-    with user_errors():
-        document_store = LocalDocumentStore(store, backend=backend)
-        with document_store:
-            name = model or document_store.model_name
-            try:
-                st_model = _load_model(name)
-            except Exception as exc:  # noqa: BLE001 - explain which model and how to fix
-                if model:
-                    raise
-                fail(
-                    f"{store} was indexed with {name!r}, which cannot be loaded here "
-                    f"({exc.__class__.__name__}: {str(exc)[:200]}): pass --model PATH_TO_THAT_MODEL"
-                )
-            results = search_batch(document_store, st_model, queries, top_k=top_k)
+    document_store = LocalDocumentStore(store, backend=backend)
+    with document_store:
+        name = model or document_store.model_name
+        try:
+            st_model = _load_model(name)
+        except Exception as exc:  # noqa: BLE001 - explain which model and how to fix
+            if model:
+                raise
+            fail(
+                f"{store} was indexed with {name!r}, which cannot be loaded here "
+                f"({exc.__class__.__name__}: {str(exc)[:200]}): pass --model PATH_TO_THAT_MODEL"
+            )
+        results = search_batch(document_store, st_model, queries, top_k=top_k)
     if as_json:
         payload = [
             {"query": q, "hits": [h.to_dict() for h in hits]}

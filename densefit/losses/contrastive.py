@@ -11,7 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["mnrl", "margin_mse", "chunked_cross_entropy", "LOSSES"]
+__all__ = ["mnrl", "margin_mse", "chunked_cross_entropy", "LOSSES", "SIMILARITIES"]
+
+SIMILARITIES = ("cos", "dot")  # how mnrl scores two embeddings
 
 
 def _as_matrix(x: torch.Tensor | None, d: int) -> torch.Tensor | None:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from densefit.config import TrainConfig
+from densefit.config import TrainConfig, config_options, field_types
+from densefit.errors import OptionError
 from densefit.evaluate import DEFAULT_METRICS, parse_metric
 
 __all__ = [
@@ -104,6 +105,8 @@ class RunConfig:
         options = {**TRAIN_DEFAULTS, **self.train, "show_progress": self.progress}
         try:
             return TrainConfig(**options)
+        except OptionError as exc:
+            raise ConfigError(f"{self.source}: {exc.named('train.' + exc.name)}") from None
         except ValueError as exc:
             raise ConfigError(f"{self.source}: train: {exc}") from None
 
@@ -114,6 +117,7 @@ class RunConfig:
         return out
 
 
+# The top-level, mine and eval keys; the train keys are added from TrainConfig's declaration.
 KEY_DOCS: dict[str, str] = {
     "data": "BEIR folder (corpus.jsonl[.gz], queries.jsonl, qrels/<split>.tsv): the corpus to "
     "evaluate on and, unless `train_data` is set, the training pairs (its `train_split`).",
@@ -140,43 +144,6 @@ KEY_DOCS: dict[str, str] = {
     "mine.batch_size": "Encoder batch size (dense, hybrid).",
     "mine.max_seq_length": "Truncate texts to this many tokens when mining (dense, hybrid); null: "
     "the model's own.",
-    "train.batch_size": "Rows per step: every other row's texts are in-batch negatives.",
-    "train.epochs": "Passes over the training data.",
-    "train.max_steps": "Stop after this many steps (overrides epochs); null: epochs decide.",
-    "train.learning_rate": "Peak learning rate (AdamW), e.g. 3.0e-5.",
-    "train.warmup_steps": "Linear warm-up steps; null: 10% of the steps.",
-    "train.weight_decay": "AdamW weight decay (not on biases and norms).",
-    "train.max_grad_norm": "Clip the gradient norm to this; null: no clipping.",
-    "train.seed": "Seed of the data order and dropout.",
-    "train.loss": "mnrl (in-batch + hard negatives) or margin_mse (needs a teacher score per row).",
-    "train.scale": "MNRL inverse temperature.",
-    "train.symmetric": "MNRL in both directions (query->doc, doc->query).",
-    "train.similarity": "cos or dot.",
-    "train.amp": "Mixed precision: null, bf16 (CPU/CUDA) or fp16 (CUDA).",
-    "train.gradient_checkpointing": "Recompute activations in backward (with memory: plain).",
-    "train.memory": "auto (the planner picks from memory_budget), plain, checkpoint, cache or "
-    "cache+checkpoint. Pipeline default: auto.",
-    "train.memory_budget": "For memory: auto, e.g. 8GiB; null: 0.8 of the free memory.",
-    "train.chunk_size": "Rows per encoder chunk (cache strategies); null: planned.",
-    "train.token_budget": "Padded tokens per encoder chunk; null: planned.",
-    "train.loss_chunk_size": "Anchors per block of the MNRL score matrix; null: automatic.",
-    "train.keep_graphs": "Cache: chunks whose graphs are kept instead of re-embedded (1 costs "
-    "no memory); null: 1, or planned.",
-    "train.sort_by_length": "Length-sorted chunks (less padding; changes no result).",
-    "train.release_cpu_memory": "CPU under glibc's malloc: return freed activations to the OS (less memory, slower; not needed under mimalloc, the CLI's default on Linux).",
-    "train.mask_false_negatives": "Mask duplicate texts and known positives among the negatives.",
-    "train.gather": "Under torchrun only: what is gathered across devices, candidates, both (anchors too) or none.",
-    "train.no_duplicates": "Regroup batches so that no text repeats within a batch.",
-    "train.max_seq_length": "Truncate training texts to this many tokens; null: the model's own.",
-    "train.gradient_accumulation_steps": "Micro-batches per step (does NOT add in-batch "
-    "negatives; prefer memory: auto).",
-    "train.drop_last": "Drop the last, smaller batch of each epoch.",
-    "train.log_every": "Write a line to OUTPUT/model/train_log.jsonl every N steps.",
-    "train.device": "cpu, cuda, cuda:1 ...; null: cpu.",
-    "train.checkpoint_every": "Checkpoint every N steps (and at each epoch end) so that an "
-    "interrupted run resumes. Pipeline default: 50.",
-    "train.keep_checkpoints": "How many of the newest checkpoints to keep while training.",
-    "train.max_nonfinite": "Stop after this many non-finite steps in a row (each is skipped).",
     "eval.split": "Held-out qrels split of `data` to evaluate base and trained model on.",
     "eval.metrics": "Metrics: ndcg@K, mrr@K, recall@K, map@K, precision@K.",
     "eval.max_seq_length": "Truncate documents and queries to this many tokens for both "
@@ -191,9 +158,25 @@ KEY_DOCS: dict[str, str] = {
 }
 
 
+def _train_key_docs() -> dict[str, str]:
+    """``train.<field>`` -> the field's help, declared once on TrainConfig."""
+    docs = {}
+    for f, opt in config_options():
+        if f.name in _NOT_IN_TRAIN_SECTION:
+            continue
+        doc = opt.help
+        if f.name in TRAIN_DEFAULTS:
+            doc += f" Pipeline default: {TRAIN_DEFAULTS[f.name]}."
+        docs[f"train.{f.name}"] = doc
+    return docs
+
+
+KEY_DOCS.update(_train_key_docs())
+
+
 def _section_fields() -> dict[str, dict[str, Any]]:
     """Known keys per section with their type hints ("" = top level)."""
-    train_hints = typing.get_type_hints(TrainConfig)
+    train_hints = field_types()
     return {
         "": {
             f.name: typing.get_type_hints(RunConfig)[f.name]

@@ -1,0 +1,308 @@
+"""Every command, every bad option: exit status 2, one line on stderr, never a traceback.
+
+In-process through typer's CliRunner (the app's own error handler runs there too), a
+subprocess only for ``--debug``'s traceback and the unexpected-error line.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from densefit.cli import app
+from densefit.config import TrainConfig, config_options, option_of, options_markdown
+from densefit.testing import tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """A tiny model (position limit 128), training pairs, a BEIR folder and a plain file."""
+    root = tmp_path_factory.mktemp("cli_errors")
+    tiny_model(root / "model")
+    rows = [{"question": f"what is cell {i}", "pos_doc": f"the cell protein {i}"} for i in range(8)]
+    (root / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    beir = root / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text(
+        "".join(
+            json.dumps({"_id": f"d{i}", "text": f"the cell protein {i}"}) + "\n" for i in range(8)
+        )
+    )
+    (beir / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": f"what is cell {i}"}) + "\n" for i in range(8))
+    )
+    for split in ("train", "test"):
+        lines = ["query-id\tcorpus-id\tscore"] + [f"q{i}\td{i}\t1" for i in range(8)]
+        (beir / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    (root / "a_file").write_text("not a folder\n")
+    return root
+
+
+@pytest.fixture(autouse=True)
+def no_progress_bars(monkeypatch):
+    """transformers draws a 'Loading weights' bar on stderr: not ours, not counted."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    yield
+    logging.enable_progress_bar()
+
+
+def command(ws: Path, name: str) -> list[str]:
+    """A valid command line of ``name`` over the workspace; each case adds one bad option."""
+    m, out = str(ws / "model"), str(ws / "out")
+    return {
+        "train": ["train", str(ws / "pairs.jsonl"), "-m", m, "-o", out, "--max-steps", "1",
+                  "--no-progress"],
+        "plan": ["plan", str(ws / "pairs.jsonl"), "-m", m, "--batch-size", "4"],
+        "mine": ["mine", str(ws / "beir"), "--corpus", str(ws / "beir"), "-o",
+                 str(ws / "mined.jsonl"), "--no-progress"],
+        "dense-mine": ["mine", str(ws / "beir"), "--corpus", str(ws / "beir"), "-o",
+                       str(ws / "mined.jsonl"), "--no-progress", "--method", "dense", "-m", m],
+        "index": ["index", str(ws / "beir"), "-m", m, "--store", str(ws / "store"),
+                  "--no-progress"],
+        "search": ["search", "cell", "--store", str(ws / "no-store")],
+        "eval": ["eval", "--dataset", str(ws / "beir"), "-m", m, "--no-progress"],
+        "run": ["run", "--data", str(ws / "beir"), "-m", m, "-o", str(ws / "run"),
+                "--no-progress"],
+    }[name]  # fmt: skip
+
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+
+# (command, extra arguments, a piece of the one error line); {ws}: the workspace folder.
+CASES = [
+    ("train", ["--max-seq-length", "100000"], "limit of 128 tokens"),
+    ("train", ["--max-seq-length", "0"], "--max-seq-length must be >= 1, got 0"),
+    pytest.param("train", ["--device", "cuda"], "--device is cuda", marks=NO_CUDA),
+    ("train", ["--device", "gpu"], "--device must be one of auto, cpu, cuda, cuda:N, mps"),
+    ("train", ["--warmup", "-5"], "--warmup must be >= 0, got -5"),
+    ("train", ["--scale", "0"], "--scale must be > 0"),
+    ("train", ["--token-budget", "0"], "--token-budget must be >= 1"),
+    ("train", ["--chunk-size", "0"], "--chunk-size must be >= 1"),
+    ("train", ["--loss-chunk-size", "0"], "--loss-chunk-size must be >= 1"),
+    ("train", ["--keep-graphs", "-1"], "--keep-graphs must be >= 0"),
+    ("train", ["--weight-decay", "-0.1"], "--weight-decay must be >= 0"),
+    ("train", ["--max-grad-norm", "0"], "--max-grad-norm must be > 0"),
+    ("train", ["--max-grad-norm", "abc"], "'--max-grad-norm'"),
+    ("train", ["--log-every", "0"], "--log-every must be >= 1"),
+    ("train", ["--grad-accum", "0"], "--grad-accum must be >= 1"),
+    ("train", ["--batch-size", "0"], "--batch-size must be >= 1"),
+    ("train", ["--epochs", "0"], "--epochs must be >= 1"),
+    ("train", ["--lr", "0"], "--lr must be > 0"),
+    ("train", ["--max-steps", "0"], "--max-steps must be >= 1"),
+    ("train", ["--checkpoint-every", "0"], "--checkpoint-every must be >= 1"),
+    ("train", ["--keep-checkpoints", "-1"], "--keep-checkpoints must be >= 0"),
+    ("train", ["--max-nonfinite", "-1"], "--max-nonfinite must be >= 0"),
+    ("train", ["--memory-budget", "bogus"], "--memory-budget must be a memory size"),
+    ("train", ["--memory-budget", "150%"], "--memory-budget must be a memory size"),
+    ("train", ["--loss", "triplet"], "--loss must be one of mnrl, margin_mse"),
+    ("train", ["--memory", "lots"], "--memory must be one of plain, checkpoint, cache"),
+    ("train", ["--gather", "all"], "--gather must be one of none, candidates, both"),
+    ("train", ["--amp", "fp32"], "--amp must be one of null, bf16, fp16"),
+    ("train", ["--similarity", "l2"], "--similarity must be one of cos, dot"),
+    ("train", ["--batch-size", "many"], "'--batch-size'"),
+    ("train", ["--nproc", "0"], "--nproc must be >= 1"),
+    ("train", ["--no-such-option"], "--no-such-option"),
+    ("train", ["-o", "{ws}/a_file"], "is a file"),
+    ("train", ["-m", "{ws}/no-model"], "no-model"),
+    ("plan", ["--memory-budget", "bogus"], "--memory-budget must be a memory size"),
+    ("plan", ["--max-seq-length", "100000"], "limit of 128 tokens"),
+    ("plan", ["--device", "gpu"], "--device must be one of"),
+    ("plan", ["--memory", "cache"], "--memory"),  # plan always plans memory auto
+    ("mine", ["--range", "abc"], "MIN:MAX"),
+    ("mine", ["--method", "tfidf"], "'--method'"),
+    ("mine", ["--method", "dense"], "pass --model"),
+    ("mine", ["--corpus", "{ws}/missing"], "missing"),
+    ("dense-mine", ["--max-seq-length", "100000"], "limit of 128 tokens"),
+    ("index", ["--max-seq-length", "100000"], "limit of 128 tokens"),
+    ("index", ["--dtype", "int8"], "'--dtype'"),
+    ("search", [], "no-store"),
+    ("eval", ["--metrics", "ndcg@ten"], "ndcg@ten"),
+    ("eval", ["--dataset", "{ws}/missing"], "missing"),
+    ("run", ["--lr", "0"], "train.learning_rate must be > 0"),
+    ("run", ["--set", "train.warmup_steps=-5"], "train.warmup_steps must be >= 0, got -5"),
+    ("run", ["--set", "train.device=gpu"], "train.device must be one of"),
+    ("run", ["--set", "warmup"], "KEY=VALUE"),
+    ("run", ["-o", "{ws}/a_file"], "is a file"),
+    ("run", ["--data", "{ws}/missing"], "missing"),
+]
+
+
+@pytest.mark.parametrize(("name", "extra", "expected"), CASES)
+def test_bad_option_is_one_line_and_exit_2(ws, name, extra, expected):
+    args = command(ws, name) + [a.format(ws=ws) for a in extra]
+    result = runner.invoke(app, args)
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 2, (args, result.output)
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert expected.format(ws=ws) in lines[0], lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_missing_data_file_every_command(ws):
+    missing = str(ws / "missing.jsonl")
+    for args in (
+        ["train", missing, "-m", str(ws / "model"), "-o", str(ws / "o")],
+        ["plan", missing, "-m", str(ws / "model"), "--batch-size", "4"],
+        ["mine", missing, "--corpus", str(ws / "beir"), "-o", str(ws / "m.jsonl")],
+        ["index", missing, "-m", str(ws / "model"), "--store", str(ws / "s")],
+        ["run", str(ws / "missing.yaml")],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.stderr.count("\n") == 1 and "missing" in result.stderr, result.stderr
+
+
+def test_planner_out_of_memory_is_one_line_and_exit_3(ws):
+    result = runner.invoke(app, [*command(ws, "plan"), "--memory-budget", "1KiB"])
+    assert result.exit_code == 3 and result.stderr.startswith("error: ")
+    assert result.stderr.count("\n") == 1 and "raise --memory-budget" in result.stderr
+
+
+def test_warnings_are_printed_by_the_one_warn_function(ws, tmp_path):
+    args = ["train", str(ws / "pairs.jsonl"), "-m", str(ws / "model"), "-o", str(tmp_path / "o"),
+            "--max-steps", "1", "--no-progress", "--resume"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "warning: no checkpoint in" in result.stderr and "starting from step 0" in result.stderr
+
+
+def test_ctrl_c_says_where_the_checkpoint_is_and_how_to_resume(ws, tmp_path, monkeypatch):
+    from densefit.training import checkpoint
+
+    original = checkpoint.Checkpointer.save
+
+    def save_then_interrupt(self, step, **kwargs):
+        path = original(self, step, **kwargs)
+        if step == 2:
+            raise KeyboardInterrupt
+        return path
+
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", save_then_interrupt)
+    out = tmp_path / "out"
+    args = ["train", str(ws / "pairs.jsonl"), "-m", str(ws / "model"), "-o", str(out),
+            "--batch-size", "2", "--checkpoint-every", "1", "--no-progress"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 130, result.output
+    line = " ".join(result.stderr.split())
+    assert f"the last checkpoint is {out / 'checkpoints' / 'step-000002'} (step 2)" in line
+    assert line.endswith(" ".join(["continue with: densefit", *args[:], "--resume"]))
+
+
+def test_debug_prints_the_traceback(ws, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DENSEFIT_ALLOCATOR": "system"}
+    args = ["plan", str(ws / "missing.jsonl"), "--batch-size", "4", "-m", str(ws / "model")]
+    plain = subprocess.run([sys.executable, "-m", "densefit", *args], capture_output=True,
+                           text=True, env=env, timeout=120)  # fmt: skip
+    assert plain.returncode == 2 and plain.stderr.count("\n") == 1
+    debug = subprocess.run([sys.executable, "-m", "densefit", *args, "--debug"],
+                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+    assert debug.stderr.splitlines()[-1] == plain.stderr.strip()
+
+
+def test_an_unexpected_error_is_one_line_that_says_how_to_report_it(ws):
+    code = (
+        "import sys, densefit.retrieval.retriever as r\n"
+        "def boom(*a, **k):\n    raise RuntimeError('boom')\n"
+        "r.load_training_examples = boom\n"
+        "from densefit.cli import main\nmain()\n"
+    )
+    args = ["plan", str(ws / "pairs.jsonl"), "--batch-size", "4", "-m", str(ws / "model")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                            env=env, timeout=120)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("unexpected error: RuntimeError: boom — rerun with --debug")
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+
+def test_every_option_is_declared_once_and_reaches_cli_yaml_and_docs():
+    import inspect
+
+    from densefit.cli.train import plan, train
+    from densefit.pipeline import describe_keys
+
+    train_params = inspect.signature(train).parameters
+    docs = {key: doc for key, _, doc in describe_keys()}
+    table = options_markdown()
+    for f, opt in config_options():
+        assert opt.help, f.name
+        assert f"`train.{f.name}`" in table
+        if f.name != "show_progress":
+            assert docs[f"train.{f.name}"].startswith(opt.help)
+        assert (f.name in train_params) == opt.cli, f.name
+    assert "memory" not in inspect.signature(plan).parameters  # plan plans memory auto
+    assert option_of("warmup_steps").flag == "--warmup"
+
+
+def test_choices_come_from_the_registries():
+    from densefit.losses.contrastive import LOSSES
+    from densefit.memory.strategies import STRATEGIES
+    from densefit.training.distributed import GATHER_MODES
+
+    assert option_of("loss").choice_list() == tuple(LOSSES)
+    assert option_of("memory").choice_list() == (*STRATEGIES, "auto")
+    assert option_of("gather").choice_list() == GATHER_MODES
+
+
+def test_auto_device_and_shares_of_memory():
+    assert TrainConfig(device="auto").device == ("cuda" if torch.cuda.is_available() else "cpu")
+    for budget in ("0.8", 0.5, "80%", "8GiB", 2**30):
+        assert TrainConfig(memory_budget=budget).memory_budget == budget
+    for budget in ("0", "-1", "0%", "150%", "lots"):
+        with pytest.raises(ValueError, match="memory_budget must be a memory size"):
+            TrainConfig(memory_budget=budget)
+
+
+def test_load_reads_what_save_wrote(tmp_path):
+    config = TrainConfig(batch_size=8, memory="cache", warmup_steps=3, amp="bf16")
+    config.save(tmp_path / "densefit_config.json", steps=4, memory_plan={"strategy": "cache"},
+                densefit_version="0.1.0")  # fmt: skip
+    assert TrainConfig.load(tmp_path) == config
+    assert TrainConfig.load(tmp_path / "densefit_config.json", batch_size=16).batch_size == 16
+    with pytest.raises(ValueError, match="unknown training options: steps"):
+        TrainConfig.from_dict({"steps": 4})
+
+
+def test_options_command_prints_the_markdown_table():
+    result = runner.invoke(app, ["options", "--markdown"])
+    assert result.exit_code == 0 and result.stdout == options_markdown()
+    assert "| `train.warmup_steps` | `--warmup` | null | >= 0 |" in result.stdout
+
+
+def test_device_presence_on_a_one_gpu_machine(monkeypatch):
+    from densefit.config import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert check_device("auto") == "cuda" and check_device("cuda:0") == "cuda:0"
+    with pytest.raises(ValueError, match=r"has 1 CUDA device\(s\): cuda:0 to cuda:0"):
+        check_device("cuda:3")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="MPS is not available"):
+        check_device("mps")
+
+
+def test_a_missing_extra_says_what_to_install(capsys):
+    from densefit.cli.app import error_exit_code
+
+    missing = ModuleNotFoundError("No module named 'faiss'", name="faiss")
+    assert error_exit_code(missing) == 2
+    assert capsys.readouterr().err == (
+        "error: No module named 'faiss': pip install 'densefit[index]'\n"
+    )
+    assert error_exit_code(ModuleNotFoundError("No module named 'nope'", name="nope")) == 1
+    assert capsys.readouterr().err.startswith("unexpected error: ModuleNotFoundError")
