@@ -20,6 +20,7 @@ from rich.markup import escape
 
 __all__ = [
     "OnBadRow",
+    "check_output_folder",
     "err",
     "fail",
     "invocation",
