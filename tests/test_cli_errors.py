@@ -112,7 +112,7 @@ CASES = [
     ("train", ["--batch-size", "many"], "'--batch-size'"),
     ("train", ["--nproc", "0"], "--nproc must be >= 1"),
     ("train", ["--no-such-option"], "--no-such-option"),
-    ("train", ["-o", "{ws}/a_file"], "is a file"),
+    ("train", ["-o", "{ws}/a_file"], "not a folder"),
     ("train", ["-m", "{ws}/no-model"], "no-model"),
     ("plan", ["--memory-budget", "bogus"], "--memory-budget must be a memory size"),
     ("plan", ["--max-seq-length", "100000"], "limit of 128 tokens"),
@@ -132,7 +132,7 @@ CASES = [
     ("run", ["--set", "train.warmup_steps=-5"], "train.warmup_steps must be >= 0, got -5"),
     ("run", ["--set", "train.device=gpu"], "train.device must be one of"),
     ("run", ["--set", "warmup"], "KEY=VALUE"),
-    ("run", ["-o", "{ws}/a_file"], "is a file"),
+    ("run", ["-o", "{ws}/a_file"], "not a folder"),
     ("run", ["--data", "{ws}/missing"], "missing"),
 ]
 

@@ -183,5 +183,5 @@ def check_output_folder(output: Path) -> None:
     """Refuse an ``--output`` that names an existing file (before any data or model loads)."""
     if output.exists() and not output.is_dir():
         raise FileExistsError(
-            f"--output {output} is a file, not a folder: give a new or existing folder"
+            f"{output}: exists and is not a folder; choose another --output"
         )
