@@ -212,7 +212,7 @@ def test_debug_prints_the_traceback(ws, tmp_path):
 
 def test_an_unexpected_error_is_one_line_that_says_how_to_report_it(ws):
     code = (
-        "import sys, densefit.retrieval.retriever as r\n"
+        "import sys, densefit.data.readers as r\n"
         "def boom(*a, **k):\n    raise RuntimeError('boom')\n"
         "r.load_training_examples = boom\n"
         "from densefit.cli import main\nmain()\n"

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from densefit.cli.index import register
 from densefit.retrieval.index.conformance import make_corpus
 
 runner = CliRunner()
@@ -16,8 +14,8 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def app():
-    app = typer.Typer()
-    register(app)
+    from densefit.cli.app import app
+
     return app
 
 
