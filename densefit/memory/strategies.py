@@ -27,6 +27,7 @@ from sentence_transformers import SentenceTransformer
 
 from densefit.memory.allocator import trim
 from densefit.memory.chunking import Chunk, make_chunks, padding_efficiency, tokenize
+from densefit.memory.dropout import dropout_rows, step_key
 from densefit.models import disable_gradient_checkpointing, enable_gradient_checkpointing
 
 __all__ = [
@@ -57,11 +58,14 @@ class StepStats:
     padded_tokens: int
 
 
-def _embed(model: SentenceTransformer, features: dict) -> torch.Tensor:
+def _embed(model: SentenceTransformer, features: dict, rows: tuple | None = None) -> torch.Tensor:
     # A copy: SentenceTransformer.forward writes its outputs (token_embeddings: rows x
     # length x d floats) into the dict it is given. Into the chunk's own features, they
     # would stay alive for the whole step, O(batch) memory that no strategy can plan for.
-    return model(dict(features))["sentence_embedding"]
+    # rows = (step key, column, Chunk.index): invariant dropout's masks follow the rows
+    # (densefit.memory.dropout; a no-op when it is off).
+    with dropout_rows(model, *(rows or (None, 0, None)), features["attention_mask"]):
+        return model(dict(features))["sentence_embedding"]
 
 
 def _to_device(features: dict, device: torch.device) -> dict:
@@ -190,13 +194,14 @@ class PlainStrategy(MemoryStrategy):
 
     def forward_backward(self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None):
         chunked = self.chunk_columns(model, columns)
+        key = step_key(model)  # None unless invariant dropout is on
         embeddings = []
-        for texts, chunks in zip(columns, chunked):
+        for col, (texts, chunks) in enumerate(zip(columns, chunked)):
             if not chunks:
                 embeddings.append(torch.empty(0, device=model.device))
                 continue
             with autocast():
-                pieces = [_embed(model, c.features) for c in chunks]
+                pieces = [_embed(model, c.features, (key, col, c.index)) for c in chunks]
             embeddings.append(_scatter(pieces, chunks, len(texts)).float())  # (n, d)
         loss = loss_fn(embeddings)
         (scaler.scale(loss) if scaler is not None else loss).backward()
@@ -234,6 +239,7 @@ class CachedStrategy(MemoryStrategy):
 
     def forward_backward(self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None):
         chunked = self.chunk_columns(model, columns)
+        key = step_key(model)  # None unless invariant dropout is on
         device = model.device
         order = [(col, i) for col, chunks in enumerate(chunked) for i in range(len(chunks))]
         kept_ids = set(order[len(order) - min(self.keep_graphs, len(order)):])
@@ -249,7 +255,7 @@ class CachedStrategy(MemoryStrategy):
                 states.append(_RngState(device))
                 keep = (col, i) in kept_ids
                 with torch.set_grad_enabled(keep), autocast():
-                    emb = _embed(model, c.features)
+                    emb = _embed(model, c.features, (key, col, c.index))
                 if keep:
                     kept[col, i] = emb
                     emb = emb.detach()
@@ -283,7 +289,7 @@ class CachedStrategy(MemoryStrategy):
                 if (col, i) in kept_ids:
                     continue
                 with state.replay(), autocast():
-                    emb = _embed(model, c.features)  # (c, d)
+                    emb = _embed(model, c.features, (key, col, c.index))  # (c, d)
                 # <emb, cached grad> has exactly the chunk's share of d(loss)/d(params).
                 torch.dot(emb.float().flatten(), grad[c.index].flatten()).backward()
                 trim()  # this chunk's activations are gone: give their heap pages back

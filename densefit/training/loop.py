@@ -42,6 +42,7 @@ from densefit.losses.masking import (
     score_health,
 )
 from densefit.memory.allocator import allocator_in_use, release_freed_memory_promptly
+from densefit.memory.dropout import enable_invariant_dropout
 from densefit.memory.planner import auto_loss_chunk
 from densefit.memory.strategies import MemoryStrategy, make_strategy
 
@@ -314,6 +315,8 @@ def train(
     else:
         strategy, plan = build_strategy(model, examples, config)
     strategy.prepare(model)
+    if config.invariant_dropout:
+        enable_invariant_dropout(model)
     if plan.get("loss_chunk_size") and config.loss_chunk_size is None:
         config = dataclasses.replace(config, loss_chunk_size=plan["loss_chunk_size"])
     if device.type == "cpu":  # mimalloc (the CLI's default on Linux) or the system's malloc
