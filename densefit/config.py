@@ -66,9 +66,10 @@ class TrainConfig:
     keep_graphs: int | None = None
     memory_budget: str | None = None  # e.g. "8GiB", for --memory auto
     sort_by_length: bool = True
-    # dropout masks keyed by (step, column, row, site, position): the same loss and gradients
-    # under any memory strategy or chunking (densefit.memory.dropout)
-    invariant_dropout: bool = False
+    # dropout masks keyed by (step, column, row, module, position), not by chunk: the same loss
+    # and gradients under any memory plan (densefit.memory.dropout). On by default: no
+    # measurable CPU cost (bench/results/dropout.json); False: PyTorch's own dropout
+    invariant_dropout: bool = True
     # CPU under glibc's malloc: fix the mmap threshold and trim the heap after each chunk
     # (less activation memory for the cache, slower steps: bench/results/allocator.md). Off by
     # default; the CLI trains under mimalloc on Linux, which needs none of it.

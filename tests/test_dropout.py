@@ -183,9 +183,16 @@ def test_training_with_it_ends_on_the_same_weights_whatever_the_memory_plan(tiny
     ends = []
     for memory, chunk in (("plain", None), ("cache", 2), ("checkpoint", 5)):
         model = copy.deepcopy(tiny)
-        config = TrainConfig(batch_size=6, max_steps=2, memory=memory, chunk_size=chunk,
-                             invariant_dropout=True, show_progress=False, seed=3,
-                             keep_checkpoints=0)
+        config = TrainConfig(
+            batch_size=6,
+            max_steps=2,
+            memory=memory,
+            chunk_size=chunk,
+            invariant_dropout=True,
+            show_progress=False,
+            seed=3,
+            keep_checkpoints=0,
+        )
         train(model, _examples(), config, output_dir=tmp_path / memory)
         ends.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     start = torch.cat([p.detach().flatten() for p in tiny.parameters()])
@@ -199,3 +206,13 @@ def test_training_with_it_ends_on_the_same_weights_whatever_the_memory_plan(tiny
     assert "densefit" not in (tmp_path / "plain" / "config.json").read_text()
     loaded = torch.cat([p.detach().flatten() for p in saved.parameters()])
     torch.testing.assert_close(loaded, ends[0], atol=0, rtol=0)
+
+
+def test_rows_default_to_unpadded_rows_in_order(tiny):
+    """The planner's probe enters dropout_rows(model, key) alone: rows 0..c-1, no padding."""
+    model = enable_invariant_dropout(tiny).train()
+    features = tokenize(model, ["the cell", "a b"])  # 4 tokens each: no padding
+    assert bool(features["attention_mask"].all())
+    with dropout_rows(model, 5):
+        bare = model(dict(features))["sentence_embedding"]
+    torch.testing.assert_close(bare, _embed_rows(model, ["the cell", "a b"], [0, 1], key=5))

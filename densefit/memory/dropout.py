@@ -109,9 +109,9 @@ class _Rows:
 
     key: int  # the step's key
     column: int
-    rows: torch.Tensor  # (B,) int32: each row's place in its column
-    offsets: torch.Tensor  # (B,) int32: left padding of each row (0 for right padding)
-    width: int  # padded length L of the chunk
+    rows: torch.Tensor | None  # (B,) int32: each row's place in its column; None: 0..B-1
+    offsets: torch.Tensor | None  # (B,) int32: left padding of each row; None: no padding
+    width: int | None  # padded length L of the chunk; None: that of the tensor
 
 
 _CURRENT: contextvars.ContextVar[_Rows | None] = contextvars.ContextVar(
@@ -126,20 +126,23 @@ def _keep_mask(rows: _Rows, site: int, shape: torch.Size, p: float, device) -> t
     row's first real token, feature or head) only.
     """
     B = shape[0]
-    if B != rows.rows.numel():
-        raise RuntimeError(f"invariant dropout: {B} rows in the tensor, {rows.rows.numel()} row ids")
+    ids = torch.arange(B, device=device) if rows.rows is None else rows.rows.to(device)
+    if B != ids.numel():
+        raise RuntimeError(f"invariant dropout: {B} rows in the tensor, {ids.numel()} row ids")
+    width = shape[-2] if rows.width is None else rows.width  # (B, L, H) or (B, h, L, L)
     g = _to_int32(_GOLDEN)
-    ids = rows.rows.to(device)
-    off = rows.offsets.to(device)[:, None]  # (B, 1)
+    off = 0 if rows.offsets is None else rows.offsets.to(device)[:, None]  # (B, 1)
+    ids = ids.to(torch.int32)
     base = _mix(ids * g + _seed(rows.key, site, rows.column))  # (B,)
     threshold = _to_int32(min(int(p * 2**32), 2**32 - 1) - 2**31)  # P(x < threshold) = p
-    if len(shape) == 3 and shape[1] == rows.width:  # (B, L, H) hidden states
+    if len(shape) == 3 and shape[1] == width:  # (B, L, H) hidden states
         pos = torch.arange(shape[1], dtype=torch.int32, device=device)[None, :] - off  # (B, L)
         token = _mix(base[:, None] + pos * g)  # (B, L)
-        feature = _mix(torch.arange(shape[2], dtype=torch.int32, device=device) * g
-                       + _seed(rows.key, site, -1))  # (H,)
+        feature = _mix(
+            torch.arange(shape[2], dtype=torch.int32, device=device) * g + _seed(rows.key, site, -1)
+        )  # (H,)
         x = _mix(token[:, :, None] ^ feature)  # (B, L, H)
-    elif len(shape) == 4 and shape[2] == shape[3] == rows.width:  # (B, heads, L, L)
+    elif len(shape) == 4 and shape[2] == shape[3] == width:  # (B, heads, L, L)
         heads = torch.arange(shape[1], dtype=torch.int32, device=device)
         pos = torch.arange(shape[2], dtype=torch.int32, device=device)[None, :] - off  # (B, L)
         head = _mix(base[:, None] + heads * g)  # (B, h)
@@ -149,7 +152,7 @@ def _keep_mask(rows: _Rows, site: int, shape: torch.Size, p: float, device) -> t
     else:
         raise RuntimeError(
             f"invariant dropout: cannot place a tensor of shape {tuple(shape)} on tokens of a "
-            f"chunk {rows.width} wide (expected (rows, L, features) or (rows, heads, L, L)); "
+            f"chunk {width} wide (expected (rows, L, features) or (rows, heads, L, L)); "
             "train without invariant_dropout for this model"
         )
     return x >= threshold
@@ -207,8 +210,9 @@ def invariant_attention(
     """
     rows = _CURRENT.get()
     if (dropout == 0.0 or rows is None) and original is not None:
-        return original(module, query, key, value, attention_mask, dropout=dropout,
-                        scaling=scaling, **kwargs)
+        return original(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
         raise NotImplementedError("invariant dropout: attention with position_bias or softcap")
     groups = getattr(module, "num_key_value_groups", 1)
@@ -221,8 +225,9 @@ def invariant_attention(
         else:  # eager's masks: additive
             scores = scores + attention_mask
     elif getattr(module, "is_causal", False) and query.shape[2] > 1:
-        causal = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool,
-                            device=query.device).tril()
+        causal = torch.ones(
+            query.shape[2], key.shape[2], dtype=torch.bool, device=query.device
+        ).tril()
         scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     if rows is None:  # eager attention outside a strategy: ordinary dropout
@@ -333,7 +338,9 @@ def step_key(model: SentenceTransformer) -> int | None:
     return int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64))
 
 
-def _recompute_context() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+def _recompute_context() -> tuple[
+    contextlib.AbstractContextManager, contextlib.AbstractContextManager
+]:
     """``context_fn`` for torch.utils.checkpoint: the recompute sees the forward's rows."""
     return contextlib.nullcontext(), _use(_CURRENT.get())
 
@@ -367,24 +374,27 @@ def _keep_rows_on_recompute(model: SentenceTransformer) -> None:
 def dropout_rows(
     model: SentenceTransformer,
     key: int | None,
-    column: int,
-    rows: torch.Tensor,
-    attention_mask: torch.Tensor,
+    column: int = 0,
+    rows: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> Iterator[None]:
     """Embed a chunk inside this: its masks become functions of (key, column, rows).
 
-    ``rows`` (c,) are the chunk's row positions in column ``column`` (``Chunk.index``);
-    ``attention_mask`` (c, L) its padding. A no-op when ``key`` is None (invariant dropout
-    off, see :func:`step_key`).
+    ``rows`` (c,) are the chunk's row positions in column ``column`` (``Chunk.index``;
+    None: 0..c-1); ``attention_mask`` (c, L) its padding (None: none). A no-op when ``key``
+    is None (invariant dropout off, see :func:`step_key`) or the model does not use it.
     """
     if key is None or not is_invariant_dropout(model):
         yield
         return
     _keep_rows_on_recompute(model)
-    mask = attention_mask.to(torch.int32)
+    mask = None if attention_mask is None else attention_mask.to(torch.int32)
     state = _Rows(
-        key=key, column=column, rows=rows.to(torch.int32), width=int(mask.shape[1]),
-        offsets=mask.argmax(dim=1).to(torch.int32),  # the first real token of each row
+        key=key,
+        column=column,
+        rows=None if rows is None else rows.to(torch.int32),
+        width=None if mask is None else int(mask.shape[1]),
+        offsets=None if mask is None else mask.argmax(dim=1).to(torch.int32),  # first real token
     )
     with _use(state):
         yield

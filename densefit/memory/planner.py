@@ -29,6 +29,7 @@ from sentence_transformers import SentenceTransformer
 from densefit.config import TrainConfig, parse_bytes
 from densefit.data.types import TrainingExample
 from densefit.memory.chunking import group_rows, tokenize
+from densefit.memory.dropout import dropout_rows
 from densefit.memory.strategies import DEFAULT_SUB_BATCH
 from densefit.models import (
     disable_gradient_checkpointing,
@@ -320,8 +321,12 @@ def plan_memory(
     if activation_model is None:
         was_checkpointing = is_checkpointing(model)
         disable_gradient_checkpointing(model)
-        # The probe runs dropout: keep the run's random stream untouched by it.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        # The probe runs dropout: keep the run's random stream untouched by it; with
+        # invariant dropout on, measure its (eager) attention, as training will run it.
+        with (
+            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+            dropout_rows(model, 0),
+        ):
             activation_model = probe_activations(model, max(longest.values()))
         if was_checkpointing:
             enable_gradient_checkpointing(model)

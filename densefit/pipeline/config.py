@@ -163,6 +163,7 @@ KEY_DOCS: dict[str, str] = {
     "train.keep_graphs": "Cache: chunks whose graphs are kept instead of re-embedded (1 costs "
     "no memory); null: 1, or planned.",
     "train.sort_by_length": "Length-sorted chunks (less padding; changes no result).",
+    "train.invariant_dropout": "Dropout masks keyed by row, not by chunk: the same loss and gradients under any memory plan, dropout on.",
     "train.release_cpu_memory": "CPU under glibc's malloc: return freed activations to the OS (less memory, slower; not needed under mimalloc, the CLI's default on Linux).",
     "train.mask_false_negatives": "Mask duplicate texts and known positives among the negatives.",
     "train.gather": "Under torchrun only: what is gathered across devices, candidates, both (anchors too) or none.",

@@ -305,6 +305,8 @@ def train(
             "batches and gradients), or start a new run"
         )
     seed_everything(config.seed + (run.rank if run else 0))  # dropout differs across ranks
+    if config.invariant_dropout:  # before planning: the planner probes the model as it trains
+        enable_invariant_dropout(model)
     resumed = resume_checkpoint(resume, output_dir) if resume else None
     if resumed is not None:
         resumed.check_matches(config, examples)
@@ -315,8 +317,6 @@ def train(
     else:
         strategy, plan = build_strategy(model, examples, config)
     strategy.prepare(model)
-    if config.invariant_dropout:
-        enable_invariant_dropout(model)
     if plan.get("loss_chunk_size") and config.loss_chunk_size is None:
         config = dataclasses.replace(config, loss_chunk_size=plan["loss_chunk_size"])
     if device.type == "cpu":  # mimalloc (the CLI's default on Linux) or the system's malloc
