@@ -8,7 +8,7 @@ different dropout draws, as if the seed had changed.
 
 Here each mask element is a pure function of its coordinates::
 
-    keep = hash(step key, dropout site, column, row, token position(s), feature or head) >= p
+    keep = hash(step key, site, column, row, token position(s), feature or head) / 2**32 >= p
 
 - the **step key** is drawn once per forward-backward from torch's seeded CPU generator
   (:func:`step_key`), so a resumed run (which restores the RNG states) draws the same keys;
@@ -19,8 +19,8 @@ Here each mask element is a pure function of its coordinates::
   nothing.
 
 The hash is ``lowbias32`` (Wellons' hash-prospector) on int32 tensors: a few vectorised
-integer operations per element, cheaper on CPU than drawing Bernoulli masks
-(bench/results/dropout.json). The strategies pass the rows of each chunk through
+integer operations per element, about what drawing Bernoulli masks costs; a CPU training
+step costs the same as with ordinary dropout (bench/results/dropout.json). The strategies pass the rows of each chunk through
 :func:`dropout_rows` (in ``densefit.memory.strategies._embed``); gradient checkpointing
 re-enters that context when it recomputes a layer, and the cache's second pass sees the same
 rows, so plain, checkpointing and the cache at any chunk size or token budget compute the
@@ -30,8 +30,9 @@ Attention-probability dropout happens inside the attention kernel (``F.scaled_do
 takes only a rate), so while this is on the model's attention runs through
 :func:`invariant_attention`, registered with transformers' ``AttentionInterface``: eager
 attention with the mask applied to the probabilities. It materialises the (rows, heads, L, L)
-probabilities, as PyTorch's CPU attention does whenever dropout is on; on CUDA that is more
-memory than the fused kernels need. In eval mode, with dropout 0, or outside a strategy's
+probabilities, as PyTorch's CPU attention does with dropout on (it saves fewer bytes for
+backward than that: bench/results/dropout.json); on CUDA that is more memory than the fused
+kernels need (not measured yet; the planner's probe runs this path). In eval mode, with dropout 0, or outside a strategy's
 :func:`dropout_rows` context (e.g. another trainer), every module falls back to exactly
 what it replaced, and nothing is stored in the model's weights or config:
 :func:`disable_invariant_dropout` restores the original modules.
