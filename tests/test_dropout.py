@@ -216,3 +216,31 @@ def test_rows_default_to_unpadded_rows_in_order(tiny):
     with dropout_rows(model, 5):
         bare = model(dict(features))["sentence_embedding"]
     torch.testing.assert_close(bare, _embed_rows(model, ["the cell", "a b"], [0, 1], key=5))
+
+
+def _corr(a, b):
+    a, b = a.flatten() - a.mean(), b.flatten() - b.mean()
+    return float((a * b).mean() / (a.std() * b.std()))
+
+
+@pytest.mark.parametrize("shape", [(64, 64, 64), (64, 4, 32, 32)])
+def test_masks_look_like_independent_draws(tiny, shape):
+    """Neighbours (feature, position, head, row, column) are uncorrelated, and so are 2x2
+    blocks (the hash mixes a row-position value with a feature value: no XOR structure left)."""
+    model = enable_invariant_dropout(tiny)
+    drop = InvariantDropout(0.1).train()
+    B, L = shape[0], shape[-2]
+    mask = torch.ones(B, L, dtype=torch.long)
+    with dropout_rows(model, 123, 0, torch.arange(B), mask):
+        dropped = (drop(torch.ones(shape)) == 0).float()
+    with dropout_rows(model, 123, 1, torch.arange(B), mask):
+        other_column = (drop(torch.ones(shape)) == 0).float()
+    n = dropped.numel()  # 262,144 (hidden) and 262,144 (attention): 5 sigma ~ 0.01
+    assert abs(float(dropped.mean()) - 0.1) < 5 * (0.09 / n) ** 0.5
+    for dim in range(dropped.dim()):
+        a, b = dropped.narrow(dim, 0, shape[dim] - 1), dropped.narrow(dim, 1, shape[dim] - 1)
+        assert abs(_corr(a, b)) < 0.01, dim
+    assert abs(_corr(dropped, other_column)) < 0.01
+    inner = dropped[..., :-1, :-1] + dropped[..., 1:, :-1] + dropped[..., :-1, 1:]
+    parity_even = float(((inner + dropped[..., 1:, 1:]) % 2 == 0).float().mean())
+    assert abs(parity_even - (1 + 0.8**4) / 2) < 0.01  # independent Bernoulli(0.1) cells
