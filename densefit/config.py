@@ -283,6 +283,11 @@ class TrainConfig:
         metavar="SIZE|SHARE",
     )
     sort_by_length: bool = option(True, "Length-sorted chunks (less padding; changes no result).")
+    invariant_dropout: bool = option(
+        True,
+        "Dropout masks keyed by row, not by chunk: the same loss and gradients under any "
+        "memory plan, dropout on; off: PyTorch's own dropout (bench/results/dropout.json).",
+    )
     # CPU under glibc's malloc: fix the mmap threshold and trim the heap after each chunk
     # (less activation memory for the cache, slower steps: bench/results/allocator.md). Off by
     # default; the CLI trains under mimalloc on Linux, which needs none of it.

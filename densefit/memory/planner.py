@@ -33,6 +33,7 @@ from densefit.data.batching import planned_batches
 from densefit.data.types import TrainingExample
 from densefit.memory.allocator import trim
 from densefit.memory.chunking import group_rows, tokenize
+from densefit.memory.dropout import dropout_rows
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.strategies import DEFAULT_SUB_BATCH, fixed_plan
 from densefit.models import (
@@ -459,8 +460,12 @@ def _probe_untouched(
     model's checkpointing as they were, and the probe's freed buffers given back."""
     was_checkpointing = is_checkpointing(model)
     disable_gradient_checkpointing(model)
-    # The probe runs dropout: keep the run's random stream untouched by it.
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    # The probe runs dropout: keep the run's random stream untouched by it; with
+    # invariant dropout on, measure its (eager) attention, as training will run it.
+    with (
+        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+        dropout_rows(model, 0),
+    ):
         found = probe_activations(model, length)
     if was_checkpointing:
         enable_gradient_checkpointing(model)

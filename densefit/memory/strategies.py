@@ -28,6 +28,7 @@ from sentence_transformers import SentenceTransformer
 from densefit.memory.allocator import trim
 from densefit.memory.chunking import Chunk, make_chunks, padding_efficiency, tokenize
 from densefit.memory.plan import STRATEGIES, MemoryPlan
+from densefit.memory.dropout import dropout_rows, step_key
 from densefit.models import disable_gradient_checkpointing, enable_gradient_checkpointing
 
 __all__ = [
@@ -59,11 +60,14 @@ class StepStats:
     padded_tokens: int
 
 
-def _embed(model: SentenceTransformer, features: dict) -> torch.Tensor:
+def _embed(model: SentenceTransformer, features: dict, rows: tuple | None = None) -> torch.Tensor:
     # A copy: SentenceTransformer.forward writes its outputs (token_embeddings: rows x
     # length x d floats) into the dict it is given. Into the chunk's own features, they
     # would stay alive for the whole step, O(batch) memory that no strategy can plan for.
-    return model(dict(features))["sentence_embedding"]
+    # rows = (step key, column, Chunk.index): invariant dropout's masks follow the rows
+    # (densefit.memory.dropout; a no-op when it is off).
+    with dropout_rows(model, *(rows or (None, 0, None)), features["attention_mask"]):
+        return model(dict(features))["sentence_embedding"]
 
 
 def _to_device(features: dict, device: torch.device) -> dict:
@@ -170,13 +174,14 @@ class PlainStrategy(MemoryStrategy):
 
     def forward_backward(self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None):
         chunked = self.chunk_columns(model, columns)
+        key = step_key(model)  # None unless invariant dropout is on
         embeddings = []
-        for texts, chunks in zip(columns, chunked):
+        for col, (texts, chunks) in enumerate(zip(columns, chunked)):
             if not chunks:
                 embeddings.append(torch.empty(0, device=model.device))
                 continue
             with autocast():
-                pieces = [_embed(model, c.features) for c in chunks]
+                pieces = [_embed(model, c.features, (key, col, c.index)) for c in chunks]
             embeddings.append(_scatter(pieces, chunks, len(texts)).float())  # (n, d)
         loss = loss_fn(embeddings)
         (scaler.scale(loss) if scaler is not None else loss).backward()
@@ -198,6 +203,7 @@ class CachedStrategy(MemoryStrategy):
 
     def forward_backward(self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None):
         chunked = self.chunk_columns(model, columns)
+        key = step_key(model)  # None unless invariant dropout is on
         device = model.device
         order = [(col, i) for col, chunks in enumerate(chunked) for i in range(len(chunks))]
         kept_ids = set(order[len(order) - min(self.keep_graphs, len(order)):])
@@ -213,7 +219,7 @@ class CachedStrategy(MemoryStrategy):
                 states.append(_RngState(device))
                 keep = (col, i) in kept_ids
                 with torch.set_grad_enabled(keep), autocast():
-                    emb = _embed(model, c.features)
+                    emb = _embed(model, c.features, (key, col, c.index))
                 if keep:
                     kept[col, i] = emb
                     emb = emb.detach()
@@ -247,7 +253,7 @@ class CachedStrategy(MemoryStrategy):
                 if (col, i) in kept_ids:
                     continue
                 with state.replay(), autocast():
-                    emb = _embed(model, c.features)  # (c, d)
+                    emb = _embed(model, c.features, (key, col, c.index))  # (c, d)
                 # <emb, cached grad> has exactly the chunk's share of d(loss)/d(params).
                 torch.dot(emb.float().flatten(), grad[c.index].flatten()).backward()
                 trim()  # this chunk's activations are gone: give their heap pages back

@@ -26,6 +26,7 @@ from densefit.config import TrainConfig
 from densefit.data.batching import total_steps
 from densefit.data.types import TrainingExample
 from densefit.memory.allocator import allocator_in_use, release_freed_memory_promptly
+from densefit.memory.dropout import enable_invariant_dropout
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.planner import plan_for_run
 from densefit.memory.strategies import MemoryStrategy, make_strategy
@@ -296,6 +297,8 @@ def setup_run(
             "batches and gradients), or start a new run"
         )
     seed_everything(config.seed + (dist.rank if dist else 0))  # dropout differs across ranks
+    if config.invariant_dropout:  # before planning: the planner probes the model as it trains
+        enable_invariant_dropout(model)
     resumed = resume_checkpoint(resume, output_dir) if resume else None
     plan = _agree_on_plan(model, examples, config, dist, resumed, batches)
     if plan.loss_chunk_size and config.loss_chunk_size is None:
