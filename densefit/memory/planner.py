@@ -95,7 +95,9 @@ def saved_bytes(fn, *, exclude: Sequence[torch.Tensor] = ()) -> int:
         ptr = storage.data_ptr()
         if ptr not in skip:
             seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
-        return t
+        # Detached: a saved output returned as itself would hold its own grad_fn in a cycle
+        # through C++ that Python's GC cannot see; every probe leaked its activations.
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
