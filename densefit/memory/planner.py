@@ -28,7 +28,9 @@ from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig, parse_bytes
 from densefit.data.types import TrainingExample
+from densefit.memory.allocator import returning_freed_memory
 from densefit.memory.chunking import group_rows, tokenize
+from densefit.memory.process import ProcessBaseline, process_baseline
 from densefit.memory.strategies import DEFAULT_SUB_BATCH
 from densefit.models import (
     disable_gradient_checkpointing,
@@ -133,6 +135,7 @@ class MemoryPlan:
     lengths: dict = field(default_factory=dict)
     candidates: list[dict] = field(default_factory=list)
     chosen_by: str = "planner"
+    process: dict = field(default_factory=dict)  # densefit.memory.process.ProcessBaseline
     keep_graphs: int = 1  # cache: chunks whose first-pass graphs are kept (not re-embedded)
 
     def to_dict(self) -> dict:
@@ -141,8 +144,10 @@ class MemoryPlan:
     def table(self) -> str:
         gib = 2**30
         lines = [
-            f"batch size {self.batch_size}, budget {self.budget_bytes / gib:.2f} GiB "
-            f"(static: params + grads + AdamW {self.static_bytes / gib:.2f} GiB)",
+            f"batch size {self.batch_size}, budget {self.budget_bytes / gib:.2f} GiB for the "
+            f"whole process; {ProcessBaseline.from_dict(self.process).describe()}"
+            if self.process else f"batch size {self.batch_size}, budget "
+            f"{self.budget_bytes / gib:.2f} GiB",
             f"{'strategy':<18}{'chunk':>8}{'tokens/chunk':>14}{'kept':>6}{'peak GiB':>10}"
             f"{'rel. time':>11}  fits",
         ]
@@ -297,6 +302,7 @@ def plan_memory(
     batches: Sequence[Sequence[int]] | None = None,
     exact_limit: int = 200_000,
     activation_model: ActivationModel | None = None,
+    held_bytes: int | None = None,
 ) -> MemoryPlan:
     """Choose strategy and chunk for ``config.batch_size`` within ``config.memory_budget``.
 
@@ -307,6 +313,10 @@ def plan_memory(
     that, or without ``batches``, it plans for the worst batch the data could produce (the
     longest texts of a sample). Cached chunks are capped in padded tokens, so they fit
     whatever the batch holds. Either way the plan holds for the whole run.
+
+    The budget is for the whole process (:mod:`densefit.memory.process`): the predicted
+    peak is what the process holds once the probe has run (``held_bytes`` pins it) plus
+    gradients, AdamW and the step's activations.
     """
     device = torch.device(config.device or model.device)
     budget = resolve_budget(config.memory_budget, device)
@@ -323,7 +333,9 @@ def plan_memory(
         was_checkpointing = is_checkpointing(model)
         disable_gradient_checkpointing(model)
         # The probe runs dropout: keep the run's random stream untouched by it.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        # its freed buffers go back to the OS: the process's resident set is then what it holds
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+                returning_freed_memory():
             activation_model = probe_activations(model, max(longest.values()))
         if was_checkpointing:
             enable_gradient_checkpointing(model)
@@ -336,6 +348,7 @@ def plan_memory(
     get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     dim = int(get_dim() or 768)
     static = _static_bytes(model)
+    process = process_baseline(model, device, held_bytes=held_bytes)
     hidden = int(getattr(transformer_of(model).config, "hidden_size", dim))
     layers = int(getattr(transformer_of(model).config, "num_hidden_layers", 12))
 
@@ -447,7 +460,8 @@ def plan_memory(
         return max(one(rows, length) for rows, length in chunk_shapes(tokens))
 
     def peak(activations: float) -> int:
-        return int(static + _HEADROOM * activations + loss_bytes(loss_chunk) + embeddings)
+        base = process.total_bytes  # the whole process before activations (was: static)
+        return int(base + _HEADROOM * activations + loss_bytes(loss_chunk) + embeddings)
 
     candidates = []
     for name in ("plain", "checkpoint"):
@@ -532,4 +546,5 @@ def plan_memory(
                  for k, v in columns.items()},
         candidates=candidates,
         keep_graphs=chosen.get("keep_graphs") or 1,
+        process=process.to_dict(),
     )
