@@ -15,6 +15,12 @@ from densefit.memory.planner import (
     saved_bytes,
 )
 
+
+def model_only(model) -> int:
+    """Pin the process to holding just the model: these tests are of the planner's choices."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 ROWS = [TrainingExample(f"query {i} " * (i % 4 + 1), f"the cell protein {i} " * (i % 9 + 1)) for i in range(50)]
 
 
@@ -32,9 +38,11 @@ def test_resolve_budget_fraction_and_size():
 
 
 def test_plain_when_it_fits_cache_when_not(tiny):
-    big = plan_memory(tiny, ROWS, TrainConfig(batch_size=32, memory_budget="4GiB"))
+    big = plan_memory(tiny, ROWS, TrainConfig(batch_size=32, memory_budget="4GiB"),
+                      held_bytes=model_only(tiny))
     assert big.strategy == "plain"
-    small = plan_memory(tiny, ROWS, TrainConfig(batch_size=4096, memory_budget="40MiB"))
+    small = plan_memory(tiny, ROWS, TrainConfig(batch_size=4096, memory_budget="40MiB"),
+                        held_bytes=model_only(tiny))
     assert small.strategy in ("cache", "cache+checkpoint")
     assert small.predicted_peak_bytes <= small.budget_bytes
     rows = chosen(small)["chunk_size"]  # rows per chunk at the longest length
@@ -58,7 +66,8 @@ def test_planner_picks_largest_fitting_chunk():
 
     model = tiny_model()
     act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
-    plan = plan_memory(model, ROWS, TrainConfig(batch_size=1024, memory_budget="12MiB"), activation_model=act)
+    plan = plan_memory(model, ROWS, TrainConfig(batch_size=1024, memory_budget="12MiB"), activation_model=act,
+                       held_bytes=model_only(model))
     # doubling the chosen chunk must not fit (on CPU the planner also stops at 32 rows)
     rows = chosen(plan)["chunk_size"]
     longest = max(v["max"] for v in plan.lengths.values())
@@ -117,7 +126,8 @@ def test_cache_keeps_as_many_chunk_graphs_as_the_budget_allows():
 
     model = tiny_model()
     act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
-    plans = [plan_memory(model, ROWS, TrainConfig(batch_size=1024, memory_budget=b), activation_model=act)
+    plans = [plan_memory(model, ROWS, TrainConfig(batch_size=1024, memory_budget=b), activation_model=act,
+                         held_bytes=model_only(model))
              for b in ("10MiB", "12MiB", "16MiB")]
     assert [p.strategy for p in plans] == ["cache"] * 3
     keeps = [p.keep_graphs for p in plans]
@@ -138,7 +148,12 @@ def test_auto_strategy_carries_the_planned_kept_graphs(tiny):
     from densefit.memory import make_strategy
 
     rows = ROWS * 82  # one batch of 4,096
-    config = TrainConfig(batch_size=4096, memory_budget="40MiB", memory="auto", show_progress=False)
+    from densefit.memory.process import STEP_SETUP_BYTES, resident_bytes
+
+    # the budget is for the whole process: what it holds now, the first step's allocator
+    # pages and backward setup, and 40 MiB for training
+    budget = resident_bytes() + STEP_SETUP_BYTES + 40 * 2**20
+    config = TrainConfig(batch_size=4096, memory_budget=budget, memory="auto", show_progress=False)
     plan = plan_for_run(tiny, rows, config)
     strategy = make_strategy(plan)
     assert plan.strategy == "cache" and plan.chosen_by == "planner"
@@ -166,8 +181,10 @@ def test_cache_chunks_are_planned_from_the_runs_real_chunks(tiny):
     wider = 0
     for extra in (2**20, 2**21, 2**22, 2**23):
         budget = TrainConfig(batch_size=64, memory_budget=static + extra)
-        exact = cache(plan_memory(tiny, rows, budget, batches=batches, activation_model=act))
-        worst = cache(plan_memory(tiny, rows, budget, activation_model=act))
+        exact = cache(plan_memory(tiny, rows, budget, batches=batches, activation_model=act,
+                                  held_bytes=model_only(tiny)))
+        worst = cache(plan_memory(tiny, rows, budget, activation_model=act,
+                                  held_bytes=model_only(tiny)))
         assert exact["token_budget"] >= worst["token_budget"]
         wider += exact["token_budget"] > worst["token_budget"]
         # the prediction covers every chunk training will cut at that budget
@@ -186,15 +203,19 @@ def test_plain_falls_back_to_smaller_sub_batches_before_recomputing(tiny):
     config = TrainConfig(batch_size=64, memory_budget="4GiB")
     batches = planned_batches(rows, config)
     plain = lambda p: next(c for c in p.candidates if c["strategy"] == "plain")  # noqa: E731
-    roomy = plan_memory(tiny, rows, config, batches=batches, activation_model=act)
+    roomy = plan_memory(tiny, rows, config, batches=batches, activation_model=act,
+                    held_bytes=model_only(tiny))
     assert (roomy.strategy, roomy.chunk_size) == ("plain", 16)
     eight = plain(plan_memory(tiny, rows, TrainConfig(batch_size=64, memory_budget="4GiB", chunk_size=8),
-                              batches=batches, activation_model=act))["peak_bytes"]
+                              batches=batches, activation_model=act,
+                    held_bytes=model_only(tiny)))["peak_bytes"]
     assert eight < roomy.predicted_peak_bytes
     between = TrainConfig(batch_size=64, memory_budget=(eight + roomy.predicted_peak_bytes) // 2)
-    tight = plan_memory(tiny, rows, between, batches=batches, activation_model=act)
+    tight = plan_memory(tiny, rows, between, batches=batches, activation_model=act,
+                    held_bytes=model_only(tiny))
     assert (tight.strategy, tight.chunk_size, tight.predicted_peak_bytes) == ("plain", 8, eight)
     # a sub-batch the user chose is kept: then plain does not fit and something else is chosen
     fixed = plan_memory(tiny, rows, TrainConfig(batch_size=64, memory_budget=between.memory_budget,
-                                                chunk_size=16), batches=batches, activation_model=act)
+                                                chunk_size=16), batches=batches, activation_model=act,
+                    held_bytes=model_only(tiny))
     assert fixed.strategy != "plain"

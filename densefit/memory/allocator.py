@@ -12,6 +12,7 @@ it only with
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -24,6 +25,7 @@ __all__ = [
     "allocator_in_use",
     "preload_env",
     "rerun_with_mimalloc",
+    "returning_freed_memory",
 ]
 
 _M_MMAP_THRESHOLD = -3
@@ -152,6 +154,38 @@ def rerun_with_mimalloc() -> None:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
     except OSError:  # cannot re-run: carry on with the system allocator
         return
+
+
+_MI_OPTION_PURGE_DELAY = 15  # mi_option_purge_delay in mimalloc.h (2.x and 3.x)
+
+
+@contextlib.contextmanager
+def returning_freed_memory():
+    """Inside, memory freed goes back to the OS, so that the resident set after is what is live.
+
+    Under mimalloc (whose purging the CLI turns off) purging is on at once inside and the
+    freed pages are collected on the way out; under glibc the heap is trimmed on the way
+    out. The planner probes the model inside, so the process's resident set measured after
+    it does not count the probe's freed buffers (:mod:`densefit.memory.process`).
+    """
+    lib = None
+    if allocator_in_use() == "mimalloc":
+        lib = ctypes.CDLL(None)  # the preloaded library's symbols
+        lib.mi_option_get.restype = ctypes.c_long
+        previous = lib.mi_option_get(_MI_OPTION_PURGE_DELAY)
+        lib.mi_option_set(_MI_OPTION_PURGE_DELAY, ctypes.c_long(0))
+    try:
+        yield
+    finally:
+        import gc
+
+        gc.collect()
+        if lib is not None:
+            lib.mi_collect(True)
+            lib.mi_option_set(_MI_OPTION_PURGE_DELAY, ctypes.c_long(previous))
+        else:
+            with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 if __name__ == "__main__":  # `LD_PRELOAD=$(python -m densefit.memory.allocator) python train.py`

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from densefit.memory.process import ProcessBaseline
+
 __all__ = ["MemoryPlan", "STRATEGIES"]
 
 STRATEGIES = ("plain", "checkpoint", "cache", "cache+checkpoint")
@@ -49,6 +51,7 @@ class MemoryPlan:
     reason: str = ""
     lengths: dict = field(default_factory=dict)  # token lengths per column the planner measured
     candidates: list[dict] = field(default_factory=list)  # every strategy weighed (the table)
+    process: dict = field(default_factory=dict)  # densefit.memory.process.ProcessBaseline
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -113,9 +116,11 @@ class MemoryPlan:
     def table(self) -> str:
         """The planner's candidates, one per line, and its choice (for ``densefit plan``)."""
         gib = 2**30
+        head = f"batch size {self.batch_size}, budget {(self.budget_bytes or 0) / gib:.2f} GiB"
+        if self.process:
+            head += f" for the whole process; {ProcessBaseline.from_dict(self.process).describe()}"
         lines = [
-            f"batch size {self.batch_size}, budget {(self.budget_bytes or 0) / gib:.2f} GiB "
-            f"(static: params + grads + AdamW {(self.static_bytes or 0) / gib:.2f} GiB)",
+            head,
             f"{'strategy':<18}{'chunk':>8}{'tokens/chunk':>14}{'kept':>6}{'peak GiB':>10}"
             f"{'rel. time':>11}  fits",
         ]

@@ -31,10 +31,11 @@ from sentence_transformers import SentenceTransformer
 from densefit.config import TrainConfig, parse_bytes
 from densefit.data.batching import planned_batches
 from densefit.data.types import TrainingExample
-from densefit.memory.allocator import trim
+from densefit.memory.allocator import returning_freed_memory, trim
 from densefit.memory.chunking import group_rows, tokenize
 from densefit.memory.dropout import dropout_rows
 from densefit.memory.plan import MemoryPlan
+from densefit.memory.process import ProcessBaseline, process_baseline
 from densefit.memory.strategies import DEFAULT_SUB_BATCH, fixed_plan
 from densefit.models import (
     disable_gradient_checkpointing,
@@ -103,7 +104,9 @@ def saved_bytes(fn, *, exclude: Sequence[torch.Tensor] = ()) -> int:
         ptr = storage.data_ptr()
         if ptr not in skip:
             seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
-        return t
+        # Detached: a saved output returned as itself would hold its own grad_fn in a cycle
+        # through C++ that Python's GC cannot see; every probe leaked its activations.
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
@@ -258,6 +261,7 @@ class _RunShape:
     cap: int
     act: ActivationModel
     static: int
+    process: ProcessBaseline  # what the process holds before the step's activations
     hidden: int
     layers: int
     loss_chunk: int | None
@@ -282,7 +286,7 @@ class _RunShape:
 
     def peak(self, activations: float) -> int:
         return int(
-            self.static
+            self.process.total_bytes
             + HEADROOM * activations
             + self.loss_bytes(self.loss_chunk)
             + self.embeddings
@@ -395,6 +399,7 @@ def probe_run(
     batches: Sequence[Sequence[int]] | None,
     exact_limit: int,
     activation_model: ActivationModel | None,
+    held_bytes: int | None = None,
 ) -> _RunShape:
     """Step 1: measure the data's token lengths, the model's sizes and (unless given) its
     activation bytes per row; decide the loss's score blocks."""
@@ -434,6 +439,7 @@ def probe_run(
         cap=cap,
         act=activation_model,
         static=_static_bytes(model),
+        process=process_baseline(model, device, held_bytes=held_bytes),
         hidden=int(getattr(inner, "hidden_size", dim)),
         layers=int(getattr(inner, "num_hidden_layers", 12)),
         loss_chunk=None,
@@ -462,9 +468,11 @@ def _probe_untouched(
     disable_gradient_checkpointing(model)
     # The probe runs dropout: keep the run's random stream untouched by it; with
     # invariant dropout on, measure its (eager) attention, as training will run it.
+    # Its freed buffers go back to the OS: the resident set is then what the process holds.
     with (
         torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
         dropout_rows(model, 0),
+        returning_freed_memory(),
     ):
         found = probe_activations(model, length)
     if was_checkpointing:
@@ -612,6 +620,7 @@ def choose(shape: _RunShape, candidates: list[dict], sort_by_length: bool) -> Me
             for k, v in shape.columns.items()
         },
         candidates=candidates,
+        process=shape.process.to_dict(),
     )
 
 
@@ -623,6 +632,7 @@ def plan_memory(
     batches: Sequence[Sequence[int]] | None = None,
     exact_limit: int = 200_000,
     activation_model: ActivationModel | None = None,
+    held_bytes: int | None = None,
 ) -> MemoryPlan:
     """Choose strategy and chunk for ``config.batch_size`` within ``config.memory_budget``.
 
@@ -634,10 +644,16 @@ def plan_memory(
     longest texts of a sample). Cached chunks are capped in padded tokens, so they fit
     whatever the batch holds. Either way the plan holds for the whole run.
 
+    The budget is for the whole process (:mod:`densefit.memory.process`): the predicted
+    peak is what the process holds once the probe has run (``held_bytes`` pins it) plus
+    gradients, AdamW and the step's activations.
+
     Three steps: :func:`probe_run`, then the candidates (:func:`plain_candidates`,
     :func:`cached_candidates`), then :func:`choose`.
     """
-    shape = probe_run(model, examples, config, batches, exact_limit, activation_model)
+    shape = probe_run(
+        model, examples, config, batches, exact_limit, activation_model, held_bytes
+    )
     candidates = plain_candidates(shape) + cached_candidates(shape)
     return choose(shape, candidates, config.sort_by_length)
 
