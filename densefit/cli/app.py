@@ -15,6 +15,7 @@ from rich.console import Console
 from densefit.cli.common import OnBadRow, fail
 from densefit.cli.index import register as register_retrieval_commands
 from densefit.cli.run import register as register_run_command
+from densefit.cli.serve import register as register_serve_command
 
 app = typer.Typer(
     name="densefit",
@@ -332,6 +333,7 @@ def mine(
 
 register_retrieval_commands(app)  # index, search, eval
 register_run_command(app)  # run: the whole pipeline
+register_serve_command(app)  # serve: the HTTP service
 
 
 # Commands that train: on Linux they re-run under mimalloc (see densefit.memory.allocator).
