@@ -15,8 +15,8 @@ text; ``text`` is accepted too) and ``title``. Operators: ``== != > >= < <= in n
 test suite):
 
 - a missing field is ``None``: ``== None`` matches it, ``!= x`` matches it;
-- ``> >= < <=`` with ``None`` match nothing; with a number they compare numbers (a string
-  or a bool in the document does not match); with a string the string must be an ISO 8601
+- ``> >= < <=`` with ``None`` match nothing; with a number they compare numbers (bools
+  count as 1 and 0, as in Python; a string in the document does not match); with a string the string must be an ISO 8601
   date and documents match whose value is an ISO date string on the right side of it
   (timezones are honoured; a naive date is read as UTC); a list value is an error;
 - ``in`` / ``not in`` need a list (a tuple or another iterable is an error);
@@ -260,7 +260,8 @@ def _ordering(
         if type_sql == "'text'":
             return "0"
         params.append(value)
-        return f"({type_sql} IN ('integer', 'real') AND {value_sql} {_ORDERING[operator]} ?)"
+        numbers = "'integer', 'real', 'true', 'false'"  # bools are 1 and 0, as in Python
+        return f"({type_sql} IN ({numbers}) AND {value_sql} {_ORDERING[operator]} ?)"
     raise ValueError(
         f"filter {where} got a {type(value).__name__} value: compare numbers or ISO dates"
     )
