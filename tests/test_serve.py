@@ -95,6 +95,22 @@ def test_search_one_and_list_equal_exact_search(store_dir, model):
         assert got["hits"][0]["meta"]["lang"] == "en" and got["hits"][0]["text"]
 
 
+def test_filters_and_scale_score_equal_the_store_search(store_dir, model):
+    flt = {"field": "meta.n", "operator": "<", "value": 10}
+    with LocalDocumentStore(store_dir) as store:
+        want = store.search(encode_texts(model, ["cells"]), 5, filters=flt, scale_score=True)[0]
+    with client_for(store_dir, model) as client:
+        r = client.post(
+            "/search", json={"query": "cells", "k": 5, "filters": flt, "scale_score": True}
+        )
+    hits = r.json()["results"][0]["hits"]
+    assert [h["id"] for h in hits] == [h.id for h in want] and all(
+        h["meta"]["n"] < 10 for h in hits
+    )
+    np.testing.assert_allclose([h["score"] for h in hits], [h.score for h in want], atol=1e-5)
+    assert all(0 <= h["score"] <= 1 for h in hits)
+
+
 def test_upsert_visible_to_next_search_then_get_and_delete(store_dir, model):
     with client_for(store_dir, model) as client:
         new = {"id": "new/1", "text": "bread music kernel socket", "meta": {"src": "api"}}

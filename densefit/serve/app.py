@@ -24,6 +24,7 @@ from typing import Annotated, Any
 
 from densefit.data.types import Document
 from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.index.filters import validate_filters
 from densefit.serve.batcher import MicroBatcher, Query
 from densefit.serve.config import ServeConfig, is_local_host
 from densefit.serve.metrics import Metrics
@@ -43,16 +44,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 __all__ = ["ServeConfig", "create_app", "is_local_host", "search_queries"]
 
 
-def search_embeddings(store, embeddings, top_k: int, *, filters=None, scale_score=False):
-    """The store's hits for query ``embeddings`` (filters and score scaling passed on)."""
-    options: dict[str, Any] = {}
-    if filters is not None:
-        options["filters"] = filters
-    if scale_score:
-        options["scale_score"] = True
-    return store.search(embeddings, top_k=top_k, **options)
-
-
 def search_queries(store, model, queries: list[Query]) -> list[object]:
     """Embed all ``queries`` in one forward pass, then search the store per (k, filters,
     scale_score) group; one hit list (or exception) per query, in order."""
@@ -65,10 +56,9 @@ def search_queries(store, model, queries: list[Query]) -> list[object]:
     for indices in groups.values():
         first = queries[indices[0]]
         try:
-            hits = search_embeddings(
-                store,
+            hits = store.search(
                 embeddings[indices],
-                first.k,
+                top_k=first.k,
                 filters=first.filters,
                 scale_score=first.scale_score,
             )
@@ -336,10 +326,6 @@ def _check_texts(texts: list[str], what: str, config: ServeConfig) -> None:
 def _check_filters(filters: dict | None) -> dict | None:
     if not filters:
         return None
-    try:
-        from densefit.retrieval.index.filters import validate_filters
-    except ImportError:  # pragma: no cover - filters not in this version of the store
-        raise ClientError(400, "this store does not support filters") from None
     validate_filters(filters)  # ValueError -> 400 saying what is wrong
     return filters
 
