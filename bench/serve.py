@@ -457,6 +457,15 @@ def load_cell(url, queries, clients, seconds, writer, write_docs, write_batch) -
     return asyncio.run(_load_cell(url, queries, clients, seconds, writer, write_docs, write_batch))
 
 
+def server_cpu(server: Server) -> float:
+    """CPU seconds (user + system) the server process used so far: on a shared machine
+    queries per CPU second is the steadier measure of efficiency."""
+    import psutil
+
+    times = psutil.Process(server.proc.pid).cpu_times()
+    return times.user + times.system
+
+
 def writer_documents(docs: dict, system: str, n: int, seed: int) -> list[dict]:
     """``n`` new documents (real texts, new ids) for the concurrent writer."""
     rng = np.random.default_rng(seed)
@@ -965,9 +974,13 @@ def main() -> None:
                 for writer in (False, True):
                     for c in clients:
                         wdocs = writer_documents(docs, system, 4000, seed=c) if writer else []
+                        cpu_before = server_cpu(server)
                         cell = load_cell(
                             server.url, qs, c, args.seconds, writer, wdocs, args.write_batch
                         )
+                        cpu = server_cpu(server) - cpu_before
+                        cell["server_cpu_s"] = cpu
+                        cell["queries_per_server_cpu_s"] = cell["queries"] / cpu if cpu else None
                         row = {
                             "system": system,
                             "clients": c,

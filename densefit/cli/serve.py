@@ -47,6 +47,9 @@ def serve(
     max_documents: int = typer.Option(_D.max_documents, help="Documents per write."),
     max_body_bytes: int = typer.Option(_D.max_body_bytes, help="Larger bodies: 413."),
     max_batch: int = typer.Option(_D.max_batch, help="Queries per forward pass."),
+    query_workers: int = typer.Option(
+        _D.query_workers, help="Query batches encoded at the same time (about the CPU cores)."
+    ),
     max_wait_ms: float = typer.Option(
         _D.max_wait_ms, help="How long a query waits for others to share its batch."
     ),
@@ -85,6 +88,7 @@ def serve(
             max_body_bytes=max_body_bytes,
             max_batch=max_batch,
             max_wait_ms=max_wait_ms,
+            query_workers=query_workers,
             api_key=api_key or None,
             allow_writes=local or bool(api_key),
         )

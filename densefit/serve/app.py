@@ -260,6 +260,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
         lambda queries: search_queries(store, model, queries),
         max_batch=config.max_batch,
         max_wait=config.max_wait_ms / 1000,
+        workers=config.query_workers,
         on_batch=metrics.observe_batch,
     )
     writer = DocumentWriter(

@@ -2,10 +2,14 @@
 
 Each HTTP request puts its queries on an asyncio queue and awaits their futures. One task
 takes the first waiting query, collects more for up to ``max_wait`` seconds or until
-``max_batch`` are waiting, and hands the batch to one worker thread, which embeds all of it
-in one call and searches the store. While that thread works, new queries queue up, so under
-load the batches grow by themselves and the forward passes stay few; an idle server answers
-a lone query after at most ``max_wait``.
+``max_batch`` are waiting, and hands the batch to a worker thread (``workers`` of them; one
+forward pass each at a time), which embeds all of it in one call and searches the store.
+While the workers are busy, new queries queue up, so under load the batches grow by
+themselves and the forward passes stay few; an idle server answers a lone query after at
+most ``max_wait``. Throughput and latency against a server that encodes
+per request: bench/results/serve.json (``bench/serve.py``). Batched and single-query
+encodings differ at the float level (padding), so near-tied hits may swap places; the
+benchmark counts them.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class Query:
 class MicroBatcher:
     """Collects :class:`Query` objects and runs them in batches through ``run_batch``.
 
-    ``run_batch(queries)`` runs in one worker thread and returns one result per query, in
+    ``run_batch(queries)`` runs in a worker thread and returns one result per query, in
     order (an exception object fails only that query). ``on_batch(size)`` is told each
     batch's size (metrics).
 
@@ -53,13 +57,17 @@ class MicroBatcher:
         *,
         max_batch: int = 64,
         max_wait: float = 0.002,
+        workers: int = 1,
         on_batch: Callable[[int], None] | None = None,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if max_wait < 0:
             raise ValueError(f"max_wait must be >= 0 seconds, got {max_wait}")
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
         self.run_batch = run_batch
+        self.workers = workers
         self.max_batch = max_batch
         self.max_wait = max_wait
         self.on_batch = on_batch
@@ -116,7 +124,11 @@ class MicroBatcher:
         return batch, False
 
     async def _run(self) -> None:
+        """Collect batches and start them on free workers; with several workers the next
+        batch is collected (and grows) while the previous ones are being encoded."""
         loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(self.workers)
+        running: set[asyncio.Future] = set()
         stopping = False
         while not stopping:
             first = await self._queue.get()
@@ -126,14 +138,25 @@ class MicroBatcher:
             self.batches += 1
             if self.on_batch is not None:
                 self.on_batch(len(batch))
-            try:
-                results = await loop.run_in_executor(self._executor, self.run_batch, batch)
-            except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
-                results = [exc] * len(batch)
-            for query, result in zip(batch, results, strict=True):
-                if query.future.done():  # the client went away
-                    continue
-                if isinstance(result, BaseException):
-                    query.future.set_exception(result)
-                else:
-                    query.future.set_result(result)
+            await slots.acquire()
+            work = loop.run_in_executor(self._executor, self.run_batch, batch)
+            running.add(work)
+            work.add_done_callback(lambda done, batch=batch: self._deliver(batch, done, slots))
+            work.add_done_callback(running.discard)
+        if running:
+            await asyncio.wait(running)
+
+    @staticmethod
+    def _deliver(batch: list[Query], done: asyncio.Future, slots: asyncio.Semaphore) -> None:
+        slots.release()
+        try:
+            results = done.result()
+        except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
+            results = [exc] * len(batch)
+        for query, result in zip(batch, results, strict=True):
+            if query.future.done():  # the client went away
+                continue
+            if isinstance(result, BaseException):
+                query.future.set_exception(result)
+            else:
+                query.future.set_result(result)

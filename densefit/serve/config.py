@@ -21,6 +21,7 @@ class ServeConfig:
     max_body_bytes: int = 4 * 1024 * 1024  # larger requests get 413
     max_batch: int = 64  # queries per forward pass
     max_wait_ms: float = 2.0  # how long the first query of a batch waits for others
+    query_workers: int = 2  # batches encoded at the same time (one forward pass each)
     api_key: str | None = None  # required on every request when set
     allow_writes: bool = True  # False: upserts and deletes get 403
 
