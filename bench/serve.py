@@ -21,7 +21,8 @@ serving the same documents and vectors with the same model:
 
 Load: 1, 4 and 16 concurrent clients (asyncio + httpx, one process), each sending one query
 (k=10) at a time for ``--seconds``; with and without a concurrent writer that upserts
-``--write-batch`` new documents at a time, waiting for each acknowledgement. Recorded:
+``--write-batch`` new documents every ``--write-interval`` seconds (the same write work for
+every system, as far as it keeps up), waiting for each acknowledgement. Recorded:
 queries/s, p50/p99 latency, writes acknowledged. Search results of the densefit server
 (under 16 concurrent clients, so micro-batched) are compared with the exact in-process search.
 
@@ -395,6 +396,7 @@ async def _load_cell(
     writer: bool,
     write_docs: list,
     write_batch: int,
+    write_interval: float = 2.0,
 ) -> dict:
     import asyncio
 
@@ -427,12 +429,14 @@ async def _load_cell(
                     return
                 batch = write_docs[start : start + write_batch]
                 t0 = time.perf_counter()
+                next_at = t0 + write_interval  # a fixed pace: the same write work for all
                 r = await client.post("/documents", json={"documents": batch})
                 if r.status_code == 200:
                     acked += len(batch)
                     write_lat.append(time.perf_counter() - t0)
                 else:
                     errors += 1
+                await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
 
         t0 = time.perf_counter()
         tasks = [reader() for _ in range(clients)] + ([write_loop()] if writer else [])
@@ -451,10 +455,14 @@ async def _load_cell(
     }
 
 
-def load_cell(url, queries, clients, seconds, writer, write_docs, write_batch) -> dict:
+def load_cell(
+    url, queries, clients, seconds, writer, write_docs, write_batch, write_interval=2.0
+) -> dict:
     import asyncio
 
-    return asyncio.run(_load_cell(url, queries, clients, seconds, writer, write_docs, write_batch))
+    return asyncio.run(
+        _load_cell(url, queries, clients, seconds, writer, write_docs, write_batch, write_interval)
+    )
 
 
 def server_cpu(server: Server) -> float:
@@ -915,6 +923,9 @@ def main() -> None:
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--write-batch", type=int, default=8)
+    parser.add_argument(
+        "--write-interval", type=float, default=2.0, help="seconds between write batches"
+    )
     parser.add_argument("--hostile", type=int, default=1000)
     parser.add_argument("--kill-after", type=float, default=8.0)
     parser.add_argument("--equality-queries", type=int, default=200)
@@ -945,6 +956,7 @@ def main() -> None:
         "max_seq_length": MAX_SEQ_LENGTH,
         "seconds_per_cell": args.seconds,
         "write_batch": args.write_batch,
+        "write_interval_s": args.write_interval,
         "load": previous.get("load", []),
         "equality": previous.get("equality"),
         "agreement_with_handwritten": previous.get("agreement_with_handwritten"),
@@ -976,7 +988,14 @@ def main() -> None:
                         wdocs = writer_documents(docs, system, 4000, seed=c) if writer else []
                         cpu_before = server_cpu(server)
                         cell = load_cell(
-                            server.url, qs, c, args.seconds, writer, wdocs, args.write_batch
+                            server.url,
+                            qs,
+                            c,
+                            args.seconds,
+                            writer,
+                            wdocs,
+                            args.write_batch,
+                            args.write_interval,
                         )
                         cpu = server_cpu(server) - cpu_before
                         cell["server_cpu_s"] = cpu

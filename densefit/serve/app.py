@@ -335,7 +335,7 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
     """The routes; each one small, the work is in the batcher and the writer."""
 
     @app.post("/search", summary="Search with one query or a list")
-    async def search(request: Annotated[SearchRequest, Body()]) -> dict:
+    async def search(request: Annotated[SearchRequest, Body()]) -> JSONResponse:
         texts = [request.query] if isinstance(request.query, str) else request.query
         if not texts:
             raise ClientError(422, "query is an empty list")
@@ -349,12 +349,15 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
         filters = _check_filters(request.filters)
         queries = [Query(t, request.k, filters, request.scale_score) for t in texts]
         found = await batcher.search(queries)
-        return {
-            "results": [
-                {"query": t, "hits": [h.to_dict() for h in hits]}
-                for t, hits in zip(texts, found, strict=True)
-            ]
-        }
+        # A ready JSONResponse skips FastAPI's recursive jsonable_encoder over every hit.
+        return JSONResponse(
+            {
+                "results": [
+                    {"query": t, "hits": [h.to_dict() for h in hits]}
+                    for t, hits in zip(texts, found, strict=True)
+                ]
+            }
+        )
 
     @app.post("/documents", summary="Add or replace documents (acknowledged after commit)")
     async def upsert(request: Annotated[UpsertRequest, Body()]) -> dict:
