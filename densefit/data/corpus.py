@@ -133,8 +133,12 @@ def _document(record: Record, origin: str) -> tuple[str, Document]:
     text, title = (_optional_text(record, key, origin) for key in ("text", "title"))
     if not (text.strip() or title.strip()):
         raise BadRowError(origin, "text", "empty document (no text and no title)", SKIP_HINT)
+    meta = record.get("metadata")  # BEIR's per-document metadata, kept for filters
     return doc_id, Document(
-        id=doc_id, text=f"{title} {text}".strip() if title else text, title=title
+        id=doc_id,
+        text=f"{title} {text}".strip() if title else text,
+        title=title,
+        meta=meta if isinstance(meta, dict) else {},
     )
 
 

@@ -206,17 +206,36 @@ class Retriever:
             reembed=reembed,
         )
 
-    def retrieve(self, query: str, top_k: int = 10) -> list[SearchHit]:
+    def retrieve(
+        self,
+        query: str,
+        top_k: int = 10,
+        *,
+        filters: dict | None = None,
+        scale_score: bool = False,
+    ) -> list[SearchHit]:
         """The ``top_k`` documents best matching ``query``, best first.
 
         Each :class:`~densefit.retrieval.index.base.SearchHit` has ``id``, ``score``, ``rank``,
-        ``text``, ``title`` and ``meta``.
+        ``text``, ``title`` and ``meta``. ``filters`` takes Haystack's filter syntax, e.g.
+        ``{"field": "meta.lang", "operator": "==", "value": "en"}``: the best ``top_k`` of the
+        matching documents. ``scale_score=True`` maps scores to [0, 1] as Haystack 1.x did
+        (cosine: ``(score + 1) / 2``).
         """
         if not isinstance(query, str):
             raise TypeError("retrieve takes one query string; use retrieve_batch for a list")
-        return self.retrieve_batch([query], top_k=top_k)[0]
+        return self.retrieve_batch([query], top_k=top_k, filters=filters, scale_score=scale_score)[
+            0
+        ]
 
-    def retrieve_batch(self, queries: Sequence[str], top_k: int = 10) -> list[list[SearchHit]]:
+    def retrieve_batch(
+        self,
+        queries: Sequence[str],
+        top_k: int = 10,
+        *,
+        filters: dict | None = None,
+        scale_score: bool = False,
+    ) -> list[list[SearchHit]]:
         """:meth:`retrieve` for many queries, embedded and searched together."""
         from densefit.retrieval.index.searching import search_batch
 
@@ -225,6 +244,8 @@ class Retriever:
             self.model,
             queries,
             top_k=top_k,
+            filters=filters,
+            scale_score=scale_score,
             batch_size=self.batch_size,
         )
 

@@ -30,8 +30,9 @@ from densefit.retrieval.index.base import (
     WriteResult,
 )
 from densefit.retrieval.index.exact import ExactBackend, exact_search
+from densefit.retrieval.index.filters import validate_filters
 from densefit.retrieval.index.indexing import IndexReport, index_documents, prune_documents
-from densefit.retrieval.index.searching import search, search_batch
+from densefit.retrieval.index.searching import scaled_scores, search, search_batch
 from densefit.retrieval.index.store import LocalDocumentStore, make_backend, open_store
 
 __all__ = [
@@ -49,6 +50,8 @@ __all__ = [
     "make_backend",
     "open_store",
     "prune_documents",
+    "scaled_scores",
     "search",
     "search_batch",
+    "validate_filters",
 ]

@@ -33,7 +33,7 @@ from densefit.retrieval.index.base import ModelMismatchError
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.store import LocalDocumentStore, open_store
 
-__all__ = ["StoreConformance", "make_corpus"]
+__all__ = ["StoreConformance", "make_corpus", "reference_match", "with_meta"]
 
 _TOPICS = ["cells", "genes", "python", "search", "cancer", "memory", "vaccine", "banana"]
 
@@ -49,6 +49,47 @@ def make_corpus(n: int, *, seed: int = 0, prefix: str = "doc") -> list[Document]
         topic = _TOPICS[i % len(_TOPICS)]
         docs.append(Document(f"{prefix}-{i:04d}", f"{topic} {i} " + " ".join(words), title=topic))
     return docs
+
+
+def with_meta(docs: list[Document]) -> list[Document]:
+    """``docs`` with metadata to filter on: ``lang`` (en/de/fr in turn), ``year``
+    (2000-2009), ``rare`` (True for the 8th document only) and ``tags``."""
+    return [
+        Document(
+            d.id,
+            d.text,
+            d.title,
+            {
+                "lang": ("en", "de", "fr")[i % 3],
+                "year": 2000 + i % 10,
+                "rare": i == 7,
+                "tags": {"topic": d.title},
+            },
+        )
+        for i, d in enumerate(docs)
+    ]
+
+
+def reference_match(filters: dict, doc: Document) -> bool:
+    """A plain-Python evaluation of the filters :func:`with_meta` documents are tested with
+    (numbers, strings, bools, None; no dates), the reference for the SQL."""
+    if "field" not in filters:
+        results = [reference_match(c, doc) for c in filters["conditions"]]
+        return {"AND": all, "OR": any}.get(filters["operator"], lambda r: not all(r))(results)
+    field, op, value = filters["field"], filters["operator"], filters["value"]
+    if field.startswith("meta."):
+        got = doc.meta
+        for name in field[5:].split("."):
+            got = got.get(name) if isinstance(got, dict) else None
+    else:
+        got = {"id": doc.id, "content": doc.text, "title": doc.title}[field]
+    if op in ("==", "!="):
+        return (got == value) == (op == "==")
+    if op in ("in", "not in"):
+        return (got in value) == (op == "in")
+    if got is None or value is None or isinstance(got, (str, bool)):
+        return False
+    return {">": got > value, ">=": got >= value, "<": got < value, "<=": got <= value}[op]
 
 
 def _embed(model, docs) -> np.ndarray:
@@ -165,6 +206,81 @@ class StoreConformance:
         assert store.dead_rows() == 0
         assert _close(_as_pairs(store.search(queries, top_k=8)), before)
         assert len(list(store.path.glob("vectors-*"))) == 1
+
+    # -- filters and score scaling ---------------------------------------------------------
+
+    def _filtered_brute_force(self, store, queries, matching_ids, k):
+        """Expected ``[(id, score)]`` per query: the best ``k`` of ``matching_ids``."""
+        ids = sorted(matching_ids)
+        if not ids:
+            return [[] for _ in queries]
+        expected = _normalise(queries) @ store.vectors(ids).T  # (q, m)
+        return [
+            [(ids[i], float(row[i])) for i in np.argsort(-row, kind="stable")[:k]]
+            for row in expected
+        ]
+
+    @pytest.mark.parametrize(
+        "filters",
+        [
+            {"field": "meta.lang", "operator": "==", "value": "de"},  # a third
+            {"field": "meta.year", "operator": ">=", "value": 2007},  # 30%, masked scan
+            {"field": "meta.rare", "operator": "==", "value": True},  # one document
+            {
+                "operator": "OR",
+                "conditions": [
+                    {"field": "id", "operator": "in", "value": ["doc-0003", "doc-0011"]},
+                    {"field": "meta.lang", "operator": "!=", "value": "en"},
+                ],
+            },
+        ],
+    )
+    def test_filtered_search_is_top_k_of_the_matches(self, store, model, docs, filters):
+        store.write_metadata(with_meta(docs))
+        queries = encode_texts(model, ["cells and genes", "python function", "banana"])
+        matching = {d.id for d in store.filter_documents(filters)}
+        assert matching == {d.id for d in with_meta(docs) if reference_match(filters, d)}
+        k = 5
+        got = _as_pairs(store.search(queries, top_k=k, filters=filters))
+        expected = self._filtered_brute_force(store, queries, matching, k)
+        assert all(len(hits) == min(k, len(matching)) for hits in got)
+        assert _close_scores(got, expected)
+
+    def test_filter_matching_nothing_finds_nothing(self, store, model, docs):
+        filters = {"field": "meta.lang", "operator": "==", "value": "xx"}
+        assert store.search(_embed(model, docs[:2]), top_k=3, filters=filters) == [[], []]
+
+    def test_filters_see_updates_and_deletes(self, store, model, docs):
+        store.write_metadata(with_meta(docs))
+        filters = {"field": "meta.lang", "operator": "==", "value": "de"}
+        de = [d.id for d in with_meta(docs) if d.meta["lang"] == "de"]
+        store.delete(de[:2])
+        moved = Document(docs[0].id, docs[0].text, meta={"lang": "de"})  # en -> de
+        store.write([moved], _embed(model, [moved]))
+        hits = store.search(_embed(model, docs[:1]), top_k=len(docs), filters=filters)[0]
+        assert {h.id for h in hits} == set(de[2:]) | {moved.id}
+        assert hits[0].id == moved.id and store.count_matching(filters) == len(hits)
+
+    def test_no_filter_and_empty_filter_are_the_same_search(self, store, model, docs):
+        queries = encode_texts(model, ["cells", "vaccine"])
+        plain = _as_pairs(store.search(queries, top_k=7))
+        assert _as_pairs(store.search(queries, top_k=7, filters={})) == plain
+        assert _as_pairs(store.search(queries, top_k=7, filters=None)) == plain
+
+    def test_malformed_filter_is_a_value_error(self, store, model, docs):
+        with pytest.raises(ValueError, match="needs a list"):
+            store.search(
+                _embed(model, docs[:1]), filters={"field": "id", "operator": "in", "value": "x"}
+            )
+
+    def test_scale_score_maps_cosine_to_unit_interval(self, store, model, docs):
+        queries = encode_texts(model, ["cells genes", "python"])
+        plain = store.search(queries, top_k=6)
+        scaled = store.search(queries, top_k=6, scale_score=True)
+        for p, s in zip(plain, scaled, strict=True):
+            assert [h.id for h in p] == [h.id for h in s]
+            np.testing.assert_allclose([h.score for h in s], [(h.score + 1) / 2 for h in p])
+            assert all(0 <= h.score <= 1 for h in s)
 
     # -- persistence and other processes ---------------------------------------------------
 
@@ -381,6 +497,21 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 
 def _as_pairs(results) -> list[list[tuple[str, float]]]:
     return [[(h.id, h.score) for h in hits] for hits in results]
+
+
+def _close_scores(a, b, atol: float = 1e-5) -> bool:
+    """Same scores in order, and the same ids wherever a score is not tied with another."""
+    for qa, qb in zip(a, b, strict=True):
+        if len(qa) != len(qb):
+            return False
+        scores = [y for _, y in qb]
+        for (ida, x), (idb, y) in zip(qa, qb, strict=True):
+            if abs(x - y) > atol:
+                return False
+            tied = sum(abs(y - other) <= atol for other in scores) > 1
+            if ida != idb and not tied:
+                return False
+    return True
 
 
 def _close(a, b, atol: float = 1e-5) -> bool:

@@ -196,6 +196,25 @@ class DocumentTable:
                 docs[row] = (doc_id, text, title, json.loads(meta))
         return docs
 
+    def rows_matching(self, where: str, params: Sequence) -> list[int]:
+        """The vector rows of the documents satisfying the SQL clause ``where`` (a compiled
+        filter, :func:`~densefit.retrieval.index.filters.compile_filters`), in row order."""
+        query = f"SELECT row FROM documents WHERE {where} ORDER BY row"
+        return [r for (r,) in self.conn.execute(query, list(params))]
+
+    def documents_matching(self, where: str, params: Sequence) -> list[Document]:
+        """The documents satisfying ``where``, in row (write) order."""
+        query = f"SELECT id, text, title, meta FROM documents WHERE {where} ORDER BY row"
+        return [
+            Document(doc_id, text, title, json.loads(meta))
+            for doc_id, text, title, meta in self.conn.execute(query, list(params))
+        ]
+
+    def count_matching(self, where: str, params: Sequence) -> int:
+        """How many documents satisfy ``where``."""
+        query = f"SELECT COUNT(*) FROM documents WHERE {where}"
+        return int(self.conn.execute(query, list(params)).fetchone()[0])
+
     def upsert(self, documents: Sequence[Document], *, start: int) -> None:
         """Insert or replace ``documents``, the i-th at vector row ``start + i``."""
         self.conn.executemany(

@@ -58,6 +58,20 @@ class ExactBackend:
     def flush(self) -> None:
         pass
 
+    def search_masked(
+        self, queries: np.ndarray, k: int, mask: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` among the live rows where ``mask`` is True (a filter's matches)."""
+        alive = mask if not len(self._alive) else mask & self._alive
+        return exact_search(
+            self._vectors,
+            queries,
+            k,
+            alive=alive,
+            chunk_rows=self.chunk_rows,
+            use_faiss=self.use_faiss,
+        )
+
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return exact_search(
             self._vectors,

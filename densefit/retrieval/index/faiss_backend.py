@@ -75,14 +75,26 @@ class FaissBackend:
         self._alive = alive
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._search(queries, k, self._alive)
+
+    def search_masked(
+        self, queries: np.ndarray, k: int, mask: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` among the live rows where ``mask`` is True (a filter's matches),
+        through an ``IDSelectorBitmap``. Approximate indexes may return fewer than ``k``
+        when few rows match; :func:`~densefit.retrieval.index.vectors.search_rows` then
+        searches the matches exactly."""
+        return self._search(queries, k, mask & self._alive[: len(mask)])
+
+    def _search(self, queries, k, alive) -> tuple[np.ndarray, np.ndarray]:
         index = self._synced_index()
         queries = np.ascontiguousarray(queries, dtype=np.float32)  # (q, d)
         if index.ntotal == 0 or k == 0:
             scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
             return scores, np.full((len(queries), k), -1, dtype=np.int64)
         bits = None
-        if not self._alive.all():
-            bits = np.packbits(self._alive, bitorder="little")  # referenced until search ends
+        if not alive.all():
+            bits = np.packbits(alive, bitorder="little")  # referenced until search ends
         scores, rows = index.search(queries, k, params=self._search_params(index, bits))
         missing = rows < 0
         scores[missing] = -np.inf
@@ -154,7 +166,7 @@ class FaissBackend:
     def _search_params(self, index, bits):
         faiss = self.faiss
         selector = (
-            faiss.IDSelectorBitmap(len(self._alive), faiss.swig_ptr(bits))
+            faiss.IDSelectorBitmap(len(bits) * 8, faiss.swig_ptr(bits))
             if bits is not None
             else None
         )

@@ -4,13 +4,45 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from densefit.retrieval.index.base import DocumentStore, SearchHit
+from densefit.retrieval.index.filters import validate_filters
 
-__all__ = ["search", "search_batch"]
+__all__ = ["scaled_scores", "search", "search_batch"]
 
 
-def search(store: DocumentStore, model, query: str, top_k: int = 10) -> list[SearchHit]:
+def scaled_scores(scores: np.ndarray, similarity: str) -> np.ndarray:
+    """Scores mapped to [0, 1] as Haystack 1.x's ``EmbeddingRetriever(scale_score=True)``:
+    cosine ``(s + 1) / 2``, dot product ``expit(s / 100)``. Order is kept.
+
+    >>> scaled_scores(np.array([-1.0, 0.0, 1.0]), "cosine").tolist()
+    [0.0, 0.5, 1.0]
+    >>> scaled_scores(np.array([0.0]), "dot").tolist()
+    [0.5]
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if similarity == "cosine":
+        return (scores + 1) / 2
+    if similarity == "dot":
+        return 1 / (1 + np.exp(-scores / 100))
+    raise ValueError(f"no score scaling for similarity {similarity!r}: use cosine or dot")
+
+
+def search(
+    store: DocumentStore,
+    model,
+    query: str,
+    top_k: int = 10,
+    *,
+    filters: dict | None = None,
+    scale_score: bool = False,
+) -> list[SearchHit]:
     """The ``top_k`` documents of ``store`` best matching ``query``, best first.
+
+    ``filters`` (Haystack's syntax, see :mod:`densefit.retrieval.index.filters`) restricts
+    the search to matching documents: the best ``top_k`` of those that match. ``scale_score``
+    maps scores to [0, 1] (:func:`scaled_scores`). A malformed filter raises ValueError.
 
     Raises :class:`~densefit.retrieval.index.base.ModelMismatchError` when ``model`` did not make the
     store's embeddings.
@@ -27,7 +59,9 @@ def search(store: DocumentStore, model, query: str, top_k: int = 10) -> list[Sea
     """
     if not isinstance(query, str):
         raise TypeError("search takes one query string; use search_batch for a list")
-    return search_batch(store, model, [query], top_k=top_k)[0]
+    return search_batch(
+        store, model, [query], top_k=top_k, filters=filters, scale_score=scale_score
+    )[0]
 
 
 def search_batch(
@@ -36,10 +70,13 @@ def search_batch(
     queries: Sequence[str],
     top_k: int = 10,
     *,
+    filters: dict | None = None,
+    scale_score: bool = False,
     batch_size: int = 64,
     show_progress: bool = False,
 ) -> list[list[SearchHit]]:
-    """:func:`search` for many queries at once (one matrix product per chunk of the store).
+    """:func:`search` for many queries at once (one matrix product per chunk of the store);
+    ``filters`` and ``scale_score`` apply to every query.
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.index import open_store
@@ -51,10 +88,16 @@ def search_batch(
 
     if isinstance(queries, str):
         raise TypeError("search_batch takes a list of queries; use search for one string")
+    validate_filters(filters)  # before the model runs: a typo fails fast
     store.check_model(model)
     embeddings = encode_texts(
         model, list(queries), batch_size=batch_size, show_progress=show_progress
     )
     if not len(embeddings):
         return []
-    return store.search(embeddings, top_k=top_k)
+    options = {}
+    if filters:
+        options["filters"] = filters
+    if scale_score:
+        options["scale_score"] = True
+    return store.search(embeddings, top_k=top_k, **options)

@@ -52,7 +52,9 @@ from densefit.retrieval.index.documents import (
     text_hash,
     write_new_database,
 )
+from densefit.retrieval.index.filters import compile_filters, meta_index_sql, normalise_filters
 from densefit.retrieval.index.locking import LOCK_NAME, writer_lock
+from densefit.retrieval.index.searching import scaled_scores
 from densefit.retrieval.index.settings import (
     DTYPES,
     SIMILARITIES,
@@ -107,6 +109,12 @@ def checked_queries(record: StoreRecord, query_embeddings: np.ndarray, top_k: in
     if not np.isfinite(queries).all():
         raise ValueError("query embeddings contain NaN or infinite values")
     return _normalise_rows(queries) if record.similarity == "cosine" else queries
+
+
+def compiled_filters(filters: dict | None) -> tuple[str, list] | None:
+    """The SQL clause and parameters of ``filters``; None when there is nothing to filter."""
+    filters = normalise_filters(filters)
+    return None if filters is None else compile_filters(filters)
 
 
 def checked_vectors(record: StoreRecord, documents: list, embeddings: np.ndarray) -> np.ndarray:
@@ -360,15 +368,30 @@ class LocalDocumentStore:
         return dict(zip(rows, found, strict=True))
 
     @_locked
-    def search(self, query_embeddings: np.ndarray, top_k: int = 10) -> list[list[SearchHit]]:
+    def search(
+        self,
+        query_embeddings: np.ndarray,
+        top_k: int = 10,
+        *,
+        filters: dict | None = None,
+        scale_score: bool = False,
+    ) -> list[list[SearchHit]]:
         """The ``top_k`` best documents for each query embedding, best first.
 
         ``query_embeddings`` is ``(q, dim)`` (or one ``(dim,)`` vector); cosine stores
-        normalise them. Fewer than ``top_k`` hits come back only when the store holds fewer.
+        normalise them. ``filters`` (Haystack's syntax, :mod:`~densefit.retrieval.index.
+        filters`) restricts the search to the matching documents *before* ranking: the best
+        ``top_k`` that match, not the ``top_k`` filtered afterwards. ``scale_score`` maps
+        scores to [0, 1] (:func:`~densefit.retrieval.index.searching.scaled_scores`). Fewer
+        than ``top_k`` hits come back only when fewer documents (match and) are stored.
         """
         queries = checked_queries(self.record, query_embeddings, top_k)
+        where = compiled_filters(filters)
         self._refresh()
-        scores, rows = self._vectors.search(queries, top_k)
+        subset = None if where is None else np.asarray(self._table.rows_matching(*where))
+        scores, rows = self._vectors.search(queries, top_k, subset)
+        if scale_score:
+            scores = scaled_scores(scores, self.similarity)
         docs = self._table.documents_at(sorted({int(r) for r in rows.ravel() if r >= 0}))
         results = []
         for query_scores, query_rows in zip(scores, rows, strict=True):
@@ -380,6 +403,30 @@ class LocalDocumentStore:
                 hits.append(SearchHit(doc_id, float(score), len(hits) + 1, text, title, meta))
             results.append(hits)
         return results
+
+    @_locked
+    def filter_documents(self, filters: dict | None = None) -> list[Document]:
+        """Every document matching ``filters`` (all of them for None or ``{}``), in the
+        order they were written (an updated document counts as written last)."""
+        where = compiled_filters(filters) or ("1", [])
+        self._refresh()
+        return self._table.documents_matching(*where)
+
+    @_locked
+    def count_matching(self, filters: dict | None = None) -> int:
+        """How many documents match ``filters`` (all of them for None or ``{}``)."""
+        where = compiled_filters(filters) or ("1", [])
+        self._refresh()
+        return self._table.count_matching(*where)
+
+    @_locked
+    def index_meta_field(self, field: str) -> None:
+        """Add an SQLite index on the metadata field ``field`` (``"meta.lang"``): filters
+        comparing it with ``==``, ``in`` or a number then look rows up instead of scanning
+        every document's JSON. Idempotent."""
+        _, statement = meta_index_sql(field)
+        with self.transaction():
+            self._table.conn.execute(statement)
 
     # -- writing ---------------------------------------------------------------------------
 

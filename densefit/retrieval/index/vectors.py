@@ -16,9 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from densefit.retrieval.index.base import VectorBackend
-from densefit.retrieval.index.exact import ExactBackend
+from densefit.retrieval.index.exact import ExactBackend, exact_search
 
-__all__ = ["CommittedVectors", "VectorFile", "make_backend"]
+__all__ = ["CommittedVectors", "VectorFile", "make_backend", "search_rows"]
+
+# A filter matching at most this fraction of the rows is searched exactly over its rows
+# alone (reading only them); larger ones go through the backend with a row mask.
+SUBSET_FRACTION = 1 / 8
+_SUBSET_CHUNK = 1 << 16
 
 
 class VectorFile:
@@ -172,9 +177,14 @@ class CommittedVectors:
         """Rows no document points at any more."""
         return int(self.n_rows - self.alive[: self.n_rows].sum())
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The backend's ``(scores, rows)`` for ``queries``."""
-        return self.backend.search(queries, k)
+    def search(
+        self, queries: np.ndarray, k: int, rows: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The backend's ``(scores, rows)`` for ``queries``; with ``rows``, the best ``k``
+        among those rows only (a filter's matches): see :func:`search_rows`."""
+        if rows is None:
+            return self.backend.search(queries, k)
+        return search_rows(self.backend, self.view(), queries, k, rows)
 
     def remove_other_generations(self, generation: int) -> None:
         """Delete vector files and FAISS caches of every generation but ``generation``."""
@@ -185,3 +195,54 @@ class CommittedVectors:
         for path in self.folder.glob("faiss-*.index*"):
             if not path.name.startswith(f"faiss-{generation}-"):
                 path.unlink(missing_ok=True)
+
+
+def search_rows(
+    backend: VectorBackend, vectors: np.ndarray, queries: np.ndarray, k: int, rows
+) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` of ``rows`` (vector rows) for each query: ``(scores, rows)`` as
+    :meth:`VectorBackend.search <densefit.retrieval.index.base.VectorBackend.search>` gives.
+
+    Always ``min(k, len(rows))`` results: a small subset (at most :data:`SUBSET_FRACTION`
+    of the rows) is searched exactly by reading only its vectors; a larger one goes to the
+    backend's optional ``search_masked(queries, k, mask)`` (exact: a masked scan; FAISS: an
+    ``IDSelectorBitmap``), and when that comes back short (an approximate index missing
+    matches) or the backend has no ``search_masked``, the subset is searched exactly.
+
+    >>> import numpy as np
+    >>> from densefit.retrieval.index.exact import ExactBackend, exact_search
+    >>> vectors = np.eye(3, dtype=np.float32)
+    >>> search_rows(ExactBackend(), vectors, np.ones((1, 3), np.float32), 5, [2, 0])[1].tolist()
+    [[0, 2, -1, -1, -1]]
+    """
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    rows = np.unique(np.asarray(rows, dtype=np.int64))  # sorted: the tie order of a scan
+    wanted = min(k, len(rows))
+    masked = getattr(backend, "search_masked", None)
+    if masked is not None and len(rows) > SUBSET_FRACTION * len(vectors):
+        mask = np.zeros(len(vectors), dtype=bool)
+        mask[rows] = True
+        scores, found = masked(queries, k, mask)
+        if ((found >= 0).sum(axis=1) >= wanted).all():
+            return scores, found
+    return exact_subset_search(vectors, queries, k, rows)
+
+
+def exact_subset_search(
+    vectors: np.ndarray, queries: np.ndarray, k: int, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` among the sorted ``rows`` of ``vectors``, reading a chunk at a time."""
+    best_scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+    best_rows = np.full((len(queries), k), -1, dtype=np.int64)
+    for start in range(0, len(rows), _SUBSET_CHUNK):
+        part = rows[start : start + _SUBSET_CHUNK]
+        scores, local = exact_search(np.asarray(vectors[part]), queries, k, use_faiss=False)
+        found = np.where(local >= 0, part[np.maximum(local, 0)], -1)
+        merged_scores = np.concatenate([best_scores, scores], axis=1)
+        merged_rows = np.concatenate([best_rows, found], axis=1)
+        # Stable: on equal scores the earlier row wins, as in a full scan.
+        order = np.argsort(-merged_scores, axis=1, kind="stable")[:, :k]
+        best_scores = np.take_along_axis(merged_scores, order, axis=1)
+        best_rows = np.take_along_axis(merged_rows, order, axis=1)
+    best_rows[np.isinf(best_scores)] = -1
+    return best_scores, best_rows

@@ -1,0 +1,1076 @@
+"""``densefit serve`` against two peers on the same documents and model, plus fault scripts.
+
+    OMP_NUM_THREADS=1 python bench/serve.py              # everything (~30 min on a shared CPU)
+    python bench/serve.py --prepare                       # only embed and cache the corpus
+    python bench/serve.py --skip-load --skip-scale        # only the fault scripts
+
+Documents: every document of ../shared/datasets (SciFact, NFCorpus, manpages, pydoc; ids
+``dataset/id``, metadata ``{"dataset": name}``), embedded once with all-MiniLM-L6-v2 and
+cached under bench/.cache/serve/ (gitignored). Queries: their query sets, shuffled.
+
+Systems, each a uvicorn server on 127.0.0.1 in its own process with the same thread count,
+serving the same documents and vectors with the same model:
+
+- ``densefit``: :func:`densefit.serve.app.create_app` over a store built from the cached
+  vectors (micro-batched query encoding, one writer acknowledged after commit);
+- ``handwritten``: FastAPI calling ``SentenceTransformer.encode`` per request and
+  ``faiss.IndexFlatIP`` (writes: encode + ``index.add``; nothing persisted);
+- ``haystack``: a Haystack pipeline (``SentenceTransformersTextEmbedder`` ->
+  ``InMemoryEmbeddingRetriever``) behind the same FastAPI wrapper (writes:
+  ``SentenceTransformersDocumentEmbedder`` + ``write_documents(OVERWRITE)``).
+
+Load: 1, 4 and 16 concurrent clients (asyncio + httpx, one process), each sending one query
+(k=10) at a time for ``--seconds``; with and without a concurrent writer that upserts
+``--write-batch`` new documents every ``--write-interval`` seconds (the same write work for
+every system, as far as it keeps up), waiting for each acknowledgement. Recorded:
+queries/s, p50/p99 latency, writes acknowledged. Search results of the densefit server
+(under 16 concurrent clients, so micro-batched) are compared with the exact in-process search.
+
+Faults (on the densefit server): SIGKILL while clients stream acknowledged writes, then
+restart: every acknowledged document must be found (GET, and search for a sample); 1,000
+malformed or hostile requests: all must be 4xx, none 5xx, and /health must still answer.
+
+Scale: a store of the real vectors plus random unit vectors up to ``--scale-rows``
+(1,000,000), searched in-process one query at a time, unfiltered and with metadata filters.
+
+The machine is shared: threads and load averages are recorded with the results, and only
+ratios between systems measured in the same run are meaningful. Writes
+bench/results/serve.csv, serve.json and serve.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results"
+CACHE = ROOT / "bench" / ".cache" / "serve"
+DATASETS = ROOT.parent / "shared" / "datasets"
+MODEL = "all-MiniLM-L6-v2"
+# Documents are cut at 128 tokens (the model's default is 256): embedding 15k documents on
+# the shared 2-core CPU at 256 tokens would take about an hour; every system in the benchmark
+# uses the same model with the same setting.
+MAX_SEQ_LENGTH = 128
+# Cheapest first, so that partial caches help; BENCH_SERVE_DATASETS=pydoc makes a smoke run.
+ORDER = tuple(os.environ.get("BENCH_SERVE_DATASETS", "pydoc,manpages,nfcorpus,scifact").split(","))
+
+
+# -- the corpus and its embeddings (cached) --------------------------------------------------
+
+
+def read_jsonl(path: Path):
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
+
+
+def load_corpus(datasets: Path) -> tuple[dict[str, list], dict[str, list[str]]]:
+    """``{dataset: [Document]}`` (ids prefixed ``dataset/``, meta ``{"dataset": name}``) and
+    ``{dataset: [query text]}`` for SciFact, NFCorpus, manpages (BEIR) and pydoc (pairs)."""
+    from densefit.data.corpus import iter_corpus
+    from densefit.data.types import Document
+
+    docs: dict[str, list] = {}
+    queries: dict[str, list[str]] = {}
+    for name in [n for n in ("scifact", "nfcorpus", "manpages") if n in ORDER]:
+        folder = datasets / name
+        docs[name] = [
+            Document(f"{name}/{d.id}", d.text, d.title, {"dataset": name})
+            for d in iter_corpus(folder)
+        ]
+        qfile = next(
+            p for p in (folder / "queries.jsonl", folder / "queries.jsonl.gz") if p.exists()
+        )
+        queries[name] = [row["text"] for row in read_jsonl(qfile)]
+    if "pydoc" not in ORDER:
+        return docs, queries
+    rows = list(read_jsonl(datasets / "pydoc" / "train.jsonl"))
+    docs["pydoc"] = [
+        Document(
+            f"pydoc/{i}", row["positive"], "", {"dataset": "pydoc", "source": row.get("source", "")}
+        )
+        for i, row in enumerate(rows)
+    ]
+    queries["pydoc"] = [row["anchor"] for row in rows]
+    return docs, queries
+
+
+def cached_embeddings(model, name: str, docs: list, cache: Path) -> np.ndarray:
+    """The embeddings of ``docs`` (one dataset), encoded once and kept under ``cache``."""
+    from densefit.retrieval.encode import encode_texts
+
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / f"{name}-{len(docs)}-{MAX_SEQ_LENGTH}.npy"
+    if path.exists():
+        return np.load(path)
+    start = time.perf_counter()
+    emb = encode_texts(model, [d.text for d in docs], batch_size=32, show_progress=True)
+    np.save(path.with_suffix(".tmp.npy"), emb)
+    os.replace(path.with_suffix(".tmp.npy"), path)
+    print(
+        f"{name}: {len(docs)} documents embedded in {time.perf_counter() - start:.0f}s", flush=True
+    )
+    return emb
+
+
+def prepare(datasets: Path, cache: Path):
+    from densefit.models import load_model
+
+    model = load_model(MODEL, max_seq_length=MAX_SEQ_LENGTH)
+    docs, queries = load_corpus(datasets)
+    embeddings = {name: cached_embeddings(model, name, docs[name], cache) for name in ORDER}
+    return model, docs, queries, embeddings
+
+
+def model_path() -> str:
+    from densefit.models import resolve_model_path
+
+    return resolve_model_path(MODEL)
+
+
+def all_documents(docs: dict, embeddings: dict) -> tuple[list, np.ndarray]:
+    """Every document (in ORDER) and its unit-length vector."""
+    flat = [d for name in ORDER for d in docs[name]]
+    vectors = np.concatenate([embeddings[name] for name in ORDER]).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return flat, vectors
+
+
+def build_store(path: Path, model, documents: list, vectors: np.ndarray) -> None:
+    """A fresh densefit store at ``path`` holding ``documents`` with the cached vectors."""
+    import shutil
+
+    from densefit.retrieval.index import open_store
+
+    shutil.rmtree(path, ignore_errors=True)
+    with open_store(path, model) as store:
+        for start in range(0, len(documents), 5000):
+            store.write(documents[start : start + 5000], vectors[start : start + 5000])
+
+
+def query_list(queries: dict, n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    pool = [q for name in ORDER for q in queries[name] if q.strip()]
+    return [pool[i] for i in rng.permutation(len(pool))[:n]]
+
+
+# -- the servers (each run in its own process: ``--server NAME``) --------------------------
+
+
+def serve_densefit(store_path: Path, port: int) -> None:
+    from densefit.models import load_model
+    from densefit.retrieval.index import LocalDocumentStore
+    from densefit.serve.app import create_app
+    from densefit.serve.config import ServeConfig
+    from densefit.serve.server import run_server
+
+    model = load_model(MODEL, max_seq_length=MAX_SEQ_LENGTH)
+    app = create_app(LocalDocumentStore(store_path), model, ServeConfig())
+    run_server(app, port=port, graceful_seconds=10)
+
+
+class PeerSearchIn(BaseModel):
+    """The peers' search body (module level: FastAPI resolves the annotations here)."""
+
+    query: str
+    k: int = 10
+
+
+class PeerDocIn(BaseModel):
+    id: str
+    text: str
+    meta: dict = {}
+
+
+class PeerUpsertIn(BaseModel):
+    documents: list[PeerDocIn]
+
+
+def serve_handwritten(port: int, docs: list, vectors: np.ndarray) -> None:
+    """What a user writes by hand: encode per request, faiss.IndexFlatIP, a lock for writes."""
+    import threading
+
+    import faiss
+    import uvicorn
+    from fastapi import FastAPI
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(model_path(), device="cpu")
+    model.max_seq_length = MAX_SEQ_LENGTH
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    ids, texts, metas = [d.id for d in docs], [d.text for d in docs], [d.meta for d in docs]
+    lock = threading.Lock()
+    app = FastAPI()
+
+    @app.post("/search")
+    def search(req: PeerSearchIn):
+        emb = model.encode([req.query], normalize_embeddings=True)
+        with lock:
+            scores, rows = index.search(emb, req.k)
+        hits = [
+            {"id": ids[r], "score": float(s), "text": texts[r], "meta": metas[r]}
+            for s, r in zip(scores[0], rows[0])
+            if r >= 0
+        ]
+        return {"results": [{"query": req.query, "hits": hits}]}
+
+    @app.post("/documents")
+    def upsert(req: PeerUpsertIn):
+        emb = model.encode([d.text for d in req.documents], normalize_embeddings=True)
+        with lock:
+            index.add(emb)
+            for d in req.documents:
+                ids.append(d.id)
+                texts.append(d.text)
+                metas.append(d.meta)
+        return {"added": len(req.documents)}
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok", "documents": index.ntotal}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def serve_haystack(port: int, docs: list, vectors: np.ndarray) -> None:
+    """A Haystack pipeline (text embedder -> in-memory embedding retriever) behind FastAPI."""
+    import uvicorn
+    from fastapi import FastAPI
+    from haystack import Document as HDocument
+    from haystack import Pipeline
+    from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
+    from haystack.document_stores.in_memory import InMemoryDocumentStore
+    from haystack.document_stores.types import DuplicatePolicy
+    from haystack_integrations.components.embedders.sentence_transformers import (
+        SentenceTransformersDocumentEmbedder,
+        SentenceTransformersTextEmbedder,
+    )
+
+    kwargs = dict(
+        model=model_path(),
+        normalize_embeddings=True,
+        progress_bar=False,
+        local_files_only=True,
+        tokenizer_kwargs={"model_max_length": MAX_SEQ_LENGTH},
+    )
+    store = InMemoryDocumentStore(embedding_similarity_function="dot_product")
+    store.write_documents(
+        [
+            HDocument(id=d.id, content=d.text, meta=d.meta, embedding=v.tolist())
+            for d, v in zip(docs, vectors)
+        ]
+    )
+    pipe = Pipeline()
+    pipe.add_component("embedder", SentenceTransformersTextEmbedder(**kwargs))
+    pipe.add_component("retriever", InMemoryEmbeddingRetriever(store))
+    pipe.connect("embedder.embedding", "retriever.query_embedding")
+    pipe.warm_up()
+    doc_embedder = SentenceTransformersDocumentEmbedder(**kwargs)
+    doc_embedder.warm_up()
+    app = FastAPI()
+
+    @app.post("/search")
+    def search(req: PeerSearchIn):
+        out = pipe.run({"embedder": {"text": req.query}, "retriever": {"top_k": req.k}})
+        hits = [
+            {"id": d.id, "score": float(d.score), "text": d.content, "meta": d.meta}
+            for d in out["retriever"]["documents"]
+        ]
+        return {"results": [{"query": req.query, "hits": hits}]}
+
+    @app.post("/documents")
+    def upsert(req: PeerUpsertIn):
+        batch = [HDocument(id=d.id, content=d.text, meta=d.meta) for d in req.documents]
+        batch = doc_embedder.run(batch)["documents"]
+        store.write_documents(batch, policy=DuplicatePolicy.OVERWRITE)
+        return {"added": len(batch)}
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok", "documents": store.count_documents()}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def run_server_process(name: str, port: int, store_path: Path) -> None:
+    if name == "densefit":
+        serve_densefit(store_path, port)
+        return
+    from densefit.models import load_model
+
+    docs, _ = load_corpus(DATASETS)
+    embeddings = {n: np.load(next(CACHE.glob(f"{n}-*-{MAX_SEQ_LENGTH}.npy"))) for n in ORDER}
+    flat, vectors = all_documents(docs, embeddings)
+    del load_model
+    (serve_handwritten if name == "handwritten" else serve_haystack)(port, flat, vectors)
+
+
+class Server:
+    """A benchmark server in a subprocess on a free loopback port; killed on exit."""
+
+    def __init__(self, name: str, store_path: Path, threads: int):
+        import socket
+        import subprocess
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "OMP_NUM_THREADS": str(threads),
+            "MKL_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+        self.name = name
+        self.log = open(CACHE / f"server-{name}.log", "ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--server",
+                name,
+                "--port",
+                str(self.port),
+                "--store",
+                str(store_path),
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} server exited: see {self.log.name}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} server did not start in {timeout}s")
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except Exception:  # noqa: BLE001
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+
+
+# -- load ---------------------------------------------------------------------------------------
+
+
+async def _load_cell(
+    url: str,
+    queries: list[str],
+    clients: int,
+    seconds: float,
+    writer: bool,
+    write_docs: list,
+    write_batch: int,
+    write_interval: float = 2.0,
+) -> dict:
+    import asyncio
+
+    import httpx
+
+    latencies: list[float] = []
+    errors = 0
+    acked = 0
+    write_lat: list[float] = []
+    stop_at = time.perf_counter() + seconds
+    counter = iter(range(10**9))
+    limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+
+        async def reader():
+            nonlocal errors
+            while time.perf_counter() < stop_at:
+                q = queries[next(counter) % len(queries)]
+                t0 = time.perf_counter()
+                r = await client.post("/search", json={"query": q, "k": 10})
+                if r.status_code == 200:
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    errors += 1
+
+        async def write_loop():
+            nonlocal acked, errors
+            for start in range(0, len(write_docs), write_batch):  # bounded by the documents
+                if time.perf_counter() >= stop_at:
+                    return
+                batch = write_docs[start : start + write_batch]
+                t0 = time.perf_counter()
+                next_at = t0 + write_interval  # a fixed pace: the same write work for all
+                r = await client.post("/documents", json={"documents": batch})
+                if r.status_code == 200:
+                    acked += len(batch)
+                    write_lat.append(time.perf_counter() - t0)
+                else:
+                    errors += 1
+                await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+
+        t0 = time.perf_counter()
+        tasks = [reader() for _ in range(clients)] + ([write_loop()] if writer else [])
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - t0
+    lat = np.array(latencies) * 1000
+    return {
+        "queries": len(latencies),
+        "qps": len(latencies) / elapsed,
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
+        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
+        "errors": errors,
+        "writes_acked": acked,
+        "write_p50_ms": float(np.median(write_lat) * 1000) if write_lat else None,
+        "seconds": elapsed,
+    }
+
+
+def load_cell(
+    url, queries, clients, seconds, writer, write_docs, write_batch, write_interval=2.0
+) -> dict:
+    import asyncio
+
+    return asyncio.run(
+        _load_cell(url, queries, clients, seconds, writer, write_docs, write_batch, write_interval)
+    )
+
+
+def server_cpu(server: Server) -> float:
+    """CPU seconds (user + system) the server process used so far: on a shared machine
+    queries per CPU second is the steadier measure of efficiency."""
+    import psutil
+
+    times = psutil.Process(server.proc.pid).cpu_times()
+    return times.user + times.system
+
+
+def writer_documents(docs: dict, system: str, n: int, seed: int) -> list[dict]:
+    """``n`` new documents (real texts, new ids) for the concurrent writer."""
+    rng = np.random.default_rng(seed)
+    pool = [d for name in ORDER for d in docs[name]]
+    picks = rng.choice(len(pool), size=min(n, len(pool)), replace=False)
+    return [
+        {
+            "id": f"w/{system}/{seed}/{i}",
+            "text": pool[p].text[:1000],
+            "meta": {"dataset": "written"},
+        }
+        for i, p in enumerate(picks)
+    ]
+
+
+async def _fetch_results(url: str, queries: list[str], clients: int, k: int) -> list[list]:
+    import asyncio
+
+    import httpx
+
+    sem = asyncio.Semaphore(clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
+        async def one(q):
+            async with sem:
+                r = await client.post("/search", json={"query": q, "k": k})
+                return r.json()["results"][0]["hits"]
+
+        return await asyncio.gather(*(one(q) for q in queries))
+
+
+def equality_check(url: str, store_path: Path, model, queries: list[str]) -> dict:
+    """The server's hits (16 concurrent clients: micro-batched) vs the exact in-process
+    search, one query at a time."""
+    import asyncio
+
+    from densefit.retrieval.encode import encode_texts
+    from densefit.retrieval.index import LocalDocumentStore
+
+    got = asyncio.run(_fetch_results(url, queries, 16, 10))
+    same_ids = same_up_to_ties = 0
+    max_diff = 0.0
+    with LocalDocumentStore(store_path) as store:
+        for q, hits in zip(queries, got):
+            want = store.search(encode_texts(model, [q]), top_k=10)[0]
+            scores = np.array([h["score"] for h in hits])
+            exact_scores = np.array([w.score for w in want])
+            max_diff = max(max_diff, float(np.abs(scores - exact_scores).max()))
+            if [h["id"] for h in hits] == [h.id for h in want]:
+                same_ids += 1
+            else:  # differing ids must be float-level ties (batched vs single encoding)
+                query = encode_texts(model, [q], normalize=True)[0]
+                exact_of = store.vectors([h["id"] for h in hits]) @ query  # a rank-11 doc too
+                tied = all(abs(e - w.score) < 1e-5 for e, w in zip(exact_of, want))
+                same_up_to_ties += tied
+    return {
+        "queries": len(queries),
+        "identical_ids": same_ids,
+        "differ_only_by_ties_within_1e-5": same_up_to_ties,
+        "different": len(queries) - same_ids - same_up_to_ties,
+        "max_score_diff": max_diff,
+    }
+
+
+# -- faults -------------------------------------------------------------------------------------
+
+
+def hostile_requests(n: int, seed: int = 0) -> list[tuple[str, str, bytes, dict]]:
+    """``n`` malformed or hostile requests: (method, path, body, headers), of these kinds:
+    bad JSON, huge bodies, wrong types, unknown fields, filter injection, deep nesting, bad
+    ids and paths, random bytes, lying Content-Length."""
+    rng = np.random.default_rng(seed)
+    js = {"content-type": "application/json"}
+    injections = [
+        {"field": "meta.dataset') OR 1=1 --", "operator": "==", "value": "x"},
+        {"field": "meta.dataset", "operator": "== 1 OR 1", "value": "x"},
+        {"field": "meta.dataset", "operator": "==", "value": "x' OR '1'='1"},
+        {"field": 'meta.a"); DROP TABLE documents; --', "operator": "==", "value": 1},
+        {"field": "content", "operator": "in", "value": "not a list"},
+        {"field": "meta.year", "operator": ">", "value": "next tuesday"},
+        {"operator": "AND", "conditions": [{"operator": "NOT", "conditions": "x"}]},
+        {"operator": "XOR", "conditions": []},
+        {"field": ["meta", "x"], "operator": "==", "value": 1},
+        {"field": "meta.x", "operator": "==", "value": {"$gt": ""}},
+    ]
+    nested = {"field": "meta.x", "operator": "==", "value": 1}
+    for _ in range(200):
+        nested = {"operator": "AND", "conditions": [nested]}
+    kinds = [
+        lambda: (
+            "POST",
+            "/search",
+            b'{"query": "x", "k": 10' + b"}" * int(rng.integers(0, 2)) + b"{",
+            js,
+        ),
+        lambda: ("POST", "/search", b"\xff\xfe\x00" + rng.bytes(int(rng.integers(1, 300))), js),
+        lambda: ("POST", "/search", b'{"query": "' + b"a" * (5 * 1024 * 1024) + b'"}', js),
+        lambda: (
+            "POST",
+            "/documents",
+            json.dumps({"documents": [{"id": "x", "text": "y" * 120_000}]}).encode(),
+            js,
+        ),
+        lambda: ("POST", "/search", json.dumps({"query": 42, "k": "ten"}).encode(), js),
+        lambda: ("POST", "/search", json.dumps({"query": ["x"] * 1000}).encode(), js),
+        lambda: (
+            "POST",
+            "/search",
+            json.dumps({"query": "x", "k": int(rng.choice([0, -5, 10**9]))}).encode(),
+            js,
+        ),
+        lambda: (
+            "POST",
+            "/search",
+            json.dumps({"query": "x", "k": 1e309 if rng.random() < 0.5 else None})
+            .encode()
+            .replace(b"Infinity", b"1e999"),
+            js,
+        ),
+        lambda: ("POST", "/search", json.dumps({"query": "x", "unknown": True}).encode(), js),
+        lambda: (
+            "POST",
+            "/search",
+            json.dumps(
+                {"query": "x", "filters": injections[int(rng.integers(len(injections)))]}
+            ).encode(),
+            js,
+        ),
+        lambda: ("POST", "/search", json.dumps({"query": "x", "filters": nested}).encode(), js),
+        lambda: ("POST", "/search", b"[" * 100_000 + b"]" * 100_000, js),
+        lambda: (
+            "POST",
+            "/documents",
+            json.dumps({"documents": [{"id": "", "text": "x"}]}).encode(),
+            js,
+        ),
+        lambda: (
+            "POST",
+            "/documents",
+            json.dumps({"documents": [{"id": "a", "text": "x", "meta": "no"}]}).encode(),
+            js,
+        ),
+        lambda: ("POST", "/documents", json.dumps({"documents": "all of them"}).encode(), js),
+        lambda: ("DELETE", "/documents", json.dumps({"ids": "../../store.sqlite"}).encode(), js),
+        lambda: ("DELETE", "/documents", b"not json", js),
+        lambda: ("GET", "/documents/..%2F..%2Fetc%2Fpasswd", b"", {}),
+        lambda: ("GET", "/documents/" + "x" * 5000, b"", {}),
+        lambda: ("PUT", "/search", b"{}", js),
+        lambda: ("POST", "/search", (b"a" * 65536 for _ in range(100)), js),  # 6.5 MB, chunked
+        lambda: ("POST", "/search", b'{"query": "x"}', {"content-type": "text/plain"}),
+    ]
+    return [kinds[int(rng.integers(len(kinds)))]() for _ in range(n)]
+
+
+def hostile_fault(url: str, n: int) -> dict:
+    """Send ``n`` hostile requests; count statuses; /health must answer afterwards."""
+    import httpx
+
+    statuses: dict[str, int] = {}
+    transport_errors = hits_from_valid = 0
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for method, path, body, headers in hostile_requests(n):
+            try:
+                r = client.request(method, path, content=body, headers=headers)
+                key = str(r.status_code)
+                if r.status_code == 200:  # a well-formed filter whose value looks like SQL
+                    hits_from_valid += len(r.json()["results"][0]["hits"])
+            except httpx.HTTPError as exc:  # e.g. the server closing a connection early
+                transport_errors += 1
+                key = type(exc).__name__
+            statuses[key] = statuses.get(key, 0) + 1
+        health = client.get("/health").status_code
+    fivexx = sum(v for k, v in statuses.items() if k.startswith("5"))
+    twoxx = sum(v for k, v in statuses.items() if k.startswith("2"))
+    return {
+        "requests_sent": n,
+        "statuses": statuses,
+        "5xx": fivexx,
+        "2xx": twoxx,
+        "transport_errors": transport_errors,
+        "hits_returned_by_2xx": hits_from_valid,
+        "health_after": health,
+    }
+
+
+def sigkill_fault(
+    server: Server, store_path: Path, docs: dict, threads: int, kill_after: float
+) -> dict:
+    """Stream acknowledged writes, SIGKILL the server mid-stream, restart it, find them all."""
+    import asyncio
+    import signal
+
+    import httpx
+
+    new_docs = writer_documents(docs, "kill", 4000, seed=99)
+    for i, d in enumerate(new_docs):
+        d["text"] = f"{d['text'][:500]} [acknowledged write {i}]"
+    acked: list[dict] = []
+    sent = 0
+
+    async def stream():
+        nonlocal sent
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+
+            async def one_writer(offset):
+                nonlocal sent
+                for start in range(offset, len(new_docs), 4 * 4):
+                    batch = new_docs[start : start + 4]
+                    sent += 1
+                    try:
+                        r = await client.post("/documents", json={"documents": batch})
+                    except httpx.HTTPError:
+                        return
+                    if r.status_code == 200:
+                        acked.extend(batch)
+
+            async def killer():
+                await asyncio.sleep(kill_after)
+                server.proc.send_signal(signal.SIGKILL)
+
+            await asyncio.gather(*(one_writer(4 * i) for i in range(4)), killer())
+
+    asyncio.run(stream())
+    server.proc.wait(10)
+    server.log.close()
+    restarted = Server("densefit", store_path, threads)
+    found_get = found_search = 0
+    try:
+        with httpx.Client(base_url=restarted.url, timeout=60) as client:
+            for d in acked:
+                if client.get(f"/documents/{d['id']}").status_code == 200:
+                    found_get += 1
+            sample = acked[:: max(1, len(acked) // 200)]
+            for d in sample:
+                hits = client.post("/search", json={"query": d["text"], "k": 10}).json()
+                found_search += d["id"] in [h["id"] for h in hits["results"][0]["hits"]]
+    finally:
+        restarted.stop()
+    return {
+        "write_requests_sent": sent,
+        "acknowledged_documents": len(acked),
+        "found_after_restart": found_get,
+        "searched_sample": len(sample) if acked else 0,
+        "found_by_search": found_search,
+    }
+
+
+# -- scale: 1M vectors --------------------------------------------------------------------------
+
+
+def scale_point(
+    model, documents: list, vectors: np.ndarray, queries: list[str], rows: int, n_queries: int
+) -> list[dict]:
+    """In-process search latency at 15k and ``rows`` vectors, unfiltered and filtered."""
+    from densefit.data.types import Document
+    from densefit.retrieval.encode import encode_texts
+    from densefit.retrieval.index import LocalDocumentStore
+
+    path = CACHE / f"store-{rows}"
+    real = len(documents)
+    if not (path / "store.sqlite").exists() or LocalDocumentStore(path).count() != rows:
+        build_store(path, model, documents, vectors)
+        rng = np.random.default_rng(0)
+        with LocalDocumentStore(path) as store:
+            for start in range(real, rows, 50_000):
+                n = min(50_000, rows - start)
+                rand = rng.standard_normal((n, vectors.shape[1]), dtype=np.float32)
+                rand /= np.linalg.norm(rand, axis=1, keepdims=True)
+                batch = [
+                    Document(
+                        f"random/{start + i}",
+                        f"random vector {start + i}",
+                        "",
+                        {"dataset": "random"},
+                    )
+                    for i in range(n)
+                ]
+                store.write(batch, rand)
+                print(f"scale store: {start + n} rows", flush=True)
+    q = encode_texts(model, queries[:n_queries])
+    filters = {
+        "none": None,
+        "scifact (5k)": {"field": "meta.dataset", "operator": "==", "value": "scifact"},
+        "not random": {"field": "meta.dataset", "operator": "!=", "value": "random"},
+        "random (most)": {"field": "meta.dataset", "operator": "==", "value": "random"},
+    }
+    out = []
+    small = CACHE / "store-real"
+    build_store(small, model, documents, vectors)
+    for label, store_path, indexed in (
+        ("real", small, False),
+        ("scale", path, False),
+        ("scale", path, True),
+    ):
+        if not indexed:  # a rerun finds the index made last time: measure without it first
+            import sqlite3
+
+            from densefit.retrieval.index.filters import meta_index_sql
+
+            with sqlite3.connect(store_path / "store.sqlite") as conn:
+                conn.execute(f'DROP INDEX IF EXISTS "{meta_index_sql("meta.dataset")[0]}"')
+        with LocalDocumentStore(store_path) as store:
+            count = store.count()
+            if indexed:  # SQLite index on meta.dataset: == filters look rows up
+                store.index_meta_field("meta.dataset")
+            for name, flt in filters.items():
+                if indexed and flt is None:
+                    continue
+                if flt is not None and flt["value"] == "random" and label == "real":
+                    continue
+                store.search(q[:1], top_k=10, filters=flt)  # warm
+                lat = []
+                for row in q:
+                    t0 = time.perf_counter()
+                    store.search(row[None], top_k=10, filters=flt)
+                    lat.append((time.perf_counter() - t0) * 1000)
+                matches = store.count_matching(flt)
+                out.append(
+                    {
+                        "rows": count,
+                        "filter": name + (" +index" if indexed else ""),
+                        "matches": matches,
+                        "p50_ms": float(np.median(lat)),
+                        "p99_ms": float(np.percentile(lat, 99)),
+                        "queries": len(lat),
+                    }
+                )
+                print(
+                    f"scale {count} rows, filter {name}: p50 {out[-1]['p50_ms']:.1f} ms", flush=True
+                )
+    return out
+
+
+# -- results ------------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    import platform
+
+    import torch
+
+    return {
+        "cpus": os.cpu_count(),
+        "threads_per_server": int(os.environ.get("OMP_NUM_THREADS", "1")),
+        "torch_threads": torch.get_num_threads(),
+        "loadavg": os.getloadavg(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "note": "shared machine: several other jobs ran at the same time (see loadavg); "
+        "compare systems within this run only",
+    }
+
+
+def write_results(result: dict) -> None:
+    import csv
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "serve.json").write_text(json.dumps(result, indent=2))
+    rows = result.get("load", [])
+    if rows:
+        with open(RESULTS / "serve.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    plot(result)
+
+
+def plot(result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result.get("load", [])
+    scale = result.get("scale", [])
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
+    systems = sorted({r["system"] for r in rows}, key=["densefit", "handwritten", "haystack"].index)
+    for ax, metric, title in (
+        (axes[0], "qps", "queries/s (higher is better)"),
+        (axes[1], "p99_ms", "p99 latency ms (lower is better)"),
+        (axes[3], "queries_per_server_cpu_s", "queries per server CPU second (shared machine)"),
+    ):
+        width = 0.8 / max(1, 2 * len(systems))
+        clients = sorted({r["clients"] for r in rows})
+        for i, system in enumerate(systems):
+            for j, writer in enumerate((False, True)):
+                vals = [
+                    next(
+                        (
+                            r[metric]
+                            for r in rows
+                            if r["system"] == system and r["clients"] == c and r["writer"] == writer
+                        ),
+                        0,
+                    )
+                    or 0
+                    for c in clients
+                ]
+                xs = np.arange(len(clients)) + (2 * i + j) * width
+                ax.bar(
+                    xs,
+                    vals,
+                    width,
+                    label=f"{system}{' + writer' if writer else ''}",
+                    hatch="//" if writer else None,
+                    color=f"C{i}",
+                    alpha=0.6 if writer else 1,
+                )
+        ax.set_xticks(np.arange(len(clients)) + 0.4 - width / 2, [f"{c} clients" for c in clients])
+        ax.set_title(title)
+        if metric == "p99_ms":
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=7)
+    if scale:
+        for f in sorted({s["filter"] for s in scale}):
+            pts = sorted((s["rows"], s["p50_ms"]) for s in scale if s["filter"] == f)
+            axes[2].plot(*zip(*pts), marker="o", label=f)
+        axes[2].set_xscale("log")
+        axes[2].set_yscale("log")
+        axes[2].set_xlabel("vectors in the store")
+        axes[2].set_title("in-process search p50 ms (1 query)")
+        axes[2].legend(fontsize=7)
+    m = result.get("machine", {})
+    fig.suptitle(
+        f"densefit serve vs peers, all-MiniLM-L6-v2, {result.get('documents', '?')} docs; "
+        f"{m.get('threads_per_server')} thread(s)/server, {m.get('cpus')} shared CPUs, "
+        f"load {m.get('loadavg')}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(RESULTS / "serve.png", dpi=110)
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    import asyncio
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prepare", action="store_true", help="only embed and cache")
+    parser.add_argument("--server", choices=["densefit", "handwritten", "haystack"])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--store", type=Path, default=CACHE / "store-bench")
+    parser.add_argument("--systems", default="densefit,handwritten,haystack")
+    parser.add_argument("--clients", default="1,4,16")
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--write-batch", type=int, default=8)
+    parser.add_argument(
+        "--write-interval", type=float, default=2.0, help="seconds between write batches"
+    )
+    parser.add_argument("--hostile", type=int, default=1000)
+    parser.add_argument("--kill-after", type=float, default=8.0)
+    parser.add_argument("--equality-queries", type=int, default=200)
+    parser.add_argument("--scale-rows", type=int, default=1_000_000)
+    parser.add_argument("--scale-queries", type=int, default=50)
+    parser.add_argument("--skip-load", action="store_true")
+    parser.add_argument("--skip-faults", action="store_true")
+    parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--equality-only", action="store_true", help="only the equality check")
+    parser.add_argument("--plot-only", action="store_true", help="redraw serve.png from serve.json")
+    args = parser.parse_args()
+    if args.server:
+        run_server_process(args.server, args.port, args.store)
+        return
+    if args.plot_only:
+        plot(json.loads((RESULTS / "serve.json").read_text()))
+        return
+    model, docs, queries, embeddings = prepare(DATASETS, CACHE)
+    if args.prepare:
+        return
+    documents, vectors = all_documents(docs, embeddings)
+    qs = query_list(queries, 3000)
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    previous = (
+        json.loads((RESULTS / "serve.json").read_text())
+        if (RESULTS / "serve.json").exists()
+        else {}
+    )
+    result = {
+        "machine": machine(),
+        "documents": len(documents),
+        "model": MODEL,
+        "max_seq_length": MAX_SEQ_LENGTH,
+        "seconds_per_cell": args.seconds,
+        "write_batch": args.write_batch,
+        "write_interval_s": args.write_interval,
+        "load": previous.get("load", []),
+        "equality": previous.get("equality"),
+        "agreement_with_handwritten": previous.get("agreement_with_handwritten"),
+        "faults": previous.get("faults"),
+        "scale": previous.get("scale", []),
+    }
+    clients = [int(c) for c in args.clients.split(",")]
+    if args.skip_load or args.equality_only:  # the load run's machine record stays
+        result["machine_partial_run"] = result["machine"]
+        result["machine"] = previous.get("machine", result["machine"])
+    if args.equality_only:
+        build_store(args.store, model, documents, vectors)
+        server = Server("densefit", args.store, threads)
+        try:
+            result["equality"] = equality_check(
+                server.url, args.store, model, qs[-args.equality_queries :]
+            )
+        finally:
+            server.stop()
+        print("equality:", result["equality"], flush=True)
+        write_results(result)
+        return
+    if not args.skip_load:
+        result["load"] = []
+        top_ids: dict[str, list] = {}
+        for system in args.systems.split(","):
+            build_store(args.store, model, documents, vectors)
+            server = Server(system, args.store, threads)
+            try:
+                load_cell(server.url, qs[:50], 4, 2.0, False, [], 1)  # warm up
+                top_ids[system] = [
+                    [h["id"] for h in hits]
+                    for hits in asyncio.run(
+                        _fetch_results(server.url, qs[-args.equality_queries :], 4, 10)
+                    )
+                ]
+                if system == "densefit":
+                    result["equality"] = equality_check(
+                        server.url, args.store, model, qs[-args.equality_queries :]
+                    )
+                    print("equality:", result["equality"], flush=True)
+                for writer in (False, True):
+                    for c in clients:
+                        wdocs = writer_documents(docs, system, 4000, seed=c) if writer else []
+                        cpu_before = server_cpu(server)
+                        cell = load_cell(
+                            server.url,
+                            qs,
+                            c,
+                            args.seconds,
+                            writer,
+                            wdocs,
+                            args.write_batch,
+                            args.write_interval,
+                        )
+                        cpu = server_cpu(server) - cpu_before
+                        cell["server_cpu_s"] = cpu
+                        cell["queries_per_server_cpu_s"] = cell["queries"] / cpu if cpu else None
+                        row = {
+                            "system": system,
+                            "clients": c,
+                            "writer": writer,
+                            **cell,
+                            "loadavg_1m": os.getloadavg()[0],
+                        }
+                        result["load"].append(row)
+                        print(json.dumps(row), flush=True)
+                        write_results(result)
+            finally:
+                server.stop()
+        result["machine"]["loadavg_end"] = os.getloadavg()
+        result["agreement_with_densefit"] = {
+            system: float(
+                np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, top_ids["densefit"])])
+            )
+            for system, ids in top_ids.items()
+            if "densefit" in top_ids and system != "densefit"
+        }
+    if not args.skip_faults:
+        build_store(args.store, model, documents, vectors)
+        server = Server("densefit", args.store, threads)
+        try:
+            hostile = hostile_fault(server.url, args.hostile)
+            print("hostile:", hostile, flush=True)
+        except BaseException:
+            server.stop()
+            raise
+        kill = sigkill_fault(server, args.store, docs, threads, args.kill_after)
+        print("sigkill:", kill, flush=True)
+        result["faults"] = {"hostile": hostile, "sigkill": kill}
+        write_results(result)
+    if not args.skip_scale:
+        result["scale"] = scale_point(
+            model, documents, vectors, qs, args.scale_rows, args.scale_queries
+        )
+    write_results(result)
+    print(summary(result))
+
+
+def summary(result: dict) -> str:
+    lines = []
+    for r in result.get("load", []):
+        lines.append(
+            f"{r['system']:12s} clients={r['clients']:2d} writer={r['writer']!s:5s} "
+            f"qps={r['qps']:7.1f} p50={r['p50_ms'] or 0:8.1f} ms p99={r['p99_ms'] or 0:8.1f} ms "
+            f"writes_acked={r['writes_acked']}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

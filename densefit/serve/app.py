@@ -1,0 +1,408 @@
+"""The HTTP service of ``densefit serve``: a FastAPI app over one store and one model.
+
+Routes: ``POST /search``, ``POST /documents`` (upsert), ``DELETE /documents``,
+``GET /documents/{id}``, ``GET /health``, ``GET /metrics`` and the OpenAPI docs at ``/docs``.
+
+- Searches go through the :class:`~densefit.serve.batcher.MicroBatcher` (one forward pass
+  for the queries of concurrent requests), writes through the
+  :class:`~densefit.serve.writer.DocumentWriter` (one writer, acknowledged after commit).
+- Every request passes :class:`Guard` first: the API key (when set), a body-size limit
+  (413), and the metrics. Bad requests get a 4xx with ``{"error": "what is wrong"}``; the
+  server keeps serving. No request value is used as a filesystem path: the store is the one
+  given at start, ids and texts only reach SQLite as bound parameters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from collections import defaultdict
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from densefit.data.types import Document
+from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.index.filters import validate_filters
+from densefit.serve.batcher import MicroBatcher, Query
+from densefit.serve.config import ServeConfig, is_local_host
+from densefit.serve.metrics import Metrics
+from densefit.serve.writer import DocumentWriter
+
+try:
+    from fastapi import Body, FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"densefit serve needs FastAPI and uvicorn ({exc.name} is missing): "
+        "pip install 'densefit[serve]'"
+    ) from None
+
+__all__ = ["ServeConfig", "create_app", "is_local_host", "search_queries"]
+
+
+def search_queries(store, model, queries: list[Query]) -> list[object]:
+    """Embed all ``queries`` in one forward pass, then search the store per (k, filters,
+    scale_score) group; one hit list (or exception) per query, in order."""
+    embeddings = encode_texts(model, [q.text for q in queries], batch_size=max(len(queries), 1))
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, q in enumerate(queries):
+        key = (q.k, json.dumps(q.filters, sort_keys=True), q.scale_score)
+        groups[key].append(i)
+    results: list[object] = [None] * len(queries)
+    for indices in groups.values():
+        first = queries[indices[0]]
+        try:
+            hits = store.search(
+                embeddings[indices],
+                top_k=first.k,
+                filters=first.filters,
+                scale_score=first.scale_score,
+            )
+        except Exception as exc:  # noqa: BLE001 - fails only this group's queries
+            hits = [exc] * len(indices)
+        for i, found in zip(indices, hits, strict=True):
+            results[i] = found
+    return results
+
+
+# -- request and response bodies -------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class SearchRequest(_Strict):
+    """One query or a list; ``k`` results each; optional metadata filters (Haystack syntax)."""
+
+    query: StrictStr | list[StrictStr] = Field(..., description="A query or a list of queries.")
+    k: StrictInt = Field(10, description="Results per query.")
+    filters: dict[str, Any] | None = Field(None, description="Metadata filter (Haystack syntax).")
+    scale_score: StrictBool = Field(False, description="Scores scaled to [0, 1].")
+
+
+class DocumentIn(_Strict):
+    """A document to add or replace (by id)."""
+
+    id: StrictStr = Field(..., min_length=1, max_length=512)
+    text: StrictStr = Field(..., min_length=1)
+    title: StrictStr = ""
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class UpsertRequest(_Strict):
+    """Documents to add or replace, embedded with the store's model, committed in one go."""
+
+    documents: list[DocumentIn]
+
+
+class DeleteRequest(_Strict):
+    """Ids of documents to delete (unknown ids are ignored)."""
+
+    ids: list[StrictStr]
+
+
+class ClientError(Exception):
+    """A request the service refuses: ``status`` and a message saying what is wrong."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def _error(status: int, message: str, **extra) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+def _validation_message(errors: list[dict]) -> tuple[int, str, list[dict]]:
+    """400 for unparseable JSON, 422 otherwise; one line naming each field at fault."""
+    parts, detail = [], []
+    for e in errors[:10]:
+        loc = ".".join(str(p) for p in e.get("loc", ()))
+        if e.get("type") == "json_invalid":
+            reason = (e.get("ctx") or {}).get("error", "")
+            parts.append(f"the body is not valid JSON ({reason or 'decode error'})")
+        else:
+            parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+        detail.append({"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")})
+    status = 400 if any(e.get("type") == "json_invalid" for e in errors) else 422
+    return status, "; ".join(parts) or "invalid request", detail
+
+
+# -- the guard: API key, body size, metrics ----------------------------------------------------
+
+_WRITE_METHODS = {"POST", "DELETE", "PUT", "PATCH"}
+
+
+def _route_label(path: str) -> str:
+    """A bounded set of metric labels: ids in paths are not labels."""
+    if path.startswith("/documents/"):
+        return "/documents/{id}"
+    if path in {"/search", "/documents", "/health", "/metrics", "/docs", "/openapi.json"}:
+        return path
+    return "other"
+
+
+class Guard:
+    """ASGI middleware: API key, request-body limit (413, read in full before the app sees
+    it) and request metrics, in front of the FastAPI app."""
+
+    def __init__(self, app, *, config: ServeConfig, metrics: Metrics):
+        self.app = app
+        self.config = config
+        self.metrics = metrics
+        self.key = config.api_key.encode() if config.api_key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = {"code": 500}
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            refusal = self._refusal(scope)
+            if refusal is None:
+                body, refusal = await self._read_body(scope, receive)
+            if refusal is not None:
+                await refusal(scope, receive, send_status)
+                return
+            await self.app(scope, _replay(body), send_status)
+        finally:
+            self.metrics.observe_request(
+                _route_label(scope["path"]),
+                scope["method"],
+                status["code"],
+                time.perf_counter() - start,
+            )
+
+    def _refusal(self, scope) -> JSONResponse | None:
+        headers = dict(scope["headers"])
+        if self.key is not None:
+            given = headers.get(b"x-api-key")
+            auth = headers.get(b"authorization", b"")
+            if given is None and auth[:7].lower() == b"bearer ":
+                given = auth[7:].strip()
+            if given is None or not hmac.compare_digest(given, self.key):
+                return _error(401, "missing or wrong API key: send the header X-API-Key: KEY")
+        if scope["method"] in _WRITE_METHODS and scope["path"].startswith("/documents"):
+            if not self.config.allow_writes:
+                return _error(
+                    403,
+                    "writes are disabled: a server bound to a non-local address accepts "
+                    "writes only with --api-key (or DENSEFIT_API_KEY)",
+                )
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                if int(length) > self.config.max_body_bytes:
+                    return self._too_large()
+            except ValueError:
+                return _error(400, "the Content-Length header is not a number")
+        return None
+
+    def _too_large(self) -> JSONResponse:
+        return _error(413, f"request body larger than {self.config.max_body_bytes} bytes: split it")
+
+    async def _read_body(self, scope, receive) -> tuple[bytes, JSONResponse | None]:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b"", _error(400, "the client disconnected")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.config.max_body_bytes:
+                return b"", self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), None
+
+
+def _replay(body: bytes):
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # like a client that keeps the connection open
+        return {"type": "http.disconnect"}  # pragma: no cover
+
+    return receive
+
+
+# -- the app -----------------------------------------------------------------------------------
+
+
+def create_app(store, model, config: ServeConfig | None = None, *, close_store: bool = True):
+    """A FastAPI app serving ``store`` with ``model`` (which must have made its embeddings:
+    :class:`~densefit.retrieval.index.base.ModelMismatchError` otherwise).
+
+    The batcher and the writer start with the app (its lifespan) and stop with it: queued
+    queries are answered, queued writes committed, then the store is closed (unless
+    ``close_store=False``).
+    """
+    config = config or ServeConfig()
+    store.check_model(model)
+    metrics = Metrics(documents=store.count)
+    batcher = MicroBatcher(
+        lambda queries: search_queries(store, model, queries),
+        max_batch=config.max_batch,
+        max_wait=config.max_wait_ms / 1000,
+        workers=config.query_workers,
+        on_batch=metrics.observe_batch,
+    )
+    writer = DocumentWriter(
+        store,
+        lambda texts: encode_texts(model, texts, batch_size=32),
+        on_commit=metrics.observe_write,
+        on_error=lambda: metrics.observe_error("write"),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await batcher.start()
+        writer.start()
+        try:
+            yield
+        finally:
+            await batcher.stop()
+            writer.stop()
+            if close_store:
+                store.close()
+
+    app = FastAPI(
+        title="densefit serve",
+        description=f"Search and update the store {store.path.name!r} ({store.model_name}).",
+        lifespan=lifespan,
+    )
+    app.state.metrics, app.state.batcher, app.state.writer = metrics, batcher, writer
+    app.state.store, app.state.config = store, config
+    _add_error_handlers(app, metrics)
+    _add_routes(app, store, config, batcher, writer, metrics)
+    app.add_middleware(Guard, config=config, metrics=metrics)
+    return app
+
+
+def _add_error_handlers(app, metrics: Metrics) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        status, message, detail = _validation_message(list(exc.errors()))
+        return _error(status, message, detail=detail)
+
+    @app.exception_handler(ClientError)
+    async def refused(request: Request, exc: ClientError):
+        return _error(exc.status, str(exc))
+
+    @app.exception_handler(ValueError)
+    async def bad_value(request: Request, exc: ValueError):
+        return _error(400, str(exc))
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception):  # pragma: no cover - a bug
+        return _error(500, f"internal error: {exc.__class__.__name__}")
+
+
+def _check_texts(texts: list[str], what: str, config: ServeConfig) -> None:
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise ClientError(422, f"{what}[{i}] is empty")
+        if len(text) > config.max_text_chars:
+            raise ClientError(
+                413, f"{what}[{i}] has {len(text)} characters; the limit is {config.max_text_chars}"
+            )
+
+
+def _check_filters(filters: dict | None) -> dict | None:
+    if not filters:
+        return None
+    validate_filters(filters)  # ValueError -> 400 saying what is wrong
+    return filters
+
+
+def _add_routes(app, store, config, batcher, writer, metrics) -> None:
+    """The routes; each one small, the work is in the batcher and the writer."""
+
+    @app.post("/search", summary="Search with one query or a list")
+    async def search(request: Annotated[SearchRequest, Body()]) -> JSONResponse:
+        texts = [request.query] if isinstance(request.query, str) else request.query
+        if not texts:
+            raise ClientError(422, "query is an empty list")
+        if len(texts) > config.max_queries:
+            raise ClientError(
+                413, f"{len(texts)} queries in one request; the limit is {config.max_queries}"
+            )
+        if not 1 <= request.k <= config.max_k:
+            raise ClientError(422, f"k must be between 1 and {config.max_k}, got {request.k}")
+        _check_texts(texts, "query", config)
+        filters = _check_filters(request.filters)
+        queries = [Query(t, request.k, filters, request.scale_score) for t in texts]
+        found = await batcher.search(queries)
+        # A ready JSONResponse skips FastAPI's recursive jsonable_encoder over every hit.
+        return JSONResponse(
+            {
+                "results": [
+                    {"query": t, "hits": [h.to_dict() for h in hits]}
+                    for t, hits in zip(texts, found, strict=True)
+                ]
+            }
+        )
+
+    @app.post("/documents", summary="Add or replace documents (acknowledged after commit)")
+    async def upsert(request: Annotated[UpsertRequest, Body()]) -> dict:
+        docs = request.documents
+        if not docs:
+            raise ClientError(422, "documents is an empty list")
+        if len(docs) > config.max_documents:
+            raise ClientError(
+                413, f"{len(docs)} documents in one request; the limit is {config.max_documents}"
+            )
+        ids = [d.id for d in docs]
+        if len(set(ids)) != len(ids):
+            twice = next(i for i in ids if ids.count(i) > 1)
+            raise ClientError(422, f"document id {twice!r} appears twice in one request")
+        _check_texts([d.text for d in docs], "documents.text", config)
+        batch = [Document(d.id, d.text, d.title, d.meta) for d in docs]
+        ack = await asyncio.wrap_future(writer.upsert(batch))
+        return {"added": ack.added, "updated": ack.updated, "committed": True}
+
+    @app.delete("/documents", summary="Delete documents by id (acknowledged after commit)")
+    async def delete(request: Annotated[DeleteRequest, Body()]) -> dict:
+        if len(request.ids) > config.max_documents:
+            raise ClientError(
+                413, f"{len(request.ids)} ids in one request; the limit is {config.max_documents}"
+            )
+        ack = await asyncio.wrap_future(writer.delete(request.ids))
+        return {"deleted": ack.deleted, "committed": True}
+
+    @app.get("/documents/{doc_id:path}", summary="One document by id")
+    def get_document(doc_id: str) -> dict:
+        found = store.get([doc_id])[0]
+        if found is None:
+            raise ClientError(404, f"no document with id {doc_id!r}")
+        return {"id": found.id, "text": found.text, "title": found.title, "meta": found.meta}
+
+    @app.get("/health", summary="Liveness and what is served")
+    def health() -> dict:
+        return {
+            "status": "ok",
+            "documents": store.count(),
+            "model": store.model_name,
+            "dim": store.dim,
+            "pending_writes": writer.pending,
+        }
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
+    def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,162 @@
+"""Micro-batching: queries that arrive within a few milliseconds share one forward pass.
+
+Each HTTP request puts its queries on an asyncio queue and awaits their futures. One task
+takes the first waiting query, collects more for up to ``max_wait`` seconds or until
+``max_batch`` are waiting, and hands the batch to a worker thread (``workers`` of them; one
+forward pass each at a time), which embeds all of it in one call and searches the store.
+While the workers are busy, new queries queue up, so under load the batches grow by
+themselves and the forward passes stay few; an idle server answers a lone query after at
+most ``max_wait``. Throughput and latency against a server that encodes
+per request: bench/results/serve.json (``bench/serve.py``). Batched and single-query
+encodings differ at the float level (padding), so near-tied hits may swap places; the
+benchmark counts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["MicroBatcher", "Query"]
+
+
+@dataclass
+class Query:
+    """One query of a search request, with what the search needs besides the text."""
+
+    text: str
+    k: int = 10
+    filters: dict | None = None
+    scale_score: bool = False
+    future: asyncio.Future | None = field(default=None, repr=False)
+
+
+class MicroBatcher:
+    """Collects :class:`Query` objects and runs them in batches through ``run_batch``.
+
+    ``run_batch(queries)`` runs in a worker thread and returns one result per query, in
+    order (an exception object fails only that query). ``on_batch(size)`` is told each
+    batch's size (metrics).
+
+    >>> import asyncio
+    >>> async def demo():
+    ...     batcher = MicroBatcher(lambda qs: [q.text.upper() for q in qs], max_wait=0.01)
+    ...     await batcher.start()
+    ...     out = await asyncio.gather(*(batcher.submit(Query(t)) for t in "abc"))
+    ...     await batcher.stop()
+    ...     return out, batcher.batches
+    >>> asyncio.run(demo())
+    (['A', 'B', 'C'], 1)
+    """
+
+    def __init__(
+        self,
+        run_batch: Callable[[list[Query]], Sequence[object]],
+        *,
+        max_batch: int = 64,
+        max_wait: float = 0.002,
+        workers: int = 1,
+        on_batch: Callable[[int], None] | None = None,
+    ):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if max_wait < 0:
+            raise ValueError(f"max_wait must be >= 0 seconds, got {max_wait}")
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.run_batch = run_batch
+        self.workers = workers
+        self.max_batch = max_batch
+        self.max_wait = max_wait
+        self.on_batch = on_batch
+        self.batches = 0
+        self._queue: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="densefit-query"
+        )
+
+    async def start(self) -> None:
+        """Start collecting (call from the event loop that will submit)."""
+        self._queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def submit(self, query: Query) -> object:
+        """Queue ``query`` and wait for its result (or its exception)."""
+        if self._task is None or self._task.done():
+            raise RuntimeError("the query batcher is not running")
+        query.future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(query)
+        return await query.future
+
+    async def search(self, queries: Sequence[Query]) -> list[object]:
+        """Submit several queries (one request's list) and wait for all of them."""
+        return list(await asyncio.gather(*(self.submit(q) for q in queries)))
+
+    async def stop(self) -> None:
+        """Finish the queries already queued, then stop the task and the worker thread."""
+        if self._task is not None:
+            self._queue.put_nowait(None)
+            await self._task
+            self._task = None
+        self._executor.shutdown(wait=True)
+
+    async def _collect(self, first: Query) -> tuple[list[Query], bool]:
+        """``first`` and whatever arrives within ``max_wait``; True when told to stop."""
+        loop = asyncio.get_running_loop()
+        batch, deadline = [first], loop.time() + self.max_wait
+        while len(batch) < self.max_batch:
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), remaining)
+                except TimeoutError:
+                    break
+            if item is None:
+                return batch, True
+            batch.append(item)
+        return batch, False
+
+    async def _run(self) -> None:
+        """Collect batches and start them on free workers; with several workers the next
+        batch is collected (and grows) while the previous ones are being encoded."""
+        loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(self.workers)
+        running: set[asyncio.Future] = set()
+        stopping = False
+        while not stopping:
+            first = await self._queue.get()
+            if first is None:
+                break
+            batch, stopping = await self._collect(first)
+            self.batches += 1
+            if self.on_batch is not None:
+                self.on_batch(len(batch))
+            await slots.acquire()
+            work = loop.run_in_executor(self._executor, self.run_batch, batch)
+            running.add(work)
+            work.add_done_callback(lambda done, batch=batch: self._deliver(batch, done, slots))
+            work.add_done_callback(running.discard)
+        if running:
+            await asyncio.wait(running)
+
+    @staticmethod
+    def _deliver(batch: list[Query], done: asyncio.Future, slots: asyncio.Semaphore) -> None:
+        slots.release()
+        try:
+            results = done.result()
+        except Exception as exc:  # noqa: BLE001 - fail this batch's requests, keep serving
+            results = [exc] * len(batch)
+        for query, result in zip(batch, results, strict=True):
+            if query.future.done():  # the client went away
+                continue
+            if isinstance(result, BaseException):
+                query.future.set_exception(result)
+            else:
+                query.future.set_result(result)

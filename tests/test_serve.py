@@ -1,0 +1,411 @@
+"""``densefit serve``: routes, limits, API key, micro-batching, the writer, and the faults
+(SIGKILL with acknowledged writes in flight, SIGTERM, hostile requests)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from densefit.data.types import Document  # noqa: E402
+from densefit.retrieval.encode import encode_texts  # noqa: E402
+from densefit.retrieval.index import LocalDocumentStore, index_documents, open_store  # noqa: E402
+from densefit.serve.app import create_app  # noqa: E402
+from densefit.serve.config import ServeConfig  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = "cells genes python functions rivers mountains protein kernel socket bread music".split()
+
+
+def corpus(n: int, seed: int = 0) -> list[Document]:
+    rng = random.Random(seed)
+    return [
+        Document(f"d{i}", " ".join(rng.choices(WORDS, k=8)), meta={"n": i, "lang": "en"})
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from densefit.testing import tiny_model
+
+    folder = tmp_path_factory.mktemp("models")
+    tiny_model(folder / "build").save(str(folder / "tiny"))
+    tiny_model(folder / "build2", seed=7).save(str(folder / "tiny-other"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    from densefit.models import load_model
+
+    return load_model(str(model_dir / "tiny"))
+
+
+@pytest.fixture
+def store_dir(tmp_path, model):
+    path = tmp_path / "store"
+    with open_store(path, model) as store:
+        index_documents(store, model, corpus(40))
+    return path
+
+
+def client_for(store_dir, model, **config) -> TestClient:
+    store = LocalDocumentStore(store_dir)
+    return TestClient(create_app(store, model, ServeConfig(**config)))
+
+
+def exact(store_dir, model, queries, k):
+    with LocalDocumentStore(store_dir) as store:
+        return store.search(encode_texts(model, queries), top_k=k)
+
+
+# -- routes --------------------------------------------------------------------------------
+
+
+def test_search_one_and_list_equal_exact_search(store_dir, model):
+    queries = ["python functions", "rivers and mountains", "cells genes protein"]
+    expected = exact(store_dir, model, queries, 5)
+    with client_for(store_dir, model) as client:
+        one = client.post("/search", json={"query": queries[0], "k": 5})
+        many = client.post("/search", json={"query": queries, "k": 5})
+    assert one.status_code == 200 and many.status_code == 200
+    assert [h["id"] for h in one.json()["results"][0]["hits"]] == [h.id for h in expected[0]]
+    for got, want in zip(many.json()["results"], expected, strict=True):
+        assert [h["id"] for h in got["hits"]] == [h.id for h in want]
+        np.testing.assert_allclose(
+            [h["score"] for h in got["hits"]], [h.score for h in want], atol=1e-5
+        )
+        assert got["hits"][0]["meta"]["lang"] == "en" and got["hits"][0]["text"]
+
+
+def test_filters_and_scale_score_equal_the_store_search(store_dir, model):
+    flt = {"field": "meta.n", "operator": "<", "value": 10}
+    with LocalDocumentStore(store_dir) as store:
+        want = store.search(encode_texts(model, ["cells"]), 5, filters=flt, scale_score=True)[0]
+    with client_for(store_dir, model) as client:
+        r = client.post(
+            "/search", json={"query": "cells", "k": 5, "filters": flt, "scale_score": True}
+        )
+    hits = r.json()["results"][0]["hits"]
+    assert [h["id"] for h in hits] == [h.id for h in want] and all(
+        h["meta"]["n"] < 10 for h in hits
+    )
+    np.testing.assert_allclose([h["score"] for h in hits], [h.score for h in want], atol=1e-5)
+    assert all(0 <= h["score"] <= 1 for h in hits)
+
+
+def test_upsert_visible_to_next_search_then_get_and_delete(store_dir, model):
+    with client_for(store_dir, model) as client:
+        new = {"id": "new/1", "text": "bread music kernel socket", "meta": {"src": "api"}}
+        r = client.post("/documents", json={"documents": [new]})
+        assert r.status_code == 200 and r.json() == {"added": 1, "updated": 0, "committed": True}
+        hits = client.post("/search", json={"query": new["text"], "k": 1}).json()
+        assert hits["results"][0]["hits"][0]["id"] == "new/1"
+        got = client.get("/documents/new/1").json()
+        assert got == {"id": "new/1", "text": new["text"], "title": "", "meta": {"src": "api"}}
+        r = client.request("DELETE", "/documents", json={"ids": ["new/1", "missing"]})
+        assert r.json() == {"deleted": 1, "committed": True}
+        assert client.get("/documents/new/1").status_code == 404
+        hits = client.post("/search", json={"query": new["text"], "k": 40}).json()
+        assert "new/1" not in [h["id"] for h in hits["results"][0]["hits"]]
+        assert client.get("/health").json()["documents"] == 40
+
+
+def test_health_metrics_and_docs(store_dir, model):
+    with client_for(store_dir, model) as client:
+        client.post("/search", json={"query": "cells", "k": 2})
+        client.post("/search", json={"query": "cells", "k": 10_000})
+        health = client.get("/health").json()
+        text = client.get("/metrics").text
+        assert client.get("/docs").status_code == 200
+        assert "/search" in client.get("/openapi.json").json()["paths"]
+    assert health["status"] == "ok" and health["documents"] == 40 and health["dim"] == 32
+    assert 'densefit_requests_total{route="/search",method="POST",status="200"} 1' in text
+    assert 'densefit_requests_total{route="/search",method="POST",status="422"} 1' in text
+    assert 'densefit_request_seconds_bucket{route="/search",le="+Inf"} 2' in text
+    assert 'densefit_errors_total{kind="client"} 1' in text
+    assert "densefit_documents 40" in text and "densefit_query_batch_size_count 1" in text
+
+
+# -- refusals ------------------------------------------------------------------------------
+
+
+def test_refusals_are_4xx_with_a_message_and_the_server_keeps_serving(store_dir, model):
+    with client_for(store_dir, model, max_body_bytes=10_000, max_k=20, max_queries=4) as client:
+        cases = {
+            "huge body": client.post("/search", content=b'{"query": "' + b"a" * 20_000 + b'"}'),
+            "bad json": client.post(
+                "/search", content=b'{"query": ', headers={"content-type": "application/json"}
+            ),
+            "wrong type": client.post("/search", json={"query": "x", "k": "3"}),
+            "unknown field": client.post("/search", json={"query": "x", "top": 3}),
+            "k limit": client.post("/search", json={"query": "x", "k": 21}),
+            "k zero": client.post("/search", json={"query": "x", "k": 0}),
+            "too many queries": client.post("/search", json={"query": ["x"] * 5}),
+            "empty query": client.post("/search", json={"query": " "}),
+            "bad filter": client.post("/search", json={"query": "x", "filters": {"field": 3}}),
+            "duplicate ids": client.post(
+                "/documents", json={"documents": [{"id": "a", "text": "x"}] * 2}
+            ),
+            "no text": client.post("/documents", json={"documents": [{"id": "a"}]}),
+            "not found": client.get("/documents/nope"),
+        }
+        statuses = {name: r.status_code for name, r in cases.items()}
+        assert statuses["huge body"] == 413 and statuses["too many queries"] == 413
+        assert statuses["bad json"] == 400 and "not valid JSON" in cases["bad json"].json()["error"]
+        assert "k must be between 1 and 20" in cases["k limit"].json()["error"]
+        assert "body.top" in cases["unknown field"].json()["error"]
+        assert all(400 <= s < 500 for s in statuses.values()), statuses
+        assert all(r.json()["error"] for r in cases.values())
+        assert client.get("/health").status_code == 200
+        assert client.post("/search", json={"query": "cells"}).status_code == 200
+
+
+def test_chunked_body_over_the_limit_is_413(store_dir, model):
+    def chunks():
+        for _ in range(20):
+            yield b" " * 1000
+
+    with client_for(store_dir, model, max_body_bytes=10_000) as client:
+        r = client.post("/search", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+
+
+def test_api_key_required_on_every_request(store_dir, model):
+    with client_for(store_dir, model, api_key="s3cret") as client:
+        assert client.get("/health").status_code == 401
+        assert client.post("/search", json={"query": "x"}).status_code == 401
+        assert client.get("/health", headers={"X-API-Key": "wrong"}).status_code == 401
+        assert client.get("/health", headers={"X-API-Key": "s3cret"}).status_code == 200
+        auth = {"Authorization": "Bearer s3cret"}
+        assert client.post("/search", json={"query": "x"}, headers=auth).status_code == 200
+
+
+def test_read_only_server_refuses_writes(store_dir, model):
+    with client_for(store_dir, model, allow_writes=False) as client:
+        r = client.post("/documents", json={"documents": [{"id": "z", "text": "x"}]})
+        assert r.status_code == 403 and "--api-key" in r.json()["error"]
+        assert client.post("/search", json={"query": "x"}).status_code == 200
+
+
+# -- the writer and the batcher --------------------------------------------------------------
+
+
+def test_write_acknowledged_only_after_commit(store_dir, model):
+    store = LocalDocumentStore(store_dir)
+    release, entered = threading.Event(), threading.Event()
+    write = store.write
+
+    def slow_write(docs, embeddings):
+        entered.set()
+        assert release.wait(10)
+        return write(docs, embeddings)
+
+    store.write = slow_write
+    with TestClient(create_app(store, model)) as client, ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(
+            client.post, "/documents", json={"documents": [{"id": "late", "text": "x y"}]}
+        )
+        assert entered.wait(10)
+        time.sleep(0.2)
+        assert not pending.done()  # not acknowledged before the commit
+        # searches do not wait for the write either
+        assert client.post("/search", json={"query": "cells"}).status_code == 200
+        release.set()
+        assert pending.result(10).status_code == 200
+        with LocalDocumentStore(store_dir) as other:  # another connection sees it committed
+            assert other.get(["late"])[0].text == "x y"
+
+
+def test_searches_do_not_wait_for_a_long_embedding_write(store_dir, model):
+    store = LocalDocumentStore(store_dir)
+    app = create_app(store, model)
+    release = threading.Event()
+    embed = app.state.writer.embed
+    app.state.writer.embed = lambda texts: (release.wait(10), embed(texts))[1]
+    with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(
+            client.post, "/documents", json={"documents": [{"id": "w", "text": "music"}]}
+        )
+        time.sleep(0.1)
+        start = time.perf_counter()
+        assert client.post("/search", json={"query": "music"}).status_code == 200
+        assert time.perf_counter() - start < 5 and not pending.done()
+        release.set()
+        assert pending.result(10).json()["added"] == 1
+
+
+def test_concurrent_queries_share_forward_passes(store_dir, model):
+    queries = [f"{a} {b}" for a in WORDS[:6] for b in WORDS[6:10]]  # 24 distinct queries
+    expected = exact(store_dir, model, queries, 3)
+    with client_for(store_dir, model, max_wait_ms=50) as client:
+        before = client.app.state.batcher.batches
+        with ThreadPoolExecutor(len(queries)) as pool:
+            responses = list(
+                pool.map(lambda q: client.post("/search", json={"query": q, "k": 3}), queries)
+            )
+        batches = client.app.state.batcher.batches - before
+    assert batches < len(queries) / 2, batches
+    for r, want in zip(responses, expected, strict=True):
+        hits = r.json()["results"][0]["hits"]
+        assert [h["id"] for h in hits] == [h.id for h in want]
+        np.testing.assert_allclose([h["score"] for h in hits], [h.score for h in want], atol=1e-5)
+
+
+def test_hostile_requests_never_5xx(store_dir, model):
+    rng = random.Random(1)
+    bodies = [
+        b"",
+        b"null",
+        b"[]",
+        b"{}",
+        b'"x"',
+        b"{" * 5000,
+        b"[" * 100_000,
+        b"\xff\xfe",
+        b'{"query": {"$ne": 1}}',
+        b'{"query": "x", "k": 1e309}',
+        b'{"query": "x", "k": -1}',
+        b'{"query": "x", "filters": {"field": "meta.a\\"); DROP TABLE documents; --", "operator": "==", "value": 1}}',
+        b'{"query": "x", "filters": {"operator": "AND", "conditions": "x"}}',
+        b'{"query": "x", "filters": {"field": "meta.n", "operator": "LIKE", "value": "%"}}',
+        b'{"documents": [{"id": "../../etc/passwd", "text": "x", "meta": {"a": [1, {"b": null}]}}]}',
+        b'{"documents": [{"id": "", "text": "x"}]}',
+        b'{"ids": [1, 2]}',
+        b'{"ids": "x"}',
+    ]
+    for _ in range(40):
+        bodies.append(bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 200))))
+    paths = [("POST", "/search"), ("POST", "/documents"), ("DELETE", "/documents")]
+    with client_for(store_dir, model, max_body_bytes=50_000) as client:
+        statuses = [
+            client.request(
+                m, p, content=b, headers={"content-type": "application/json"}
+            ).status_code
+            for b in bodies
+            for m, p in paths
+        ]
+        statuses.append(client.get("/documents/%2e%2e%2f%2e%2e%2fetc%2fpasswd").status_code)
+        assert max(statuses) < 500, sorted(set(statuses))
+        assert client.get("/health").status_code == 200
+    with LocalDocumentStore(store_dir) as store:  # nothing reached the file system
+        assert store.count() <= 41 and "documents" not in os.listdir(store_dir)
+
+
+# -- the command, in a real process --------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(store_dir, model_path, *extra) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("DENSEFIT_API_KEY", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "densefit", "serve", "--store", str(store_dir),
+         "--model", str(model_path), "--port", str(port), *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read().decode())
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the server did not start in 60 s")
+
+
+def test_cli_refuses_a_store_of_another_model(store_dir, model_dir):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run(
+        [sys.executable, "-m", "densefit", "serve", "--store", str(store_dir),
+         "--model", str(model_dir / "tiny-other"), "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and "model" in last
+
+
+def test_sigkill_keeps_every_acknowledged_write(store_dir, model_dir):
+    proc, url = start_server(store_dir, model_dir / "tiny")
+    acked: list[str] = []
+    try:
+        with httpx.Client(base_url=url, timeout=10) as client:
+            for i in range(200):  # bounded; killed after 15 acknowledged writes
+                if len(acked) == 15:
+                    proc.send_signal(signal.SIGKILL)  # while the next writes stream in
+                ids = [f"k{i}-{j}" for j in range(3)]
+                docs = [{"id": d, "text": f"kill test {d} cells"} for d in ids]
+                try:
+                    r = client.post("/documents", json={"documents": docs})
+                except httpx.HTTPError:
+                    break
+                if r.status_code == 200:
+                    acked += ids
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert len(acked) >= 15
+    with LocalDocumentStore(store_dir) as store:
+        found = store.get(acked)
+        assert all(d is not None for d in found)
+    proc, url = start_server(store_dir, model_dir / "tiny")  # restarts on the same store
+    try:
+        r = httpx.post(f"{url}/search", json={"query": f"kill test {acked[-1]} cells", "k": 5})
+        assert r.status_code == 200 and r.json()["results"][0]["hits"]
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_sigterm_finishes_in_flight_requests_and_closes_the_store(store_dir, model_dir):
+    proc, url = start_server(store_dir, model_dir / "tiny")
+
+    def write(i):
+        try:
+            docs = [{"id": f"t{i}-{j}", "text": f"term {i} {j} music"} for j in range(20)]
+            return i, httpx.post(
+                f"{url}/documents", json={"documents": docs}, timeout=30
+            ).status_code
+        except httpx.HTTPError as exc:
+            return i, type(exc).__name__
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(write, i) for i in range(8)]
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        results = [f.result() for f in futures]
+    output = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 0, output
+    assert "Traceback" not in output
+    acked = [i for i, status in results if status == 200]
+    assert all(status == 200 or isinstance(status, str) for _, status in results), results
+    with LocalDocumentStore(store_dir) as store:  # opens cleanly, acknowledged writes are in
+        assert all(store.get([f"t{i}-0"])[0] is not None for i in acked)
