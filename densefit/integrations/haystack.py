@@ -68,6 +68,7 @@ EXTERNAL_MODEL = "external"
 # Haystack's similarity names -> the store's.
 SIMILARITIES = {"cosine": "cosine", "dot_product": "dot", "dot": "dot"}
 _HAS_EMBEDDING = {"field": f"meta.{RESERVED_KEY}.embedded", "operator": "!=", "value": False}
+_NO_EMBEDDING = {**_HAS_EMBEDDING, "operator": "=="}
 
 
 def _checked_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -111,6 +112,7 @@ class DensefitDocumentStore:
         self.similarity = similarity
         self.backend = backend
         self._store: LocalDocumentStore | None = None
+        self._indexed = False  # the "has no embedding" field has its index
         if self.path is not None and (Path(self.path) / DB_NAME).is_file():
             self._store = LocalDocumentStore(self.path, backend=backend)
 
@@ -256,9 +258,11 @@ class DensefitDocumentStore:
         filters = _checked_filters(filters)
         if self._store is None or top_k == 0:
             return []
-        combined = _HAS_EMBEDDING
-        if filters:
-            combined = {"operator": "AND", "conditions": [filters, _HAS_EMBEDDING]}
+        combined = filters
+        if self._has_documents_without_embedding():
+            combined = _HAS_EMBEDDING
+            if filters:
+                combined = {"operator": "AND", "conditions": [filters, _HAS_EMBEDDING]}
         query = np.asarray(query_embedding, dtype=np.float32)
         if query.ndim != 1 or len(query) != self._store.dim:
             raise ValueError(
@@ -269,6 +273,14 @@ class DensefitDocumentStore:
         found = [DensefitDocument(h.id, h.text, h.title, h.meta) for h in hits]
         documents = self._to_haystack(found, with_embedding=return_embedding)
         return [replace(d, score=h.score) for d, h in zip(documents, hits, strict=True)]
+
+    def _has_documents_without_embedding(self) -> bool:
+        """Whether any stored document lacks an embedding (an index lookup: the field is
+        indexed, so that searches without such documents need no filter at all)."""
+        if not self._indexed:
+            self._store.index_meta_field(_NO_EMBEDDING["field"])
+            self._indexed = True
+        return self._store.count_matching(_NO_EMBEDDING) > 0
 
     # -- conversion ------------------------------------------------------------------------
 
