@@ -82,6 +82,10 @@ METAS = [
         ({"field": "meta.date", "operator": "<", "value": "1989-11-09T17:00:00"}, [0, 1, 2]),
         ({"field": "meta.date", "operator": "<", "value": "1989-11-09T16:00:00Z"}, [0, 1]),
         ({"field": "meta.n", "operator": "in", "value": [10, -2]}, [1, 3]),
+        ({"field": "meta.n", "operator": "in", "value": [2, "10"]}, [0, 2, 4]),
+        ({"field": "meta.ok", "operator": "in", "value": [True]}, [0, 4]),
+        ({"field": "meta.tags", "operator": "in", "value": [["a", "b"], 3]}, [0]),
+        ({"field": "id", "operator": "in", "value": [1, "d2"]}, [2]),
         ({"field": "meta.lang", "operator": "in", "value": ["de", None]}, [1, 3, 4, 5]),
         ({"field": "meta.lang", "operator": "not in", "value": ["en"]}, [1, 3, 4, 5]),
         ({"field": "meta.lang", "operator": "in", "value": []}, []),
@@ -151,6 +155,7 @@ def test_filter_semantics(filters, expected):
         ({"field": "meta.", "operator": "==", "value": 1}, "unknown filter field"),
         ({"field": 3, "operator": "==", "value": 1}, "field must be a string"),
         ({"field": "meta.a", "operator": "==", "value": object()}, "has type object"),
+        ({"field": "meta.a", "operator": "in", "value": [1, float("nan")]}, "finite number"),
     ],
 )
 def test_malformed_filters_say_what_is_wrong(filters, message):
