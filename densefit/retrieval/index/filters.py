@@ -211,17 +211,21 @@ def _field_sql(field: Any) -> tuple[str, str]:
     return f"json_extract(meta, '{path}')", f"json_type(meta, '{path}')"
 
 
+# In every comparison the value test comes before the type test: it fails for most rows, and
+# each JSON function parses the document's metadata again (SQLite < 3.45 caches no parse).
+
+
 def _scalar_equal(value_sql: str, type_sql: str, value: Any, params: list) -> str:
     if value is None:
         return f"{value_sql} IS NULL"
     if isinstance(value, (list, dict)):
         params.append(json.dumps(value, ensure_ascii=False))
-        return f"({type_sql} IN ('array', 'object') AND {value_sql} = json(?))"
+        return f"({value_sql} = json(?) AND {type_sql} IN ('array', 'object'))"
     if isinstance(value, (bool, int, float)):
         if type_sql == "'text'":
             return "0"  # a column holds text, which never equals a number
         params.append(value)
-        return f"({type_sql} IN ('integer', 'real', 'true', 'false') AND {value_sql} = ?)"
+        return f"({value_sql} = ? AND {type_sql} IN ('integer', 'real', 'true', 'false'))"
     if isinstance(value, str):
         params.append(value)
         return f"{value_sql} = ?"
@@ -244,8 +248,8 @@ def _member(value_sql: str, type_sql: str, values: list, params: list) -> str:
     if numbers and type_sql != "'text'":
         params.append(json.dumps(numbers))
         parts.append(
-            f"({type_sql} IN ('integer', 'real', 'true', 'false') AND "
-            f"{value_sql} IN (SELECT value FROM json_each(?)))"
+            f"({value_sql} IN (SELECT value FROM json_each(?)) AND "
+            f"{type_sql} IN ('integer', 'real', 'true', 'false'))"
         )
     parts += [_scalar_equal(value_sql, type_sql, v, params) for v in others]
     return "(" + " OR ".join(parts) + ")" if parts else "0"
@@ -264,13 +268,13 @@ def _ordering(
     if isinstance(value, str):
         params.append(_utc_iso(value, where))
         op = _ORDERING[operator]
-        return f"({type_sql} = 'text' AND julianday({value_sql}) {op} julianday(?))"
+        return f"(julianday({value_sql}) {op} julianday(?) AND {type_sql} = 'text')"
     if isinstance(value, (bool, int, float)):
         if type_sql == "'text'":
             return "0"
         params.append(value)
         numbers = "'integer', 'real', 'true', 'false'"  # bools are 1 and 0, as in Python
-        return f"({type_sql} IN ({numbers}) AND {value_sql} {_ORDERING[operator]} ?)"
+        return f"({value_sql} {_ORDERING[operator]} ? AND {type_sql} IN ({numbers}))"
     raise ValueError(
         f"filter {where} got a {type(value).__name__} value: compare numbers or ISO dates"
     )
