@@ -14,6 +14,7 @@ import pytest
 
 from densefit.data.types import Document
 from densefit.retrieval.index import LocalDocumentStore, open_store, search, validate_filters
+from densefit.retrieval.index.documents import DB_NAME
 from densefit.retrieval.index.exact import ExactBackend, exact_search
 from densefit.retrieval.index.filters import compile_filters, meta_index_sql
 from densefit.retrieval.index.searching import scaled_scores
@@ -82,6 +83,10 @@ METAS = [
         ({"field": "meta.date", "operator": "<", "value": "1989-11-09T17:00:00"}, [0, 1, 2]),
         ({"field": "meta.date", "operator": "<", "value": "1989-11-09T16:00:00Z"}, [0, 1]),
         ({"field": "meta.n", "operator": "in", "value": [10, -2]}, [1, 3]),
+        ({"field": "meta.n", "operator": "in", "value": [2, "10"]}, [0, 2, 4]),
+        ({"field": "meta.ok", "operator": "in", "value": [True]}, [0, 4]),
+        ({"field": "meta.tags", "operator": "in", "value": [["a", "b"], 3]}, [0]),
+        ({"field": "id", "operator": "in", "value": [1, "d2"]}, [2]),
         ({"field": "meta.lang", "operator": "in", "value": ["de", None]}, [1, 3, 4, 5]),
         ({"field": "meta.lang", "operator": "not in", "value": ["en"]}, [1, 3, 4, 5]),
         ({"field": "meta.lang", "operator": "in", "value": []}, []),
@@ -151,6 +156,7 @@ def test_filter_semantics(filters, expected):
         ({"field": "meta.", "operator": "==", "value": 1}, "unknown filter field"),
         ({"field": 3, "operator": "==", "value": 1}, "field must be a string"),
         ({"field": "meta.a", "operator": "==", "value": object()}, "has type object"),
+        ({"field": "meta.a", "operator": "in", "value": [1, float("nan")]}, "finite number"),
     ],
 )
 def test_malformed_filters_say_what_is_wrong(filters, message):
@@ -377,14 +383,15 @@ def test_short_masked_results_fall_back_to_exact_search_of_the_subset():
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
 
 
-def test_meta_index_is_used_by_equality_filters(tmp_path):
+def test_meta_index_is_used_by_equality_filters():
     store, _ = _random_store(500, 8, rare_every=10)
     try:
         store.index_meta_field("meta.bucket")
         where, params = compile_filters({"field": "meta.bucket", "operator": "==", "value": 3})
-        plan = store._table.conn.execute(
-            f"EXPLAIN QUERY PLAN SELECT row FROM documents WHERE {where}", params
-        ).fetchall()
+        with sqlite3.connect(store.path / DB_NAME) as conn:
+            plan = conn.execute(
+                f"EXPLAIN QUERY PLAN SELECT row FROM documents WHERE {where}", params
+            ).fetchall()
         assert any("filter_meta.bucket" in str(step) for step in plan), plan
         assert store.count_matching({"field": "meta.bucket", "operator": "==", "value": 3}) == 71
     finally:
@@ -461,11 +468,14 @@ def test_cli_search_filter(model_dir, tmp_path):
             fh.write(json.dumps(row) + "\n")
     store = tmp_path / "store"
     runner = CliRunner()
-    result = runner.invoke(
-        app,
-        ["index", str(corpus), "--model", str(model_dir), "--store", str(store), "--no-progress"],
-    )
+    command = ["index", str(corpus), "--model", str(model_dir), "--store", str(store)]
+    result = runner.invoke(app, [*command, "--no-progress", "--index-field", "meta.year"])
     assert result.exit_code == 0, result.output
+    with sqlite3.connect(store / DB_NAME) as conn:
+        indexes = conn.execute("SELECT name FROM sqlite_master WHERE type='index'")
+        assert "filter_meta.year" in {name for (name,) in indexes}
+    bad_field = runner.invoke(app, [*command, "--index-field", "year"])
+    assert bad_field.exit_code == 2 and "unknown filter field 'year'" in bad_field.output
     filters = '{"field": "meta.year", "operator": ">=", "value": 2008}'
     result = runner.invoke(
         app,

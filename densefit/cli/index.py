@@ -77,6 +77,12 @@ def index(
     ),
     on_bad_row: OnBadRow = typer.Option(OnBadRow.error, help="error: stop; skip: skip and report."),
     prune: bool = typer.Option(False, help="Delete stored documents that are not in CORPUS."),
+    index_fields: list[str] = typer.Option(
+        [],
+        "--index-field",
+        help="Add an SQLite index on a metadata field (meta.NAME) that search --filter "
+        "compares often; repeatable.",
+    ),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
@@ -86,10 +92,13 @@ def index(
     """
     from densefit.data.corpus import iter_corpus
     from densefit.data.types import ReadReport
+    from densefit.retrieval.index.filters import meta_index_sql
     from densefit.retrieval.index.store import open_store
 
     if not corpus.exists():
         raise FileNotFoundError(f"{corpus}: no such file or folder")
+    for field in index_fields:
+        meta_index_sql(field)  # a bad field name fails before any work
     st_model = _load_model(model, max_seq_length)
     document_store = open_store(
         store, st_model, backend=backend, dtype=dtype.value, lock_timeout=lock_timeout
@@ -111,6 +120,8 @@ def index(
             reembed=reembed,
             lock_timeout=lock_timeout,
         )
+        for field in index_fields:
+            document_store.index_meta_field(field)
         info = document_store.info()
     if as_json:
         payload = {"report": report.to_dict(), "read": read_report.to_dict(), "store": info}

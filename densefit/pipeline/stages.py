@@ -396,8 +396,8 @@ class Pipeline:
         return report.to_dict()
 
     def _train(self, fp: str) -> dict:
-        from densefit.models import load_model
         from densefit.data.readers import load_training_examples
+        from densefit.models import load_model
         from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
         from densefit.training.loop import train
 

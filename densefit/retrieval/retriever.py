@@ -224,9 +224,8 @@ class Retriever:
         """
         if not isinstance(query, str):
             raise TypeError("retrieve takes one query string; use retrieve_batch for a list")
-        return self.retrieve_batch([query], top_k=top_k, filters=filters, scale_score=scale_score)[
-            0
-        ]
+        hits = self.retrieve_batch([query], top_k=top_k, filters=filters, scale_score=scale_score)
+        return hits[0]
 
     def retrieve_batch(
         self,

@@ -144,8 +144,16 @@ class DocumentStore(Protocol):
         """Every document id."""
         ...
 
-    def search(self, query_embeddings: np.ndarray, top_k: int = 10) -> list[list[SearchHit]]:
-        """The ``top_k`` best documents for each row of ``query_embeddings``."""
+    def search(
+        self,
+        query_embeddings: np.ndarray,
+        top_k: int = 10,
+        *,
+        filters: dict | None = None,
+        scale_score: bool = False,
+    ) -> list[list[SearchHit]]:
+        """The ``top_k`` best documents for each row of ``query_embeddings`` (among those
+        matching ``filters``, :mod:`densefit.retrieval.index.filters`)."""
         ...
 
     def close(self) -> None: ...

@@ -21,7 +21,8 @@ test suite):
   (timezones are honoured; a naive date is read as UTC); a list value is an error;
 - ``in`` / ``not in`` need a list (a tuple or another iterable is an error);
 - ``==`` between numbers ignores int/float (``2 == 2.0``), and ``1 == True`` as in Python;
-  strings never equal numbers.
+  strings never equal numbers. Strings are equal when they are the same string (Haystack
+  also equates two spellings of one instant, ``...T10:00:00`` and ``...T10:00:00+00:00``).
 
 :func:`compile_filters` turns a filter into a SQL ``WHERE`` clause with bound parameters:
 values are never put into SQL text. Field names are part of the SQL (a JSON path), which
@@ -40,6 +41,7 @@ ValueError: filter value 'last year' for meta.year > is a string that is not an 
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import datetime, timezone
 from typing import Any
@@ -172,8 +174,11 @@ def _comparison(node: dict, params: list) -> str:
         )
     value_sql, type_sql = _field_sql(field)
     where = f"{field} {operator}"
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"filter {where} compares with {item}: use a finite number")
     if operator in ("==", "!="):
-        sql = _equal(value_sql, type_sql, value, params)
+        sql = _scalar_equal(value_sql, type_sql, value, params)
         return _negate(sql) if operator == "!=" else sql
     if operator in ("in", "not in"):
         if not isinstance(value, list):
@@ -206,17 +211,21 @@ def _field_sql(field: Any) -> tuple[str, str]:
     return f"json_extract(meta, '{path}')", f"json_type(meta, '{path}')"
 
 
+# In every comparison the value test comes before the type test: it fails for most rows, and
+# each JSON function parses the document's metadata again (SQLite < 3.45 caches no parse).
+
+
 def _scalar_equal(value_sql: str, type_sql: str, value: Any, params: list) -> str:
     if value is None:
         return f"{value_sql} IS NULL"
     if isinstance(value, (list, dict)):
         params.append(json.dumps(value, ensure_ascii=False))
-        return f"({type_sql} IN ('array', 'object') AND {value_sql} = json(?))"
+        return f"({value_sql} = json(?) AND {type_sql} IN ('array', 'object'))"
     if isinstance(value, (bool, int, float)):
         if type_sql == "'text'":
             return "0"  # a column holds text, which never equals a number
         params.append(value)
-        return f"({type_sql} IN ('integer', 'real', 'true', 'false') AND {value_sql} = ?)"
+        return f"({value_sql} = ? AND {type_sql} IN ('integer', 'real', 'true', 'false'))"
     if isinstance(value, str):
         params.append(value)
         return f"{value_sql} = ?"
@@ -226,18 +235,22 @@ def _scalar_equal(value_sql: str, type_sql: str, value: Any, params: list) -> st
     )
 
 
-def _equal(value_sql: str, type_sql: str, value: Any, params: list) -> str:
-    return _scalar_equal(value_sql, type_sql, value, params)
-
-
 def _member(value_sql: str, type_sql: str, values: list, params: list) -> str:
+    """``value IN values``: strings and numbers each as one bound JSON array (no limit on
+    the list's length), ``None`` as ``IS NULL``, lists and dicts one by one."""
     strings = [v for v in values if isinstance(v, str)]
-    others = [v for v in values if not isinstance(v, str)]
+    numbers = [v for v in values if isinstance(v, (bool, int, float))]
+    others = [v for v in values if not isinstance(v, (str, bool, int, float))]
     parts = []
     if strings:
-        # One bound JSON array however long the list (no limit on bound parameters).
         params.append(json.dumps(strings, ensure_ascii=False))
         parts.append(f"{value_sql} IN (SELECT value FROM json_each(?))")
+    if numbers and type_sql != "'text'":
+        params.append(json.dumps(numbers))
+        parts.append(
+            f"({value_sql} IN (SELECT value FROM json_each(?)) AND "
+            f"{type_sql} IN ('integer', 'real', 'true', 'false'))"
+        )
     parts += [_scalar_equal(value_sql, type_sql, v, params) for v in others]
     return "(" + " OR ".join(parts) + ")" if parts else "0"
 
@@ -255,13 +268,13 @@ def _ordering(
     if isinstance(value, str):
         params.append(_utc_iso(value, where))
         op = _ORDERING[operator]
-        return f"({type_sql} = 'text' AND julianday({value_sql}) {op} julianday(?))"
+        return f"(julianday({value_sql}) {op} julianday(?) AND {type_sql} = 'text')"
     if isinstance(value, (bool, int, float)):
         if type_sql == "'text'":
             return "0"
         params.append(value)
         numbers = "'integer', 'real', 'true', 'false'"  # bools are 1 and 0, as in Python
-        return f"({type_sql} IN ({numbers}) AND {value_sql} {_ORDERING[operator]} ?)"
+        return f"({value_sql} {_ORDERING[operator]} ? AND {type_sql} IN ({numbers}))"
     raise ValueError(
         f"filter {where} got a {type(value).__name__} value: compare numbers or ISO dates"
     )

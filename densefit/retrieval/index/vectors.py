@@ -212,7 +212,8 @@ def search_rows(
     >>> import numpy as np
     >>> from densefit.retrieval.index.exact import ExactBackend, exact_search
     >>> vectors = np.eye(3, dtype=np.float32)
-    >>> search_rows(ExactBackend(), vectors, np.ones((1, 3), np.float32), 5, [2, 0])[1].tolist()
+    >>> query = np.array([[1.0, 2.0, 0.5]], dtype=np.float32)  # row 1 scores best
+    >>> search_rows(ExactBackend(), vectors, query, 5, [2, 0])[1].tolist()  # but is not a match
     [[0, 2, -1, -1, -1]]
     """
     queries = np.ascontiguousarray(queries, dtype=np.float32)

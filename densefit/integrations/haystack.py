@@ -1,0 +1,470 @@
+"""Haystack 3: a document store over densefit's store, and an embedding retriever component.
+
+:class:`DensefitDocumentStore` implements Haystack's ``DocumentStore`` protocol
+(``count_documents``, ``filter_documents``, ``write_documents`` with ``DuplicatePolicy``,
+``delete_documents``, ``to_dict``/``from_dict``, plus ``delete_all_documents``,
+``delete_by_filter``, ``update_by_filter`` and ``count_documents_by_filter``) and passes
+Haystack's own document-store test suite (``tests/test_haystack.py``).
+:class:`DensefitEmbeddingRetriever` is the component that searches it with a query
+embedding (``filters``, ``top_k``, ``scale_score``), like ``InMemoryEmbeddingRetriever``::
+
+    from haystack import Document, Pipeline
+    from haystack_integrations.components.embedders.sentence_transformers import (
+        SentenceTransformersDocumentEmbedder, SentenceTransformersTextEmbedder)
+    from densefit.integrations.haystack import DensefitDocumentStore, DensefitEmbeddingRetriever
+
+    store = DensefitDocumentStore("stores/haystack", model="models/my-densefit-model")
+    embedder = SentenceTransformersDocumentEmbedder(model="models/my-densefit-model")
+    store.write_documents(embedder.run(documents)["documents"])
+    query = Pipeline()
+    query.add_component("embed", SentenceTransformersTextEmbedder(model="models/my-densefit-model"))
+    query.add_component("retrieve", DensefitEmbeddingRetriever(store, top_k=5))
+    query.connect("embed.embedding", "retrieve.query_embedding")
+    query.run({"embed": {"text": "vitamin D"}, "retrieve": {"filters": {...}}})
+
+Where the vectors come from: Haystack's embedders compute them, so the store takes them as
+given. With ``model=`` (the path or name the embedders load) a new store records that model
+like ``densefit index`` does (name, fingerprint, settings), and ``densefit search`` works on
+it; without, the store records the model as ``"external"`` and takes its dimension from
+``embedding_dim=`` or the first document written with an embedding.
+
+Haystack fields densefit's documents do not have (``content=None``, ``blob``,
+``sparse_embedding``, an embedding the vector file cannot reproduce exactly, e.g. one a cosine
+store normalised, and whether the document has an embedding at all) are kept in the metadata
+under the reserved key :data:`RESERVED_KEY`, hidden from Haystack. Documents without an
+embedding get a zero vector and are never returned by embedding retrieval.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+try:
+    from haystack import Document, component, default_from_dict, default_to_dict
+    from haystack.dataclasses import ByteStream, SparseEmbedding
+    from haystack.document_stores.errors import DuplicateDocumentError
+    from haystack.document_stores.types import DuplicatePolicy, FilterPolicy, apply_filter_policy
+    from haystack.errors import FilterError
+except ImportError:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "densefit.integrations.haystack needs Haystack 3: pip install 'densefit[haystack]'"
+    ) from None
+
+from densefit.data.types import Document as DensefitDocument
+from densefit.retrieval.index.documents import DB_NAME
+from densefit.retrieval.index.filters import validate_filters
+from densefit.retrieval.index.store import LocalDocumentStore, checked_vectors, open_store
+
+__all__ = ["EXTERNAL_MODEL", "RESERVED_KEY", "DensefitDocumentStore", "DensefitEmbeddingRetriever"]
+
+RESERVED_KEY = "_haystack"
+EXTERNAL_MODEL = "external"
+# Haystack's similarity names -> the store's.
+SIMILARITIES = {"cosine": "cosine", "dot_product": "dot", "dot": "dot"}
+_HAS_EMBEDDING = {"field": f"meta.{RESERVED_KEY}.embedded", "operator": "!=", "value": False}
+_NO_EMBEDDING = {**_HAS_EMBEDDING, "operator": "=="}
+
+
+def _checked_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``filters`` (None for none), or Haystack's FilterError saying what is malformed."""
+    try:
+        validate_filters(filters)
+    except ValueError as exc:
+        raise FilterError(str(exc)) from None
+    return filters or None
+
+
+class DensefitDocumentStore:
+    """Haystack's ``DocumentStore`` over a densefit store folder (or a temporary one).
+
+    :param path: the store folder: opened if it holds a store, created at the first write
+        otherwise. None: a temporary store, deleted with this object.
+    :param model: the sentence-transformers model (path or name) Haystack's embedders use;
+        a new store records it so that densefit (``densefit search``) can search it too.
+    :param embedding_dim: the embedding dimension of a new store without ``model``; by
+        default, the length of the first embedding written.
+    :param similarity: ``"cosine"`` (default) or ``"dot_product"``, for a new store.
+    :param backend: ``"exact"``, ``"faiss"`` or ``"faiss:FACTORY"`` (see ``densefit index``).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        *,
+        model: str | None = None,
+        embedding_dim: int | None = None,
+        similarity: str = "cosine",
+        backend: str = "exact",
+    ) -> None:
+        if similarity not in SIMILARITIES:
+            raise ValueError(
+                f"similarity {similarity!r} is not supported: use 'cosine' or 'dot_product'"
+            )
+        self.path = None if path is None else str(path)
+        self.model = model
+        self.embedding_dim = embedding_dim
+        self.similarity = similarity
+        self.backend = backend
+        self._store: LocalDocumentStore | None = None
+        self._indexed = False  # the "has no embedding" field has its index
+        if self.path is not None and (Path(self.path) / DB_NAME).is_file():
+            self._store = LocalDocumentStore(self.path, backend=backend)
+
+    # -- the densefit store ----------------------------------------------------------------
+
+    @property
+    def store(self) -> LocalDocumentStore | None:
+        """The underlying :class:`~densefit.retrieval.index.store.LocalDocumentStore` (None
+        until the first write creates it)."""
+        return self._store
+
+    def _create(self, dim_hint: int | None) -> LocalDocumentStore:
+        if self.model is not None:
+            from densefit.models import load_model
+
+            return open_store(self.path, load_model(self.model), backend=self.backend)
+        dim = self.embedding_dim or dim_hint
+        if dim is None:
+            raise ValueError(
+                "DensefitDocumentStore does not know the embedding dimension yet: pass "
+                "embedding_dim= or model=, or write documents with embeddings first"
+            )
+        return LocalDocumentStore.create(
+            self.path,
+            model_name=EXTERNAL_MODEL,
+            dim=dim,
+            fingerprint=np.zeros((3, dim), dtype=np.float32),
+            similarity=SIMILARITIES[self.similarity],
+            backend=self.backend,
+        )
+
+    # -- serialisation ---------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialise the store's settings (not its documents: they live in ``path``)."""
+        return default_to_dict(
+            self,
+            path=self.path,
+            model=self.model,
+            embedding_dim=self.embedding_dim,
+            similarity=self.similarity,
+            backend=self.backend,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DensefitDocumentStore:
+        """The store :meth:`to_dict` described (the same folder)."""
+        return default_from_dict(cls, data)
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def count_documents(self) -> int:
+        """The number of documents."""
+        return 0 if self._store is None else self._store.count()
+
+    def count_documents_by_filter(self, filters: dict[str, Any]) -> int:
+        """The number of documents matching ``filters``."""
+        filters = _checked_filters(filters)
+        return 0 if self._store is None else self._store.count_matching(filters)
+
+    def filter_documents(self, filters: dict[str, Any] | None = None) -> list[Document]:
+        """The documents matching ``filters`` (Haystack's syntax), in the order written.
+
+        Filters are evaluated in SQLite (:mod:`densefit.retrieval.index.filters`); a
+        malformed filter raises ``FilterError``.
+        """
+        filters = _checked_filters(filters)
+        if self._store is None:
+            return []
+        found = self._store.filter_documents(filters)
+        return self._to_haystack(found, with_embedding=True)
+
+    def write_documents(
+        self, documents: list[Document], policy: DuplicatePolicy = DuplicatePolicy.NONE
+    ) -> int:
+        """Write ``documents``; ``DuplicatePolicy.NONE`` means ``FAIL``. Returns how many
+        were written. Embeddings must all have the store's dimension."""
+        if not isinstance(documents, (list, tuple)) or any(
+            not isinstance(d, Document) for d in documents
+        ):
+            raise ValueError("write_documents takes a list of haystack Documents")
+        if policy == DuplicatePolicy.NONE:
+            policy = DuplicatePolicy.FAIL
+        documents = _one_per_id(documents, policy)
+        if not documents:
+            return 0
+        if self._store is None:
+            dims = [len(d.embedding) for d in documents if d.embedding is not None]
+            self._store = self._create(dims[0] if dims else None)
+        existing = set(self._store.hashes([d.id for d in documents]))
+        if existing and policy == DuplicatePolicy.FAIL:
+            raise DuplicateDocumentError(f"ID '{sorted(existing)[0]}' already exists.")
+        if policy == DuplicatePolicy.SKIP:
+            documents = [d for d in documents if d.id not in existing]
+        if documents:
+            converted, vectors = self._to_densefit(documents)
+            self._store.write(converted, vectors)
+        return len(documents)
+
+    def delete_documents(self, document_ids: list[str]) -> None:
+        """Delete documents by id; unknown ids are ignored."""
+        if self._store is not None:
+            self._store.delete(document_ids)
+
+    def delete_all_documents(self, recreate_index: bool = False) -> None:
+        """Delete every document (``recreate_index`` has nothing to recreate here)."""
+        del recreate_index
+        if self._store is not None:
+            self._store.delete(list(self._store.ids()))
+
+    def delete_by_filter(self, filters: dict[str, Any]) -> int:
+        """Delete the documents matching ``filters``; returns how many."""
+        filters = _checked_filters(filters)
+        if self._store is None:
+            return 0
+        ids = [d.id for d in self._store.filter_documents(filters)]
+        return self._store.delete(ids)
+
+    def update_by_filter(self, filters: dict[str, Any], meta: dict[str, Any]) -> int:
+        """Merge ``meta`` into the metadata of the documents matching ``filters`` (their
+        text and embedding stay); returns how many were updated."""
+        filters = _checked_filters(filters)
+        if RESERVED_KEY in meta:
+            raise ValueError(f"the metadata key {RESERVED_KEY!r} is reserved by densefit")
+        if self._store is None:
+            return 0
+        found = self._store.filter_documents(filters)
+        updated = [DensefitDocument(d.id, d.text, d.title, {**d.meta, **meta}) for d in found]
+        return self._store.write_metadata(updated) if updated else 0
+
+    # -- retrieval -------------------------------------------------------------------------
+
+    def embedding_retrieval(
+        self,
+        query_embedding: list[float],
+        filters: dict[str, Any] | None = None,
+        top_k: int = 10,
+        scale_score: bool = False,
+        return_embedding: bool = False,
+    ) -> list[Document]:
+        """The ``top_k`` documents with embeddings closest to ``query_embedding`` among
+        those matching ``filters``, best first, with ``score`` set."""
+        filters = _checked_filters(filters)
+        if self._store is None or top_k == 0:
+            return []
+        combined = filters
+        if self._has_documents_without_embedding():
+            combined = _HAS_EMBEDDING
+            if filters:
+                combined = {"operator": "AND", "conditions": [filters, _HAS_EMBEDDING]}
+        query = np.asarray(query_embedding, dtype=np.float32)
+        if query.ndim != 1 or len(query) != self._store.dim:
+            raise ValueError(
+                f"the query embedding has {query.size} values but the store holds "
+                f"{self._store.dim}-d embeddings"
+            )
+        hits = self._store.search(query, top_k=top_k, filters=combined, scale_score=scale_score)[0]
+        found = [DensefitDocument(h.id, h.text, h.title, h.meta) for h in hits]
+        documents = self._to_haystack(found, with_embedding=return_embedding)
+        return [replace(d, score=h.score) for d, h in zip(documents, hits, strict=True)]
+
+    def _has_documents_without_embedding(self) -> bool:
+        """Whether any stored document lacks an embedding (an index lookup: the field is
+        indexed, so that searches without such documents need no filter at all)."""
+        if not self._indexed:
+            self._store.index_meta_field(_NO_EMBEDDING["field"])
+            self._indexed = True
+        return self._store.count_matching(_NO_EMBEDDING) > 0
+
+    # -- conversion ------------------------------------------------------------------------
+
+    def _to_densefit(self, documents: list[Document]) -> tuple[list[DensefitDocument], np.ndarray]:
+        """densefit documents and the ``(n, dim)`` vectors to write (zeros: no embedding)."""
+        dim = self._store.dim
+        vectors = np.zeros((len(documents), dim), dtype=np.float32)
+        for i, doc in enumerate(documents):
+            if RESERVED_KEY in doc.meta:
+                raise ValueError(
+                    f"document {doc.id!r}: the metadata key {RESERVED_KEY!r} is reserved by densefit"
+                )
+            if doc.embedding is not None:
+                if len(doc.embedding) != dim:
+                    raise ValueError(
+                        f"document {doc.id!r} has a {len(doc.embedding)}-d embedding but the "
+                        f"store holds {dim}-d embeddings"
+                    )
+                vectors[i] = doc.embedding
+        plain = [DensefitDocument(d.id, d.content or "") for d in documents]
+        stored = checked_vectors(self._store.record, plain, vectors).astype(np.float64)
+        converted = []
+        for doc, vector in zip(documents, stored, strict=True):
+            extra: dict[str, Any] = {"embedded": doc.embedding is not None}
+            if doc.content is None:
+                extra["content"] = None
+            if doc.blob is not None:
+                extra["blob"] = {**doc.blob.to_dict(), "data": _b64(doc.blob.data)}
+            if doc.sparse_embedding is not None:
+                extra["sparse_embedding"] = doc.sparse_embedding.to_dict()
+            if doc.embedding is not None and vector.tolist() != list(doc.embedding):
+                # The vector file holds float32 (normalised, in a cosine store): keep the
+                # embedding as given, so that it reads back unchanged.
+                extra["embedding"] = _b64(np.asarray(doc.embedding, dtype=np.float64).tobytes())
+            meta = {**doc.meta, RESERVED_KEY: extra}
+            converted.append(DensefitDocument(doc.id, doc.content or "", "", meta))
+        return converted, vectors
+
+    def _to_haystack(
+        self, documents: list[DensefitDocument], *, with_embedding: bool
+    ) -> list[Document]:
+        """Haystack documents (embeddings read from the store where not kept exactly)."""
+        extras = [d.meta.get(RESERVED_KEY) or {} for d in documents]
+        need_vectors = [
+            d.id
+            for d, extra in zip(documents, extras, strict=True)
+            if with_embedding and extra.get("embedded", True) and "embedding" not in extra
+        ]
+        vectors = {}
+        if need_vectors:
+            vectors = dict(zip(need_vectors, self._store.vectors(need_vectors), strict=True))
+        out = []
+        for doc, extra in zip(documents, extras, strict=True):
+            embedding = None
+            if with_embedding and extra.get("embedded", True):
+                if "embedding" in extra:
+                    embedding = np.frombuffer(_unb64(extra["embedding"]), np.float64).tolist()
+                else:
+                    embedding = vectors[doc.id].astype(np.float64).tolist()
+            blob = None
+            if "blob" in extra:
+                blob = ByteStream.from_dict(
+                    {**extra["blob"], "data": _unb64(extra["blob"]["data"])}
+                )
+            sparse = extra.get("sparse_embedding")
+            out.append(
+                Document(
+                    id=doc.id,
+                    content=None if "content" in extra else doc.text,
+                    blob=blob,
+                    meta={k: v for k, v in doc.meta.items() if k != RESERVED_KEY},
+                    embedding=embedding,
+                    sparse_embedding=SparseEmbedding.from_dict(sparse) if sparse else None,
+                )
+            )
+        return out
+
+
+def _one_per_id(documents: list[Document], policy: DuplicatePolicy) -> list[Document]:
+    """One document per id, as writing them one by one under ``policy`` would leave."""
+    kept: dict[str, Document] = {}
+    for doc in documents:
+        if doc.id in kept:
+            if policy == DuplicatePolicy.FAIL:
+                raise DuplicateDocumentError(f"ID '{doc.id}' already exists.")
+            if policy == DuplicatePolicy.SKIP:
+                continue
+        kept[doc.id] = doc
+    return list(kept.values())
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"))
+
+
+@component
+class DensefitEmbeddingRetriever:
+    """Retrieves the documents of a :class:`DensefitDocumentStore` closest to a query
+    embedding (from a ``SentenceTransformersTextEmbedder``), like Haystack's
+    ``InMemoryEmbeddingRetriever``.
+
+    :param document_store: the store to search.
+    :param filters: filters applied to every query (Haystack's syntax).
+    :param top_k: how many documents to return.
+    :param scale_score: scores in [0, 1]: cosine ``(s + 1) / 2``, dot product
+        ``expit(s / 100)``.
+    :param return_embedding: return the documents' embeddings too.
+    :param filter_policy: how run-time filters combine with ``filters``: ``REPLACE``
+        (default) or ``MERGE``.
+    """
+
+    def __init__(
+        self,
+        document_store: DensefitDocumentStore,
+        filters: dict[str, Any] | None = None,
+        top_k: int = 10,
+        scale_score: bool = False,
+        return_embedding: bool = False,
+        filter_policy: FilterPolicy = FilterPolicy.REPLACE,
+    ) -> None:
+        if not isinstance(document_store, DensefitDocumentStore):
+            raise TypeError("document_store must be a DensefitDocumentStore")
+        if top_k <= 0:
+            raise ValueError(f"top_k must be greater than 0, got {top_k}")
+        self.document_store = document_store
+        self.filters = _checked_filters(filters)
+        self.top_k = top_k
+        self.scale_score = scale_score
+        self.return_embedding = return_embedding
+        self.filter_policy = (
+            filter_policy
+            if isinstance(filter_policy, FilterPolicy)
+            else FilterPolicy.from_str(filter_policy)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialise the component (with its store's settings)."""
+        return default_to_dict(
+            self,
+            document_store=self.document_store,
+            filters=self.filters,
+            top_k=self.top_k,
+            scale_score=self.scale_score,
+            return_embedding=self.return_embedding,
+            filter_policy=self.filter_policy.value,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DensefitEmbeddingRetriever:
+        """The component :meth:`to_dict` described."""
+        init = dict(data.get("init_parameters", {}))
+        store = init.get("document_store")
+        if isinstance(store, dict):
+            init["document_store"] = DensefitDocumentStore.from_dict(store)
+        if "filter_policy" in init:
+            init["filter_policy"] = FilterPolicy.from_str(init["filter_policy"])
+        return default_from_dict(cls, {**data, "init_parameters": init})
+
+    @component.output_types(documents=list[Document])
+    def run(
+        self,
+        query_embedding: list[float],
+        filters: dict[str, Any] | None = None,
+        top_k: int | None = None,
+        scale_score: bool | None = None,
+        return_embedding: bool | None = None,
+    ) -> dict[str, list[Document]]:
+        """The best ``top_k`` documents for ``query_embedding`` among those matching the
+        filters: ``{"documents": [...]}``, best first, each with ``score``."""
+        filters = apply_filter_policy(self.filter_policy, self.filters, filters)
+        top_k = self.top_k if top_k is None else top_k
+        if top_k < 0:
+            raise ValueError(f"top_k must be at least 0, got {top_k}")
+        documents = self.document_store.embedding_retrieval(
+            query_embedding=query_embedding,
+            filters=filters,
+            top_k=top_k,
+            scale_score=self.scale_score if scale_score is None else scale_score,
+            return_embedding=self.return_embedding
+            if return_embedding is None
+            else return_embedding,
+        )
+        return {"documents": documents}

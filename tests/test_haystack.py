@@ -1,0 +1,260 @@
+"""The Haystack 3 integration: Haystack's own document-store test suite, the retriever
+component, and a pipeline over a densefit-trained model ranking as ``densefit search`` does."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("haystack", reason="haystack-ai is not installed (densefit[haystack])")
+
+from haystack import Document, Pipeline  # noqa: E402
+from haystack.document_stores.errors import DuplicateDocumentError  # noqa: E402
+from haystack.document_stores.types import DuplicatePolicy  # noqa: E402
+from haystack.errors import FilterError  # noqa: E402
+from haystack.testing.document_store import (  # noqa: E402
+    CountDocumentsByFilterTest,
+    DocumentStoreBaseExtendedTests,
+)
+
+from densefit.integrations.haystack import (  # noqa: E402
+    RESERVED_KEY,
+    DensefitDocumentStore,
+    DensefitEmbeddingRetriever,
+)
+
+needs_faiss = pytest.mark.skipif(
+    importlib.util.find_spec("faiss") is None, reason="faiss is not installed (densefit[index])"
+)
+
+
+class TestHaystackSuite(DocumentStoreBaseExtendedTests, CountDocumentsByFilterTest):
+    """Haystack's document-store tests (count, write, delete, filter, delete all, delete /
+    update / count by filter), run on both vector backends."""
+
+    @pytest.fixture(params=["exact", pytest.param("faiss", marks=needs_faiss)])
+    def document_store(self, request, tmp_path):
+        # The suite's documents carry 768-d embeddings, and some carry none.
+        store = DensefitDocumentStore(tmp_path / "store", embedding_dim=768, backend=request.param)
+        yield store
+        if store.store is not None:
+            store.store.close()
+
+    def test_write_documents(self, document_store):
+        """The default policy (NONE) is FAIL, as in Haystack's InMemoryDocumentStore."""
+        doc = Document(content="test doc", meta={"a": 1})
+        assert document_store.write_documents([doc]) == 1
+        with pytest.raises(DuplicateDocumentError):
+            document_store.write_documents([doc])
+        self.assert_documents_are_equal(document_store.filter_documents(), [doc])
+
+
+# -- the store beyond the suite --------------------------------------------------------------
+
+
+def test_round_trip_of_every_field(tmp_path):
+    from haystack.dataclasses import ByteStream, SparseEmbedding
+
+    docs = [
+        Document(content="text", meta={"lang": "en", "n": [1, 2]}, embedding=[3.0, 4.0, 0.1]),
+        Document(content=None, blob=ByteStream(b"\x00\xffbytes", mime_type="x/y"), meta={}),
+        Document(
+            content="unit",
+            embedding=[1.0, 0.0, 0.0],  # exactly what a cosine store keeps: no copy needed
+            sparse_embedding=SparseEmbedding(indices=[1, 5], values=[0.5, 0.25]),
+        ),
+    ]
+    store = DensefitDocumentStore(tmp_path / "s")  # dimension from the first embedding
+    assert store.write_documents(docs) == 3
+    assert store.filter_documents() == docs
+    again = DensefitDocumentStore.from_dict(store.to_dict())  # reopens the same folder
+    assert again.filter_documents() == docs
+    extra = store.store.get([docs[2].id])[0].meta[RESERVED_KEY]
+    assert (
+        "embedding" not in extra
+        and "embedding" in store.store.get([docs[0].id])[0].meta[RESERVED_KEY]
+    )
+
+
+def test_write_policies_within_one_call(tmp_path):
+    store = DensefitDocumentStore(tmp_path / "s", embedding_dim=2)
+    first, second = Document(id="1", content="a"), Document(id="1", content="b")
+    with pytest.raises(DuplicateDocumentError):
+        store.write_documents([first, second])
+    assert store.count_documents() == 0  # nothing half-written
+    assert store.write_documents([first, second], policy=DuplicatePolicy.SKIP) == 1
+    assert store.filter_documents()[0].content == "a"
+    assert store.write_documents([first, second], policy=DuplicatePolicy.OVERWRITE) == 1
+    assert store.filter_documents()[0].content == "b"
+
+
+def test_store_errors(tmp_path):
+    with pytest.raises(ValueError, match="embedding dimension"):
+        DensefitDocumentStore(tmp_path / "a").write_documents([Document(content="x")])
+    store = DensefitDocumentStore(tmp_path / "b", embedding_dim=3)
+    with pytest.raises(ValueError, match="2-d embedding but the store holds 3-d"):
+        store.write_documents([Document(content="x", embedding=[1.0, 2.0])])
+    with pytest.raises(ValueError, match="reserved"):
+        store.write_documents([Document(content="x", meta={RESERVED_KEY: 1})])
+    with pytest.raises(FilterError, match="needs a list"):
+        store.filter_documents({"field": "meta.a", "operator": "in", "value": "x"})
+    with pytest.raises(ValueError, match="similarity"):
+        DensefitDocumentStore(similarity="l2")
+
+
+# -- the retriever ----------------------------------------------------------------------------
+
+
+def _embedded_docs(n: int = 60, dim: int = 8, seed: int = 0) -> list[Document]:
+    rng = np.random.default_rng(seed)
+    return [
+        Document(
+            content=f"doc {i}",
+            meta={"lang": ("en", "de")[i % 2], "year": 2000 + i},
+            embedding=rng.standard_normal(dim).tolist(),
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "dot_product"])
+def test_retriever_matches_haystacks_in_memory_retriever(similarity):
+    from haystack.components.retrievers.in_memory import InMemoryEmbeddingRetriever
+    from haystack.document_stores.in_memory import InMemoryDocumentStore
+
+    docs = _embedded_docs() + [Document(content="no embedding", meta={"lang": "en"})]
+    ours = DensefitDocumentStore(similarity=similarity)
+    theirs = InMemoryDocumentStore(embedding_similarity_function=similarity)
+    ours.write_documents(docs)
+    theirs.write_documents(docs)
+    query = np.random.default_rng(9).standard_normal(8).tolist()
+    filters = {"field": "meta.lang", "operator": "==", "value": "en"}
+    for kwargs in [{}, {"filters": filters}, {"scale_score": True, "top_k": 3}]:
+        got = DensefitEmbeddingRetriever(ours, top_k=5).run(query_embedding=query, **kwargs)
+        want = InMemoryEmbeddingRetriever(theirs, top_k=5).run(query_embedding=query, **kwargs)
+        got, want = got["documents"], want["documents"]
+        assert [d.id for d in got] == [d.id for d in want]
+        np.testing.assert_allclose([d.score for d in got], [d.score for d in want], rtol=1e-5)
+        assert all(d.embedding is None for d in got)
+    with_embedding = DensefitEmbeddingRetriever(ours, top_k=1, return_embedding=True)
+    top = with_embedding.run(query_embedding=query)["documents"][0]
+    assert top.embedding == next(d.embedding for d in docs if d.id == top.id)
+
+
+def test_retriever_filter_policy_and_serialisation(tmp_path):
+    store = DensefitDocumentStore(tmp_path / "s", similarity="cosine")
+    store.write_documents(_embedded_docs())
+    query = _embedded_docs()[4].embedding
+    retriever = DensefitEmbeddingRetriever(
+        store,
+        filters={"field": "meta.lang", "operator": "==", "value": "en"},
+        top_k=4,
+        scale_score=True,
+        filter_policy="merge",
+    )
+    recent = {"field": "meta.year", "operator": ">=", "value": 2040}
+    docs = retriever.run(query_embedding=query, filters=recent)["documents"]
+    assert len(docs) == 4 and all(d.meta["lang"] == "en" and d.meta["year"] >= 2040 for d in docs)
+    assert all(0 <= d.score <= 1 for d in docs)
+
+    data = retriever.to_dict()
+    assert data["init_parameters"]["document_store"]["init_parameters"]["path"] == str(
+        tmp_path / "s"
+    )
+    json.dumps(data)  # a pipeline file can hold it
+    again = DensefitEmbeddingRetriever.from_dict(data)
+    assert again.run(query_embedding=query, filters=recent) == {"documents": docs}
+    pipeline = Pipeline()
+    pipeline.add_component("retrieve", retriever)
+    # Haystack deserialises only modules it trusts: name ours.
+    loaded = Pipeline.loads(pipeline.dumps(), allowed_modules=["densefit.integrations.haystack"])
+    result = loaded.run({"retrieve": {"query_embedding": query, "filters": recent}})
+    assert [d.id for d in result["retrieve"]["documents"]] == [d.id for d in docs]
+    with pytest.raises(ValueError, match="top_k"):
+        DensefitEmbeddingRetriever(store, top_k=0)
+    with pytest.raises(TypeError):
+        DensefitEmbeddingRetriever(object())
+
+
+# -- end to end: a densefit-trained model in a Haystack pipeline -----------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_model_dir(tmp_path_factory):
+    from densefit.retrieval.retriever import Retriever
+    from densefit.testing import tiny_model
+
+    folder = tmp_path_factory.mktemp("trained")
+    retriever = Retriever(tiny_model(folder / "base"))
+    pairs = [
+        {"question": f"{topic} question", "pos_doc": f"{topic} answer about {topic}"}
+        for topic in ["cells", "genes", "python", "search", "cancer", "memory", "vaccine", "banana"]
+    ]
+    retriever.train(pairs, batch_size=4, n_epochs=1, max_steps=2, seed=0)
+    return retriever.save(folder / "model")
+
+
+def test_pipeline_ranks_as_densefit_search(trained_model_dir, tmp_path):
+    pytest.importorskip("haystack_integrations.components.embedders.sentence_transformers")
+    from haystack.components.writers import DocumentWriter
+    from haystack_integrations.components.embedders.sentence_transformers import (
+        SentenceTransformersDocumentEmbedder,
+        SentenceTransformersTextEmbedder,
+    )
+    from typer.testing import CliRunner
+
+    from densefit.cli.app import app
+    from densefit.retrieval.index.conformance import make_corpus, with_meta
+
+    model = str(trained_model_dir)
+    corpus = [Document(id=d.id, content=d.text, meta=d.meta) for d in with_meta(make_corpus(40))]
+    store = DensefitDocumentStore(tmp_path / "haystack-store", model=model)
+    indexing = Pipeline()
+    indexing.add_component(
+        "embed", SentenceTransformersDocumentEmbedder(model=model, progress_bar=False)
+    )
+    indexing.add_component("write", DocumentWriter(store))
+    indexing.connect("embed.documents", "write.documents")
+    assert indexing.run({"embed": {"documents": corpus}})["write"]["documents_written"] == 40
+
+    querying = Pipeline()
+    querying.add_component(
+        "embed", SentenceTransformersTextEmbedder(model=model, progress_bar=False)
+    )
+    querying.add_component("retrieve", DensefitEmbeddingRetriever(store, top_k=5))
+    querying.connect("embed.embedding", "retrieve.query_embedding")
+
+    # densefit's own index of the same corpus, searched from the command line
+    corpus_file = tmp_path / "corpus.jsonl"
+    corpus_file.write_text(
+        "".join(
+            json.dumps({"_id": d.id, "text": d.content, "metadata": d.meta}) + "\n" for d in corpus
+        )
+    )
+    runner = CliRunner()
+    densefit_store = tmp_path / "densefit-store"
+    result = runner.invoke(
+        app, ["index", str(corpus_file), "-m", model, "-s", str(densefit_store), "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+
+    filters = {"field": "meta.lang", "operator": "in", "value": ["en", "fr"]}
+    for query, query_filters in [("cells and genes", None), ("python search", filters)]:
+        got = querying.run({"embed": {"text": query}, "retrieve": {"filters": query_filters}})[
+            "retrieve"
+        ]["documents"]
+        args = ["search", "-s", str(densefit_store), query, "-k", "5", "--json"]
+        if query_filters:
+            args += ["--filter", json.dumps(query_filters)]
+        for store_dir in (densefit_store, tmp_path / "haystack-store"):
+            args[2] = str(store_dir)  # also densefit search over the Haystack-built store
+            result = runner.invoke(app, args)
+            assert result.exit_code == 0, result.output
+            hits = json.loads(result.stdout)[0]["hits"]
+            assert [h["id"] for h in hits] == [d.id for d in got]
+            np.testing.assert_allclose(
+                [h["score"] for h in hits], [d.score for d in got], atol=1e-5
+            )
