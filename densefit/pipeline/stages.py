@@ -21,7 +21,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import random
 import shutil
 import time
 import warnings
@@ -475,30 +474,12 @@ class Pipeline:
         """The eval split, its corpus cut to the seeded subsample when ``distractors`` is set."""
         if self._beir is not None:
             return self._beir
-        from densefit.data.corpus import BeirDataset, load_beir
+        from densefit.data.corpus import load_beir
+        from densefit.evaluate import subsample_corpus
 
         c = self.config
         beir = load_beir(c.data, c.eval.split, on_bad_row=c.on_bad_row)
-        total = len(beir.corpus)
-        corpus_info: dict = {"kind": "full", "documents": total, "corpus_documents": total}
-        if c.eval.distractors is not None:
-            judged = {d for docs in beir.qrels.values() for d in docs}
-            others = sorted(set(beir.corpus) - judged)
-            picked = set(
-                random.Random(c.eval.sample_seed).sample(
-                    others, min(c.eval.distractors, len(others))
-                )
-            )
-            corpus = {k: v for k, v in beir.corpus.items() if k in judged or k in picked}
-            beir = BeirDataset(corpus, beir.queries, beir.qrels, beir.judgments, beir.report)
-            corpus_info = {
-                "kind": "subsample",
-                "documents": len(corpus),
-                "corpus_documents": total,
-                "judged_documents": len(judged),
-                "distractors": len(picked),
-                "sample_seed": c.eval.sample_seed,
-            }
+        beir, corpus_info = subsample_corpus(beir, c.eval.distractors, c.eval.sample_seed)
         self._beir = (beir, corpus_info)
         return self._beir
 
