@@ -203,3 +203,28 @@ def test_cli_flags_end_to_end(setting, tmp_path):
     bad = CliRunner().invoke(app, ["train", str(data), "--model", str(root / "base"),
                                    "--output", str(tmp_path / "x"), "--keep-best"])  # fmt: skip
     assert bad.exit_code == 2 and "pass --eval-data" in bad.output
+
+
+def test_densefit_run_evaluates_during_training_and_plots_the_curve(setting, tmp_path):
+    from typer.testing import CliRunner
+
+    from densefit.cli.app import app
+
+    root, beir, _ = setting
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        f"data: {beir}\nmodel: {root / 'base'}\nprogress: false\n"
+        "train:\n  batch_size: 4\n  epochs: 2\n  learning_rate: 5.0e-3\n  memory: plain\n"
+        "  eval_every: 3\n  keep_best: true\neval:\n  split: dev\n"
+    )
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["run", str(path), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "plots" / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((out / "report.json").read_text())
+    during = report["eval_during_training"]
+    assert during["evaluations"] == 5 and during["base"]["step"] == 0 and during["kept_best"]
+    assert report["train"]["steps"] == 8  # the step records only, not the evaluations
+    md = (out / "report.md").read_text()
+    assert "## Evaluation during training" in md and f"best (step {during['best']['step']})" in md
+    assert "## Evaluation during training" in (out / "model" / "README.md").read_text()

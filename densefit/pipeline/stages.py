@@ -327,6 +327,13 @@ class Pipeline:
             "train": train_options,
             "on_bad_row": c.on_bad_row,
         }
+        from densefit.training.evaluation import evaluation_asked
+
+        if evaluation_asked(c.train_config()):  # keep_best and patience read the eval split
+            split = c.train_config().eval_split
+            inputs["eval_data"] = self._digest(
+                f"beir:{c.data}:{split}", lambda: beir_digest(c.data, split)
+            )
         train_fp = fingerprint(inputs)
         outputs = ["model/modules.json", "model/train_log.jsonl"]
         self._stage(2, "train", train_fp, inputs, lambda: self._train(train_fp), outputs)
@@ -395,9 +402,10 @@ class Pipeline:
         return report.to_dict()
 
     def _train(self, fp: str) -> dict:
-        from densefit.models import load_model
         from densefit.data.readers import load_training_examples
+        from densefit.models import load_model
         from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
+        from densefit.training.evaluation import eval_data_for
         from densefit.training.loop import train
 
         c = self.config
@@ -434,6 +442,7 @@ class Pipeline:
             output_dir=model_dir,
             resume=resume,
             on_step=lambda record: on_train_step(record),
+            eval_data=eval_data_for(config, None, c.data),
         )
         if c.delete_checkpoints and (model_dir / "checkpoints").exists():
             shutil.rmtree(model_dir / "checkpoints")
@@ -454,6 +463,7 @@ class Pipeline:
             "skipped_nonfinite": result.skipped_nonfinite,
             "resumed_from_step": resumed_from,
             "config": config.to_dict(),
+            "evaluation": result.evaluation,
         }
 
     def _eval_base(self, fp: str) -> dict:
