@@ -228,3 +228,21 @@ def test_densefit_run_evaluates_during_training_and_plots_the_curve(setting, tmp
     md = (out / "report.md").read_text()
     assert "## Evaluation during training" in md and f"best (step {during['best']['step']})" in md
     assert "## Evaluation during training" in (out / "model" / "README.md").read_text()
+
+
+def test_an_interrupted_keep_best_run_can_be_rerun_from_scratch_and_a_missing_split_says_so(
+    setting, tmp_path
+):
+    cfg = config(eval_every=1, keep_best=True)
+
+    def crash(record):
+        if record["step"] == 3:
+            raise Crash
+
+    with pytest.raises(Crash):
+        fit(setting, tmp_path / "out", cfg, on_step=crash)
+    assert (tmp_path / "out" / "best" / "modules.json").is_file()  # usable mid-run
+    _, result = fit(setting, tmp_path / "out", cfg)  # no resume: starts over, no refusal
+    assert result.steps == 8 and not (tmp_path / "out" / "best").exists()
+    with pytest.raises(FileNotFoundError, match="--eval-split"):
+        fit(setting, None, config(eval_every=1, eval_split="test"))

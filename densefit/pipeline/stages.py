@@ -402,7 +402,7 @@ class Pipeline:
         return report.to_dict()
 
     def _train(self, fp: str) -> dict:
-        from densefit.data.readers import load_training_examples
+        from densefit.data.readers import read_training_data
         from densefit.models import load_model
         from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
         from densefit.training.evaluation import eval_data_for
@@ -432,7 +432,9 @@ class Pipeline:
             source, split = self.out / "mined.jsonl", c.train_split
         else:
             source, split = Path(c.train_data or c.data), c.train_split
-        examples = load_training_examples(source, on_bad_row=c.on_bad_row, split=split)
+        examples, data_report = read_training_data(source, on_bad_row=c.on_bad_row, split=split)
+        if data_report.n_skipped:
+            warnings.warn(data_report.summary(), UserWarning, stacklevel=2)
         model = load_model(c.model, max_seq_length=config.max_seq_length)
         self.console.print(f"training on {len(examples)} rows from {source}")
         result = train(
@@ -443,6 +445,7 @@ class Pipeline:
             resume=resume,
             on_step=lambda record: on_train_step(record),
             eval_data=eval_data_for(config, None, c.data),
+            data_report=data_report,
         )
         if c.delete_checkpoints and (model_dir / "checkpoints").exists():
             shutil.rmtree(model_dir / "checkpoints")

@@ -70,7 +70,8 @@ def eval_data_for(
         return Path(train_data)
     raise ValueError(
         "--eval-every, --keep-best and --early-stopping-patience evaluate on a BEIR folder "
-        f"(corpus, queries, qrels/{config.eval_split}.tsv): pass --eval-data DIR"
+        f"(corpus, queries, qrels/{config.eval_split}.tsv): pass --eval-data DIR "
+        "(eval_data= in Python)"
         + (f" ({train_data} is not a BEIR folder)" if train_data is not None else "")
     )
 
@@ -111,7 +112,13 @@ class Evaluator:
         self.metric = config.eval_metric
         self.metrics = tuple(dict.fromkeys((config.eval_metric, *DEFAULT_METRICS)))
         self.source = "<BeirDataset>" if isinstance(data, BeirDataset) else str(data)
-        beir = data if isinstance(data, BeirDataset) else load_beir(data, config.eval_split)
+        try:
+            beir = data if isinstance(data, BeirDataset) else load_beir(data, config.eval_split)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(
+                f"{exc} (evaluation during training: choose the split with --eval-split, "
+                "the folder with --eval-data)"
+            ) from None
         distractors = None
         if config.eval_max_docs is not None:
             judged = {d for docs in beir.qrels.values() for d in docs}

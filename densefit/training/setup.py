@@ -38,7 +38,7 @@ from densefit.training.checkpoint import (
     truncate_log,
 )
 from densefit.training.distributed import DistributedRun, broadcast_parameters
-from densefit.training.evaluation import Evaluator, make_evaluator
+from densefit.training.evaluation import BEST, Evaluator, make_evaluator
 from densefit.training.guards import NonFiniteGuard
 from densefit.training.telemetry import rotate_log
 
@@ -180,10 +180,10 @@ def check_output_dir(
 
 
 def _run_file(name: str) -> bool:
-    """A file an interrupted densefit run leaves: its log (or an older, renamed one) and
-    its checkpoints."""
+    """A file an interrupted densefit run leaves: its log (or an older, renamed one), its
+    checkpoints and its best model so far (keep_best)."""
     stem, _, suffix = LOG_NAME.partition(".")
-    return name in (LOG_NAME, CHECKPOINTS) or (
+    return name in (LOG_NAME, CHECKPOINTS, BEST) or (
         name.startswith(stem + ".")
         and name.endswith("." + suffix)
         and name[len(stem) + 1 : -len(suffix) - 1].isdigit()
