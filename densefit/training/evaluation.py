@@ -29,12 +29,12 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig
+from densefit.data.corpus import BeirDataset
 from densefit.evaluate import DEFAULT_METRICS, evaluate_beir, subsample_corpus
 
 __all__ = ["BEST", "Evaluator", "eval_data_for", "evaluation_asked", "make_evaluator"]
@@ -78,7 +78,7 @@ def eval_data_for(
 
 def make_evaluator(
     config: TrainConfig,
-    eval_data: Any = None,
+    eval_data: str | os.PathLike | BeirDataset | None = None,
     *,
     output_dir: str | os.PathLike | None = None,
 ) -> Evaluator | None:
@@ -104,9 +104,13 @@ class Evaluator:
     """
 
     def __init__(
-        self, data: Any, config: TrainConfig, *, output_dir: str | os.PathLike | None = None
+        self,
+        data: str | os.PathLike | BeirDataset,
+        config: TrainConfig,
+        *,
+        output_dir: str | os.PathLike | None = None,
     ):
-        from densefit.data.corpus import BeirDataset, load_beir
+        from densefit.data.corpus import load_beir
 
         self.config = config
         self.metric = config.eval_metric

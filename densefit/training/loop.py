@@ -22,6 +22,7 @@ from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig
 from densefit.data.batching import planned_batches, step_groups  # noqa: F401 (cli imports it)
+from densefit.data.corpus import BeirDataset
 from densefit.data.types import ReadReport, TrainingExample
 from densefit.memory.plan import MemoryPlan
 from densefit.models import model_name_of
@@ -61,7 +62,7 @@ def train(
     on_step: Callable[[dict], None] | None = None,
     resume: bool | str | os.PathLike = False,
     overwrite: bool = False,
-    eval_data=None,
+    eval_data: str | os.PathLike | BeirDataset | None = None,
     data_report: ReadReport | None = None,
 ) -> TrainResult:
     """Fine-tune ``model`` on ``examples`` in place; save to ``output_dir`` when given.

@@ -24,6 +24,7 @@ from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig
 from densefit.data.batching import total_steps
+from densefit.data.corpus import BeirDataset
 from densefit.data.types import TrainingExample
 from densefit.memory.allocator import allocator_in_use, release_freed_memory_promptly
 from densefit.memory.plan import MemoryPlan
@@ -271,7 +272,7 @@ def setup_run(
     resume: bool | str | os.PathLike = False,
     overwrite: bool = False,
     batches: Sequence[Sequence[int]] | None = None,
-    eval_data=None,
+    eval_data: str | os.PathLike | BeirDataset | None = None,
 ) -> TrainRun:
     """Check, plan and build everything a run needs; restore the checkpoint when resuming.
 
