@@ -29,6 +29,7 @@ __all__ = [
     "TrainConfig",
     "check_device",
     "check_memory_budget",
+    "check_metric",
     "config_options",
     "option_of",
     "options_markdown",
@@ -137,6 +138,19 @@ def _gather_modes() -> tuple[str, ...]:
     from densefit.training.distributed import GATHER_MODES
 
     return GATHER_MODES
+
+
+def check_metric(value: str) -> str:
+    """``value`` as a metric name of :mod:`densefit.evaluate` (``ndcg@10``), lower-cased;
+    raises ``ValueError`` naming the supported ones.
+
+    >>> check_metric("nDCG@10")
+    'ndcg@10'
+    """
+    from densefit.evaluate import parse_metric
+
+    kind, k = parse_metric(str(value))
+    return f"{kind}@{k}"
 
 
 def check_memory_budget(value: str | int | float | None) -> None:
@@ -351,6 +365,40 @@ class TrainConfig:
         "both = anchors too, each device computes the whole loss; none = each device's rows only.",
         choices=_gather_modes,
         plan=False,
+    )
+
+    # evaluation during training
+    eval_every: int | None = option(
+        None,
+        "Evaluate on --eval-data every N steps (also at step 0 and at each epoch end); "
+        "default: at step 0 and epoch ends, when evaluation is on.",
+        ge=1,
+        plan=False,
+    )
+    eval_split: str = option(
+        "dev", "qrels split of --eval-data evaluated during training.", plan=False
+    )
+    eval_metric: str = option(
+        "ndcg@10",
+        "Metric that picks the best step (ndcg@K, mrr@K, recall@K, map@K, precision@K).",
+        check=check_metric,
+        plan=False,
+    )
+    eval_max_docs: int | None = option(
+        None,
+        "Search every judged document plus random others (seeded by --seed), N documents "
+        "in all, so an evaluation takes seconds; default: the whole corpus.",
+        ge=1,
+        plan=False,
+    )
+    keep_best: bool = option(
+        False,
+        "Save the evaluated step with the best --eval-metric as the model, not the last step.",
+        flag="--keep-best",
+        plan=False,
+    )
+    early_stopping_patience: int | None = option(
+        None, "Stop after N evaluations in a row without a better --eval-metric.", ge=1, plan=False
     )
 
     def __post_init__(self) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "load_queries_and_qrels",
     "retrieve_run",
     "skipped_caption",
+    "subsample_corpus",
 ]
 
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100")
@@ -312,6 +313,43 @@ def evaluate_beir(
     if store_dir is None:
         result.info["store"] = None
     return result
+
+
+def subsample_corpus(beir, distractors: int | None, seed: int) -> tuple:
+    """``beir`` with its corpus cut to every judged document + ``distractors`` random others.
+
+    The sample is seeded (``random.Random(seed)`` over the sorted unjudged ids), so two
+    evaluations search the same documents. ``distractors=None`` keeps the whole corpus.
+    Returns ``(dataset, info)``; ``info`` says what was searched (for reports and cards).
+
+    >>> from densefit.data.corpus import BeirDataset
+    >>> from densefit.data.types import Document, ReadReport
+    >>> docs = {i: Document(i, i) for i in ("a", "b", "c", "d")}
+    >>> beir = BeirDataset(docs, {"q": "x"}, {"q": {"a": 1}}, [], ReadReport(""))
+    >>> small, info = subsample_corpus(beir, 1, seed=0)
+    >>> len(small.corpus), info["kind"], info["judged_documents"]
+    (2, 'subsample', 1)
+    """
+    import random
+
+    from densefit.data.corpus import BeirDataset
+
+    total = len(beir.corpus)
+    if distractors is None:
+        return beir, {"kind": "full", "documents": total, "corpus_documents": total}
+    judged = {d for docs in beir.qrels.values() for d in docs}
+    others = sorted(set(beir.corpus) - judged)
+    picked = set(random.Random(seed).sample(others, min(distractors, len(others))))
+    corpus = {k: v for k, v in beir.corpus.items() if k in judged or k in picked}
+    dataset = BeirDataset(corpus, beir.queries, beir.qrels, beir.judgments, beir.report)
+    return dataset, {
+        "kind": "subsample",
+        "documents": len(corpus),
+        "corpus_documents": total,
+        "judged_documents": len(judged),
+        "distractors": len(picked),
+        "sample_seed": seed,
+    }
 
 
 def paired_randomization_test(

@@ -65,9 +65,19 @@ def _start_processes(config, nproc: int | None) -> tuple[int, bool]:  # noqa: AN
 
 
 def _examples(data: Path, on_bad_row: OnBadRow, split: str) -> list:
-    from densefit.data.readers import load_training_examples
+    return _read(data, on_bad_row, split)[0]
 
-    return load_training_examples(data, on_bad_row=on_bad_row.value, split=split)
+
+def _read(data: Path, on_bad_row: OnBadRow, split: str) -> tuple:
+    """The examples and the reader's report (skipped rows, for the model card)."""
+    import warnings
+
+    from densefit.data.readers import read_training_data
+
+    examples, report = read_training_data(data, on_bad_row=on_bad_row.value, split=split)
+    if report.n_skipped:
+        warnings.warn(report.summary(), UserWarning, stacklevel=2)
+    return examples, report
 
 
 def _interrupted(output: Path) -> typer.Exit:
@@ -99,7 +109,20 @@ def _summary(result, output: Path) -> str:  # noqa: ANN001 - a TrainResult
         + (f", {plan.get('keep_graphs')} kept graph(s)" if cache else "")
         + (f", {plan['cpu_allocator']} malloc" if plan.get("cpu_allocator") else "")
         + f"); model saved to {output}, log {result.log_path}"
+        + _eval_summary(result.evaluation)
     )
+
+
+def _eval_summary(ev: dict | None) -> str:
+    """The best evaluation and, with --keep-best, that the model is that step's."""
+    if not ev or ev.get("best_step") is None:
+        return ""
+    out = f"; best {ev['metric']} {ev['best']:.4f} at step {ev['best_step']}"
+    if ev.get("kept_best"):
+        out += " (the saved model is that step's: --keep-best)"
+    if ev.get("stopped_early"):
+        out += f"; stopped early after step {ev['final_step']}"
+    return out
 
 
 @train_options(lambda name, opt: opt.cli)
@@ -123,6 +146,12 @@ def train(
         None, help="Continue from this checkpoint folder (OUTPUT/checkpoints/step-...)."
     ),
     split: str = typer.Option("train", help="qrels split to read from a BEIR folder."),
+    eval_data: Path | None = typer.Option(
+        None,
+        help="BEIR folder to evaluate on during training (split --eval-split); default: DATA "
+        "when it is a BEIR folder and --eval-every, --keep-best or --early-stopping-patience "
+        "is given.",
+    ),
     on_bad_row: OnBadRow = typer.Option(
         OnBadRow.error, help="error: stop at a bad row; skip: skip and report."
     ),
@@ -145,13 +174,15 @@ def train(
     from densefit.config import TrainConfig
     from densefit.models import load_model
     from densefit.training import distributed
+    from densefit.training.evaluation import eval_data_for
     from densefit.training.loop import train as run_train
     from densefit.training.setup import check_output_dir
 
     config = TrainConfig(**(options or {}), show_progress=progress)
     check_output_dir(output, config, resume=bool(resume or resume_from), overwrite=overwrite)
+    evaluate_on = eval_data_for(config, eval_data, data)
     world, main = _start_processes(config, nproc)
-    examples = _examples(data, on_bad_row, split)
+    examples, report = _read(data, on_bad_row, split)
     st_model = load_model(model, max_seq_length=config.max_seq_length)
     if config.device:
         st_model.to(config.device)
@@ -167,7 +198,7 @@ def train(
     try:
         result = run_train(
             st_model, examples, config, output_dir=output, resume=resume_from or resume,
-            overwrite=overwrite,
+            overwrite=overwrite, eval_data=evaluate_on, data_report=report,
         )
     except KeyboardInterrupt:
         if main:

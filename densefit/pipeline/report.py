@@ -4,7 +4,9 @@ Plots (matplotlib, Agg backend) go to ``OUTPUT/plots/``:
 
 - ``training.png``  training loss and in-batch accuracy against the step;
 - ``resources.png`` peak RSS (and CUDA peak, on CUDA) and examples/s against the step;
-- ``metrics.png``   base vs trained for every metric.
+- ``metrics.png``   base vs trained for every metric;
+- ``eval.png``      with evaluation during training (``train.eval_every`` ...): the metrics
+  on ``train.eval_split`` against the step, from step 0 (the base model), best step marked.
 
 The report reads plain data: the output folder, the run config and the stage markers
 (``OUTPUT/stages/<name>.json`` as dicts). It imports nothing from :mod:`densefit.pipeline.stages`;
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from densefit.pipeline.config import RunConfig
 
-__all__ = ["describe_eval", "load_eval_results", "read_train_log", "write_report"]
+__all__ = ["describe_eval", "load_eval_results", "read_eval_log", "read_train_log", "write_report"]
 
 
 def describe_eval(info: dict, n_queries: int) -> str:
@@ -61,18 +63,30 @@ def load_eval_results(output: str | os.PathLike) -> list:
     return out
 
 
-def read_train_log(path: str | os.PathLike) -> list[dict]:
-    """The step records of a ``train_log.jsonl`` (a torn last line is ignored)."""
+def _log_records(path: str | os.PathLike) -> list[dict]:
     records = []
     path = Path(path)
     if not path.is_file():
         return records
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(record, dict):
+            records.append(record)
     return records
+
+
+def read_train_log(path: str | os.PathLike) -> list[dict]:
+    """The step records of a ``train_log.jsonl`` (a torn last line is ignored)."""
+    return [r for r in _log_records(path) if "eval" not in r]
+
+
+def read_eval_log(path: str | os.PathLike) -> list[dict]:
+    """The evaluation records of a ``train_log.jsonl``: ``{"step", "eval": {metric: value},
+    "best_step", ...}`` (see :mod:`densefit.training.evaluation`)."""
+    return [r for r in _log_records(path) if isinstance(r.get("eval"), dict)]
 
 
 def _mean(values) -> float | None:
@@ -266,6 +280,52 @@ def _plots(out: Path, log: list[dict], metrics: dict, names: tuple[str, str], ca
     }
 
 
+def _eval_plot(out: Path, evals: list[dict], metric: str | None) -> str | None:
+    """plots/eval.png: each metric against the step; the best step of ``metric`` marked."""
+    if not evals:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    steps = [r["step"] for r in evals]
+    for name in evals[0]["eval"]:
+        ax.plot(steps, [r["eval"].get(name) for r in evals], marker=".", label=name,
+                linewidth=2.2 if name == metric else 1.0)  # fmt: skip
+    best = _best(evals, metric)
+    if best is not None:
+        ax.axvline(best["step"], color="gray", linestyle="--", linewidth=0.8)
+        ax.annotate(f"best {metric} (step {best['step']})", (best["step"], 0.02), fontsize=8)
+    ax.set(title="evaluation during training", xlabel="step", ylabel="score", ylim=(0, 1.02))
+    ax.legend(fontsize=7, loc="lower right")
+    _save_step_plots(fig, (ax,), out / "plots" / "eval.png")
+    return "plots/eval.png"
+
+
+def _best(evals: list[dict], metric: str | None) -> dict | None:
+    """The evaluation the run picked as best (its last record's ``best_step``)."""
+    step = evals[-1].get("best_step") if evals else None
+    return next((r for r in evals if r["step"] == step), None) if metric else None
+
+
+def _during_training(evals: list[dict], metric: str, kept: bool) -> dict | None:
+    """report.json's summary of the evaluations during training: base, best, final."""
+    if not evals:
+        return None
+    best = _best(evals, metric)
+    return {
+        "metric": metric,
+        "evaluations": len(evals),
+        "base": evals[0] if evals[0]["step"] == 0 else None,
+        "best": best,
+        "final": evals[-1],
+        "kept_best": kept,
+        "stopped_early": bool(evals[-1].get("stop")),
+    }
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -291,6 +351,8 @@ def write_report(
     evals = dict(zip(("base", "trained"), load_eval_results(out)))
     metrics = _metrics(compare_results(evals["base"], evals["trained"]))
     log = read_train_log(out / "model" / "train_log.jsonl")
+    evals_during = read_eval_log(out / "model" / "train_log.jsonl")
+    train_config = config.train_config()
     train_result = markers["train"]["result"]
     stage_rows = _stage_rows(markers, ran, stages)
     evaluated = describe_eval(evals["base"].info, evals["base"].n_queries)
@@ -306,9 +368,15 @@ def write_report(
         "evaluated_on": evaluated,
         "eval": {name: r.to_dict() for name, r in evals.items()},
         "metrics": metrics,
+        "eval_during_training": _during_training(
+            evals_during, train_config.eval_metric, train_config.keep_best
+        ),
         "environment": _environment(),
     }
     report["plots"] = _plots(out, log, metrics, ("base", "trained"), evaluated)
+    eval_plot = _eval_plot(out, evals_during, train_config.eval_metric)
+    if eval_plot:
+        report["plots"]["eval"] = eval_plot
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
     (out / "report.md").write_text(
         _markdown(report, yaml.safe_dump(report["config"], sort_keys=False))
@@ -367,6 +435,7 @@ def _markdown(r: dict, config_yaml: str) -> str:
         _md_summary(r),
         _md_results(r),
         _md_training(r),
+        _md_during_training(r.get("eval_during_training")),
         _md_memory_plan(r["memory_plan"]),
         _md_stages(r),
         _md_data(r["data"]),
@@ -452,6 +521,31 @@ def _md_training(r: dict) -> list[str]:
         "",
         "![memory and throughput](plots/resources.png)",
     ]
+
+
+def _md_during_training(d: dict | None) -> list[str]:
+    """Evaluation during training: base, best and final step, and the curve."""
+    if not d:
+        return []
+    columns = [("base (step 0)", d["base"]), (f"best (step {d['best']['step']})", d["best"])]
+    columns = [c for c in columns if c[1] is not None]
+    columns.append((f"final (step {d['final']['step']})", d["final"]))
+    lines = [
+        "## Evaluation during training",
+        "",
+        f"{d['evaluations']} evaluations on `train.eval_split`; the best step is picked by "
+        f"{d['metric']}"
+        + (", and the saved model is that step's (`keep_best`)" if d["kept_best"] else "")
+        + ("; training stopped early (patience)" if d["stopped_early"] else "")
+        + ".",
+        "",
+        "| metric | " + " | ".join(name for name, _ in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for metric in d["final"]["eval"]:
+        values = " | ".join(_fmt(rec["eval"].get(metric)) for _, rec in columns)
+        lines.append(f"| {metric} | {values} |")
+    return lines + ["", "![evaluation during training](plots/eval.png)"]
 
 
 def _md_memory_plan(p: dict) -> list[str]:

@@ -21,7 +21,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import random
 import shutil
 import time
 import warnings
@@ -328,6 +327,13 @@ class Pipeline:
             "train": train_options,
             "on_bad_row": c.on_bad_row,
         }
+        from densefit.training.evaluation import evaluation_asked
+
+        if evaluation_asked(c.train_config()):  # keep_best and patience read the eval split
+            split = c.train_config().eval_split
+            inputs["eval_data"] = self._digest(
+                f"beir:{c.data}:{split}", lambda: beir_digest(c.data, split)
+            )
         train_fp = fingerprint(inputs)
         outputs = ["model/modules.json", "model/train_log.jsonl"]
         self._stage(2, "train", train_fp, inputs, lambda: self._train(train_fp), outputs)
@@ -396,9 +402,10 @@ class Pipeline:
         return report.to_dict()
 
     def _train(self, fp: str) -> dict:
-        from densefit.data.readers import load_training_examples
+        from densefit.data.readers import read_training_data
         from densefit.models import load_model
         from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
+        from densefit.training.evaluation import eval_data_for
         from densefit.training.loop import train
 
         c = self.config
@@ -425,7 +432,9 @@ class Pipeline:
             source, split = self.out / "mined.jsonl", c.train_split
         else:
             source, split = Path(c.train_data or c.data), c.train_split
-        examples = load_training_examples(source, on_bad_row=c.on_bad_row, split=split)
+        examples, data_report = read_training_data(source, on_bad_row=c.on_bad_row, split=split)
+        if data_report.n_skipped:
+            warnings.warn(data_report.summary(), UserWarning, stacklevel=2)
         model = load_model(c.model, max_seq_length=config.max_seq_length)
         self.console.print(f"training on {len(examples)} rows from {source}")
         result = train(
@@ -435,6 +444,8 @@ class Pipeline:
             output_dir=model_dir,
             resume=resume,
             on_step=lambda record: on_train_step(record),
+            eval_data=eval_data_for(config, None, c.data),
+            data_report=data_report,
         )
         if c.delete_checkpoints and (model_dir / "checkpoints").exists():
             shutil.rmtree(model_dir / "checkpoints")
@@ -455,6 +466,7 @@ class Pipeline:
             "skipped_nonfinite": result.skipped_nonfinite,
             "resumed_from_step": resumed_from,
             "config": config.to_dict(),
+            "evaluation": result.evaluation,
         }
 
     def _eval_base(self, fp: str) -> dict:
@@ -475,30 +487,12 @@ class Pipeline:
         """The eval split, its corpus cut to the seeded subsample when ``distractors`` is set."""
         if self._beir is not None:
             return self._beir
-        from densefit.data.corpus import BeirDataset, load_beir
+        from densefit.data.corpus import load_beir
+        from densefit.evaluate import subsample_corpus
 
         c = self.config
         beir = load_beir(c.data, c.eval.split, on_bad_row=c.on_bad_row)
-        total = len(beir.corpus)
-        corpus_info: dict = {"kind": "full", "documents": total, "corpus_documents": total}
-        if c.eval.distractors is not None:
-            judged = {d for docs in beir.qrels.values() for d in docs}
-            others = sorted(set(beir.corpus) - judged)
-            picked = set(
-                random.Random(c.eval.sample_seed).sample(
-                    others, min(c.eval.distractors, len(others))
-                )
-            )
-            corpus = {k: v for k, v in beir.corpus.items() if k in judged or k in picked}
-            beir = BeirDataset(corpus, beir.queries, beir.qrels, beir.judgments, beir.report)
-            corpus_info = {
-                "kind": "subsample",
-                "documents": len(corpus),
-                "corpus_documents": total,
-                "judged_documents": len(judged),
-                "distractors": len(picked),
-                "sample_seed": c.eval.sample_seed,
-            }
+        beir, corpus_info = subsample_corpus(beir, c.eval.distractors, c.eval.sample_seed)
         self._beir = (beir, corpus_info)
         return self._beir
 

@@ -5,7 +5,8 @@ One checkpoint is one folder::
     OUTPUT/checkpoints/step-000123/
         model.pt       model.state_dict()
         trainer.pt     optimizer, scheduler, GradScaler, RNG states (Python, NumPy, torch CPU/CUDA)
-        state.json     data position (epoch, next batch), counters, memory plan, config
+        state.json     data position (epoch, next batch), counters, memory plan, config, and
+                       the evaluator's history, best step and patience count
         manifest.json  size and sha256 of each file above; written last
 
 A checkpoint is written into ``.tmp-step-000123-<pid>/``; every file and the folder are
@@ -225,8 +226,9 @@ class Checkpoint:
                 stacklevel=3,
             )
 
-    def restore(self, model, optimizer, scheduler, scaler, guard) -> None:
-        """Load weights, optimizer, scheduler, scaler, counters and, last, the RNG states."""
+    def restore(self, model, optimizer, scheduler, scaler, guard, evaluator=None) -> None:
+        """Load weights, optimizer, scheduler, scaler, counters, the evaluator's best and
+        patience and, last, the RNG states."""
         weights = torch.load(self.path / "model.pt", map_location="cpu", weights_only=True)
         try:
             model.load_state_dict(weights)
@@ -241,6 +243,8 @@ class Checkpoint:
         if scaler is not None and trainer.get("scaler"):
             scaler.load_state_dict(trainer["scaler"])
         guard.load_state_dict(self.state["guard"])
+        if evaluator is not None and self.state.get("evaluator"):
+            evaluator.load_state_dict(self.state["evaluator"])
         set_rng_state(trainer["rng"])
 
 
@@ -405,6 +409,7 @@ class Checkpointer:
         scheduler,
         scaler,
         guard,
+        evaluator=None,
         resumed: Checkpoint | None = None,
     ):
         self.output_dir = Path(output_dir)
@@ -417,6 +422,7 @@ class Checkpointer:
             scheduler=scheduler,
             scaler=scaler,
             guard=guard,
+            evaluator=evaluator,
         )
         self.data = data_fingerprint(examples)
         if self.root.is_symlink() or (
@@ -458,6 +464,7 @@ class Checkpointer:
             "losses": losses, "sequence": self.sequence, "guard": p["guard"].state_dict(),
             "memory_plan": plan.to_dict(), "config": self.config.to_dict(), "data": self.data,
             "torch_version": torch.__version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "evaluator": p["evaluator"].state_dict() if p["evaluator"] is not None else None,
         }  # fmt: skip
         trainer = {
             "optimizer": p["optimizer"].state_dict(),

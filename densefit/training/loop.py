@@ -22,13 +22,16 @@ from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig
 from densefit.data.batching import planned_batches, step_groups  # noqa: F401 (cli imports it)
-from densefit.data.types import TrainingExample
+from densefit.data.corpus import BeirDataset
+from densefit.data.types import ReadReport, TrainingExample
 from densefit.memory.plan import MemoryPlan
+from densefit.models import model_name_of
+from densefit.training.model_card import write_model_card
 from densefit.training.setup import TrainRun, setup_run
 from densefit.training.step import train_step
 from densefit.training.telemetry import StepLog, peak_rss_bytes
 
-__all__ = ["train", "TrainResult", "save_model", "peak_rss_bytes"]
+__all__ = ["train", "TrainResult", "describe_data", "save_model", "peak_rss_bytes"]
 
 
 @dataclass
@@ -44,6 +47,9 @@ class TrainResult:
     seconds: float = 0.0
     skipped_nonfinite: int = 0  # optimizer steps skipped for a non-finite loss or gradient
     memory_plan: MemoryPlan | None = None  # the plan the last step ran with
+    base_model: str | None = None  # the name of the model the run started from
+    data: dict = field(default_factory=dict)  # files and rows trained on (model card)
+    evaluation: dict | None = None  # evaluation during training: Evaluator.summary()
 
 
 def train(
@@ -56,6 +62,8 @@ def train(
     on_step: Callable[[dict], None] | None = None,
     resume: bool | str | os.PathLike = False,
     overwrite: bool = False,
+    eval_data: str | os.PathLike | BeirDataset | None = None,
+    data_report: ReadReport | None = None,
 ) -> TrainResult:
     """Fine-tune ``model`` on ``examples`` in place; save to ``output_dir`` when given.
 
@@ -70,6 +78,10 @@ def train(
     Inside an initialised process group of several ranks (torchrun), ``config.batch_size``
     is the global batch, each rank trains on its share with cross-device negatives, and
     only rank 0 logs, checkpoints and saves (see :mod:`densefit.training.distributed`).
+    ``eval_data`` (a BEIR folder or dataset) evaluates the model during training, as the
+    ``eval_*`` options, ``keep_best`` and ``early_stopping_patience`` say (see
+    :mod:`densefit.training.evaluation`). ``data_report`` (what the reader skipped) goes
+    into the model card.
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data import TrainingExample
@@ -87,8 +99,10 @@ def train(
         log_path=log_path,
         resume=resume,
         overwrite=overwrite,
+        eval_data=eval_data,
     )
     config = run.config
+    base_model = model_name_of(model)
     log = StepLog(
         run.log_path if run.is_main else None,
         total=run.total_steps,
@@ -100,8 +114,9 @@ def train(
     started = time.perf_counter()
     record, origins = {}, []
     with log:
+        _evaluate(run, log, epoch_end=False, last=False)  # the base model, at step 0
         for group in step_groups(examples, config, epoch=run.epoch, batch=run.batch):
-            if run.step >= run.total_steps:
+            if run.step >= run.total_steps or _stopped(run):
                 break
             record = train_step(run, group.micro_batches)
             run.step, run.seen = run.step + 1, run.seen + len(group.rows)
@@ -113,13 +128,17 @@ def train(
             run.guard.check(
                 run.step, record, origins, learning_rate=config.learning_rate, amp=config.amp
             )
-            _checkpoint(run, epoch_end=group.epoch_end)
+            last = run.step >= run.total_steps
+            _evaluate(run, log, epoch_end=group.epoch_end, last=last)
+            _checkpoint(run, epoch_end=group.epoch_end, last=last or _stopped(run))
             if on_step is not None and run.is_main:
                 on_step(record)
     run.guard.check_end(
         run.step, record, origins, learning_rate=config.learning_rate, amp=config.amp
     )
     model.eval()
+    if run.evaluator is not None and config.keep_best:
+        run.evaluator.restore_best(model)  # the output is the best evaluated step's model
     result = TrainResult(
         steps=run.step,
         examples=run.seen,
@@ -130,6 +149,9 @@ def train(
         seconds=time.perf_counter() - started,
         skipped_nonfinite=run.guard.total,
         memory_plan=run.plan,
+        base_model=base_model,
+        data=describe_data(examples, data_report),
+        evaluation=run.evaluator.summary() if run.evaluator is not None else None,
     )
     if output_dir is not None and run.is_main:
         save_model(model, output_dir, config, result)
@@ -138,10 +160,21 @@ def train(
     return result
 
 
-def _checkpoint(run: TrainRun, *, epoch_end: bool) -> None:
+def _evaluate(run: TrainRun, log: StepLog, *, epoch_end: bool, last: bool) -> None:
+    """Evaluate when due (step 0, every ``eval_every`` steps, epoch ends, the last step)."""
+    evaluator = run.evaluator
+    if evaluator is not None and evaluator.due(run.step, epoch_end=epoch_end, last=last):
+        log.event(evaluator.run(run.model, run.step), evaluator.postfix())
+
+
+def _stopped(run: TrainRun) -> bool:
+    """Early stopping decided to end the run."""
+    return run.evaluator is not None and run.evaluator.stopped
+
+
+def _checkpoint(run: TrainRun, *, epoch_end: bool, last: bool) -> None:
     """Write a checkpoint when one is due: every ``checkpoint_every`` steps, at each epoch
     end and after the last step."""
-    last = run.step >= run.total_steps
     if run.checkpoints is not None and run.checkpoints.due(
         run.step, epoch_end=epoch_end, last=last
     ):
@@ -155,13 +188,30 @@ def _checkpoint(run: TrainRun, *, epoch_end: bool) -> None:
         )
 
 
+def describe_data(examples: Sequence[TrainingExample], report: ReadReport | None = None) -> dict:
+    """The files the examples came from (their ``origin``), the rows, the skipped rows.
+
+    >>> describe_data([TrainingExample("q", "d", origin="a.jsonl:1")])
+    {'files': ['a.jsonl'], 'rows': 1, 'skipped_rows': None}
+    """
+    files = {ex.origin.rpartition(":")[0] or ex.origin for ex in examples if ex.origin}
+    if report is not None and report.path:
+        files = {report.path}
+    return {
+        "files": sorted(files),
+        "rows": len(examples),
+        "skipped_rows": report.n_skipped if report is not None else None,
+    }
+
+
 def save_model(
     model: SentenceTransformer,
     output_dir: str | os.PathLike,
     config: TrainConfig,
     result: TrainResult | None = None,
 ) -> Path:
-    """Save in sentence-transformers format, with ``densefit_config.json`` beside it."""
+    """Save in sentence-transformers format, with ``densefit_config.json`` and a model card
+    (``README.md``, :mod:`densefit.training.model_card`) beside it."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save(str(out), safe_serialization=True)
@@ -176,5 +226,8 @@ def save_model(
             memory_plan=result.plan,
             seconds=round(result.seconds, 2),
         )
+        if result.evaluation is not None:
+            extra["evaluation"] = result.evaluation
     config.save(out / "densefit_config.json", **extra)
+    write_model_card(out, model, config, result)
     return out

@@ -24,6 +24,7 @@ from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig
 from densefit.data.batching import total_steps
+from densefit.data.corpus import BeirDataset
 from densefit.data.types import TrainingExample
 from densefit.memory.allocator import allocator_in_use, release_freed_memory_promptly
 from densefit.memory.dropout import enable_invariant_dropout
@@ -39,6 +40,7 @@ from densefit.training.checkpoint import (
     truncate_log,
 )
 from densefit.training.distributed import DistributedRun, broadcast_parameters
+from densefit.training.evaluation import BEST, Evaluator, make_evaluator
 from densefit.training.guards import NonFiniteGuard
 from densefit.training.telemetry import rotate_log
 
@@ -79,6 +81,7 @@ class TrainRun:
     log_path: Path | None = None
     checkpoints: Checkpointer | None = None
     resumed: Checkpoint | None = None
+    evaluator: Evaluator | None = None  # evaluation during training; None: off
     step: int = 0  # optimizer steps done
     seen: int = 0  # rows trained on
     epoch: int = 0  # the data position of the next step: epoch and micro-batch
@@ -179,10 +182,10 @@ def check_output_dir(
 
 
 def _run_file(name: str) -> bool:
-    """A file an interrupted densefit run leaves: its log (or an older, renamed one) and
-    its checkpoints."""
+    """A file an interrupted densefit run leaves: its log (or an older, renamed one), its
+    checkpoints and its best model so far (keep_best)."""
     stem, _, suffix = LOG_NAME.partition(".")
-    return name in (LOG_NAME, CHECKPOINTS) or (
+    return name in (LOG_NAME, CHECKPOINTS, BEST) or (
         name.startswith(stem + ".")
         and name.endswith("." + suffix)
         and name[len(stem) + 1 : -len(suffix) - 1].isdigit()
@@ -270,12 +273,15 @@ def setup_run(
     resume: bool | str | os.PathLike = False,
     overwrite: bool = False,
     batches: Sequence[Sequence[int]] | None = None,
+    eval_data: str | os.PathLike | BeirDataset | None = None,
 ) -> TrainRun:
     """Check, plan and build everything a run needs; restore the checkpoint when resuming.
 
     ``batches`` (row indices of every forward-backward) are what ``memory="auto"`` plans
     for; by default the run's own. Inside a process group of several ranks the plan is
-    rank 0's and the starting weights are broadcast. See :func:`densefit.training.train`.
+    rank 0's and the starting weights are broadcast. ``eval_data`` (a BEIR folder or
+    dataset) turns on evaluation during training (:mod:`densefit.training.evaluation`).
+    See :func:`densefit.training.train`.
 
     >>> from densefit.testing import tiny_model
     >>> rows = [TrainingExample("what is a cell", "the cell is a unit")]
@@ -288,8 +294,14 @@ def setup_run(
     check_output_dir(output_dir, config, resume=bool(resume), overwrite=overwrite)
     if config.checkpoint_every and output_dir is None:
         raise ValueError("checkpoint_every needs output_dir (checkpoints go to OUTPUT/checkpoints)")
+    evaluator = make_evaluator(config, eval_data, output_dir=output_dir)
     device = _prepare_model(model, config)
     dist = DistributedRun.detect(model, config)
+    if dist is not None and evaluator is not None:
+        raise ValueError(
+            "evaluation during training is not supported in a multi-process run yet: train "
+            "in one process, or evaluate the saved model with densefit eval"
+        )
     if dist is not None and resume:
         raise ValueError(
             "resuming a multi-process run is not supported yet (each rank's RNG state is not "
@@ -321,10 +333,11 @@ def setup_run(
         dist=dist,
         total_steps=total,
         resumed=resumed,
+        evaluator=evaluator,
     )
     run.strategy.prepare(model)
     if resumed is not None:  # weights, optimizer, scheduler, scaler, counters, then RNG states
-        resumed.restore(model, optimizer, run.scheduler, run.scaler, run.guard)
+        resumed.restore(model, optimizer, run.scheduler, run.scaler, run.guard, evaluator)
         state = resumed.state
         run.step, run.seen, run.losses = resumed.step, state["seen"], state["losses"]
         run.epoch, run.batch = state["epoch"], state["batch"]
@@ -349,6 +362,7 @@ def _prepare_output(run: TrainRun, output_dir, log_path, *, resume: bool) -> Non
                 scheduler=run.scheduler,
                 scaler=run.scaler,
                 guard=run.guard,
+                evaluator=run.evaluator,
                 resumed=run.resumed,
             )
     run.log_path = Path(log_path) if log_path else None

@@ -176,6 +176,7 @@ class StepLog:
         progress: bool = True,
     ):
         self.every = every
+        self.shown: dict = {}  # fields kept on the bar (the last evaluation), see event()
         self.file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
         self.bar = None
         if progress:
@@ -197,8 +198,19 @@ class StepLog:
                 ex_s=f"{speed or 0:.1f}",
                 pad=f"{record['padding_efficiency']:.2f}",
                 **health_postfix(record),
+                **self.shown,
             )
             self.bar.update(1)
+
+    def event(self, record: dict, shown: dict | None = None) -> None:
+        """Log a record that is not a step's (an evaluation) whatever ``every`` says; keep
+        ``shown`` on the progress bar from now on."""
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        self.shown = dict(shown or {})
+        if self.bar is not None and self.shown:
+            self.bar.set_postfix(**self.shown)
 
     def close(self) -> None:
         if self.bar is not None:
