@@ -15,7 +15,15 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from densefit.cli.common import OnBadRow, err, fail, warn
+from densefit.cli.common import (
+    DIM_OPTION,
+    DOCUMENT_PROMPT_OPTION,
+    QUERY_PROMPT_OPTION,
+    OnBadRow,
+    err,
+    fail,
+    warn,
+)
 
 __all__ = ["register"]
 
@@ -79,6 +87,9 @@ def index(
     prune: bool = typer.Option(False, help="Delete stored documents that are not in CORPUS."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    query_prompt: str | None = QUERY_PROMPT_OPTION,
+    document_prompt: str | None = DOCUMENT_PROMPT_OPTION,
+    dim: int | None = DIM_OPTION,
 ) -> None:
     """Embed a corpus into a store; re-running resumes and skips unchanged documents.
 
@@ -86,11 +97,13 @@ def index(
     """
     from densefit.data.corpus import iter_corpus
     from densefit.data.types import ReadReport
+    from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.store import open_store
 
     if not corpus.exists():
         raise FileNotFoundError(f"{corpus}: no such file or folder")
     st_model = _load_model(model, max_seq_length)
+    configure_model(st_model, query_prompt=query_prompt, document_prompt=document_prompt, dim=dim)
     document_store = open_store(
         store, st_model, backend=backend, dtype=dtype.value, lock_timeout=lock_timeout
     )
@@ -166,12 +179,17 @@ def search(
     backend: str = typer.Option("exact", help="exact, faiss or faiss:FACTORY."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON: [{query, hits: [...]}]."),
     width: int = typer.Option(160, help="Snippet length in characters."),
+    query_prompt: str | None = QUERY_PROMPT_OPTION,
+    document_prompt: str | None = DOCUMENT_PROMPT_OPTION,
+    dim: int | None = DIM_OPTION,
 ) -> None:
     """Print the best documents for each query: rank, score, id and a snippet.
 
     Example: densefit search --store stores/scifact "vitamin D and bone density" -k 5
     """
+    from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.searching import search_batch
+    from densefit.retrieval.index.settings import search_options
     from densefit.retrieval.index.store import LocalDocumentStore
 
     document_store = LocalDocumentStore(store, backend=backend)
@@ -186,6 +204,8 @@ def search(
                 f"{store} was indexed with {name!r}, which cannot be loaded here "
                 f"({exc.__class__.__name__}: {str(exc)[:200]}): pass --model PATH_TO_THAT_MODEL"
             )
+        recorded = document_store.settings
+        configure_model(st_model, **search_options(recorded, query_prompt, document_prompt, dim))
         results = search_batch(document_store, st_model, queries, top_k=top_k)
     if as_json:
         payload = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from densefit.retrieval.index.base import DocumentStore, SearchHit
+from densefit.retrieval.index.settings import check_search_settings
 
 __all__ = ["search", "search_batch"]
 
@@ -13,7 +14,9 @@ def search(store: DocumentStore, model, query: str, top_k: int = 10) -> list[Sea
     """The ``top_k`` documents of ``store`` best matching ``query``, best first.
 
     Raises :class:`~densefit.retrieval.index.base.ModelMismatchError` when ``model`` did not make the
-    store's embeddings.
+    store's embeddings, and :class:`~densefit.retrieval.index.settings.SettingsMismatchError`
+    when its prompts are not those the store was indexed with. The query gets the model's
+    query prompt, and is cut to the model's ``truncate_dim`` as the documents were.
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data.types import Document
@@ -52,8 +55,13 @@ def search_batch(
     if isinstance(queries, str):
         raise TypeError("search_batch takes a list of queries; use search for one string")
     store.check_model(model)
+    check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
     embeddings = encode_texts(
-        model, list(queries), batch_size=batch_size, show_progress=show_progress
+        model,
+        list(queries),
+        batch_size=batch_size,
+        show_progress=show_progress,
+        prompt_name="query",
     )
     if not len(embeddings):
         return []
