@@ -21,6 +21,7 @@ __all__ = [
     "apply_prompt",
     "model_prompts",
     "prompt_columns",
+    "resolve_prompts",
     "set_prompts",
 ]
 
@@ -65,6 +66,20 @@ def set_prompts(model, *, query: str | None = None, document: str | None = None)
                 if other in prompts:
                     prompts[other] = value
     return model_prompts(model)
+
+
+def resolve_prompts(model, *, query: str | None = None, document: str | None = None) -> dict:
+    """The prompts :func:`set_prompts` would give ``model``, without changing it.
+
+    >>> from densefit.testing import tiny_model
+    >>> resolve_prompts(tiny_model(), query="query: ")
+    {'query': 'query: '}
+    """
+    found = model_prompts(model)
+    for key, value in ((QUERY, query), (DOCUMENT, document)):
+        if value is not None:
+            found[key] = value
+    return {k: v for k, v in found.items() if v}
 
 
 def apply_prompt(texts: Sequence[str], prompt: str | None) -> list[str]:

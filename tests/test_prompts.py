@@ -139,8 +139,8 @@ def test_planner_counts_the_prompt_tokens(tiny):
     from densefit.memory.planner import probe_run
 
     def longest(**prompts):
-        model = configure_model(copy.deepcopy(tiny), **prompts)
-        return probe_run(model, ROWS, TrainConfig(batch_size=4), None, 100, None).longest
+        config = TrainConfig(batch_size=4, **prompts)  # as `densefit plan` gets them
+        return probe_run(copy.deepcopy(tiny), ROWS, config, None, 100, None).longest
 
     plain, prompted = longest(), longest(query_prompt="a long query prompt: ", document_prompt="")
     assert prompted["anchors"] > plain["anchors"]

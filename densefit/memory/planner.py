@@ -41,7 +41,7 @@ from densefit.models import (
     is_checkpointing,
     transformer_of,
 )
-from densefit.prompts import apply_prompt, model_prompts
+from densefit.prompts import apply_prompt, resolve_prompts
 
 __all__ = [
     "matryoshka_sizes",
@@ -188,11 +188,14 @@ class _RowLengths:
 
 
 def _row_lengths(
-    model: SentenceTransformer, examples: Sequence[TrainingExample], limit: int, seed: int
+    model: SentenceTransformer,
+    examples: Sequence[TrainingExample],
+    limit: int,
+    seed: int,
+    prompts: dict[str, str],
 ) -> _RowLengths:
     exact = len(examples) <= limit
     rows = list(examples) if exact else random.Random(seed).sample(list(examples), limit)
-    prompts = model_prompts(model)  # training puts them before the texts: count their tokens
     query, document = prompts.get("query"), prompts.get("document")
     negs = _token_lengths(model, apply_prompt([n for r in rows for n in r.negatives], document))
     per_row, at = [], 0
@@ -425,7 +428,9 @@ def probe_run(
         model.max_seq_length = config.max_seq_length
     if not examples:
         raise ValueError("cannot plan memory: the training data has no rows")
-    lengths = _row_lengths(model, examples, exact_limit, config.seed)
+    # training puts the prompts before the texts: count their tokens too
+    prompts = resolve_prompts(model, query=config.query_prompt, document=config.document_prompt)
+    lengths = _row_lengths(model, examples, exact_limit, config.seed, prompts)
     columns = {c: lengths.column(c) for c in ("anchors", "positives", "negatives")}
     columns = {c: v for c, v in columns.items() if v}
     cap = int(getattr(model, "max_seq_length", 0) or max(max(v) for v in columns.values()))
