@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-from densefit.prompts import apply_prompt, model_prompts
+from densefit.prompts import apply_prompt, model_prompts, set_prompts
 
 __all__ = [
     "configure_model",
@@ -181,8 +181,6 @@ def configure_model(
     >>> model.prompts["query"], embedding_dimension(model)
     ('query: ', 16)
     """
-    from densefit.prompts import set_prompts
-
     set_prompts(model, query=query_prompt, document=document_prompt)
     model.truncate_dim = None
     if dim is not None:
