@@ -168,8 +168,10 @@ def report(command: str) -> None:
             m = r["metrics"][str(dim)]
             rows.append({"model": point, "dim": dim, "ndcg@10": m["ndcg@10"],
                          "recall@100": m["recall@100"]})  # fmt: skip
+    made_by = [latest[p]["command"] for p in POINTS if p in latest]
     summary = {
-        "command": command,
+        "commands": sorted(set(made_by)),  # the runs that made the points (each has its own)
+        "report_command": command,
         "note": (
             "Timings were measured on a shared 2-core machine (other jobs running, see "
             "loadavg_*); the metrics do not depend on it."
@@ -187,11 +189,11 @@ def report(command: str) -> None:
         writer = csv.DictWriter(f, fieldnames=["model", "dim", "ndcg@10", "recall@100"])
         writer.writeheader()
         writer.writerows(rows)
-    _plot(rows)
+    _plot(rows, summary["points"][0] if summary["points"] else {})
     print(json.dumps(summary["ndcg@10"], indent=2))
 
 
-def _plot(rows: list[dict]) -> None:
+def _plot(rows: list[dict], spec: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,8 +207,14 @@ def _plot(rows: list[dict]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(DIMS), [str(d) for d in DIMS])
     ax.set_xlabel("embedding size (first coordinates, re-normalised)")
-    ax.set_ylabel("SciFact test nDCG@10 (corpus subsample)")
-    ax.set_title("all-MiniLM-L6-v2: Matryoshka vs plain MNRL (1 epoch, batch 32)")
+    docs = spec.get("eval_docs")
+    corpus = f"judged + {docs} other docs" if docs else "whole corpus"
+    ax.set_ylabel(f"SciFact test nDCG@10 ({corpus})")
+    ax.set_title(
+        f"all-MiniLM-L6-v2: Matryoshka vs plain MNRL\n({spec.get('epochs')} epoch, batch "
+        f"{spec.get('batch_size')}, {spec.get('max_seq_length')} tokens)",
+        fontsize=10,
+    )
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
