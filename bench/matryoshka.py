@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup python bench/matryoshka.py --points matryoshka &
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nohup python bench/matryoshka.py --points plain,base &
     python bench/matryoshka.py --report-only   # rebuild json/csv/png from matryoshka.jsonl
-    python bench/matryoshka.py --max-seq-length 128 --eval-docs 0   # the full-size run
+    ... the same two with --eval-docs 0 --out matryoshka_full   # the whole test corpus
 
 Fine-tunes all-MiniLM-L6-v2 twice on SciFact's train qrels (919 pairs, one epoch) with the
 same seed, batch, steps and learning rate: once with plain MNRL and once with Matryoshka MNRL
@@ -24,7 +24,8 @@ results/matryoshka.jsonl; a rerun skips finished points. The command, torch thre
 machine's load are recorded beside the numbers: timings were taken on a shared 2-core
 machine (other jobs running), so only the metrics compare across runs.
 
-Writes bench/results/matryoshka.{jsonl,json,csv,png}.
+Writes bench/results/matryoshka.{jsonl,json,csv,png} (judged + 1,000 documents) and
+matryoshka_full.* (the whole corpus, ``--eval-docs 0 --out matryoshka_full``).
 """
 
 from __future__ import annotations
