@@ -153,6 +153,18 @@ def check_metric(value: str) -> str:
     return f"{kind}@{k}"
 
 
+def _matryoshka_dims(value: str | list[int]) -> list[int]:
+    from densefit.losses.matryoshka import check_dims
+
+    return check_dims(value)
+
+
+def _matryoshka_weights(value: str | list[float]) -> list[float]:
+    from densefit.losses.matryoshka import check_weights
+
+    return check_weights(value)
+
+
 def check_memory_budget(value: str | int | float | None) -> None:
     """Raise ``ValueError`` unless ``value`` is a size (``8GiB``, bytes) or a share of the
     free memory (``0.8``, ``80%``), as :func:`densefit.memory.planner.resolve_budget` reads it.
@@ -258,6 +270,33 @@ class TrainConfig:
     scale: float = option(20.0, "MNRL inverse temperature.", gt=0)
     symmetric: bool = option(False, "MNRL in both directions (query->doc, doc->query).")
     similarity: str = option("cos", "Score of two embeddings.", choices=_similarities)
+    # Matryoshka and prompts
+    matryoshka_dims: list[int] | str | None = option(
+        None,
+        "Matryoshka: sum the loss over the embeddings cut to each of these sizes and "
+        "re-normalised (e.g. 384,256,128,64), so that truncated vectors work too; default: off.",
+        check=_matryoshka_dims,
+        metavar="D1,D2,...",
+    )
+    matryoshka_weights: list[float] | str | None = option(
+        None,
+        "Weight of each --matryoshka-dims size in the summed loss; default: 1 each.",
+        check=_matryoshka_weights,
+        metavar="W1,W2,...",
+    )
+    query_prompt: str | None = option(
+        None,
+        'Text put before every query (in training: the anchors), e.g. "query: "; a trained '
+        'model saves it as its "query" prompt. Default: the model\'s own, else none; "" for none.',
+        metavar="TEXT",
+    )
+    document_prompt: str | None = option(
+        None,
+        'Text put before every document (in training: positives, negatives), e.g. "passage: "; '
+        'a trained model saves it as its "document" prompt. Default: the model\'s own, else '
+        'none; "" for none.',
+        metavar="TEXT",
+    )
     amp: str | None = option(
         None, "Mixed precision: bf16 (CPU/CUDA) or fp16 (CUDA); default: off.",
         choices=(None, "bf16", "fp16"),

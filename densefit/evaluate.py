@@ -34,6 +34,8 @@ __all__ = [
     "EvalResult",
     "compare_results",
     "evaluate_beir",
+    "evaluate_dims",
+    "evaluate_store_at",
     "evaluate_run",
     "evaluate_store",
     "format_table",
@@ -176,15 +178,19 @@ def retrieve_run(
     from tqdm.auto import tqdm
 
     from densefit.retrieval.encode import encode_texts
+    from densefit.retrieval.index.settings import check_search_settings
 
     store.check_model(model)
+    check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
     ids = list(queries)
     run: dict[str, dict[str, float]] = {}
     block = 256  # queries searched together: one matrix product per store chunk
     with tqdm(total=len(ids), desc="Searching", unit="query", disable=not show_progress) as bar:
         for start in range(0, len(ids), block):
             part = ids[start : start + block]
-            embeddings = encode_texts(model, [queries[q] for q in part], batch_size=batch_size)
+            embeddings = encode_texts(
+                model, [queries[q] for q in part], batch_size=batch_size, prompt_name="query"
+            )
             for query_id, hits in zip(part, store.search(embeddings, top_k=top_k), strict=True):
                 run[query_id] = {hit.id: hit.score for hit in hits}
             bar.update(len(part))
@@ -350,6 +356,108 @@ def subsample_corpus(beir, distractors: int | None, seed: int) -> tuple:
         "distractors": len(picked),
         "sample_seed": seed,
     }
+
+
+def evaluate_store_at(
+    store,
+    model,
+    dim: int,
+    queries: Mapping[str, str],
+    qrels: Mapping[str, Mapping[str, int]],
+    **options,
+) -> EvalResult:
+    """:func:`evaluate_store` with every vector cut to its first ``dim`` coordinates and
+    re-normalised (a Matryoshka size), documents and queries alike.
+
+    The store's vectors are copied, cut, into a temporary store and the queries embedded
+    with ``model.truncate_dim = dim``: exactly what ``densefit index --dim`` and a search of
+    that store give. ``dim`` at least the store's own evaluates the store as it is.
+    ``options`` go to :func:`evaluate_store`; the result is named ``"NAME @DIM"``.
+    """
+    from densefit.models import model_name_of
+    from densefit.retrieval.encode import truncate_vectors
+    from densefit.retrieval.index.store import open_store
+
+    name = f"{options.pop('name', None) or model_name_of(model)} @{min(dim, store.dim)}"
+    if dim >= store.dim:
+        result = evaluate_store(store, model, queries, qrels, name=name, **options)
+        result.info["dim"] = store.dim
+        return result
+    ids = list(store.ids())
+    before = getattr(model, "truncate_dim", None)
+    model.truncate_dim = dim
+    try:
+        with open_store(None, model) as cut:
+            for start in range(0, len(ids), 4096):
+                part = ids[start : start + 4096]
+                cut.write(store.get(part), truncate_vectors(store.vectors(part), dim))
+            result = evaluate_store(cut, model, queries, qrels, name=name, **options)
+    finally:
+        model.truncate_dim = before
+    result.info.update(dim=dim, store=str(getattr(store, "path", "")))
+    return result
+
+
+def evaluate_dims(
+    model,
+    dataset,
+    dims: Sequence[int],
+    split: str = "test",
+    *,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    top_k: int | None = None,
+    batch_size: int = 64,
+    show_progress: bool = False,
+    on_bad_row: str = "error",
+    name: str | None = None,
+    store_dir: str | os.PathLike | None = None,
+    backend: str = "exact",
+) -> list[EvalResult]:
+    """:func:`evaluate_beir` at each of ``dims`` (Matryoshka sizes): one result per size,
+    in the order given, the corpus embedded once at the full size (into ``store_dir`` when
+    given, kept; else a temporary store). Each smaller size is :func:`evaluate_store_at`.
+
+    >>> results = evaluate_dims("all-MiniLM-L6-v2", "datasets/scifact", [384, 64])  # doctest: +SKIP
+    >>> [r.name for r in results]  # doctest: +SKIP
+    ['all-MiniLM-L6-v2 @384', 'all-MiniLM-L6-v2 @64']
+    """
+    import tempfile
+
+    from densefit.data.corpus import BeirDataset, load_beir
+    from densefit.models import load_model, model_name_of
+    from densefit.retrieval.index.store import open_store
+
+    model = load_model(model)
+    beir = (
+        dataset
+        if isinstance(dataset, BeirDataset)
+        else load_beir(dataset, split, on_bad_row=on_bad_row)
+    )
+    name = name or model_name_of(model)
+    options = dict(metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=show_progress)
+    with tempfile.TemporaryDirectory(prefix="densefit-dims-") as temporary:
+        folder = temporary if store_dir is None else store_dir
+        full = evaluate_beir(
+            model, beir, split, store_dir=folder, backend=backend, on_bad_row=on_bad_row,
+            name=name, **options,
+        )  # fmt: skip
+        results = []
+        with open_store(folder, model, backend=backend) as store:
+            for dim in dims:
+                if dim >= store.dim:
+                    result = EvalResult(
+                        f"{name} @{store.dim}", dict(full.metrics), full.per_query,
+                        full.n_queries, list(full.missing_queries), dict(full.info),
+                    )  # fmt: skip
+                    result.info.update(dim=store.dim, store=None if store_dir is None else folder)
+                else:
+                    result = evaluate_store_at(
+                        store, model, dim, beir.queries, beir.qrels, name=name, **options
+                    )
+                    result.info.update(split=split, store=None)
+                result.skipped_rows = list(full.skipped_rows)
+                results.append(result)
+    return results
 
 
 def paired_randomization_test(

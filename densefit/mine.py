@@ -396,6 +396,7 @@ class _Dense:
             batch_size=batch_size,
             show_progress=show_progress,
             normalize=True,
+            prompt_name="document",
         )
         if given is None:
             self.vectors = outside  # (n_docs + outside, d)
@@ -416,6 +417,7 @@ class _Dense:
             [self.plan.queries[q] for q in block],
             batch_size=self.batch_size,
             normalize=True,
+            prompt_name="query",
         )  # (q, d)
         self._queries = dict(zip(block, embedded, strict=True))
         corpus = self.vectors[: self.plan.n_docs]

@@ -72,6 +72,9 @@ CASES = [  # (strategy, chunk, config); dropout off: the base model
     ("plain", 3, {"gather": "both", "symmetric": True}),
     ("cache", 2, {"gather": "none"}),
     ("cache", 2, {"gather": "candidates", "loss_chunk_size": 2, "similarity": "dot", "scale": 1.0}),
+    ("cache", 2, {"gather": "candidates", "matryoshka_dims": [32, 16, 8],  # issue 15
+                  "matryoshka_weights": [1, 0.5, 0.25], "loss_chunk_size": 2,
+                  "query_prompt": "query: ", "document_prompt": "passage: "}),
 ]
 MARGIN_CASE = ("cache", 2, {"loss": "margin_mse"})
 DROPOUT_CASES = [("plain", 2, {"gather": "candidates"}), ("cache", 2, {"gather": "candidates"})]

@@ -1,11 +1,13 @@
 """Equivalence tests: every memory strategy gives the full-batch loss and gradients."""
 
 import copy
+from functools import partial
 
 import pytest
 import torch
 
 from densefit.losses import mnrl
+from densefit.losses.matryoshka import matryoshka
 from densefit.memory import make_chunks, make_strategy, padding_efficiency, tokenize
 from densefit.models import enable_gradient_checkpointing
 
@@ -19,18 +21,18 @@ def loss_fn(emb):
     return mnrl(emb[0], emb[1], emb[2], symmetric=True)
 
 
-def run(model, strategy_name, chunk=None, seed=1, columns=COLUMNS, **kw):
+def run(model, strategy_name, chunk=None, seed=1, columns=COLUMNS, loss=loss_fn, **kw):
     model = copy.deepcopy(model)
     model.train()
     strategy = make_strategy(strategy_name, chunk, **kw)
     strategy.prepare(model)
     torch.manual_seed(seed)
-    stats = strategy.forward_backward(model, columns, loss_fn)
+    stats = strategy.forward_backward(model, columns, loss)
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return stats, grads
 
 
-def full_batch(model, seed=1, columns=COLUMNS):
+def full_batch(model, seed=1, columns=COLUMNS, loss_fn=loss_fn):
     """Reference: one padded forward per column, no chunking, no sorting."""
     model = copy.deepcopy(model)
     model.train()
@@ -65,6 +67,23 @@ def test_chunked_and_sorted_equals_one_padded_batch(tiny, name):
         stats, got = run(tiny, name, chunk, **kwargs)
         assert abs(stats.loss - ref_loss) < 1e-5
         torch.testing.assert_close(got, ref_grads, atol=1e-5, rtol=1e-4)
+
+
+def matryoshka_loss(chunk_size=None):
+    nested = matryoshka(partial(mnrl, symmetric=True, chunk_size=chunk_size), [32, 16, 8])
+    return lambda emb: nested(emb[0], emb[1], emb[2])
+
+
+@pytest.mark.parametrize("name", ["plain", "cache", "checkpoint", "cache+checkpoint"])
+def test_matryoshka_loss_equals_one_padded_batch(tiny, name):
+    """Matryoshka composes with every strategy and with blocked scores (dropout off)."""
+    for module in tiny.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    ref_loss, ref_grads = full_batch(tiny, loss_fn=matryoshka_loss())
+    stats, got = run(tiny, name, 3, loss=matryoshka_loss(chunk_size=4))
+    assert abs(stats.loss - ref_loss) < 1e-5
+    torch.testing.assert_close(got, ref_grads, atol=1e-5, rtol=1e-4)
 
 
 def test_cache_matches_full_batch_with_dropout_when_one_chunk(tiny):

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from densefit.data.readers import read_training_data
 from densefit.data.types import Document, TrainingExample
-from densefit.retrieval.encode import encode_texts
 from densefit.mine import mine_files, mine_hard_negatives, parse_range, write_mined
+from densefit.retrieval.encode import encode_texts
 
 pytest.importorskip("bm25s")
 

@@ -6,8 +6,7 @@ import time
 import pytest
 
 from densefit import TrainConfig, TrainingExample, train
-from densefit.data.batching import no_duplicate_batches, row_keys
-from densefit.data.batching import batches
+from densefit.data.batching import batches, no_duplicate_batches, row_keys
 
 
 def dataset(n, n_queries, n_docs, seed=0, negatives=1):

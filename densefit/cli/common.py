@@ -20,6 +20,9 @@ from rich.markup import escape
 
 __all__ = [
     "OnBadRow",
+    "DIM_OPTION",
+    "DOCUMENT_PROMPT_OPTION",
+    "QUERY_PROMPT_OPTION",
     "check_output_folder",
     "err",
     "fail",
@@ -185,3 +188,30 @@ def check_output_folder(output: Path) -> None:
         raise FileExistsError(
             f"{output}: exists and is not a folder; choose another --output"
         )
+
+
+# ----------------------------------------------------------------------------- embedding options
+# The prompt and Matryoshka-size options of index, search, eval and mine: declared once here,
+# the prompts' help taken from TrainConfig's declaration (densefit train has the same flags).
+
+
+def _embedding_option(name: str) -> Any:
+    from densefit.config import flag_of, option_of
+
+    opt = option_of(name)
+    return typer.Option(
+        None, flag_of(name), help=opt.help, metavar=opt.metavar, rich_help_panel="Embedding"
+    )
+
+
+QUERY_PROMPT_OPTION: Any = _embedding_option("query_prompt")
+DOCUMENT_PROMPT_OPTION: Any = _embedding_option("document_prompt")
+DIM_OPTION: Any = typer.Option(
+    None,
+    "--dim",
+    min=1,
+    help="Matryoshka: cut every vector to its first DIM coordinates, re-normalised (for a "
+    "model trained with --matryoshka-dims); a store records it. Default: the full size "
+    "(search: the store's).",
+    rich_help_panel="Embedding",
+)

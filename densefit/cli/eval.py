@@ -15,7 +15,14 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from densefit.cli.common import OnBadRow, err, fail, warn
+from densefit.cli.common import (
+    DOCUMENT_PROMPT_OPTION,
+    QUERY_PROMPT_OPTION,
+    OnBadRow,
+    err,
+    fail,
+    warn,
+)
 
 __all__ = ["evaluate"]
 
@@ -56,6 +63,16 @@ def evaluate(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     per_query: bool = typer.Option(False, help="Include per-query scores in the JSON."),
     progress: bool = typer.Option(True, help="Show progress bars."),
+    query_prompt: str | None = QUERY_PROMPT_OPTION,
+    document_prompt: str | None = DOCUMENT_PROMPT_OPTION,
+    dims: str | None = typer.Option(
+        None,
+        "--dims",
+        metavar="D1,D2,...",
+        help="Matryoshka: report the metrics at each of these sizes (every vector cut to its "
+        "first D coordinates, re-normalised), e.g. 384,256,128,64; the corpus is embedded once.",
+        rich_help_panel="Embedding",
+    ),
 ) -> None:
     """nDCG@10, MRR@10, Recall@10/100, MAP@100 (pytrec_eval) on a BEIR split or a store.
 
@@ -64,9 +81,18 @@ def evaluate(
       densefit eval --dataset datasets/scifact --model all-MiniLM-L6-v2 --compare runs/tuned
 
       densefit eval --store stores/scifact --queries q.jsonl --qrels qrels/test.tsv
+
+      densefit eval --dataset datasets/scifact --model runs/mrl --dims 384,256,128,64
     """
+    from densefit.losses.matryoshka import check_dims
+
     metric_list = _metric_list(metrics)
     options = dict(metrics=metric_list, top_k=top_k, backend=backend, batch_size=batch_size)
+    try:
+        options["dims"] = None if dims is None else check_dims(dims)
+    except ValueError as exc:
+        raise ValueError(f"--dims {exc}") from None
+    options["prompts"] = {"query_prompt": query_prompt, "document_prompt": document_prompt}
     if dataset is not None:
         _check_dataset_options(queries, qrels, model, compare, store)
         results = _evaluate_dataset(
@@ -136,11 +162,15 @@ def _evaluate_dataset(
     top_k,
     backend,
     batch_size,
+    dims,
+    prompts,
 ) -> list:
-    """Index the BEIR corpus with each model (into ``store`` if given) and score ``split``."""
+    """Index the BEIR corpus with each model (into ``store`` if given) and score ``split``
+    (at each Matryoshka size of ``dims``, when given)."""
     from densefit.data.corpus import load_beir
-    from densefit.evaluate import evaluate_beir
+    from densefit.evaluate import evaluate_beir, evaluate_dims
     from densefit.models import load_model
+    from densefit.retrieval.encode import configure_model
 
     beir = load_beir(dataset, split, on_bad_row=on_bad_row)
     _warn_skipped(beir.report)
@@ -148,20 +178,16 @@ def _evaluate_dataset(
     for name, label in _labels(models).items():
         if progress:
             err.print(f"evaluating {name} on {dataset} ({split})", highlight=False)
-        result = evaluate_beir(
-            load_model(name),
-            beir,
-            split,
-            store_dir=store,
-            backend=backend,
-            metrics=metrics,
-            top_k=top_k,
-            batch_size=batch_size,
-            show_progress=progress,
-            name=label,
-        )
-        result.info["dataset"] = str(dataset)
-        results.append(result)
+        model = configure_model(load_model(name), **prompts)
+        options = dict(metrics=metrics, top_k=top_k, batch_size=batch_size, name=label)
+        options.update(store_dir=store, backend=backend, show_progress=progress)
+        if dims:
+            found = evaluate_dims(model, beir, dims, split, **options)
+        else:
+            found = [evaluate_beir(model, beir, split, **options)]
+        for result in found:
+            result.info["dataset"] = str(dataset)
+        results += found
     return results
 
 
@@ -177,11 +203,15 @@ def _evaluate_store(
     top_k,
     backend,
     batch_size,
+    dims,
+    prompts,
 ) -> list:
-    """Score an existing store with the queries and qrels files."""
+    """Score an existing store with the queries and qrels files (at each size of ``dims``)."""
     from densefit.data.types import ReadReport
-    from densefit.evaluate import evaluate_store, load_queries_and_qrels
+    from densefit.evaluate import evaluate_store, evaluate_store_at, load_queries_and_qrels
     from densefit.models import load_model
+    from densefit.retrieval.encode import configure_model
+    from densefit.retrieval.index.settings import search_options
     from densefit.retrieval.index.store import LocalDocumentStore
 
     report = ReadReport(f"{queries}, {qrels}")
@@ -191,19 +221,22 @@ def _evaluate_store(
     _warn_skipped(report)
     with LocalDocumentStore(store, backend=backend) as document_store:
         name = model or document_store.model_name
-        result = evaluate_store(
-            document_store,
-            load_model(name),
-            query_texts,
-            judgments,
-            metrics=metrics,
-            top_k=top_k,
-            batch_size=batch_size,
-            show_progress=progress,
-            name=name,
+        st_model = configure_model(
+            load_model(name), **search_options(document_store.settings, **prompts)
         )
-    result.skipped_rows = list(report.skipped)
-    return [result]
+        options = dict(
+            metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=progress, name=name
+        )
+        if dims:
+            results = [
+                evaluate_store_at(document_store, st_model, d, query_texts, judgments, **options)
+                for d in dims
+            ]
+        else:
+            results = [evaluate_store(document_store, st_model, query_texts, judgments, **options)]
+    for result in results:
+        result.skipped_rows = list(report.skipped)
+    return results
 
 
 def _warn_skipped(report) -> None:

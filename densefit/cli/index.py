@@ -15,7 +15,15 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from densefit.cli.common import OnBadRow, err, fail, warn
+from densefit.cli.common import (
+    DIM_OPTION,
+    DOCUMENT_PROMPT_OPTION,
+    QUERY_PROMPT_OPTION,
+    OnBadRow,
+    err,
+    fail,
+    warn,
+)
 
 __all__ = ["register"]
 
@@ -85,6 +93,9 @@ def index(
     ),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    query_prompt: str | None = QUERY_PROMPT_OPTION,
+    document_prompt: str | None = DOCUMENT_PROMPT_OPTION,
+    dim: int | None = DIM_OPTION,
 ) -> None:
     """Embed a corpus into a store; re-running resumes and skips unchanged documents.
 
@@ -92,6 +103,7 @@ def index(
     """
     from densefit.data.corpus import iter_corpus
     from densefit.data.types import ReadReport
+    from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.filters import meta_index_sql
     from densefit.retrieval.index.store import open_store
 
@@ -100,6 +112,7 @@ def index(
     for field in index_fields:
         meta_index_sql(field)  # a bad field name fails before any work
     st_model = _load_model(model, max_seq_length)
+    configure_model(st_model, query_prompt=query_prompt, document_prompt=document_prompt, dim=dim)
     document_store = open_store(
         store, st_model, backend=backend, dtype=dtype.value, lock_timeout=lock_timeout
     )
@@ -186,12 +199,17 @@ def search(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON: [{query, hits: [...]}]."),
     width: int = typer.Option(160, help="Snippet length in characters."),
+    query_prompt: str | None = QUERY_PROMPT_OPTION,
+    document_prompt: str | None = DOCUMENT_PROMPT_OPTION,
+    dim: int | None = DIM_OPTION,
 ) -> None:
     """Print the best documents for each query: rank, score, id and a snippet.
 
     Example: densefit search --store stores/scifact "vitamin D and bone density" -k 5
     """
+    from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.searching import search_batch
+    from densefit.retrieval.index.settings import search_options
     from densefit.retrieval.index.store import LocalDocumentStore
 
     filters = parse_filter_option(filter_)
@@ -207,6 +225,8 @@ def search(
                 f"{store} was indexed with {name!r}, which cannot be loaded here "
                 f"({exc.__class__.__name__}: {str(exc)[:200]}): pass --model PATH_TO_THAT_MODEL"
             )
+        recorded = document_store.settings
+        configure_model(st_model, **search_options(recorded, query_prompt, document_prompt, dim))
         results = search_batch(
             document_store, st_model, queries, top_k=top_k, filters=filters, scale_score=scale_score
         )

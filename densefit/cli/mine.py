@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from densefit.cli.common import OnBadRow, err
+from densefit.cli.common import DOCUMENT_PROMPT_OPTION, QUERY_PROMPT_OPTION, OnBadRow, err
 
 __all__ = ["mine", "register"]
 
@@ -70,6 +70,8 @@ def mine(
     ),
     seed: int = typer.Option(42, help="Seed for --sampling random."),
     progress: bool = typer.Option(True, help="Show progress bars."),
+    query_prompt: str | None = QUERY_PROMPT_OPTION,
+    document_prompt: str | None = DOCUMENT_PROMPT_OPTION,
 ) -> None:
     """Mine hard negatives for training pairs, skipping known positives (false negatives).
 
@@ -77,6 +79,7 @@ def mine(
     """  # noqa: E501
     from densefit.mine import mine_files, parse_range
     from densefit.models import load_model
+    from densefit.prompts import set_prompts
 
     range_min, range_max = parse_range(range_)
     st_model = None
@@ -87,6 +90,7 @@ def mine(
                 "(e.g. --model all-MiniLM-L6-v2)"
             )
         st_model = load_model(model, max_seq_length=max_seq_length)
+        set_prompts(st_model, query=query_prompt, document=document_prompt)
     report = mine_files(
         pairs, corpus, output, split=split, on_bad_row=on_bad_row.value,
         method=method.value, model=st_model, num_negatives=num_negatives,

@@ -43,8 +43,10 @@ from densefit.models import (
     is_checkpointing,
     transformer_of,
 )
+from densefit.prompts import apply_prompt, resolve_prompts
 
 __all__ = [
+    "matryoshka_sizes",
     "CPU_MAX_CHUNK_ROWS",
     "HEADROOM",
     "MemoryPlan",
@@ -155,6 +157,17 @@ def _static_bytes(model: torch.nn.Module) -> int:
     return n * 4 * 4 + frozen
 
 
+def matryoshka_sizes(config: TrainConfig) -> list[int]:
+    """The Matryoshka sizes whose loss is computed (weight above 0); ``[]``: not Matryoshka.
+
+    >>> matryoshka_sizes(TrainConfig(matryoshka_dims=[64, 32], matryoshka_weights=[1, 0]))
+    [64]
+    """
+    dims = config.matryoshka_dims or []
+    weights = config.matryoshka_weights or [1.0] * len(dims)
+    return [d for d, w in zip(dims, weights) if w > 0]
+
+
 def _token_lengths(model: SentenceTransformer, texts: list[str], block: int = 1024) -> list[int]:
     """Token length of each text after the model's own truncation (tokenised in blocks)."""
     out: list[int] = []
@@ -179,18 +192,23 @@ class _RowLengths:
 
 
 def _row_lengths(
-    model: SentenceTransformer, examples: Sequence[TrainingExample], limit: int, seed: int
+    model: SentenceTransformer,
+    examples: Sequence[TrainingExample],
+    limit: int,
+    seed: int,
+    prompts: dict[str, str],
 ) -> _RowLengths:
     exact = len(examples) <= limit
     rows = list(examples) if exact else random.Random(seed).sample(list(examples), limit)
-    negs = _token_lengths(model, [n for r in rows for n in r.negatives])
+    query, document = prompts.get("query"), prompts.get("document")
+    negs = _token_lengths(model, apply_prompt([n for r in rows for n in r.negatives], document))
     per_row, at = [], 0
     for r in rows:
         per_row.append(negs[at : at + len(r.negatives)])
         at += len(r.negatives)
     return _RowLengths(
-        _token_lengths(model, [r.query for r in rows]),
-        _token_lengths(model, [r.positive for r in rows]),
+        _token_lengths(model, apply_prompt([r.query for r in rows], query)),
+        _token_lengths(model, apply_prompt([r.positive for r in rows], document)),
         per_row,
         exact,
     )
@@ -270,6 +288,7 @@ class _RunShape:
     exact: bool  # every batch of the run known, every row measured
     sort_by_length: bool
     symmetric: bool
+    score_copies: int  # Matryoshka sizes: unblocked, each size's scores are held for backward
     device: torch.device
     sub_batches: list[int]  # plain / checkpoint sub-batch sizes to try, largest first
     cut_at: dict = dataclasses.field(default_factory=dict)
@@ -279,10 +298,16 @@ class _RunShape:
         return max(self.longest.values())
 
     def loss_bytes(self, loss_chunk: int | None) -> int:
-        """Scores, softmax and its gradient for one block of anchors x all candidates."""
+        """Scores, softmax and its gradient for one block of anchors x all candidates.
+
+        A Matryoshka loss scores each size in turn: unblocked, every size's scores stay
+        held for the backward pass (``score_copies`` of them); blocked, only each row's
+        log-sum-exp is kept and one block lives at a time.
+        """
         B = self.batch_size
         block = B if loss_chunk is None else min(B, loss_chunk)
-        return int(3 * 4 * block * self.n_candidates * (2 if self.symmetric else 1))
+        copies = self.score_copies if loss_chunk is None or loss_chunk >= B else 1
+        return int(3 * 4 * block * self.n_candidates * (2 if self.symmetric else 1) * copies)
 
     def peak(self, activations: float) -> int:
         return int(
@@ -409,7 +434,9 @@ def probe_run(
         model.max_seq_length = config.max_seq_length
     if not examples:
         raise ValueError("cannot plan memory: the training data has no rows")
-    lengths = _row_lengths(model, examples, exact_limit, config.seed)
+    # training puts the prompts before the texts: count their tokens too
+    prompts = resolve_prompts(model, query=config.query_prompt, document=config.document_prompt)
+    lengths = _row_lengths(model, examples, exact_limit, config.seed, prompts)
     columns = {c: lengths.column(c) for c in ("anchors", "positives", "negatives")}
     columns = {c: v for c, v in columns.items() if v}
     cap = int(getattr(model, "max_seq_length", 0) or max(max(v) for v in columns.values()))
@@ -424,6 +451,7 @@ def probe_run(
         getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     )
     dim = int(get_dim() or 768)
+    nested = matryoshka_sizes(config)
     inner = transformer_of(model).config
     # plain / checkpoint sub-batches: the user's, else the default, then half of it (a
     # smaller sub-batch trims more padding on heavy-tailed data: less memory, more calls)
@@ -443,11 +471,13 @@ def probe_run(
         hidden=int(getattr(inner, "hidden_size", dim)),
         layers=int(getattr(inner, "num_hidden_layers", 12)),
         loss_chunk=None,
-        embeddings=2 * 4 * dim * (B + n_candidates),  # values + cached grads
+        # values + cached grads, and the Matryoshka cuts of every embedding (held for backward)
+        embeddings=4 * (2 * dim + sum(d for d in nested if d < dim)) * (B + n_candidates),
         batches=batches,
         exact=batches is not None and lengths.exact,
         sort_by_length=config.sort_by_length,
         symmetric=config.symmetric,
+        score_copies=max(1, len(nested)),
         device=device,
         sub_batches=subs,
     )

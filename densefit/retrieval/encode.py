@@ -8,6 +8,11 @@ while processing fewer padding tokens and tokenizing each text once instead of p
 Models whose first module is not a plain text :class:`~sentence_transformers.base.modules.
 Transformer` with a fast tokenizer (prompts, routers, custom processing kwargs) take the
 general path: ``model.preprocess`` per batch, batches still sorted by length.
+
+``prompt_name="query"`` / ``"document"`` puts the model's prompt of that name before each
+text (:mod:`densefit.prompts`), as ``SentenceTransformer.encode(prompt_name=...)`` does. A
+model with ``truncate_dim`` set (``densefit index --dim``) gives its first ``truncate_dim``
+coordinates, re-normalised to unit length (:func:`truncate_vectors`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,16 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-__all__ = ["embedding_dimension", "encode_texts", "encode_with_callback", "fast_path_tokenizer"]
+from densefit.prompts import apply_prompt, model_prompts, set_prompts
+
+__all__ = [
+    "configure_model",
+    "embedding_dimension",
+    "encode_texts",
+    "encode_with_callback",
+    "fast_path_tokenizer",
+    "truncate_vectors",
+]
 
 # Texts are tokenized in windows of this many batches: bounded memory on million-text inputs,
 # and enough texts per window for the token-length sort to leave little padding.
@@ -49,12 +63,14 @@ def encode_texts(
     batch_size: int = 64,
     show_progress: bool = False,
     normalize: bool = False,
+    prompt_name: str | None = None,
 ) -> np.ndarray:
     """Embed ``texts`` into a ``(len(texts), dim)`` float32 array, row i for ``texts[i]``.
 
     Batches are formed from texts of similar token length (longest first) and the rows are
     put back in input order. ``normalize=True`` scales each row to unit length (cosine
-    similarity becomes a dot product).
+    similarity becomes a dot product). ``prompt_name`` (``"query"``, ``"document"``): put
+    the model's prompt of that name before each text (none when the model has none).
 
     >>> from densefit.testing import tiny_model
     >>> model = tiny_model()
@@ -66,7 +82,12 @@ def encode_texts(
 
     with tqdm(total=len(texts), desc="Encoding", unit="text", disable=not show_progress) as bar:
         return encode_with_callback(
-            model, texts, batch_size=batch_size, normalize=normalize, on_batch=bar.update
+            model,
+            texts,
+            batch_size=batch_size,
+            normalize=normalize,
+            on_batch=bar.update,
+            prompt_name=prompt_name,
         )
 
 
@@ -77,6 +98,7 @@ def encode_with_callback(
     batch_size: int = 64,
     normalize: bool = False,
     on_batch: Callable[[int], object] | None = None,
+    prompt_name: str | None = None,
 ) -> np.ndarray:
     """:func:`encode_texts` reporting each finished batch's size to ``on_batch``.
 
@@ -90,6 +112,13 @@ def encode_with_callback(
     [2, 1]
     """
     texts = _checked_texts(texts, batch_size)
+    if prompt_name is not None and model_prompts(model).get(prompt_name):
+        if any(getattr(module, "include_prompt", True) is False for module in model):
+            raise ValueError(
+                "this model leaves the prompt out of its pooling (include_prompt=False), which "
+                "densefit does not support: use it without --query-prompt/--document-prompt"
+            )
+        texts = apply_prompt(texts, model_prompts(model)[prompt_name])
     dim = embedding_dimension(model)
     # Identical texts are encoded once and share one row: fewer forward passes, and copies
     # of a document get exactly equal scores (a float-level difference from landing in
@@ -122,7 +151,10 @@ def encode_with_callback(
                         k: v.to(model.device) if isinstance(v, torch.Tensor) else v
                         for k, v in features.items()
                     }
-                    embeddings = model(features)["sentence_embedding"]  # (b, dim)
+                    embeddings = model(features)["sentence_embedding"]  # (b, full dim)
+                    if embeddings.shape[1] > dim:  # truncate_dim: cut, then re-normalise
+                        embeddings = embeddings[:, :dim]
+                        normalize = True
                     if normalize:
                         embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
                     out[batch_rows] = embeddings.float().cpu().numpy()
@@ -131,6 +163,51 @@ def encode_with_callback(
     finally:
         model.train(was_training)
     return out
+
+
+def configure_model(
+    model: SentenceTransformer,
+    *,
+    query_prompt: str | None = None,
+    document_prompt: str | None = None,
+    dim: int | None = None,
+) -> SentenceTransformer:
+    """Set how ``model`` embeds: its query/document prompts (``None``: keep the model's own,
+    ``""``: none; :func:`densefit.prompts.set_prompts`) and the Matryoshka size its vectors
+    are cut to (``dim``: ``model.truncate_dim``; ``None``: the full size). Returns ``model``.
+
+    >>> from densefit.testing import tiny_model
+    >>> model = configure_model(tiny_model(), query_prompt="query: ", dim=16)
+    >>> model.prompts["query"], embedding_dimension(model)
+    ('query: ', 16)
+    """
+    set_prompts(model, query=query_prompt, document=document_prompt)
+    model.truncate_dim = None
+    if dim is not None:
+        full = embedding_dimension(model)
+        if not 1 <= dim <= full:
+            raise ValueError(
+                f"--dim {dim}: the model makes {full}-d embeddings; give a size from 1 to {full}"
+            )
+        model.truncate_dim = None if dim == full else int(dim)
+    return model
+
+
+def truncate_vectors(vectors: np.ndarray, dim: int | None) -> np.ndarray:
+    """The first ``dim`` coordinates of each row, re-normalised to unit length (float32);
+    ``None`` or a ``dim`` at least the vectors' own: ``vectors`` unchanged.
+
+    What a Matryoshka-trained model's vectors become at a smaller size (``densefit index
+    --dim``): the same as encoding with ``model.truncate_dim = dim``.
+
+    >>> truncate_vectors(np.array([[3.0, 4.0, 12.0]]), 2)
+    array([[0.6, 0.8]], dtype=float32)
+    """
+    if dim is None or dim >= vectors.shape[-1]:
+        return vectors
+    cut = np.asarray(vectors[..., :dim], dtype=np.float32)
+    norms = np.linalg.norm(cut, axis=-1, keepdims=True)
+    return cut / np.maximum(norms, 1e-12)
 
 
 def _checked_texts(texts: Sequence[str], batch_size: int) -> list[str]:

@@ -148,19 +148,25 @@ class Retriever:
         """Save in sentence-transformers format (loads with ``SentenceTransformer(path)``)."""
         return save_model(self.model, save_dir, getattr(self, "last_config", TrainConfig()))
 
-    def _embed(self, texts: Sequence[str], batch_size: int | None) -> np.ndarray:
+    def _embed(
+        self, texts: Sequence[str], batch_size: int | None, prompt_name: str | None = None
+    ) -> np.ndarray:
         if isinstance(texts, str):
             raise TypeError("pass a list of texts, not a single string")
-        return encode_texts(self.model, list(texts), batch_size=batch_size or self.batch_size)
+        return encode_texts(
+            self.model, list(texts), batch_size=batch_size or self.batch_size,
+            prompt_name=prompt_name,
+        )  # fmt: skip
 
     def embed_queries(self, queries: Sequence[str], batch_size: int | None = None) -> np.ndarray:
-        """(n, d) float32 embeddings of ``queries``."""
-        return self._embed(queries, batch_size)
+        """(n, d) float32 embeddings of ``queries`` (with the model's query prompt)."""
+        return self._embed(queries, batch_size, "query")
 
     def embed_documents(self, documents: Sequence, batch_size: int | None = None) -> np.ndarray:
-        """(n, d) float32 embeddings of documents (strings, Documents or dicts with content)."""
+        """(n, d) float32 embeddings of documents (strings, Documents or dicts with content),
+        with the model's document prompt."""
         texts = [as_document(d, i).text for i, d in enumerate(documents)]
-        return self._embed(texts, batch_size)
+        return self._embed(texts, batch_size, "document")
 
     def index(
         self,

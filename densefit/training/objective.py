@@ -19,10 +19,11 @@ from densefit.config import TrainConfig
 from densefit.data.types import TrainingExample
 from densefit.losses import margin_mse, mnrl
 from densefit.losses.masking import false_negative_mask
+from densefit.losses.matryoshka import matryoshka
 from densefit.memory.planner import auto_loss_chunk
 from densefit.training.telemetry import in_batch_accuracy, score_health
 
-__all__ = ["LossFn", "Share", "make_loss_fn"]
+__all__ = ["LossFn", "Share", "make_loss_fn", "matryoshka_of"]
 
 LossFn = Callable[[list[torch.Tensor]], torch.Tensor]
 
@@ -61,10 +62,15 @@ def make_loss_fn(
     >>> emb = [torch.eye(2), torch.eye(2), torch.empty(0, 2)]
     >>> round(float(make_loss_fn(TrainConfig(), rows)(emb)), 4)
     0.0
+
+    With ``config.matryoshka_dims`` the loss (MNRL or margin-MSE) is summed over the
+    embeddings cut to each size (:func:`densefit.losses.matryoshka.matryoshka`), after any
+    gathering across processes.
     """
     health = {} if health is None else health
     if config.loss != "mnrl":
         return _margin_loss(config, rows, health)
+    nested = matryoshka_of(config)
     found = false_negative_mask(rows)
     mask = found.mask if config.mask_false_negatives else None  # (B, B + M) or None
     health.update(found.telemetry())
@@ -75,13 +81,15 @@ def make_loss_fn(
 
     def loss_fn(emb: list[torch.Tensor]) -> torch.Tensor:
         device = emb[0].device
-        mnrl_fn = partial(
-            mnrl,
-            scale=config.scale,
-            symmetric=config.symmetric,
-            similarity=config.similarity,
-            chunk_size=loss_chunk,
-            mask=None if mask is None else mask.to(device),
+        mnrl_fn = nested(
+            partial(
+                mnrl,
+                scale=config.scale,
+                symmetric=config.symmetric,
+                similarity=config.similarity,
+                chunk_size=loss_chunk,
+                mask=None if mask is None else mask.to(device),
+            )
         )
         if share is not None:
             return share.loss(
@@ -96,12 +104,32 @@ def make_loss_fn(
     return loss_fn
 
 
+def matryoshka_of(config: TrainConfig) -> Callable[[Callable], Callable]:
+    """The wrapper that makes a loss Matryoshka as ``config`` asks (the identity when off).
+
+    >>> matryoshka_of(TrainConfig())(mnrl) is mnrl
+    True
+    """
+    dims, weights = config.matryoshka_dims, config.matryoshka_weights
+    if not dims:
+        if weights:
+            raise ValueError("--matryoshka-weights needs --matryoshka-dims (the sizes they weigh)")
+        return lambda loss: loss
+    if weights is not None and len(weights) != len(dims):
+        raise ValueError(
+            f"--matryoshka-weights has {len(weights)} weight(s) for {len(dims)} "
+            "--matryoshka-dims: give one weight per size"
+        )
+    return lambda loss: matryoshka(loss, dims, weights)
+
+
 def _margin_loss(config: TrainConfig, rows: Sequence[TrainingExample], health: dict) -> LossFn:
     scores = torch.tensor([r.score for r in rows], dtype=torch.float32)
+    loss = matryoshka_of(config)(margin_mse)
 
     def margin_loss(emb: list[torch.Tensor]) -> torch.Tensor:
         health.update(score_health(emb, rows, config.similarity))
         health["in_batch_accuracy"] = in_batch_accuracy(emb, None, config.similarity)
-        return margin_mse(emb[0], emb[1], emb[2], scores.to(emb[0].device))
+        return loss(emb[0], emb[1], emb[2], scores.to(emb[0].device))
 
     return margin_loss

@@ -31,6 +31,7 @@ from densefit.memory.dropout import enable_invariant_dropout
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.planner import plan_for_run
 from densefit.memory.strategies import MemoryStrategy, make_strategy
+from densefit.prompts import set_prompts
 from densefit.training.checkpoint import (
     CHECKPOINTS,
     MAY_DIFFER,
@@ -240,6 +241,7 @@ def _prepare_model(model: SentenceTransformer, config: TrainConfig) -> torch.dev
     model.to(device)
     if config.max_seq_length is not None:
         model.max_seq_length = config.max_seq_length
+    set_prompts(model, query=config.query_prompt, document=config.document_prompt)
     if config.gradient_accumulation_steps > 1 and config.loss == "mnrl":
         warnings.warn(
             "gradient accumulation does not add in-batch negatives: each micro-batch only "

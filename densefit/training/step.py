@@ -15,6 +15,7 @@ import torch
 
 from densefit.data.batching import columns_of
 from densefit.memory.strategies import StepStats
+from densefit.prompts import model_prompts, prompt_columns
 from densefit.training import objective
 from densefit.training.guards import guarded_step
 from densefit.training.setup import TrainRun
@@ -86,7 +87,7 @@ def _forward_backward(run: TrainRun, group) -> tuple[list[StepStats], list[dict]
         stats.append(
             run.strategy.forward_backward(
                 run.model,
-                columns_of(rows),
+                prompt_columns(columns_of(rows), model_prompts(run.model)),
                 loss_fn,
                 autocast=run.autocast,
                 scaler=run.scaler,

@@ -219,7 +219,11 @@ def _embeddings(store, model, docs: list[Document], batch_size: int, bar, report
     if todo:
         started = time.perf_counter()
         vectors[todo] = encode_with_callback(
-            model, [docs[i].text for i in todo], batch_size=batch_size, on_batch=bar.update
+            model,
+            [docs[i].text for i in todo],
+            batch_size=batch_size,
+            on_batch=bar.update,
+            prompt_name="document",
         )
         report.encode_seconds += time.perf_counter() - started
         report.encoded += len(todo)

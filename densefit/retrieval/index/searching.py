@@ -8,6 +8,7 @@ import numpy as np
 
 from densefit.retrieval.index.base import DocumentStore, SearchHit
 from densefit.retrieval.index.filters import validate_filters
+from densefit.retrieval.index.settings import check_search_settings
 
 __all__ = ["scaled_scores", "search", "search_batch"]
 
@@ -45,7 +46,9 @@ def search(
     maps scores to [0, 1] (:func:`scaled_scores`). A malformed filter raises ValueError.
 
     Raises :class:`~densefit.retrieval.index.base.ModelMismatchError` when ``model`` did not make the
-    store's embeddings.
+    store's embeddings, and :class:`~densefit.retrieval.index.settings.SettingsMismatchError`
+    when its prompts are not those the store was indexed with. The query gets the model's
+    query prompt, and is cut to the model's ``truncate_dim`` as the documents were.
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data.types import Document
@@ -90,8 +93,13 @@ def search_batch(
         raise TypeError("search_batch takes a list of queries; use search for one string")
     validate_filters(filters)  # before the model runs: a typo fails fast
     store.check_model(model)
+    check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
     embeddings = encode_texts(
-        model, list(queries), batch_size=batch_size, show_progress=show_progress
+        model,
+        list(queries),
+        batch_size=batch_size,
+        show_progress=show_progress,
+        prompt_name="query",
     )
     if not len(embeddings):
         return []

@@ -2,8 +2,9 @@
 
 A store records the model (name, embedding dimension and a *fingerprint*: the model's
 embeddings of three probe sentences) and the settings that change the vectors a model makes
-from the same text: the truncation length (``max_seq_length``), the prompts, and whether the
-model normalises its embeddings. Searching with another model raises
+from the same text: the truncation length (``max_seq_length``), the query and document
+prompts (:mod:`densefit.prompts`), the Matryoshka size the vectors were cut to
+(``truncate_dim``, ``densefit index --dim``), and whether the model normalises its embeddings. Searching with another model raises
 :class:`~densefit.retrieval.index.base.ModelMismatchError`; indexing with other settings
 raises :class:`SettingsMismatchError` (vectors made two ways must not be mixed in one store).
 """
@@ -26,7 +27,10 @@ __all__ = [
     "StoreRecord",
     "VectorSettings",
     "canonical_model_name",
+    "check_search_settings",
+    "search_options",
     "model_fingerprint",
+    "model_truncate_dim",
 ]
 
 FORMAT = "densefit-store/1"
@@ -74,6 +78,30 @@ def model_fingerprint(model) -> np.ndarray:
         model.max_seq_length = length
 
 
+def model_truncate_dim(model) -> int | None:
+    """The size ``model`` cuts its embeddings to (``model.truncate_dim``), or None when it
+    gives them whole (no ``truncate_dim``, or one at least the full size).
+
+    >>> from densefit.testing import tiny_model
+    >>> model = tiny_model()
+    >>> model_truncate_dim(model)
+    >>> model.truncate_dim = 16
+    >>> model_truncate_dim(model)
+    16
+    """
+    dim = getattr(model, "truncate_dim", None)
+    if dim is None:
+        return None
+    model.truncate_dim = None
+    try:
+        from densefit.retrieval.encode import embedding_dimension
+
+        full = embedding_dimension(model)
+    finally:
+        model.truncate_dim = dim
+    return int(dim) if dim < full else None
+
+
 @dataclass(frozen=True)
 class VectorSettings:
     """The settings besides the weights that decide a model's vector for a text.
@@ -87,18 +115,22 @@ class VectorSettings:
 
     max_seq_length: int | None = None
     normalize: bool | None = None
-    prompts: dict = field(default_factory=dict, hash=False)  # issue 15 fills these
+    prompts: dict = field(default_factory=dict, hash=False)  # {"query": ..., "document": ...}
+    truncate_dim: int | None = None  # Matryoshka: vectors cut to this size, re-normalised
 
     @classmethod
     def of(cls, model) -> VectorSettings:
         """The settings ``model`` embeds documents with now."""
         from sentence_transformers.models import Normalize
 
+        from densefit.prompts import model_prompts
+
         length = getattr(model, "max_seq_length", None)
         return cls(
             max_seq_length=int(length) if length is not None else None,
             normalize=any(isinstance(module, Normalize) for module in model),
-            prompts={},
+            prompts=model_prompts(model),
+            truncate_dim=model_truncate_dim(model),
         )
 
     def to_meta(self) -> dict[str, str]:
@@ -107,6 +139,7 @@ class VectorSettings:
             "max_seq_length": json.dumps(self.max_seq_length),
             "normalize": json.dumps(self.normalize),
             "prompts": json.dumps(self.prompts, sort_keys=True),
+            "truncate_dim": json.dumps(self.truncate_dim),
         }
 
     @classmethod
@@ -118,13 +151,14 @@ class VectorSettings:
             max_seq_length=json.loads(meta["max_seq_length"]),
             normalize=json.loads(meta["normalize"]),
             prompts=json.loads(meta["prompts"]),
+            truncate_dim=json.loads(meta.get("truncate_dim", "null")),
         )
 
     def differences(self, other: VectorSettings) -> list[tuple[str, object, object]]:
         """``(setting, ours, theirs)`` for every setting that differs."""
         return [
             (name, getattr(self, name), getattr(other, name))
-            for name in ("max_seq_length", "normalize", "prompts")
+            for name in ("max_seq_length", "normalize", "prompts", "truncate_dim")
             if getattr(self, name) != getattr(other, name)
         ]
 
@@ -132,8 +166,26 @@ class VectorSettings:
 _FIXES = {
     "max_seq_length": "pass --max-seq-length {stored}",
     "normalize": "use a model that {verb} normalise its embeddings",
-    "prompts": "use the prompts {stored}",
+    "prompts": "pass the prompts {stored} (--query-prompt/--document-prompt)",
+    "truncate_dim": "pass --dim {stored}",
 }
+
+
+def check_search_settings(settings: VectorSettings | None, model, where: Path) -> None:
+    """Raise :class:`SettingsMismatchError` when ``model`` would embed queries with other
+    prompts than the store's documents were indexed with (None: not recorded, accepted).
+    """
+    if settings is None:
+        return
+    from densefit.prompts import model_prompts
+
+    given = model_prompts(model)
+    if given != settings.prompts:
+        raise SettingsMismatchError(
+            f"{where}: the store was indexed with the prompts {settings.prompts!r}, but this "
+            f"model has {given!r}: search with --query-prompt/--document-prompt as indexed "
+            "(in Python: densefit.prompts.set_prompts), or re-index with these prompts"
+        )
 
 
 @dataclass
@@ -195,9 +247,15 @@ class StoreRecord:
         given = model_name_of(model)
         dim = embedding_dimension(model)
         if dim != self.dim:
+            cut = (
+                f"search with --dim {self.dim} (Python: model.truncate_dim = {self.dim}) if "
+                "the store was indexed at that size, "
+                if self.dim < dim
+                else ""
+            )
             raise ModelMismatchError(
                 f"{where}: the store holds {self.dim}-d embeddings from "
-                f"{self.model_name!r}, but model {given!r} makes {dim}-d embeddings: search "
+                f"{self.model_name!r}, but model {given!r} makes {dim}-d embeddings: {cut}search "
                 f"with --model {self.model_name}, or re-index into a new store with this model"
             )
         fingerprint = model_fingerprint(model)
@@ -233,3 +291,25 @@ class StoreRecord:
             f"embeds with {name}={given!r}: {fix}, or pass --reembed (reembed=True in Python) to "
             "re-embed every document with the new settings, or index into a new --store"
         )
+
+
+def search_options(
+    settings: VectorSettings | None,
+    query_prompt: str | None = None,
+    document_prompt: str | None = None,
+    dim: int | None = None,
+) -> dict:
+    """The prompts and size to search a store with: each one given, else what the store
+    recorded (its prompts, its ``truncate_dim``); keyword arguments of
+    :func:`densefit.retrieval.encode.configure_model`.
+
+    >>> search_options(VectorSettings(prompts={"query": "q: "}, truncate_dim=64))
+    {'query_prompt': 'q: ', 'document_prompt': '', 'dim': 64}
+    """
+    recorded = settings.prompts if settings is not None else {}
+    if settings is not None and query_prompt is None and document_prompt is None:
+        query_prompt = recorded.get("query", "")
+        document_prompt = recorded.get("document", "")
+    if dim is None and settings is not None:
+        dim = settings.truncate_dim
+    return {"query_prompt": query_prompt, "document_prompt": document_prompt, "dim": dim}
