@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from densefit.cli.common import OnBadRow, err, fail, warn
+from densefit.cli.common import OnBadRow, device_option, err, fail, warn
 
 __all__ = ["evaluate"]
 
@@ -56,6 +56,7 @@ def evaluate(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     per_query: bool = typer.Option(False, help="Include per-query scores in the JSON."),
     progress: bool = typer.Option(True, help="Show progress bars."),
+    device: str = device_option(),
 ) -> None:
     """nDCG@10, MRR@10, Recall@10/100, MAP@100 (pytrec_eval) on a BEIR split or a store.
 
@@ -65,8 +66,11 @@ def evaluate(
 
       densefit eval --store stores/scifact --queries q.jsonl --qrels qrels/test.tsv
     """
+    from densefit.models import resolve_device
+
     metric_list = _metric_list(metrics)
     options = dict(metrics=metric_list, top_k=top_k, backend=backend, batch_size=batch_size)
+    options["device"] = resolve_device(device)
     if dataset is not None:
         _check_dataset_options(queries, qrels, model, compare, store)
         results = _evaluate_dataset(
@@ -136,6 +140,7 @@ def _evaluate_dataset(
     top_k,
     backend,
     batch_size,
+    device,
 ) -> list:
     """Index the BEIR corpus with each model (into ``store`` if given) and score ``split``."""
     from densefit.data.corpus import load_beir
@@ -149,7 +154,7 @@ def _evaluate_dataset(
         if progress:
             err.print(f"evaluating {name} on {dataset} ({split})", highlight=False)
         result = evaluate_beir(
-            load_model(name),
+            load_model(name, device=device),
             beir,
             split,
             store_dir=store,
@@ -177,6 +182,7 @@ def _evaluate_store(
     top_k,
     backend,
     batch_size,
+    device,
 ) -> list:
     """Score an existing store with the queries and qrels files."""
     from densefit.data.types import ReadReport
@@ -193,7 +199,7 @@ def _evaluate_store(
         name = model or document_store.model_name
         result = evaluate_store(
             document_store,
-            load_model(name),
+            load_model(name, device=device),
             query_texts,
             judgments,
             metrics=metrics,

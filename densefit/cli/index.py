@@ -15,7 +15,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from densefit.cli.common import OnBadRow, err, fail, warn
+from densefit.cli.common import OnBadRow, device_option, err, fail, warn
 
 __all__ = ["register"]
 
@@ -27,10 +27,10 @@ class Dtype(str, Enum):
     float16 = "float16"
 
 
-def _load_model(name: str, max_seq_length: int | None = None):
+def _load_model(name: str, max_seq_length: int | None = None, device: str = "auto"):
     from densefit.models import load_model
 
-    return load_model(name, max_seq_length=max_seq_length)
+    return load_model(name, max_seq_length=max_seq_length, device=device)
 
 
 def _count_rows(path: Path) -> int | None:
@@ -79,6 +79,7 @@ def index(
     prune: bool = typer.Option(False, help="Delete stored documents that are not in CORPUS."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    device: str = device_option(),
 ) -> None:
     """Embed a corpus into a store; re-running resumes and skips unchanged documents.
 
@@ -86,11 +87,13 @@ def index(
     """
     from densefit.data.corpus import iter_corpus
     from densefit.data.types import ReadReport
+    from densefit.models import resolve_device
     from densefit.retrieval.index.store import open_store
 
+    device = resolve_device(device)
     if not corpus.exists():
         raise FileNotFoundError(f"{corpus}: no such file or folder")
-    st_model = _load_model(model, max_seq_length)
+    st_model = _load_model(model, max_seq_length, device)
     document_store = open_store(
         store, st_model, backend=backend, dtype=dtype.value, lock_timeout=lock_timeout
     )
@@ -166,19 +169,22 @@ def search(
     backend: str = typer.Option("exact", help="exact, faiss or faiss:FACTORY."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON: [{query, hits: [...]}]."),
     width: int = typer.Option(160, help="Snippet length in characters."),
+    device: str = device_option(),
 ) -> None:
     """Print the best documents for each query: rank, score, id and a snippet.
 
     Example: densefit search --store stores/scifact "vitamin D and bone density" -k 5
     """
+    from densefit.models import resolve_device
     from densefit.retrieval.index.searching import search_batch
     from densefit.retrieval.index.store import LocalDocumentStore
 
+    device = resolve_device(device)
     document_store = LocalDocumentStore(store, backend=backend)
     with document_store:
         name = model or document_store.model_name
         try:
-            st_model = _load_model(name)
+            st_model = _load_model(name, device=device)
         except Exception as exc:  # noqa: BLE001 - explain which model and how to fix
             if model:
                 raise

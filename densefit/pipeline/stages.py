@@ -374,7 +374,9 @@ class Pipeline:
         low, high = parse_range(m.range)
         model = None
         if m.method != "bm25":
-            model = load_model(c.model, max_seq_length=m.max_seq_length)
+            model = load_model(
+                c.model, max_seq_length=m.max_seq_length, device=c.train_config().device
+            )
         report = mine_files(
             c.train_data or c.data,
             c.data,
@@ -426,8 +428,8 @@ class Pipeline:
         else:
             source, split = Path(c.train_data or c.data), c.train_split
         examples = load_training_examples(source, on_bad_row=c.on_bad_row, split=split)
-        model = load_model(c.model, max_seq_length=config.max_seq_length)
-        self.console.print(f"training on {len(examples)} rows from {source}")
+        model = load_model(c.model, max_seq_length=config.max_seq_length, device=config.device)
+        self.console.print(f"training on {len(examples)} rows from {source} on {config.device}")
         result = train(
             model,
             examples,
@@ -517,7 +519,7 @@ class Pipeline:
 
         c = self.config
         beir, corpus_info = self._eval_dataset()
-        model = load_model(model_ref)
+        model = load_model(model_ref, device=c.train_config().device)
         model.max_seq_length = self._eval_max_seq_length(model)
         t0 = time.perf_counter()
         result = evaluate_beir(

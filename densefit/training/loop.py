@@ -24,6 +24,7 @@ from densefit.config import TrainConfig
 from densefit.data.batching import planned_batches, step_groups  # noqa: F401 (cli imports it)
 from densefit.data.types import TrainingExample
 from densefit.memory.plan import MemoryPlan
+from densefit.models import has_lora, merged_copy, save_lora_adapter
 from densefit.training.setup import TrainRun, setup_run
 from densefit.training.step import train_step
 from densefit.training.telemetry import StepLog, peak_rss_bytes
@@ -161,10 +162,17 @@ def save_model(
     config: TrainConfig,
     result: TrainResult | None = None,
 ) -> Path:
-    """Save in sentence-transformers format, with ``densefit_config.json`` beside it."""
+    """Save in sentence-transformers format, with ``densefit_config.json`` beside it.
+
+    With LoRA: the adapters merged into a copy of the model (``model`` keeps them), or with
+    ``config.save_adapter`` the PEFT adapter alone (:func:`densefit.models.save_lora_adapter`).
+    """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save(str(out), safe_serialization=True)
+    if has_lora(model) and config.save_adapter:
+        save_lora_adapter(model, out)
+    else:
+        merged_copy(model).save(str(out), safe_serialization=True)
     import densefit
 
     extra = {"densefit_version": densefit.__version__, "torch_version": torch.__version__}
