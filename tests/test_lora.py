@@ -177,7 +177,9 @@ def test_saved_adapter_is_small_and_loads_with_its_base(tmp_path):
 def test_lora_options_without_lora_r_are_an_error(tiny):
     with pytest.raises(OptionError) as caught:
         apply_lora(tiny, TrainConfig(lora_alpha=8))
-    assert caught.value.for_cli().startswith("--lora-alpha configure LoRA, which is off: add --lora-r")
+    assert caught.value.for_cli().startswith(
+        "--lora-alpha configure LoRA, which is off: add --lora-r"
+    )
     with pytest.raises(OptionError, match="lora_dropout must be below 1"):
         TrainConfig(lora_r=4, lora_dropout=1.0)
 

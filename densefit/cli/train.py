@@ -207,12 +207,12 @@ def plan(
     examples = _examples(data, on_bad_row, split)
     st_model = load_model(model, max_seq_length=config.max_seq_length, device=config.device)
     apply_lora(st_model, config)  # the planner counts the frozen weights once
-    err.print(f"planning for {config.device}{lora_summary(config)}", highlight=False)
     result = plan_memory(st_model, examples, config, batches=planned_batches(examples, config))
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(json.dumps({**result.to_dict(), "device": config.device}, indent=2))
     else:
         typer.echo(result.table())
+        typer.echo(f"planned for {config.device}{lora_summary(config)}")
 
 
 def register(app: typer.Typer) -> None:

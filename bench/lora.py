@@ -1,0 +1,219 @@
+"""LoRA vs full fine-tuning at equal batch: memory, step time, and SciFact nDCG@10 after
+equal steps (all-MiniLM-L6-v2, offline).
+
+    OMP_NUM_THREADS=1 python bench/lora.py [--steps 30] [--pairs 2]
+
+Each training point runs in a fresh process (peak RSS is the process's own): full, LoRA,
+LoRA, full, ... (ABBA order: on a shared machine a drift in load hits both alike). Per
+point: the planner's static bytes (weights, gradients, AdamW state; frozen weights once),
+the peak RSS of training above the loaded model, and the median step time. Then each
+configuration's first model, and the base model, are scored on SciFact's test split (full
+corpus, nDCG@10). Results: bench/results/lora.{json,csv,png}, with the command, threads and
+the load average around every point; the ratios (LoRA / full within a pair) are the
+numbers to read, the absolute times depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", REPO.parent / "shared" / "datasets"))
+MODEL = "all-MiniLM-L6-v2"
+BATCH, SEQ = 32, 128
+SETTINGS = {
+    "full": {"learning_rate": 2e-5},
+    "lora": {"learning_rate": 2e-4, "lora_r": 16, "lora_alpha": 32},
+}
+
+
+def _peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
+
+
+def _rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def train_point(mode: str, steps: int, output: str | None) -> dict:
+    """One training run in this process: its memory and step times."""
+    from densefit import TrainConfig, train
+    from densefit.data.readers import load_training_examples
+    from densefit.memory.planner import plan_memory
+    from densefit.models import apply_lora, load_model, lora_parameter_count
+
+    examples = load_training_examples(DATASETS / "scifact", split="train")
+    config = TrainConfig(
+        batch_size=BATCH, max_seq_length=SEQ, max_steps=steps, epochs=10, device="cpu",
+        show_progress=False, keep_checkpoints=0, seed=7, **SETTINGS[mode],
+    )  # fmt: skip
+    model = load_model(MODEL, device="cpu", max_seq_length=SEQ)
+    apply_lora(model, config)
+    planned = dict(config.to_dict(), memory="auto", memory_budget="64GiB")
+    static = plan_memory(model, examples, TrainConfig(**planned)).static_bytes
+    trainable, total = lora_parameter_count(model)
+    Path("/proc/self/clear_refs").write_text("5")  # forget the load's and the probe's peak
+    base_rss = _rss_mb()
+    stamps: list[float] = []
+    started = time.perf_counter()
+    train(model, examples, config, output_dir=output, on_step=lambda r: stamps.append(
+        time.perf_counter()))  # fmt: skip
+    times = [b - a for a, b in zip([started, *stamps], stamps)]
+    return {
+        "mode": mode,
+        "steps": len(stamps),
+        "trainable_params": trainable,
+        "total_params": total,
+        "planner_static_mb": round(static / 2**20, 2),
+        "rss_before_training_mb": round(base_rss, 1),
+        "training_peak_rss_mb": round(_peak_rss_mb() - base_rss, 1),
+        "median_step_s": round(statistics.median(times[2:] or times), 3),
+        **{k: v for k, v in SETTINGS[mode].items()},
+    }
+
+
+def eval_point(model_ref: str) -> dict:
+    """SciFact test nDCG@10 of a model (full corpus, max_seq_length 128)."""
+    from densefit.data.corpus import load_beir
+    from densefit.evaluate import evaluate_beir
+    from densefit.models import load_model
+
+    model = load_model(model_ref, device="cpu", max_seq_length=SEQ)
+    beir = load_beir(DATASETS / "scifact", "test")
+    result = evaluate_beir(model, beir, "test", metrics=["ndcg@10"], batch_size=64)
+    return {"ndcg@10": round(float(result.metrics["ndcg@10"]), 4)}
+
+
+def _child(kind: str, spec: dict) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))  # fmt: skip
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, __file__, f"--{kind}", json.dumps(spec)],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind} {spec} failed:\n{proc.stderr[-3000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out.update(load_before=round(load, 2), load_after=round(os.getloadavg()[0], 2),
+               wall_s=round(time.perf_counter() - started, 1))  # fmt: skip
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def _plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    names = ["planner static bytes", "training peak RSS", "median step time"]
+    keys = ["planner_static_ratio", "training_peak_rss_ratio", "step_time_ratio"]
+    values = [summary[k] for k in keys]
+    left.bar(names, values, color="#4c72b0")
+    left.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    left.set_title("LoRA r=16 / full fine-tuning (paired runs)")
+    for i, v in enumerate(values):
+        left.text(i, v, f"{v:.2f}", ha="center", va="bottom")
+    left.tick_params(axis="x", labelsize=8)
+    scores = summary["ndcg@10"]
+    right.bar(list(scores), list(scores.values()), color=["grey", "#4c72b0", "#dd8452"])
+    right.set_title(f"SciFact test nDCG@10 after {summary['steps']} steps")
+    for i, v in enumerate(scores.values()):
+        right.text(i, v, f"{v:.4f}", ha="center", va="bottom")
+    right.set_ylim(0, max(scores.values()) * 1.15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    """Run the paired points, then the evaluations; write the results."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--work", default="/tmp/densefit-bench-lora")
+    parser.add_argument("--train", help=argparse.SUPPRESS)
+    parser.add_argument("--eval", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.train:
+        spec = json.loads(args.train)
+        print(json.dumps(train_point(spec["mode"], spec["steps"], spec.get("output"))))
+        return
+    if args.eval:
+        print(json.dumps(eval_point(json.loads(args.eval)["model"])))
+        return
+
+    work = Path(args.work)
+    points, models = [], {}
+    for pair in range(args.pairs):
+        order = ("full", "lora") if pair % 2 == 0 else ("lora", "full")
+        for mode in order:
+            output = None
+            if mode not in models:
+                output = models[mode] = str(work / f"{mode}-{int(time.time())}")
+            points.append({**_child("train", {"mode": mode, "steps": args.steps,
+                                              "output": output}), "pair": pair})  # fmt: skip
+    scores = {"base": _child("eval", {"model": MODEL})["ndcg@10"]}
+    for mode in ("full", "lora"):
+        scores[mode] = _child("eval", {"model": models[mode]})["ndcg@10"]
+
+    def ratio(key: str) -> float:
+        per_pair = []
+        for pair in range(args.pairs):
+            row = {p["mode"]: p[key] for p in points if p["pair"] == pair}
+            per_pair.append(row["lora"] / row["full"])
+        return round(statistics.median(per_pair), 3)
+
+    import torch
+
+    summary = {
+        "command": "OMP_NUM_THREADS=1 python bench/lora.py " + " ".join(sys.argv[1:]),
+        "model": MODEL,
+        "batch_size": BATCH,
+        "max_seq_length": SEQ,
+        "steps": args.steps,
+        "threads": 1,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "device": "cpu",
+        "memory": "plain",
+        "note": "shared machine (other jobs running: see load_before/load_after per point); "
+        "paired runs in ABBA order, ratios are LoRA / full within each pair (median over "
+        "pairs); absolute times are load-dependent. nDCG@10: the first model of each "
+        "configuration, SciFact test, full corpus. GPU: not measured here (bench/gpu.sh).",
+        "planner_static_ratio": ratio("planner_static_mb"),
+        "training_peak_rss_ratio": ratio("training_peak_rss_mb"),
+        "step_time_ratio": ratio("median_step_s"),
+        "ndcg@10": scores,
+        "settings": SETTINGS,
+        "points": points,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "lora.json").write_text(json.dumps(summary, indent=2))
+    with (RESULTS / "lora.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(points[0]))
+        writer.writeheader()
+        writer.writerows(points)
+    _plot(summary, RESULTS / "lora.png")
+    print(json.dumps({k: v for k, v in summary.items() if k != "points"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
