@@ -230,3 +230,38 @@ def test_resumed_lora_run_ends_with_the_uninterrupted_weights(tmp_path):
     a, b = whole.state_dict(), resumed.state_dict()
     assert a.keys() == b.keys() and any("lora_" in k for k in a)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_cli_trains_lora_and_its_errors_are_one_line(tmp_path):
+    import json
+
+    from transformers.utils import logging
+    from typer.testing import CliRunner
+
+    from densefit.cli import app
+    from densefit.testing import tiny_model
+
+    logging.disable_progress_bar()  # transformers' 'Loading weights' bar: not ours
+
+    tiny_model(tmp_path / "model")
+    rows_file = tmp_path / "pairs.jsonl"
+    rows_file.write_text("".join(json.dumps({"anchor": q, "positive": d}) + "\n"
+                                 for q, d in zip(QUERIES, DOCS, strict=True)))  # fmt: skip
+    base = ["train", str(rows_file), "-m", str(tmp_path / "model"), "--max-steps", "2",
+            "--batch-size", "4", "--no-progress"]  # fmt: skip
+    runner = CliRunner()
+    ok = runner.invoke(app, [*base, "-o", str(tmp_path / "out"), "--lora-r", "4"])
+    assert ok.exit_code == 0, ok.output
+    assert "LoRA r=4 alpha=8 (saved merged)" in " ".join(ok.stderr.split())
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    for extra, expected in (
+        (["--lora-alpha", "3"], "--lora-alpha configure LoRA, which is off: add --lora-r"),
+        (["--lora-r", "4", "--lora-target-modules", "foo"], "--lora-target-modules"),
+        (["--lora-r", "0"], "--lora-r must be >= 1"),
+        (["--lora-r", "4", "--lora-dropout", "1"], "--lora-dropout must be below 1"),
+    ):
+        result = runner.invoke(app, [*base, "-o", str(tmp_path / "bad"), *extra])
+        lines = result.stderr.splitlines()
+        assert result.exit_code == 2, (extra, result.output)
+        assert len(lines) == 1 and expected in lines[0], result.stderr
+    logging.enable_progress_bar()

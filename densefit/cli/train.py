@@ -145,7 +145,7 @@ def train(
     Ctrl-C prints the command that resumes from the last checkpoint.
     """
     from densefit.config import TrainConfig
-    from densefit.models import load_model
+    from densefit.models import apply_lora, load_model
     from densefit.training import distributed
     from densefit.training.loop import train as run_train
     from densefit.training.setup import check_output_dir
@@ -155,6 +155,7 @@ def train(
     world, main = _start_processes(config, nproc)
     examples = _examples(data, on_bad_row, split)
     st_model = load_model(model, max_seq_length=config.max_seq_length, device=config.device)
+    apply_lora(st_model, config)  # its errors before any line of output
     if main:
         scale_out = ""
         if world > 1:
