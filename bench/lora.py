@@ -99,22 +99,29 @@ def eval_point(model_ref: str) -> dict:
     return {"ndcg@10": round(float(result.metrics["ndcg@10"]), 4)}
 
 
-def _child(kind: str, spec: dict) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))  # fmt: skip
-    load = os.getloadavg()[0]
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, __file__, f"--{kind}", json.dumps(spec)],
-        env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise RuntimeError(f"{kind} {spec} failed:\n{proc.stderr[-3000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out.update(load_before=round(load, 2), load_after=round(os.getloadavg()[0], 2),
-               wall_s=round(time.perf_counter() - started, 1))  # fmt: skip
-    print(json.dumps(out), flush=True)
-    return out
+class _Child:
+    """One point in a fresh process (started now; :meth:`result` waits for it)."""
+
+    def __init__(self, kind: str, spec: dict) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+                   TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))  # fmt: skip
+        self.kind, self.spec = kind, spec
+        self.load = os.getloadavg()[0]
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, f"--{kind}", json.dumps(spec)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def result(self) -> dict:
+        stdout, stderr = self.proc.communicate()
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"{self.kind} {self.spec} failed:\n{stderr[-3000:]}")
+        out = json.loads(stdout.strip().splitlines()[-1])
+        out.update(load_before=round(self.load, 2), load_after=round(os.getloadavg()[0], 2),
+                   wall_s=round(time.perf_counter() - self.started, 1))  # fmt: skip
+        print(json.dumps({self.kind: self.spec, **out}), flush=True)
+        return out
 
 
 def _plot(summary: dict, path: Path) -> None:
@@ -151,6 +158,11 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/densefit-bench-lora")
     parser.add_argument("--train", help=argparse.SUPPRESS)
     parser.add_argument("--eval", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--from-log",
+        help="Write the results from the JSON lines a run printed (LOG): the complete pairs "
+        "and the evaluations, e.g. of a run stopped early.",
+    )
     args = parser.parse_args()
     if args.train:
         spec = json.loads(args.train)
@@ -160,23 +172,49 @@ def main() -> None:
         print(json.dumps(eval_point(json.loads(args.eval)["model"])))
         return
 
+    if args.from_log:
+        points, scores = _read_log(Path(args.from_log))
+        write_results(points, scores, args.steps, sys.argv[1:])
+        return
     work = Path(args.work)
-    points, models = [], {}
+    points, evals = [], {"base": _Child("eval", {"model": MODEL})}
     for pair in range(args.pairs):
         order = ("full", "lora") if pair % 2 == 0 else ("lora", "full")
         for mode in order:
-            output = None
-            if mode not in models:
-                output = models[mode] = str(work / f"{mode}-{int(time.time())}")
-            points.append({**_child("train", {"mode": mode, "steps": args.steps,
-                                              "output": output}), "pair": pair})  # fmt: skip
-    scores = {"base": _child("eval", {"model": MODEL})["ndcg@10"]}
-    for mode in ("full", "lora"):
-        scores[mode] = _child("eval", {"model": models[mode]})["ndcg@10"]
+            output = None if mode in evals else str(work / f"{mode}-{int(time.time())}")
+            spec = {"mode": mode, "steps": args.steps, "output": output}
+            points.append({**_Child("train", spec).result(), "pair": pair})
+            if output is not None:  # scored while the next points train
+                evals[mode] = _Child("eval", {"model": output})
+    scores = {mode: evals[mode].result()["ndcg@10"] for mode in ("base", "full", "lora")}
+    write_results(points, scores, args.steps, sys.argv[1:])
+
+
+def _read_log(path: Path) -> tuple[list[dict], dict]:
+    """The training points of the complete pairs, and the scores, from a run's printed lines."""
+    points, scores = [], {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        if "train" in row:
+            points.append({k: v for k, v in row.items() if k != "train"})
+        elif "eval" in row:
+            model = row["eval"]["model"]
+            mode = "base" if model == MODEL else Path(model).name.split("-")[0]
+            scores[mode] = row["ndcg@10"]
+    for i, point in enumerate(points):
+        point["pair"] = i // 2
+    return [p for p in points if p["pair"] < len(points) // 2], scores
+
+
+def write_results(points: list[dict], scores: dict, steps: int, argv: list[str]) -> None:
+    """bench/results/lora.{json,csv,png}: the paired ratios, the scores and every point."""
+    pairs = sorted({p["pair"] for p in points})
 
     def ratio(key: str) -> float:
         per_pair = []
-        for pair in range(args.pairs):
+        for pair in pairs:
             row = {p["mode"]: p[key] for p in points if p["pair"] == pair}
             per_pair.append(row["lora"] / row["full"])
         return round(statistics.median(per_pair), 3)
@@ -184,18 +222,20 @@ def main() -> None:
     import torch
 
     summary = {
-        "command": "OMP_NUM_THREADS=1 python bench/lora.py " + " ".join(sys.argv[1:]),
+        "command": "OMP_NUM_THREADS=1 python bench/lora.py " + " ".join(argv),
         "model": MODEL,
         "batch_size": BATCH,
         "max_seq_length": SEQ,
-        "steps": args.steps,
+        "steps": steps,
+        "pairs": len(pairs),
         "threads": 1,
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "device": "cpu",
         "memory": "plain",
-        "note": "shared machine (other jobs running: see load_before/load_after per point); "
-        "paired runs in ABBA order, ratios are LoRA / full within each pair (median over "
+        "note": "shared machine (2 cores, other jobs running: see load_before/load_after per "
+        "point); one training point at a time, paired in ABBA order, the evaluations run "
+        "beside the training points; ratios are LoRA / full within each pair (median over "
         "pairs); absolute times are load-dependent. nDCG@10: the first model of each "
         "configuration, SciFact test, full corpus. GPU: not measured here (bench/gpu.sh).",
         "planner_static_ratio": ratio("planner_static_mb"),
@@ -208,7 +248,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "lora.json").write_text(json.dumps(summary, indent=2))
     with (RESULTS / "lora.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(points[0]))
+        fields = list(dict.fromkeys(k for p in points for k in p))
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(points)
     _plot(summary, RESULTS / "lora.png")

@@ -232,16 +232,23 @@ def test_resumed_lora_run_ends_with_the_uninterrupted_weights(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_the_cli_trains_lora_and_its_errors_are_one_line(tmp_path):
+@pytest.fixture
+def no_progress_bars():
+    """transformers draws a 'Loading weights' bar on stderr: not ours, not counted."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    yield
+    logging.enable_progress_bar()
+
+
+def test_the_cli_trains_lora_and_its_errors_are_one_line(tmp_path, no_progress_bars):
     import json
 
-    from transformers.utils import logging
     from typer.testing import CliRunner
 
     from densefit.cli import app
     from densefit.testing import tiny_model
-
-    logging.disable_progress_bar()  # transformers' 'Loading weights' bar: not ours
 
     tiny_model(tmp_path / "model")
     rows_file = tmp_path / "pairs.jsonl"
@@ -264,4 +271,3 @@ def test_the_cli_trains_lora_and_its_errors_are_one_line(tmp_path):
         lines = result.stderr.splitlines()
         assert result.exit_code == 2, (extra, result.output)
         assert len(lines) == 1 and expected in lines[0], result.stderr
-    logging.enable_progress_bar()
