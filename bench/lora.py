@@ -7,10 +7,11 @@ Each training point runs in a fresh process (peak RSS is the process's own): ful
 LoRA, full, ... (ABBA order: on a shared machine a drift in load hits both alike). Per
 point: the planner's static bytes (weights, gradients, AdamW state; frozen weights once),
 the peak RSS of training above the loaded model, and the median step time. Then each
-configuration's first model, and the base model, are scored on SciFact's test split (full
-corpus, nDCG@10). Results: bench/results/lora.{json,csv,png}, with the command, threads and
-the load average around every point; the ratios (LoRA / full within a pair) are the
-numbers to read, the absolute times depend on the machine's load.
+configuration's first model, and the base model, are scored on SciFact's test split
+(nDCG@10 over every judged document + 1,000 seeded random others: see :func:`eval_point`).
+Results: bench/results/lora.{json,csv,png}, with the command, threads and the load average
+around every point; the ratios (LoRA / full within a pair) are the numbers to read, the
+absolute times depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ RESULTS = HERE / "results"
 DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", REPO.parent / "shared" / "datasets"))
 MODEL = "all-MiniLM-L6-v2"
 BATCH, SEQ = 32, 128
+DISTRACTORS = 1000
 SETTINGS = {
     "full": {"learning_rate": 2e-5},
     "lora": {"learning_rate": 2e-4, "lora_r": 16, "lora_alpha": 32},
@@ -88,15 +90,24 @@ def train_point(mode: str, steps: int, output: str | None) -> dict:
 
 
 def eval_point(model_ref: str) -> dict:
-    """SciFact test nDCG@10 of a model (full corpus, max_seq_length 128)."""
-    from densefit.data.corpus import load_beir
+    """SciFact test nDCG@10 of a model (max_seq_length 128) on every judged document plus
+    DISTRACTORS seeded random others, as ``densefit run``'s ``eval.distractors`` does (the
+    full corpus takes most of an hour per model on this shared machine)."""
+    import random
+
+    from densefit.data.corpus import BeirDataset, load_beir
     from densefit.evaluate import evaluate_beir
     from densefit.models import load_model
 
     model = load_model(model_ref, device="cpu", max_seq_length=SEQ)
     beir = load_beir(DATASETS / "scifact", "test")
+    judged = {d for docs in beir.qrels.values() for d in docs}
+    others = sorted(set(beir.corpus) - judged)
+    picked = set(random.Random(0).sample(others, min(DISTRACTORS, len(others))))
+    corpus = {k: v for k, v in beir.corpus.items() if k in judged or k in picked}
+    beir = BeirDataset(corpus, beir.queries, beir.qrels, beir.judgments, beir.report)
     result = evaluate_beir(model, beir, "test", metrics=["ndcg@10"], batch_size=64)
-    return {"ndcg@10": round(float(result.metrics["ndcg@10"]), 4)}
+    return {"ndcg@10": round(float(result.metrics["ndcg@10"]), 4), "documents": len(corpus)}
 
 
 class _Child:
@@ -174,7 +185,10 @@ def main() -> None:
 
     if args.from_log:
         points, scores = _read_log(Path(args.from_log))
-        write_results(points, scores, args.steps, sys.argv[1:])
+        pairs = len({p["pair"] for p in points})
+        argv = [f"--steps {args.steps} --pairs {args.pairs}", f"(stopped after {pairs} pair(s);",
+                "results written by --from-log LOG from the lines it printed)"]  # fmt: skip
+        write_results(points, scores, args.steps, argv)
         return
     work = Path(args.work)
     points, evals = [], {"base": _Child("eval", {"model": MODEL})}
@@ -237,7 +251,9 @@ def write_results(points: list[dict], scores: dict, steps: int, argv: list[str])
         "point); one training point at a time, paired in ABBA order, the evaluations run "
         "beside the training points; ratios are LoRA / full within each pair (median over "
         "pairs); absolute times are load-dependent. nDCG@10: the first model of each "
-        "configuration, SciFact test, full corpus. GPU: not measured here (bench/gpu.sh).",
+        "configuration, SciFact test, judged documents + 1,000 seeded random distractors (higher "
+        "than on the full corpus; compare within this file only). GPU: not measured here "
+        "(bench/gpu.sh).",
         "planner_static_ratio": ratio("planner_static_mb"),
         "training_peak_rss_ratio": ratio("training_peak_rss_mb"),
         "step_time_ratio": ratio("median_step_s"),
