@@ -130,8 +130,8 @@ def train(
     ),
     nproc: int | None = typer.Option(
         None,
-        help="Train with N processes on this machine (launches torchrun; one GPU each with "
-        "--device cuda).",
+        help="Train with N processes on this machine (launches torchrun; one GPU each when "
+        "the device is cuda, as auto picks on a GPU machine).",
     ),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     options: dict | None = None,
