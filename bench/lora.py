@@ -167,6 +167,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--work", default="/tmp/densefit-bench-lora")
+    parser.add_argument(
+        "--no-eval",
+        action="store_true",
+        help="Time the training points only (no evaluation, no results written: print the "
+        "lines for --from-log).",
+    )
     parser.add_argument("--train", help=argparse.SUPPRESS)
     parser.add_argument("--eval", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -191,15 +197,19 @@ def main() -> None:
         write_results(points, scores, args.steps, argv)
         return
     work = Path(args.work)
-    points, evals = [], {"base": _Child("eval", {"model": MODEL})}
+    points, evals = [], {} if args.no_eval else {"base": _Child("eval", {"model": MODEL})}
     for pair in range(args.pairs):
         order = ("full", "lora") if pair % 2 == 0 else ("lora", "full")
         for mode in order:
-            output = None if mode in evals else str(work / f"{mode}-{int(time.time())}")
+            output = None
+            if not (args.no_eval or mode in evals):
+                output = str(work / f"{mode}-{int(time.time())}")
             spec = {"mode": mode, "steps": args.steps, "output": output}
             points.append({**_Child("train", spec).result(), "pair": pair})
             if output is not None:  # scored while the next points train
                 evals[mode] = _Child("eval", {"model": output})
+    if args.no_eval:
+        return
     scores = {mode: evals[mode].result()["ndcg@10"] for mode in ("base", "full", "lora")}
     write_results(points, scores, args.steps, sys.argv[1:])
 
@@ -226,12 +236,12 @@ def write_results(points: list[dict], scores: dict, steps: int, argv: list[str])
     """bench/results/lora.{json,csv,png}: the paired ratios, the scores and every point."""
     pairs = sorted({p["pair"] for p in points})
 
+    def per_pair(key: str) -> list[float]:
+        rows = [{p["mode"]: p[key] for p in points if p["pair"] == pair} for pair in pairs]
+        return [round(row["lora"] / row["full"], 3) for row in rows]
+
     def ratio(key: str) -> float:
-        per_pair = []
-        for pair in pairs:
-            row = {p["mode"]: p[key] for p in points if p["pair"] == pair}
-            per_pair.append(row["lora"] / row["full"])
-        return round(statistics.median(per_pair), 3)
+        return round(statistics.median(per_pair(key)), 3)
 
     import torch
 
@@ -257,6 +267,8 @@ def write_results(points: list[dict], scores: dict, steps: int, argv: list[str])
         "planner_static_ratio": ratio("planner_static_mb"),
         "training_peak_rss_ratio": ratio("training_peak_rss_mb"),
         "step_time_ratio": ratio("median_step_s"),
+        "step_time_ratio_per_pair": per_pair("median_step_s"),
+        "training_peak_rss_ratio_per_pair": per_pair("training_peak_rss_mb"),
         "ndcg@10": scores,
         "settings": SETTINGS,
         "points": points,
