@@ -30,6 +30,7 @@ __all__ = [
     "check_device",
     "check_memory_budget",
     "check_metric",
+    "check_probability",
     "config_options",
     "option_of",
     "options_markdown",
@@ -228,6 +229,16 @@ def check_device(device: str | None) -> str | None:
     return text
 
 
+def check_probability(value: float) -> None:
+    """Raise ``ValueError`` unless ``value`` is below 1 (a dropout probability; >= 0 is
+    checked by the option's range).
+
+    >>> check_probability(0.1)
+    """
+    if not value < 1:
+        raise ValueError(f"must be below 1, got {value!r}")
+
+
 # ----------------------------------------------------------------------------- the config
 
 
@@ -298,9 +309,12 @@ class TrainConfig:
         metavar="TEXT",
     )
     amp: str | None = option(
-        None, "Mixed precision: bf16 (CPU/CUDA) or fp16 (CUDA); default: off.",
+        None,
+        "Mixed precision; default: off (fp32). bf16: on a GPU faster steps and less "
+        "activation memory; on a CPU less activation memory, faster only where the CPU has "
+        "bf16 instructions (AVX-512 BF16/AMX). fp16: CUDA only, with loss scaling.",
         choices=(None, "bf16", "fp16"),
-    )  # fmt: skip
+    )
     gradient_checkpointing: bool = option(
         False,
         "Recompute activations in backward (with memory plain).",
@@ -375,10 +389,36 @@ class TrainConfig:
         1, "Write a line to the training log (train_log.jsonl) every N steps.", ge=1, plan=False
     )
     device: str | None = option(
-        None,
-        "auto (cuda if present, else cpu), cpu, cuda, cuda:N or mps; default: cpu.",
+        "auto",
+        "auto: the GPU (cuda) when torch sees one, else the CPU; or cpu, cuda, cuda:N, mps.",
         check=check_device,
         metavar="|".join(DEVICES),
+    )
+    # LoRA (peft, the optional extra `lora`): train low-rank adapters, the base weights frozen
+    lora_r: int | None = option(
+        None,
+        "LoRA: train rank-R adapters instead of every weight (needs peft: pip install "
+        "'densefit[lora]'); default: full fine-tuning.",
+        ge=1,
+        metavar="R",
+    )
+    lora_alpha: float | None = option(
+        None, "LoRA scaling numerator (updates scaled by alpha/r); default: 2 x lora_r.", gt=0
+    )
+    lora_dropout: float = option(
+        0.0, "LoRA: dropout on the adapters' input (0 to 1).", ge=0, check=check_probability
+    )
+    lora_target_modules: str | None = option(
+        None,
+        "LoRA: comma-separated module names to adapt (query,value) or all-linear; default: "
+        "peft's choice for the architecture (BERT: query,value).",
+        metavar="NAMES",
+    )
+    save_adapter: bool = option(
+        False,
+        "LoRA: save only the adapter (PEFT format) instead of the merged model.",
+        flag="--save-adapter",
+        plan=False,
     )
     show_progress: bool = option(True, "Show progress bars.", cli=False, plan=False)
     checkpoint_every: int | None = option(

@@ -1,14 +1,19 @@
-"""Loading sentence-transformers models offline-first, and gradient checkpointing.
+"""Loading sentence-transformers models offline-first, the device they run on, gradient
+checkpointing and LoRA adapters.
 
 The model container is always :class:`sentence_transformers.SentenceTransformer`: any ST
-model goes in, an ST-format model comes out.
+model goes in, an ST-format model comes out (LoRA: merged into it, or the PEFT adapter alone).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import json
 import os
+import weakref
 from pathlib import Path
+from typing import Any
 
 from sentence_transformers import SentenceTransformer
 
@@ -16,6 +21,13 @@ from densefit.errors import OptionError
 
 __all__ = [
     "ModelNotFoundError",
+    "apply_lora",
+    "has_lora",
+    "lora_parameter_count",
+    "merge_lora",
+    "merged_copy",
+    "resolve_device",
+    "save_lora_adapter",
     "load_model",
     "resolve_model_path",
     "enable_gradient_checkpointing",
@@ -83,14 +95,16 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
 def load_model(
     name_or_path: str | os.PathLike,
     *,
-    device: str | None = None,
+    device: str | None = "auto",
     trust_remote_code: bool = False,
     max_seq_length: int | None = None,
 ) -> SentenceTransformer:
     """Load a sentence-transformers model from a folder, a packaged name, or the hub.
 
+    ``device`` goes through :func:`resolve_device` (``auto``: cuda when present, else cpu).
     Weights load from safetensors only, and remote code runs only when
-    ``trust_remote_code=True``.
+    ``trust_remote_code=True``. A folder holding a LoRA adapter (``adapter_config.json``,
+    saved by ``--save-adapter``) loads its base model with the adapter merged in.
 
     >>> model = load_model("all-MiniLM-L6-v2")  # doctest: +SKIP
     >>> model.encode(["hello"]).shape  # doctest: +SKIP
@@ -98,12 +112,16 @@ def load_model(
     """
     if isinstance(name_or_path, SentenceTransformer):
         return name_or_path
+    device = resolve_device(device)
+    adapter = _adapter_folder(name_or_path)
+    if adapter is not None:
+        return _load_adapter_model(adapter, device, trust_remote_code, max_seq_length)
     resolved = resolve_model_path(name_or_path)
     is_local = Path(resolved).is_dir()
     try:
         model = SentenceTransformer(
             resolved,
-            device=device or "cpu",
+            device=device,
             trust_remote_code=trust_remote_code,
             local_files_only=is_local or _offline(),
             model_kwargs={"use_safetensors": True},
@@ -234,4 +252,208 @@ def disable_gradient_checkpointing(model: SentenceTransformer) -> SentenceTransf
     if is_checkpointing(model):
         disable = getattr(inner, "activation_checkpointing_disable", None)
         (disable or inner.gradient_checkpointing_disable)()
+    return model
+
+
+# ----------------------------------------------------------------------------- device
+
+
+def resolve_device(device: str | None = "auto") -> str:
+    """The device to run on: ``auto`` (or None) is cuda when torch sees a GPU, else cpu;
+    ``cpu``, ``cuda``, ``cuda:N`` and ``mps`` are checked against this machine.
+
+    The one resolution every command uses (:func:`densefit.config.check_device`, as
+    ``TrainConfig.device`` does); a device that is not here is an
+    :class:`~densefit.errors.OptionError` naming ``--device``.
+
+    >>> resolve_device("cpu")
+    'cpu'
+    """
+    from densefit.config import check_device
+
+    try:
+        return str(check_device(device or "auto"))
+    except ValueError as exc:
+        raise OptionError("device", "{option} " + str(exc), flag="--device") from None
+
+
+# ----------------------------------------------------------------------------- LoRA
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+_ADAPTER = "default"  # peft's adapter name
+_PEFT_MISSING = "LoRA needs the peft package: pip install 'densefit[lora]'"
+
+# model -> the peft LoraModel that injected its adapters (kept outside the module tree: not
+# a submodule, so state dicts and checkpoints hold the adapted model's weights only once)
+_TUNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _peft() -> Any:
+    try:
+        import peft
+    except ImportError as exc:
+        raise ImportError(_PEFT_MISSING) from exc
+    return peft
+
+
+def has_lora(model: SentenceTransformer) -> bool:
+    """Whether LoRA adapters are attached to ``model`` (by :func:`apply_lora`)."""
+    return model in _TUNERS
+
+
+def _lora_options_without_r(config: Any) -> list[str]:
+    from densefit.config import TrainConfig, flag_of
+
+    defaults = TrainConfig.__dataclass_fields__
+    names = ("lora_alpha", "lora_dropout", "lora_target_modules", "save_adapter")
+    return [flag_of(n) for n in names if getattr(config, n) != defaults[n].default]
+
+
+def apply_lora(model: SentenceTransformer, config: Any) -> SentenceTransformer:
+    """Attach LoRA adapters to ``model``'s transformer as ``config`` (a
+    :class:`~densefit.config.TrainConfig`) asks, freezing every other weight.
+
+    A no-op without ``config.lora_r`` (then the other LoRA options are an error) and on a
+    model that has adapters already (a resumed run re-attaches them in a new process only).
+    Uses peft's own injection (``peft.LoraModel``, which ``SentenceTransformer.add_adapter``
+    calls through transformers; that path refuses the peft release installable here).
+    Frozen weights carry no gradient and no AdamW state: the optimizer takes trainable
+    parameters only and the planner counts them alone (:mod:`densefit.memory.planner`).
+    """
+    if config.lora_r is None:
+        stray = _lora_options_without_r(config)
+        if stray:
+            raise OptionError(
+                "lora_r",
+                f"{', '.join(stray)} configure LoRA, which is off: add {{option}} R "
+                "(e.g. 16), or drop them",
+                flag="--lora-r",
+            )
+        return model
+    if has_lora(model):
+        return model
+    peft = _peft()
+    targets = config.lora_target_modules
+    if targets is not None and targets != "all-linear":
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    lora = peft.LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha if config.lora_alpha is not None else 2 * config.lora_r,
+        lora_dropout=config.lora_dropout,
+        target_modules=targets,
+        bias="none",
+    )
+    lora.base_model_name_or_path = model_name_of(model)
+    inner = transformer_of(model)
+    try:
+        tuner = peft.LoraModel(inner, lora, _ADAPTER)
+    except ValueError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = first.replace("{", "{{").replace("}", "}}")
+        raise OptionError(
+            "lora_target_modules",
+            f"cannot attach LoRA to {type(inner).__name__} ({first}): name the linear layers "
+            "to adapt with {option} (e.g. query,value) or all-linear",
+            flag="--lora-target-modules",
+        ) from None
+    _TUNERS[model] = tuner
+    return model
+
+
+def lora_parameter_count(model: SentenceTransformer) -> tuple[int, int]:
+    """(trainable, all) parameter counts of ``model``.
+
+    >>> from densefit.testing import tiny_model
+    >>> trainable, total = lora_parameter_count(tiny_model())
+    >>> trainable == total
+    True
+    """
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def merge_lora(model: SentenceTransformer) -> SentenceTransformer:
+    """Fold the LoRA adapters into the base weights and remove them (peft's
+    ``merge_and_unload``): ``model`` becomes a plain sentence-transformers model, every weight
+    trainable again, that loads anywhere. A no-op without adapters.
+    """
+    tuner = _TUNERS.pop(model, None)
+    if tuner is None:
+        return model
+    inner = tuner.merge_and_unload()
+    if hasattr(inner, "peft_config"):
+        del inner.peft_config
+    for param in model.parameters():
+        param.requires_grad_(True)
+    return model
+
+
+def merged_copy(model: SentenceTransformer) -> SentenceTransformer:
+    """A copy of ``model`` with its LoRA adapters merged in (:func:`merge_lora`), ``model``
+    untouched (training may go on); ``model`` itself when it has none."""
+    tuner = _TUNERS.get(model)
+    if tuner is None:
+        return model
+    clone, clone_tuner = copy.deepcopy((model, tuner))  # one memo: the copy's own layers
+    _TUNERS[clone] = clone_tuner
+    return merge_lora(clone)
+
+
+def save_lora_adapter(model: SentenceTransformer, folder: str | os.PathLike) -> Path:
+    """Write ``model``'s LoRA adapter in PEFT format: ``adapter_config.json`` (with the base
+    model's name) and ``adapter_model.safetensors``.
+
+    :func:`load_model` loads the folder (base model + adapter, merged); so do
+    ``SentenceTransformer(base).load_adapter(folder)`` and peft's ``PeftModel.from_pretrained``.
+    """
+    tuner = _TUNERS.get(model)
+    if tuner is None:
+        raise ValueError("save_adapter: the model has no LoRA adapter; train with --lora-r R")
+    from peft.functional import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    state = get_peft_model_state_dict(tuner.model, adapter_name=_ADAPTER)
+    # PEFT's layout: keys relative to a PeftModel wrapping the transformer
+    tensors = {f"base_model.model.{k}": v.detach().contiguous().cpu() for k, v in state.items()}
+    save_file(tensors, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    tuner.peft_config[_ADAPTER].save_pretrained(str(out))
+    return out
+
+
+def _adapter_folder(name_or_path: str | os.PathLike) -> Path | None:
+    path = Path(str(name_or_path)).expanduser()
+    if (path / ADAPTER_CONFIG).is_file() and not (path / "modules.json").is_file():
+        return path
+    return None
+
+
+def _load_adapter_model(
+    folder: Path, device: str, trust_remote_code: bool, max_seq_length: int | None
+) -> SentenceTransformer:
+    """The base model named in ``folder``'s adapter config, with the adapter merged in."""
+    peft = _peft()
+    from peft.functional import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    settings = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    base = settings.get("base_model_name_or_path")
+    if not base:
+        raise ModelNotFoundError(
+            f"{folder / ADAPTER_CONFIG}: names no base_model_name_or_path; load the base "
+            "model and add the adapter with peft"
+        )
+    model = load_model(
+        base, device=device, trust_remote_code=trust_remote_code, max_seq_length=max_seq_length
+    )
+    lora = peft.PeftConfig.from_pretrained(str(folder))
+    tuner = peft.LoraModel(transformer_of(model), lora, _ADAPTER)
+    _TUNERS[model] = tuner
+    state = load_file(str(folder / ADAPTER_WEIGHTS), device=device)
+    state = {k.removeprefix("base_model.model."): v for k, v in state.items()}
+    set_peft_model_state_dict(tuner.model, state, adapter_name=_ADAPTER)
+    merge_lora(model)
+    model._densefit_name = str(folder)  # type: ignore[attr-defined]
     return model

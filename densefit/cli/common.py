@@ -24,9 +24,11 @@ __all__ = [
     "DOCUMENT_PROMPT_OPTION",
     "QUERY_PROMPT_OPTION",
     "check_output_folder",
+    "device_option",
     "err",
     "fail",
     "invocation",
+    "lora_summary",
     "print_error",
     "routed_warnings",
     "train_options",
@@ -215,3 +217,29 @@ DIM_OPTION: Any = typer.Option(
     "(search: the store's).",
     rich_help_panel="Embedding",
 )
+
+
+def device_option() -> Any:
+    """The ``--device`` option of every command that runs a model (index, search, eval,
+    mine), generated from ``TrainConfig.device``'s declaration (its default, ``auto``, and
+    help); the command passes the value to :func:`densefit.models.load_model`, which
+    resolves it with :func:`densefit.models.resolve_device`.
+    """
+    from densefit.config import TrainConfig, option_of
+
+    declared = option_of("device")
+    return typer.Option(
+        TrainConfig.__dataclass_fields__["device"].default,
+        "--device",
+        help=declared.help,
+        metavar=declared.metavar,
+    )
+
+
+def lora_summary(config: Any) -> str:
+    """``, LoRA r=16 alpha=32`` for a LoRA run's summary line; empty without LoRA."""
+    if getattr(config, "lora_r", None) is None:
+        return ""
+    alpha = config.lora_alpha if config.lora_alpha is not None else 2 * config.lora_r
+    saved = "adapter" if config.save_adapter else "merged"
+    return f", LoRA r={config.lora_r} alpha={alpha:g} (saved {saved})"

@@ -19,6 +19,7 @@ from densefit.cli.common import (
     DOCUMENT_PROMPT_OPTION,
     QUERY_PROMPT_OPTION,
     OnBadRow,
+    device_option,
     err,
     fail,
     warn,
@@ -73,6 +74,7 @@ def evaluate(
         "first D coordinates, re-normalised), e.g. 384,256,128,64; the corpus is embedded once.",
         rich_help_panel="Embedding",
     ),
+    device: str = device_option(),
 ) -> None:
     """nDCG@10, MRR@10, Recall@10/100, MAP@100 (pytrec_eval) on a BEIR split or a store.
 
@@ -93,6 +95,7 @@ def evaluate(
     except ValueError as exc:
         raise ValueError(f"--dims {exc}") from None
     options["prompts"] = {"query_prompt": query_prompt, "document_prompt": document_prompt}
+    options["device"] = resolve_device(device)
     if dataset is not None:
         _check_dataset_options(queries, qrels, model, compare, store)
         results = _evaluate_dataset(
@@ -164,6 +167,7 @@ def _evaluate_dataset(
     batch_size,
     dims,
     prompts,
+    device,
 ) -> list:
     """Index the BEIR corpus with each model (into ``store`` if given) and score ``split``
     (at each Matryoshka size of ``dims``, when given)."""
@@ -178,7 +182,7 @@ def _evaluate_dataset(
     for name, label in _labels(models).items():
         if progress:
             err.print(f"evaluating {name} on {dataset} ({split})", highlight=False)
-        model = configure_model(load_model(name), **prompts)
+        model = configure_model(load_model(name, device=device), **prompts)
         options = dict(metrics=metrics, top_k=top_k, batch_size=batch_size, name=label)
         options.update(store_dir=store, backend=backend, show_progress=progress)
         if dims:
@@ -205,6 +209,7 @@ def _evaluate_store(
     batch_size,
     dims,
     prompts,
+    device,
 ) -> list:
     """Score an existing store with the queries and qrels files (at each size of ``dims``)."""
     from densefit.data.types import ReadReport
@@ -222,7 +227,7 @@ def _evaluate_store(
     with LocalDocumentStore(store, backend=backend) as document_store:
         name = model or document_store.model_name
         st_model = configure_model(
-            load_model(name), **search_options(document_store.settings, **prompts)
+            load_model(name, device=device), **search_options(document_store.settings, **prompts)
         )
         options = dict(
             metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=progress, name=name

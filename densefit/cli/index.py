@@ -20,6 +20,7 @@ from densefit.cli.common import (
     DOCUMENT_PROMPT_OPTION,
     QUERY_PROMPT_OPTION,
     OnBadRow,
+    device_option,
     err,
     fail,
     warn,
@@ -35,10 +36,10 @@ class Dtype(str, Enum):
     float16 = "float16"
 
 
-def _load_model(name: str, max_seq_length: int | None = None):
+def _load_model(name: str, max_seq_length: int | None = None, device: str = "auto"):
     from densefit.models import load_model
 
-    return load_model(name, max_seq_length=max_seq_length)
+    return load_model(name, max_seq_length=max_seq_length, device=device)
 
 
 def _count_rows(path: Path) -> int | None:
@@ -96,6 +97,7 @@ def index(
     query_prompt: str | None = QUERY_PROMPT_OPTION,
     document_prompt: str | None = DOCUMENT_PROMPT_OPTION,
     dim: int | None = DIM_OPTION,
+    device: str = device_option(),
 ) -> None:
     """Embed a corpus into a store; re-running resumes and skips unchanged documents.
 
@@ -103,15 +105,17 @@ def index(
     """
     from densefit.data.corpus import iter_corpus
     from densefit.data.types import ReadReport
+    from densefit.models import resolve_device
     from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.filters import meta_index_sql
     from densefit.retrieval.index.store import open_store
 
+    device = resolve_device(device)
     if not corpus.exists():
         raise FileNotFoundError(f"{corpus}: no such file or folder")
     for field in index_fields:
         meta_index_sql(field)  # a bad field name fails before any work
-    st_model = _load_model(model, max_seq_length)
+    st_model = _load_model(model, max_seq_length, device)
     configure_model(st_model, query_prompt=query_prompt, document_prompt=document_prompt, dim=dim)
     document_store = open_store(
         store, st_model, backend=backend, dtype=dtype.value, lock_timeout=lock_timeout
@@ -202,22 +206,25 @@ def search(
     query_prompt: str | None = QUERY_PROMPT_OPTION,
     document_prompt: str | None = DOCUMENT_PROMPT_OPTION,
     dim: int | None = DIM_OPTION,
+    device: str = device_option(),
 ) -> None:
     """Print the best documents for each query: rank, score, id and a snippet.
 
     Example: densefit search --store stores/scifact "vitamin D and bone density" -k 5
     """
+    from densefit.models import resolve_device
     from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.searching import search_batch
     from densefit.retrieval.index.settings import search_options
     from densefit.retrieval.index.store import LocalDocumentStore
 
     filters = parse_filter_option(filter_)
+    device = resolve_device(device)
     document_store = LocalDocumentStore(store, backend=backend)
     with document_store:
         name = model or document_store.model_name
         try:
-            st_model = _load_model(name)
+            st_model = _load_model(name, device=device)
         except Exception as exc:  # noqa: BLE001 - explain which model and how to fix
             if model:
                 raise

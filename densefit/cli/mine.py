@@ -7,7 +7,13 @@ from pathlib import Path
 
 import typer
 
-from densefit.cli.common import DOCUMENT_PROMPT_OPTION, QUERY_PROMPT_OPTION, OnBadRow, err
+from densefit.cli.common import (
+    DOCUMENT_PROMPT_OPTION,
+    QUERY_PROMPT_OPTION,
+    OnBadRow,
+    device_option,
+    err,
+)
 
 __all__ = ["mine", "register"]
 
@@ -72,15 +78,17 @@ def mine(
     progress: bool = typer.Option(True, help="Show progress bars."),
     query_prompt: str | None = QUERY_PROMPT_OPTION,
     document_prompt: str | None = DOCUMENT_PROMPT_OPTION,
+    device: str = device_option(),
 ) -> None:
     """Mine hard negatives for training pairs, skipping known positives (false negatives).
 
     Example: densefit mine scifact --corpus scifact --method bm25 --num-negatives 4 --range 10:100 --relative-margin 0.05 --output mined.jsonl
     """  # noqa: E501
     from densefit.mine import mine_files, parse_range
-    from densefit.models import load_model
+    from densefit.models import load_model, resolve_device
     from densefit.prompts import set_prompts
 
+    device = resolve_device(device)
     range_min, range_max = parse_range(range_)
     st_model = None
     if method != MineMethod.bm25:
@@ -89,7 +97,7 @@ def mine(
                 f"--method {method.value} embeds the corpus: pass --model "
                 "(e.g. --model all-MiniLM-L6-v2)"
             )
-        st_model = load_model(model, max_seq_length=max_seq_length)
+        st_model = load_model(model, max_seq_length=max_seq_length, device=device)
         set_prompts(st_model, query=query_prompt, document=document_prompt)
     report = mine_files(
         pairs, corpus, output, split=split, on_bad_row=on_bad_row.value,

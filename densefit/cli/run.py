@@ -26,6 +26,7 @@ RUN_TRAIN_FLAGS = (
     "learning_rate",
     "memory_budget",
     "max_seq_length",
+    "device",
 )
 
 

@@ -20,6 +20,7 @@ from densefit.cli.common import (
     err,
     fail,
     invocation,
+    lora_summary,
     print_error,
     train_options,
 )
@@ -99,12 +100,13 @@ def _interrupted(output: Path) -> typer.Exit:
     return typer.Exit(130)
 
 
-def _summary(result, output: Path) -> str:  # noqa: ANN001 - a TrainResult
+def _summary(result, output: Path, device: str | None = None) -> str:  # noqa: ANN001
     plan = result.plan
     cache = str(plan.get("strategy")).startswith("cache")
     return (
-        f"done: {result.steps} steps, {result.examples} examples in {result.seconds:.1f}s, "
-        f"final loss {result.final_loss:.4f}; memory: {plan.get('strategy')} "
+        f"done: {result.steps} steps, {result.examples} examples in {result.seconds:.1f}s"
+        + (f" on {device}" if device else "")
+        + f", final loss {result.final_loss:.4f}; memory: {plan.get('strategy')} "
         f"(chunk {plan.get('chunk_size')}, tokens {plan.get('token_budget')}"
         + (f", {plan.get('keep_graphs')} kept graph(s)" if cache else "")
         + (f", {plan['cpu_allocator']} malloc" if plan.get("cpu_allocator") else "")
@@ -157,8 +159,8 @@ def train(
     ),
     nproc: int | None = typer.Option(
         None,
-        help="Train with N processes on this machine (launches torchrun; one GPU each with "
-        "--device cuda).",
+        help="Train with N processes on this machine (launches torchrun; one GPU each when "
+        "the device is cuda, as auto picks on a GPU machine).",
     ),
     progress: bool = typer.Option(True, help="Show a progress bar."),
     options: dict | None = None,
@@ -172,7 +174,7 @@ def train(
     Ctrl-C prints the command that resumes from the last checkpoint.
     """
     from densefit.config import TrainConfig
-    from densefit.models import load_model
+    from densefit.models import apply_lora, load_model
     from densefit.training import distributed
     from densefit.training.evaluation import eval_data_for
     from densefit.training.loop import train as run_train
@@ -183,16 +185,16 @@ def train(
     evaluate_on = eval_data_for(config, eval_data, data)
     world, main = _start_processes(config, nproc)
     examples, report = _read(data, on_bad_row, split)
-    st_model = load_model(model, max_seq_length=config.max_seq_length)
-    if config.device:
-        st_model.to(config.device)
+    st_model = load_model(model, max_seq_length=config.max_seq_length, device=config.device)
+    apply_lora(st_model, config)  # its errors before any line of output
     if main:
         scale_out = ""
         if world > 1:
             scale_out = (f"; global batch {config.batch_size} = {world} processes x "
                          f"{-(-config.batch_size // world)} rows at most, gather {config.gather}")  # fmt: skip
         err.print(
-            f"training on {len(examples)} rows from {data} -> {output}{scale_out}",
+            f"training on {len(examples)} rows from {data} -> {output} on {config.device}"
+            f"{lora_summary(config)}{scale_out}",
             highlight=False,
         )
     try:
@@ -207,7 +209,7 @@ def train(
     if world > 1:
         distributed.teardown_distributed()
     if main:
-        err.print(_summary(result, output), highlight=False)
+        err.print(_summary(result, output, config.device), highlight=False)
 
 
 @train_options(lambda name, opt: opt.plan, required=("batch_size",))
@@ -231,16 +233,18 @@ def plan(
     from densefit.config import TrainConfig
     from densefit.data.batching import planned_batches
     from densefit.memory.planner import plan_memory
-    from densefit.models import load_model
+    from densefit.models import apply_lora, load_model
 
     config = TrainConfig(**(options or {}), memory="auto")
     examples = _examples(data, on_bad_row, split)
-    st_model = load_model(model, max_seq_length=config.max_seq_length)
+    st_model = load_model(model, max_seq_length=config.max_seq_length, device=config.device)
+    apply_lora(st_model, config)  # the planner counts the frozen weights once
     result = plan_memory(st_model, examples, config, batches=planned_batches(examples, config))
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        typer.echo(json.dumps({**result.to_dict(), "device": config.device}, indent=2))
     else:
         typer.echo(result.table())
+        typer.echo(f"planned for {config.device}{lora_summary(config)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -151,7 +151,8 @@ def resolve_budget(budget: str | int | None, device: torch.device) -> int:
 
 
 def _static_bytes(model: torch.nn.Module) -> int:
-    """Parameters + gradients + AdamW exp_avg and exp_avg_sq (all fp32)."""
+    """Trainable parameters x 4 (the weight, its gradient, AdamW's exp_avg and exp_avg_sq,
+    all fp32) + frozen parameters once (LoRA's base weights: no gradient, no AdamW state)."""
     n = sum(p.numel() for p in model.parameters() if p.requires_grad)
     frozen = sum(p.numel() * p.element_size() for p in model.parameters() if not p.requires_grad)
     return n * 4 * 4 + frozen

@@ -380,7 +380,9 @@ class Pipeline:
         low, high = parse_range(m.range)
         model = None
         if m.method != "bm25":
-            model = load_model(c.model, max_seq_length=m.max_seq_length)
+            model = load_model(
+                c.model, max_seq_length=m.max_seq_length, device=c.train_config().device
+            )
         report = mine_files(
             c.train_data or c.data,
             c.data,
@@ -435,8 +437,8 @@ class Pipeline:
         examples, data_report = read_training_data(source, on_bad_row=c.on_bad_row, split=split)
         if data_report.n_skipped:
             warnings.warn(data_report.summary(), UserWarning, stacklevel=2)
-        model = load_model(c.model, max_seq_length=config.max_seq_length)
-        self.console.print(f"training on {len(examples)} rows from {source}")
+        model = load_model(c.model, max_seq_length=config.max_seq_length, device=config.device)
+        self.console.print(f"training on {len(examples)} rows from {source} on {config.device}")
         result = train(
             model,
             examples,
@@ -511,7 +513,7 @@ class Pipeline:
 
         c = self.config
         beir, corpus_info = self._eval_dataset()
-        model = load_model(model_ref)
+        model = load_model(model_ref, device=c.train_config().device)
         model.max_seq_length = self._eval_max_seq_length(model)
         t0 = time.perf_counter()
         result = evaluate_beir(

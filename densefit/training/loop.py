@@ -25,7 +25,7 @@ from densefit.data.batching import planned_batches, step_groups  # noqa: F401 (c
 from densefit.data.corpus import BeirDataset
 from densefit.data.types import ReadReport, TrainingExample
 from densefit.memory.plan import MemoryPlan
-from densefit.models import model_name_of
+from densefit.models import has_lora, merged_copy, model_name_of, save_lora_adapter
 from densefit.training.model_card import write_model_card
 from densefit.training.setup import TrainRun, setup_run
 from densefit.training.step import train_step
@@ -211,10 +211,17 @@ def save_model(
     result: TrainResult | None = None,
 ) -> Path:
     """Save in sentence-transformers format, with ``densefit_config.json`` and a model card
-    (``README.md``, :mod:`densefit.training.model_card`) beside it."""
+    (``README.md``, :mod:`densefit.training.model_card`) beside it.
+
+    With LoRA: the adapters merged into a copy of the model (``model`` keeps them), or with
+    ``config.save_adapter`` the PEFT adapter alone (:func:`densefit.models.save_lora_adapter`).
+    """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save(str(out), safe_serialization=True)
+    if has_lora(model) and config.save_adapter:
+        save_lora_adapter(model, out)
+    else:
+        merged_copy(model).save(str(out), safe_serialization=True)
     import densefit
 
     extra = {"densefit_version": densefit.__version__, "torch_version": torch.__version__}

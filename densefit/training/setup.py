@@ -31,6 +31,7 @@ from densefit.memory.dropout import enable_invariant_dropout
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.planner import plan_for_run
 from densefit.memory.strategies import MemoryStrategy, make_strategy
+from densefit.models import apply_lora
 from densefit.prompts import set_prompts
 from densefit.training.checkpoint import (
     CHECKPOINTS,
@@ -237,6 +238,7 @@ def _autocast(
 
 
 def _prepare_model(model: SentenceTransformer, config: TrainConfig) -> torch.device:
+    apply_lora(model, config)  # before the optimizer, the planner and a checkpoint's weights
     device = torch.device(config.device or model.device)
     model.to(device)
     if config.max_seq_length is not None:
