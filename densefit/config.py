@@ -275,7 +275,7 @@ class TrainConfig:
         "(see Choosing a batch size).",
         flag="--lr",
         check=check_learning_rate,
-        metavar="auto|NUMBER",
+        metavar="auto/NUMBER",
     )
     warmup_steps: int | None = option(
         None, "Linear warm-up steps; default: 10% of the steps.", flag="--warmup", ge=0
