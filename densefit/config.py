@@ -221,10 +221,11 @@ def auto_learning_rate(batch_size: int) -> float:
     batch takes proportionally fewer optimizer steps over the same data, and a larger step
     makes up for part of that (bench/results/batch_size.md).
 
-    >>> [f"{auto_learning_rate(b):.2g}" for b in (8, 32, 128, 512, 2048, 8192)]
-    ['1e-05', '2e-05', '4e-05', '8e-05', '0.00016', '0.0002']
+    >>> [auto_learning_rate(b) for b in (4, 32, 128, 512, 2048, 8192)]
+    [7.07e-06, 2e-05, 4e-05, 8e-05, 0.00016, 0.0002]
     """
-    return min(AUTO_LR_MAX, AUTO_LR_BASE * math.sqrt(batch_size / AUTO_LR_BATCH))
+    rate = min(AUTO_LR_MAX, AUTO_LR_BASE * math.sqrt(batch_size / AUTO_LR_BATCH))
+    return float(f"{rate:.3g}")  # 3 significant digits: as printed, logged and saved
 
 
 def check_learning_rate(value: str | float) -> str | float:

@@ -60,6 +60,22 @@ def test_the_optimizer_uses_the_rule_and_the_run_records_it(tiny, tmp_path):
     assert 0 < max(logged) <= auto_learning_rate(8)
 
 
+def test_a_rerun_with_auto_is_the_same_run_and_another_batch_size_is_not(tiny, tmp_path):
+    out = tmp_path / "out"
+    config = TrainConfig(batch_size=8, max_steps=1, keep_checkpoints=0, show_progress=False)
+    train(tiny, rows(16), config, output_dir=out)
+    train(tiny, rows(16), config, output_dir=out)  # auto gives the saved value again
+    given = TrainConfig(**{**config.to_dict(), "learning_rate": auto_learning_rate(8)})
+    train(tiny, rows(16), given, output_dir=out)  # the same value, given: the same run
+    with pytest.raises(ValueError, match=r"learning_rate=1e-05 \(now 0.0001\)"):
+        train(
+            tiny,
+            rows(16),
+            TrainConfig(**{**config.to_dict(), "learning_rate": 1e-4}),
+            output_dir=out,
+        )
+
+
 def test_a_given_learning_rate_wins_over_the_rule(tiny):
     run = setup_run(
         tiny,

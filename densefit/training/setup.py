@@ -129,6 +129,15 @@ def check_examples(examples: Sequence[TrainingExample], config: TrainConfig) -> 
                 )
 
 
+def resolve_learning_rate(config: TrainConfig) -> TrainConfig:
+    """``config`` with ``learning_rate="auto"`` replaced by the value the rule gives for its
+    batch size (:attr:`TrainConfig.peak_learning_rate`): what runs, checkpoints and saved
+    configs hold and compare."""
+    if config.learning_rate == "auto":
+        return dataclasses.replace(config, learning_rate=config.peak_learning_rate)
+    return config
+
+
 def check_output_dir(
     output_dir: str | os.PathLike | None,
     config: TrainConfig,
@@ -157,15 +166,16 @@ def check_output_dir(
         except (ValueError, UnicodeDecodeError):
             previous = None
         if isinstance(previous, dict):
+            current = resolve_learning_rate(config).to_dict()  # auto: the value it gives
             differ = [
                 k
-                for k, v in config.to_dict().items()
+                for k, v in current.items()
                 if k not in MAY_DIFFER and k in previous and previous[k] != v
             ]
             if not differ:
                 return
             shown = ", ".join(
-                f"{k}={previous[k]!r} (now {config.to_dict()[k]!r})" for k in differ[:3]
+                f"{k}={previous[k]!r} (now {current[k]!r})" for k in differ[:3]
             )
             raise ValueError(
                 f"{folder}: holds a densefit run with other options ({shown}); choose a new "
@@ -314,7 +324,7 @@ def setup_run(
     """
     config = config or TrainConfig()
     auto_lr = config.learning_rate == "auto"  # the rule's value from here on (and in checkpoints)
-    config = dataclasses.replace(config, learning_rate=config.peak_learning_rate)
+    config = resolve_learning_rate(config)
     check_examples(examples, config)
     check_output_dir(output_dir, config, resume=bool(resume), overwrite=overwrite)
     if config.checkpoint_every and output_dir is None:
