@@ -164,15 +164,16 @@ def plan(args) -> list[dict]:
     """Every point, in the brief's priority order (identical keys are run once)."""
     P = lambda *a, **k: point(*a, args=args, **k)  # noqa: E731
     specs = [P("manpages", 0), P("manpages", 32)]  # (1) the base, batch 32 (every rule)
-    specs += [P("manpages", 512, rule) for rule in ("const", "sqrt", "linear")]
-    specs += [P("manpages", 2048, rule) for rule in ("sqrt", "const", "linear")]
-    specs += [P("manpages", 128, rule) for rule in ("sqrt", "const", "linear")]
+    specs += [P("manpages", 512, rule) for rule in ("sqrt", "linear")]
+    specs += [P("manpages", 128, "sqrt")]
     specs += [P("manpages", 32, seed=43), P("manpages", 512, "linear", seed=43)]  # (3) noise
-    specs += [P("manpages", 512, "sqrt", epochs=2), P("manpages", 2048, "linear", epochs=2)]  # (2)
-    specs += [P("manpages", 2048, "sqrt", epochs=4)]
-    specs += [P("scifact", 0), P("scifact", 32), P("scifact", 512, "sqrt")]  # (4)
-    specs += [P("manpages", 128, "sqrt", negatives="bm25")]  # (5)
-    specs += [P("nfcorpus", 0), P("nfcorpus", 32), P("nfcorpus", 512, "sqrt")]
+    specs += [P("manpages", 128, "linear"), P("manpages", 2048, "linear")]
+    specs += [P("manpages", 2048, "sqrt"), P("manpages", 512, "const")]
+    specs += [P("manpages", 2048, "const"), P("manpages", 128, "const")]
+    specs += [P("manpages", 512, "linear", epochs=2), P("manpages", 2048, "linear", epochs=4)]
+    specs += [P("scifact", 0), P("scifact", 32), P("scifact", 512, "linear")]  # (4)
+    specs += [P("manpages", 512, "linear", negatives="bm25")]  # (5)
+    specs += [P("nfcorpus", 0), P("nfcorpus", 32), P("nfcorpus", 512, "linear")]
     seen, out = set(), []
     for s in specs:
         if s["key"] not in seen:

@@ -217,14 +217,16 @@ AUTO_LR_MAX = 2e-4  # no batch size gets more
 def auto_learning_rate(batch_size: int) -> float:
     """The peak learning rate that ``learning_rate="auto"`` (the default) uses at ``batch_size``.
 
-    2e-5 at batch 32, scaled with the square root of the batch size, at most 2e-4: a bigger
-    batch takes proportionally fewer optimizer steps over the same data, and a larger step
-    makes up for part of that (bench/results/batch_size.md).
+    2e-5 at batch 32, scaled linearly with the batch size, at most 2e-4 (reached at batch
+    320): a batch B times bigger takes B times fewer optimizer steps over the same data, and
+    a proportionally larger step makes up for it. On manpages this made batch 512 better
+    than batch 32 where the fixed 2e-5 and the square-root rule fell short
+    (bench/results/batch_size.md).
 
-    >>> [auto_learning_rate(b) for b in (4, 32, 128, 512, 2048, 8192)]
-    [7.07e-06, 2e-05, 4e-05, 8e-05, 0.00016, 0.0002]
+    >>> [auto_learning_rate(b) for b in (4, 32, 128, 320, 512, 4096)]
+    [2.5e-06, 2e-05, 8e-05, 0.0002, 0.0002, 0.0002]
     """
-    rate = min(AUTO_LR_MAX, AUTO_LR_BASE * math.sqrt(batch_size / AUTO_LR_BATCH))
+    rate = min(AUTO_LR_MAX, AUTO_LR_BASE * batch_size / AUTO_LR_BATCH)
     return float(f"{rate:.3g}")  # 3 significant digits: as printed, logged and saved
 
 
@@ -272,7 +274,7 @@ class TrainConfig:
     )
     learning_rate: float | str = option(
         "auto",
-        "Peak learning rate (AdamW); auto: 2e-5 x sqrt(batch size / 32), at most 2e-4 "
+        "Peak learning rate (AdamW); auto: 2e-5 x batch size / 32, at most 2e-4 "
         "(see Choosing a batch size).",
         flag="--lr",
         check=check_learning_rate,

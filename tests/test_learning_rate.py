@@ -23,11 +23,12 @@ def peak_lr(run) -> float:
     return run.optimizer.param_groups[0]["initial_lr"]  # before warm-up and decay
 
 
-def test_the_rule_is_2e5_at_batch_32_grows_with_its_square_root_and_is_capped():
+def test_the_rule_is_2e5_at_batch_32_grows_linearly_and_is_capped():
     assert auto_learning_rate(32) == pytest.approx(2e-5)
-    assert auto_learning_rate(128) == pytest.approx(4e-5)
-    assert auto_learning_rate(512) == pytest.approx(8e-5)
-    assert auto_learning_rate(8) == pytest.approx(1e-5)
+    assert auto_learning_rate(128) == pytest.approx(8e-5)
+    assert auto_learning_rate(256) == pytest.approx(1.6e-4)
+    assert auto_learning_rate(512) == pytest.approx(2e-4)  # the cap, from batch 320
+    assert auto_learning_rate(8) == pytest.approx(5e-6)
     assert auto_learning_rate(2**20) == pytest.approx(2e-4)  # the cap
     sizes = [1, 2, 16, 32, 100, 512, 2048, 4096, 65536]
     values = [auto_learning_rate(b) for b in sizes]
@@ -36,7 +37,7 @@ def test_the_rule_is_2e5_at_batch_32_grows_with_its_square_root_and_is_capped():
 
 def test_auto_is_the_default_and_a_given_learning_rate_is_read_and_checked():
     assert TrainConfig().learning_rate == "auto"
-    assert TrainConfig(batch_size=512).peak_learning_rate == pytest.approx(8e-5)
+    assert TrainConfig(batch_size=128).peak_learning_rate == pytest.approx(8e-5)
     assert TrainConfig(learning_rate="3e-5").learning_rate == 3e-5  # from a flag or YAML
     assert TrainConfig(learning_rate="AUTO").learning_rate == "auto"
     for bad in ("fast", 0, -1e-5, "inf"):
@@ -67,7 +68,7 @@ def test_a_rerun_with_auto_is_the_same_run_and_another_batch_size_is_not(tiny, t
     train(tiny, rows(16), config, output_dir=out)  # auto gives the saved value again
     given = TrainConfig(**{**config.to_dict(), "learning_rate": auto_learning_rate(8)})
     train(tiny, rows(16), given, output_dir=out)  # the same value, given: the same run
-    with pytest.raises(ValueError, match=r"learning_rate=1e-05 \(now 0.0001\)"):
+    with pytest.raises(ValueError, match=r"learning_rate=5e-06 \(now 0.0001\)"):
         train(
             tiny,
             rows(16),
@@ -126,7 +127,7 @@ def test_cli_prints_the_learning_rate_and_an_explicit_lr_wins(tiny, tmp_path):
     auto = runner.invoke(app, [*base, "--output", str(tmp_path / "a")])
     assert auto.exit_code == 0, auto.output
     text = " ".join(auto.output.split())  # the console wraps long lines
-    assert "on 12 rows" in text and text.count("lr 1e-05 (auto, from the batch size)") == 2
+    assert "on 12 rows" in text and text.count("lr 5e-06 (auto, from the batch size)") == 2
     given = runner.invoke(app, [*base, "--output", str(tmp_path / "b"), "--lr", "3e-5"])
     assert given.exit_code == 0, given.output
     text = " ".join(given.output.split())
