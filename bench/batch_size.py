@@ -55,6 +55,11 @@ JSONL = RESULTS / "batch_size.jsonl"
 METRICS = ("ndcg@10", "recall@100")
 BASE_LR, BASE_BATCH, LR_CAP = 2e-5, 32, 2e-4
 RULES = ("const", "sqrt", "linear", "auto")
+LABELS = {
+    "const": "const 2e-5 (the old default)",
+    "sqrt": "sqrt rule",
+    "linear": "linear rule, cap 2e-4 (= auto, the new default)",
+}
 CORPUS_DOCS = {"manpages": 5239, "scifact": 5183, "nfcorpus": 3633}
 TRAIN_ROWS = {"manpages": 3739, "scifact": 919, "nfcorpus": 1024}
 # Until a point has measured them: seconds per document encoded / per training row.
@@ -364,7 +369,9 @@ def markdown(summary: dict, meta: dict, skipped: list[str]) -> str:
         "2e-5 x sqrt(batch/32); linear = 2e-5 x batch/32 capped at 2e-4. One seed (42) unless "
         "the seeds column says more (then mean, and every value in the JSON).",
         "",
-        f"Command: `{meta['command']}`",
+        "Reproduce: `OMP_NUM_THREADS=1 nice -n 5 python bench/batch_size.py --deadline-min 90` "
+        "(points run in the plan's priority order; finished ones are skipped, so reruns add "
+        f"the rest). This file was written by `{meta['command']}`.",
         "",
     ]
     for dataset, s in summary.items():
@@ -392,6 +399,19 @@ def markdown(summary: dict, meta: dict, skipped: list[str]) -> str:
                 f"| {r['negatives']} | {r['steps']} | {','.join(map(str, r['seeds']))} | {nd} "
                 f"| {r['recall@100']:.4f} | {r['train_s']} | {r['wall_s']} |"
             )
+        auto = [r for r in s["rows"] if r["rule"] in ("linear", "const") and r["epochs"] == 1]
+        auto = [r for r in auto if r["rule"] == "linear" or r["batch_size"] == BASE_BATCH]
+        if s["base"] and len(auto) > 1:
+            path = ", ".join(
+                f"{r['batch_size']:,}: {r['ndcg@10']:.4f}"
+                for r in sorted(auto, key=lambda r: r["batch_size"])
+                if r["negatives"] == "in-batch"
+            )
+            lines += [
+                "",
+                f"At the new default (auto = linear rule, 1 epoch), nDCG@10 by batch: "
+                f"{path} (base {s['base']['ndcg@10']:.4f}).",
+            ]
         if s["noise"]["ndcg@10_seed_range"]:
             lines += ["", f"Seed noise (nDCG@10 max - min): {s['noise']['ndcg@10_seed_range']}."]
         lines.append("")
@@ -452,7 +472,7 @@ def plot(summary: dict, path: Path) -> None:
                         ls="-" if epochs == 1 else "--",
                         capsize=3,
                         color=colours[rule],
-                        label=f"{rule}, {epochs} epoch{'s' if epochs > 1 else ''}",
+                        label=f"{LABELS.get(rule, rule)}, {epochs} epoch{'s' if epochs > 1 else ''}",
                     )
             hard = [r for r in s["rows"] if r["negatives"] != "in-batch"]
             for r in hard:
