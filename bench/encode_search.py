@@ -63,8 +63,8 @@ def bench_encode(args) -> list[dict]:
     import numpy as np
 
     from densefit.data.corpus import read_corpus
-    from densefit.retrieval.encode import encode_texts
     from densefit.models import load_model
+    from densefit.retrieval.encode import encode_texts
 
     docs, _ = read_corpus(find_scifact(args.scifact))
     texts = [d.text for d in docs]

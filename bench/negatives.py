@@ -132,8 +132,8 @@ def _mean(values):
 def evaluate_scifact(model, data) -> dict:
     """Exact top-100 search of the whole test corpus; metrics through pytrec_eval."""
     from densefit.data.corpus import load_beir
-    from densefit.retrieval.encode import encode_texts
     from densefit.evaluate import evaluate_run
+    from densefit.retrieval.encode import encode_texts
     from densefit.retrieval.index.exact import exact_search
 
     beir = load_beir(data, "test")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import re
 import typing
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +28,9 @@ __all__ = [
     "Option",
     "OptionError",
     "TrainConfig",
+    "auto_learning_rate",
     "check_device",
+    "check_learning_rate",
     "check_memory_budget",
     "check_metric",
     "check_probability",
@@ -239,6 +242,48 @@ def check_probability(value: float) -> None:
         raise ValueError(f"must be below 1, got {value!r}")
 
 
+# ----------------------------------------------------------------------------- learning rate
+
+# learning_rate "auto": the rule below. Evidence and limits: bench/results/batch_size.md
+# (manpages, SciFact; all-MiniLM-L6-v2) and the README's "Choosing a batch size".
+AUTO_LR_BASE = 2e-5  # the peak learning rate at AUTO_LR_BATCH
+AUTO_LR_BATCH = 32
+AUTO_LR_MAX = 2e-4  # no batch size gets more
+
+
+def auto_learning_rate(batch_size: int) -> float:
+    """The peak learning rate that ``learning_rate="auto"`` (the default) uses at ``batch_size``.
+
+    2e-5 at batch 32, scaled linearly with the batch size, at most 2e-4 (reached at batch
+    320): a batch B times bigger takes B times fewer optimizer steps over the same data, and
+    a proportionally larger step makes up for it. On manpages this made batch 512 better
+    than batch 32 where the fixed 2e-5 and the square-root rule fell short
+    (bench/results/batch_size.md).
+
+    >>> [auto_learning_rate(b) for b in (4, 32, 128, 320, 512, 4096)]
+    [2.5e-06, 2e-05, 8e-05, 0.0002, 0.0002, 0.0002]
+    """
+    rate = min(AUTO_LR_MAX, AUTO_LR_BASE * batch_size / AUTO_LR_BATCH)
+    return float(f"{rate:.3g}")  # 3 significant digits: as printed, logged and saved
+
+
+def check_learning_rate(value: str | float) -> str | float:
+    """``"auto"``, or a number > 0 (``"3e-5"`` from a flag or YAML becomes ``3e-05``).
+
+    >>> check_learning_rate("3e-5"), check_learning_rate("AUTO")
+    (3e-05, 'auto')
+    """
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"must be auto or a number > 0 such as 3e-5, got {value!r}") from None
+    if isinstance(value, bool) or not number > 0 or math.isinf(number):
+        raise ValueError(f"must be auto or a number > 0 such as 3e-5, got {value!r}")
+    return number
+
+
 # ----------------------------------------------------------------------------- the config
 
 
@@ -264,7 +309,14 @@ class TrainConfig:
     max_steps: int | None = option(
         None, "Stop after this many steps (overrides epochs); default: epochs decide.", ge=1
     )
-    learning_rate: float = option(2e-5, "Peak learning rate (AdamW).", flag="--lr", gt=0)
+    learning_rate: float | str = option(
+        "auto",
+        "Peak learning rate (AdamW); auto: 2e-5 x batch size / 32, at most 2e-4 "
+        "(see Choosing a batch size).",
+        flag="--lr",
+        check=check_learning_rate,
+        metavar="auto/NUMBER",
+    )
     warmup_steps: int | None = option(
         None, "Linear warm-up steps; default: 10% of the steps.", flag="--warmup", ge=0
     )
@@ -483,6 +535,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for f, opt in config_options():
             setattr(self, f.name, check_value(f.name, opt, getattr(self, f.name)))
+
+    @property
+    def peak_learning_rate(self) -> float:
+        """The learning rate the run uses: ``learning_rate``, or the auto rule's value
+        (:func:`auto_learning_rate` of ``batch_size``) when it is ``"auto"``."""
+        if self.learning_rate == "auto":
+            return auto_learning_rate(self.batch_size)
+        return float(self.learning_rate)
 
     def to_dict(self) -> dict:
         """Every field by name (JSON-ready)."""

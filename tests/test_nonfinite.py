@@ -23,7 +23,8 @@ ROWS = [
 
 
 def cfg(**kw) -> TrainConfig:
-    return TrainConfig(**{"batch_size": 4, "epochs": 2, "show_progress": False, **kw})
+    return TrainConfig(**{"batch_size": 4, "learning_rate": 2e-5, "epochs": 2, "show_progress": False,
+                          **kw})
 
 
 def inject_nan(monkeypatch, steps: set[int]) -> None:

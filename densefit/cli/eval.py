@@ -87,6 +87,7 @@ def evaluate(
       densefit eval --dataset datasets/scifact --model runs/mrl --dims 384,256,128,64
     """
     from densefit.losses.matryoshka import check_dims
+    from densefit.models import resolve_device
 
     metric_list = _metric_list(metrics)
     options = dict(metrics=metric_list, top_k=top_k, backend=backend, batch_size=batch_size)

@@ -100,13 +100,23 @@ def _interrupted(output: Path) -> typer.Exit:
     return typer.Exit(130)
 
 
+def _learning_rate_words(plan: dict) -> str:
+    """``lr 8e-05 (auto, from the batch size)``: the peak learning rate and its origin."""
+    if plan.get("learning_rate") is None:
+        return "lr ?"
+    auto = " (auto, from the batch size)" if plan.get("learning_rate_from") == "auto" else ""
+    return f"lr {plan['learning_rate']:.3g}{auto}"
+
+
 def _summary(result, output: Path, device: str | None = None) -> str:  # noqa: ANN001
     plan = result.plan
     cache = str(plan.get("strategy")).startswith("cache")
     return (
         f"done: {result.steps} steps, {result.examples} examples in {result.seconds:.1f}s"
         + (f" on {device}" if device else "")
-        + f", final loss {result.final_loss:.4f}; memory: {plan.get('strategy')} "
+        + f", final loss {result.final_loss:.4f}; "
+        + _learning_rate_words(plan)
+        + f"; memory: {plan.get('strategy')} "
         f"(chunk {plan.get('chunk_size')}, tokens {plan.get('token_budget')}"
         + (f", {plan.get('keep_graphs')} kept graph(s)" if cache else "")
         + (f", {plan['cpu_allocator']} malloc" if plan.get("cpu_allocator") else "")
@@ -194,7 +204,13 @@ def train(
                          f"{-(-config.batch_size // world)} rows at most, gather {config.gather}")  # fmt: skip
         err.print(
             f"training on {len(examples)} rows from {data} -> {output} on {config.device}"
-            f"{lora_summary(config)}{scale_out}",
+            f"{lora_summary(config)}{scale_out}; "
+            + _learning_rate_words(
+                {
+                    "learning_rate": config.peak_learning_rate,
+                    "learning_rate_from": "auto" if config.learning_rate == "auto" else "given",
+                }
+            ),
             highlight=False,
         )
     try:

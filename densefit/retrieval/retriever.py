@@ -104,7 +104,7 @@ class Retriever:
     def train(
         self,
         training_data: str | os.PathLike | Sequence[Mapping | TrainingExample],
-        learning_rate: float = 2e-5,
+        learning_rate: float | str = "auto",  # TrainConfig's rule in the batch size
         n_epochs: int = 1,
         num_warmup_steps: int | None = None,
         batch_size: int = 16,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
-from densefit.config import TrainConfig
+from densefit.config import AUTO_LR_BATCH, TrainConfig
 from densefit.data.batching import total_steps
 from densefit.data.corpus import BeirDataset
 from densefit.data.types import TrainingExample
@@ -88,6 +88,7 @@ class TrainRun:
     seen: int = 0  # rows trained on
     epoch: int = 0  # the data position of the next step: epoch and micro-batch
     batch: int = 0
+    learning_rate_auto: bool = False  # learning_rate was "auto": config holds the rule's value
     losses: list[float] = field(default_factory=list)
 
     @property
@@ -107,6 +108,8 @@ class TrainRun:
             out["cpu_allocator"] = allocator_in_use()
         if self.dist is not None:
             out.update(self.dist.describe(self.config))
+        out["learning_rate"] = self.config.learning_rate
+        out["learning_rate_from"] = "auto" if self.learning_rate_auto else "given"
         return out
 
 
@@ -130,6 +133,15 @@ def check_examples(examples: Sequence[TrainingExample], config: TrainConfig) -> 
                     f"(found {len(ex.negatives)} negative(s), score {ex.score!r}); "
                     "add neg_doc and score, or train with --loss mnrl"
                 )
+
+
+def resolve_learning_rate(config: TrainConfig) -> TrainConfig:
+    """``config`` with ``learning_rate="auto"`` replaced by the value the rule gives for its
+    batch size (:attr:`TrainConfig.peak_learning_rate`): what runs, checkpoints and saved
+    configs hold and compare."""
+    if config.learning_rate == "auto":
+        return dataclasses.replace(config, learning_rate=config.peak_learning_rate)
+    return config
 
 
 def check_output_dir(
@@ -160,15 +172,16 @@ def check_output_dir(
         except (ValueError, UnicodeDecodeError):
             previous = None
         if isinstance(previous, dict):
+            current = resolve_learning_rate(config).to_dict()  # auto: the value it gives
             differ = [
                 k
-                for k, v in config.to_dict().items()
+                for k, v in current.items()
                 if k not in MAY_DIFFER and k in previous and previous[k] != v
             ]
             if not differ:
                 return
             shown = ", ".join(
-                f"{k}={previous[k]!r} (now {config.to_dict()[k]!r})" for k in differ[:3]
+                f"{k}={previous[k]!r} (now {current[k]!r})" for k in differ[:3]
             )
             raise ValueError(
                 f"{folder}: holds a densefit run with other options ({shown}); choose a new "
@@ -237,6 +250,33 @@ def _autocast(
     return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
+# A run of fewer optimizer steps than this barely moves the model
+# (bench/results/batch_size.md: batch 2,048 over manpages' 3,739 rows, 2 steps an epoch).
+FEW_STEPS = 10
+
+
+def warn_few_steps(rows: int, steps: int, config: TrainConfig) -> None:
+    """Warn (UserWarning) when the epochs give fewer than ``FEW_STEPS`` optimizer steps
+    although the data would give that many at batch 32: the batch size ate the steps.
+
+    Not for ``max_steps`` (steps asked for) nor data too small for any batch size.
+    """
+    if config.max_steps is not None or steps >= FEW_STEPS or rows < FEW_STEPS * AUTO_LR_BATCH:
+        return
+    per_epoch = max(1, steps // config.epochs)
+    epochs = -(-FEW_STEPS // per_epoch)
+    warnings.warn(
+        f"batch {config.batch_size:,} over {rows:,} rows is {steps} optimizer "
+        f"step{'s' if steps != 1 else ''} ({config.epochs} epoch{'s' if config.epochs != 1 else ''}"
+        f"): too few for the model to learn much. Train for --epochs {epochs} or more "
+        f"(>= {FEW_STEPS} steps), or use a smaller --batch-size (at most "
+        f"{rows * config.epochs // FEW_STEPS:,} for {FEW_STEPS} steps); see 'Choosing a batch "
+        "size' in the README",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
 def _prepare_model(model: SentenceTransformer, config: TrainConfig) -> torch.device:
     apply_lora(model, config)  # before the optimizer, the planner and a checkpoint's weights
     device = torch.device(config.device or model.device)
@@ -294,6 +334,8 @@ def setup_run(
     ('cache', 1)
     """
     config = config or TrainConfig()
+    auto_lr = config.learning_rate == "auto"  # the rule's value from here on (and in checkpoints)
+    config = resolve_learning_rate(config)
     check_examples(examples, config)
     check_output_dir(output_dir, config, resume=bool(resume), overwrite=overwrite)
     if config.checkpoint_every and output_dir is None:
@@ -320,6 +362,7 @@ def setup_run(
     if plan.loss_chunk_size and config.loss_chunk_size is None:
         config = dataclasses.replace(config, loss_chunk_size=plan.loss_chunk_size)
     total = total_steps(examples, config)
+    warn_few_steps(len(examples), total, config)
     warmup = config.warmup_steps if config.warmup_steps is not None else int(0.1 * total)
     optimizer = make_optimizer(model, config)
     run = TrainRun(
@@ -338,6 +381,7 @@ def setup_run(
         total_steps=total,
         resumed=resumed,
         evaluator=evaluator,
+        learning_rate_auto=auto_lr,
     )
     run.strategy.prepare(model)
     if resumed is not None:  # weights, optimizer, scheduler, scaler, counters, then RNG states
