@@ -214,7 +214,7 @@ def test_an_unexpected_error_is_one_line_that_says_how_to_report_it(ws):
     code = (
         "import sys, densefit.data.readers as r\n"
         "def boom(*a, **k):\n    raise RuntimeError('boom')\n"
-        "r.load_training_examples = boom\n"
+        "r.read_training_data = boom\n"
         "from densefit.cli import main\nmain()\n"
     )
     args = ["plan", str(ws / "pairs.jsonl"), "--batch-size", "4", "-m", str(ws / "model")]

@@ -203,12 +203,12 @@ def _options(
 
 @app.command("options", hidden=True)
 def options(
-    markdown: bool = typer.Option(True, "--markdown", help="The table in Markdown."),
+    markdown: bool = typer.Option(True, "--markdown", help="As Markdown (docs/options.md)."),
 ) -> None:
-    """Print every training option (YAML key, flag, default, allowed values, meaning)."""
-    from densefit.config import options_markdown
+    """Print every option of train and run (key, flag, default, allowed values, meaning)."""
+    from densefit.pipeline.config import options_reference
 
-    typer.echo(options_markdown(), nl=False)
+    typer.echo(options_reference(), nl=False)
 
 
 def _register() -> None:

@@ -65,7 +65,7 @@ def model_card(model: Any, config: TrainConfig, result: Any = None, *, location:
     sections = [lines]
     if result is not None:
         sections += [_data(result), _training(config, result)]
-    sections.append(_options(config))
+    sections.append(_options(config, result))
     evaluation = getattr(result, "evaluation", None)
     if evaluation:
         sections.append(_evaluation(evaluation))
@@ -95,9 +95,10 @@ def _training(config: TrainConfig, result: Any) -> list[str]:
     return [
         "## Training",
         "",
-        "| loss | batch size | memory plan | steps | examples | time | final loss |",
-        "|---|---|---|---|---|---|---|",
-        f"| {config.loss} ({options}) | {config.batch_size} | {memory or 'n/a'} | "
+        "| loss | batch size | learning rate | memory plan | steps | examples | time | final loss |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {config.loss} ({options}) | {config.batch_size} | {_learning_rate(config, plan)} | "
+        f"{memory or 'n/a'} | "
         f"{result.steps} | {result.examples} | {result.seconds:.1f} s | "
         f"{result.final_loss:.4f} |",
         *(
@@ -108,12 +109,24 @@ def _training(config: TrainConfig, result: Any) -> list[str]:
     ]
 
 
-def _options(config: TrainConfig) -> list[str]:
-    """Every field that differs from its default, with its declared help."""
+def _learning_rate(config: TrainConfig, plan: dict) -> str:
+    """``8e-05 (auto)`` or ``3e-05``: the peak learning rate the run used."""
+    auto = " (auto)" if plan.get("learning_rate_from") == "auto" else ""
+    return f"{config.peak_learning_rate:.3g}{auto}"
+
+
+def _options(config: TrainConfig, result: Any = None) -> list[str]:
+    """Every field that differs from its default, with its declared help. A default that
+    resolves on this machine (``device="auto"``) or from the run (``learning_rate="auto"``,
+    which the run records) counts as the default."""
+    defaults = TrainConfig()  # device "auto" as resolved here
+    auto_lr = ((getattr(result, "plan", None) or {}).get("learning_rate_from")) == "auto"
     rows = []
     for f, opt in config_options():
         value = getattr(config, f.name)
-        if not opt.cli or f.default is dataclasses.MISSING or value == f.default:
+        if not opt.cli or f.default is dataclasses.MISSING:
+            continue
+        if value in (f.default, getattr(defaults, f.name)) or (f.name == "learning_rate" and auto_lr):
             continue
         shown = json.dumps(value, default=str) if not isinstance(value, str) else value
         rows.append(f"| `{f.name}` | {shown} | {opt.help} |")
