@@ -157,7 +157,10 @@ def main(spec: dict) -> dict:
         }
         if plan.get("candidates"):  # auto: every strategy the planner weighed
             out["plan"]["candidates"] = [
-                {k: c.get(k) for k in ("strategy", "peak_bytes", "fits", "relative_time", "keep_graphs")}
+                {
+                    k: c.get(k)
+                    for k in ("strategy", "peak_bytes", "fits", "relative_time", "keep_graphs")
+                }
                 for c in plan["candidates"]
             ]
 

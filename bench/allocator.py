@@ -32,41 +32,83 @@ def main() -> None:
     specs = []
     for dataset, seq in (("scifact", 128), ("pydoc", 256)):
         for name, fields in VARIANTS.items():
-            specs.append({
-                "key": f"alloc/{dataset}/64/{name}",
-                "section": "allocator", "impl": "densefit", "method": "cache", "chunk_size": 32,
-                "dataset": dataset, "max_seq_length": seq, "batch_size": 64, "steps": 3,
-                "threads": 1, "rlimit_gib": 16, **fields,
-            })
+            specs.append(
+                {
+                    "key": f"alloc/{dataset}/64/{name}",
+                    "section": "allocator",
+                    "impl": "densefit",
+                    "method": "cache",
+                    "chunk_size": 32,
+                    "dataset": dataset,
+                    "max_seq_length": seq,
+                    "batch_size": 64,
+                    "steps": 3,
+                    "threads": 1,
+                    "rlimit_gib": 16,
+                    **fields,
+                }
+            )
     out = RESULTS / "allocator.jsonl"
     results = run_all(specs, out)
     note = machine_note(1)
-    lines = ["# CPU allocator: glibc vs mimalloc (densefit cache, batch 64, chunks of 32)", "",
-             f"Machine: {json.dumps(note)}", "",
-             "Step s: median of 3 timed steps (the per-step times are in allocator.json). "
-             "Time vs glibc: the median of the paired per-step ratios.", "",
-             "| data | allocator | served by | step s | steps s | time vs glibc | activation MiB "
-             "| peak RSS MiB | load |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# CPU allocator: glibc vs mimalloc (densefit cache, batch 64, chunks of 32)",
+        "",
+        f"Machine: {json.dumps(note)}",
+        "",
+        "Step s: median of 3 timed steps (the per-step times are in allocator.json). "
+        "Time vs glibc: the median of the paired per-step ratios.",
+        "",
+        "| data | allocator | served by | step s | steps s | time vs glibc | activation MiB "
+        "| peak RSS MiB | load |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     rows = []
     for r in results:
         name = r["key"].rsplit("/", 1)[1]
-        glibc = next((g for g in results if g["dataset"] == r["dataset"]
-                      and g["key"].endswith("/glibc")), None)
+        glibc = next(
+            (g for g in results if g["dataset"] == r["dataset"] and g["key"].endswith("/glibc")),
+            None,
+        )
         ratio = ""
         if glibc and r.get("step_times_s") and glibc.get("step_times_s"):
-            ratio = round(statistics.median(
-                a / b for a, b in zip(r["step_times_s"], glibc["step_times_s"])), 3)
-        rows.append([r["dataset"], name, r.get("allocator"), r.get("step_time_s"),
-                     r.get("step_times_s"), ratio, r.get("activation_mb"), r.get("peak_rss_mb"),
-                     r.get("loadavg_before")])
+            ratio = round(
+                statistics.median(a / b for a, b in zip(r["step_times_s"], glibc["step_times_s"])),
+                3,
+            )
+        rows.append(
+            [
+                r["dataset"],
+                name,
+                r.get("allocator"),
+                r.get("step_time_s"),
+                r.get("step_times_s"),
+                ratio,
+                r.get("activation_mb"),
+                r.get("peak_rss_mb"),
+                r.get("loadavg_before"),
+            ]
+        )
         lines.append("| " + " | ".join(str(x) for x in rows[-1]) + " |")
     (RESULTS / "allocator.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "allocator.json").write_text(json.dumps({"machine": note, "results": results}, indent=1))
+    (RESULTS / "allocator.json").write_text(
+        json.dumps({"machine": note, "results": results}, indent=1)
+    )
     with open(RESULTS / "allocator.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["data", "allocator", "served_by", "step_s", "steps_s", "time_vs_glibc",
-                         "activation_mib", "peak_rss_mib", "load"])
+        writer.writerow(
+            [
+                "data",
+                "allocator",
+                "served_by",
+                "step_s",
+                "steps_s",
+                "time_vs_glibc",
+                "activation_mib",
+                "peak_rss_mib",
+                "load",
+            ]
+        )
         writer.writerows(rows)
     plot(results)
     print("\n".join(lines))
@@ -84,8 +126,17 @@ def plot(results: list[dict]) -> None:
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         for ax, field in zip(axes, ("step_time_s", "activation_mb")):
-            values = [next((r.get(field) or 0 for r in results if r["dataset"] == d
-                            and r["key"].endswith("/" + name)), 0) for d in datasets]
+            values = [
+                next(
+                    (
+                        r.get(field) or 0
+                        for r in results
+                        if r["dataset"] == d and r["key"].endswith("/" + name)
+                    ),
+                    0,
+                )
+                for d in datasets
+            ]
             ax.bar([x + i * width for x in range(len(datasets))], values, width, label=name)
     for ax, title in zip(axes, ("step time (s, median of 3)", "activation memory (MiB)")):
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(datasets))], datasets)

@@ -106,8 +106,14 @@ def specs_for(
                 }
                 if method in ("plain", "st-mnrl"):  # plain rows stop past 300 s a step
                     spec["max_step_seconds"] = 300
-                if method in ("cache", "cache-glibc", "cache-release", "cache-trim",
-                              "st-cmnrl", "st-cmnrl-mi"):
+                if method in (
+                    "cache",
+                    "cache-glibc",
+                    "cache-release",
+                    "cache-trim",
+                    "st-cmnrl",
+                    "st-cmnrl-mi",
+                ):
                     spec["chunk_size"] = CHUNK
                 if method in ("cache-glibc", "cache-release", "cache-trim"):
                     spec["allocator"] = "system"
@@ -290,7 +296,11 @@ def write_outputs(results: list[dict], note: dict, name: str = "memory_speed") -
         plan = r.get("plan") or {}
         plan_text = (
             f"{plan.get('strategy')} c={plan.get('chunk_size')} t={plan.get('token_budget')}"
-            + (f" keep={plan.get('keep_graphs')}" if str(plan.get("strategy")).startswith("cache") else "")
+            + (
+                f" keep={plan.get('keep_graphs')}"
+                if str(plan.get("strategy")).startswith("cache")
+                else ""
+            )
             if r.get("method") == "auto"
             else ""
         )
@@ -362,10 +372,13 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="*")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--methods", nargs="*", help="only these methods (e.g. cache st-cmnrl)")
-    parser.add_argument("--datasets", nargs="*", help="only these datasets (scifact pydoc nfcorpus)")
+    parser.add_argument(
+        "--datasets", nargs="*", help="only these datasets (scifact pydoc nfcorpus)"
+    )
     parser.add_argument("--fresh", action="store_true", help="ignore results already in the jsonl")
     parser.add_argument(
-        "--redo", action="store_true",
+        "--redo",
+        action="store_true",
         help="rerun the selected points, replacing their rows in the jsonl (others are kept)",
     )
     parser.add_argument("--name", default="memory_speed")

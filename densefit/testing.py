@@ -66,7 +66,9 @@ def tiny_model(
     import inspect
 
     # transformers 5 takes the vocabulary as `vocab`, 4.x as `vocab_file`.
-    key = "vocab_file" if "vocab_file" in inspect.signature(BertTokenizerFast).parameters else "vocab"
+    key = (
+        "vocab_file" if "vocab_file" in inspect.signature(BertTokenizerFast).parameters else "vocab"
+    )
     tokenizer = BertTokenizerFast(**{key: str(vocab)}, do_lower_case=True)
     if len(tokenizer) < 50:
         raise RuntimeError(f"tiny tokenizer did not read {vocab} ({len(tokenizer)} tokens)")

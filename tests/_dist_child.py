@@ -67,8 +67,13 @@ _cached = CachedStrategy.forward_backward
 
 
 def recording(self, *args, **kwargs):
-    USED.append({"keep_graphs": self.keep_graphs, "token_budget": self.token_budget,
-                 "chunk_size": self.chunk_size})
+    USED.append(
+        {
+            "keep_graphs": self.keep_graphs,
+            "token_budget": self.token_budget,
+            "chunk_size": self.chunk_size,
+        }
+    )
     return _cached(self, *args, **kwargs)
 
 
@@ -76,8 +81,15 @@ CachedStrategy.forward_backward = recording
 
 
 def one_step(base: str, rows, case: dict, out: Path, index: int) -> None:
-    config = TrainConfig(**{"max_grad_norm": None, "show_progress": False, **case["config"],
-                            "memory": case["strategy"], "chunk_size": case.get("chunk")})
+    config = TrainConfig(
+        **{
+            "max_grad_norm": None,
+            "show_progress": False,
+            **case["config"],
+            "memory": case["strategy"],
+            "chunk_size": case.get("chunk"),
+        }
+    )
     model = SentenceTransformer(base, device="cpu")
     model.train()
     run = setup_run(model, rows, config)

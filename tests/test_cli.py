@@ -18,8 +18,10 @@ def model_dir(tiny, tmp_path):
 @pytest.fixture
 def pairs(tmp_path):
     path = tmp_path / "pairs.jsonl"
-    rows = [{"question": f"what is the cell {i}", "pos_doc": f"the cell protein {i} " * (i % 4 + 1)}
-            for i in range(12)]
+    rows = [
+        {"question": f"what is the cell {i}", "pos_doc": f"the cell protein {i} " * (i % 4 + 1)}
+        for i in range(12)
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
 
@@ -35,9 +37,26 @@ def test_help_lists_commands_with_examples():
 
 def test_train_writes_st_model(model_dir, pairs, tmp_path):
     out = tmp_path / "out"
-    result = runner.invoke(app, ["train", str(pairs), "--model", str(model_dir), "--output", str(out),
-                                 "--batch-size", "4", "--max-steps", "2", "--no-progress",
-                                 "--memory", "cache", "--chunk-size", "2"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            str(pairs),
+            "--model",
+            str(model_dir),
+            "--output",
+            str(out),
+            "--batch-size",
+            "4",
+            "--max-steps",
+            "2",
+            "--no-progress",
+            "--memory",
+            "cache",
+            "--chunk-size",
+            "2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert (out / "model.safetensors").exists() and (out / "densefit_config.json").exists()
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 2
@@ -46,39 +65,104 @@ def test_train_writes_st_model(model_dir, pairs, tmp_path):
 def test_bad_row_names_file_and_line_and_skip_mode_reports(model_dir, pairs, tmp_path):
     with pairs.open("a") as f:
         f.write('{"question": "q", "pos_doc": ""}\n')
-    result = runner.invoke(app, ["train", str(pairs), "--model", str(model_dir), "--output",
-                                 str(tmp_path / "o"), "--max-steps", "1", "--no-progress"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            str(pairs),
+            "--model",
+            str(model_dir),
+            "--output",
+            str(tmp_path / "o"),
+            "--max-steps",
+            "1",
+            "--no-progress",
+        ],
+    )
     assert result.exit_code == 2
     assert f"{pairs}:13" in result.output and "pos_doc" in result.output
-    skipped = runner.invoke(app, ["train", str(pairs), "--model", str(model_dir), "--output",
-                                  str(tmp_path / "o"), "--max-steps", "1", "--no-progress",
-                                  "--on-bad-row", "skip"])
+    skipped = runner.invoke(
+        app,
+        [
+            "train",
+            str(pairs),
+            "--model",
+            str(model_dir),
+            "--output",
+            str(tmp_path / "o"),
+            "--max-steps",
+            "1",
+            "--no-progress",
+            "--on-bad-row",
+            "skip",
+        ],
+    )
     assert skipped.exit_code == 0, skipped.output
     assert "1 bad rows skipped" in skipped.output
 
 
 def test_missing_model_is_one_clear_line(pairs, tmp_path):
-    result = runner.invoke(app, ["train", str(pairs), "--model", str(tmp_path / "nope"),
-                                 "--output", str(tmp_path / "o")])
+    result = runner.invoke(
+        app,
+        ["train", str(pairs), "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
+    )
     assert result.exit_code == 2
     assert "error:" in result.output and "Traceback" not in result.output
 
 
 def test_plan_prints_plan_and_json(model_dir, pairs, tmp_path):
     many = tmp_path / "many.jsonl"
-    many.write_text("".join(json.dumps({"anchor": f"query {i}", "positive": "the cell " * (i % 30 + 1)})
-                            + "\n" for i in range(2048)))
+    many.write_text(
+        "".join(
+            json.dumps({"anchor": f"query {i}", "positive": "the cell " * (i % 30 + 1)}) + "\n"
+            for i in range(2048)
+        )
+    )
     from densefit.memory.process import resident_bytes
 
     budget = resident_bytes() + 64 * 2**20  # for the whole process: what it holds + 64 MiB
-    result = runner.invoke(app, ["plan", str(many), "--model", str(model_dir),
-                                 "--batch-size", "2048", "--memory-budget", str(budget), "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            str(many),
+            "--model",
+            str(model_dir),
+            "--batch-size",
+            "2048",
+            "--memory-budget",
+            str(budget),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    plan = json.loads(result.output[result.output.index("{"):])
+    plan = json.loads(result.output[result.output.index("{") :])
     assert plan["strategy"].startswith("cache") and plan["predicted_peak_bytes"] <= budget
-    table = runner.invoke(app, ["plan", str(pairs), "--model", str(model_dir),
-                                "--batch-size", "8", "--memory-budget", "2GiB"])
+    table = runner.invoke(
+        app,
+        [
+            "plan",
+            str(pairs),
+            "--model",
+            str(model_dir),
+            "--batch-size",
+            "8",
+            "--memory-budget",
+            "2GiB",
+        ],
+    )
     assert "-> plain" in table.output
-    impossible = runner.invoke(app, ["plan", str(pairs), "--model", str(model_dir),
-                                     "--batch-size", "8", "--memory-budget", "1KiB"])
+    impossible = runner.invoke(
+        app,
+        [
+            "plan",
+            str(pairs),
+            "--model",
+            str(model_dir),
+            "--batch-size",
+            "8",
+            "--memory-budget",
+            "1KiB",
+        ],
+    )
     assert impossible.exit_code == 3 and "raise --memory-budget" in impossible.output

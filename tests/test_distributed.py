@@ -72,9 +72,18 @@ CASES = [  # (strategy, chunk, config); dropout off: the base model
     ("plain", 3, {"gather": "both", "symmetric": True}),
     ("cache", 2, {"gather": "none"}),
     ("cache", 2, {"gather": "candidates", "loss_chunk_size": 2, "similarity": "dot", "scale": 1.0}),
-    ("cache", 2, {"gather": "candidates", "matryoshka_dims": [32, 16, 8],  # issue 15
-                  "matryoshka_weights": [1, 0.5, 0.25], "loss_chunk_size": 2,
-                  "query_prompt": "query: ", "document_prompt": "passage: "}),
+    (
+        "cache",
+        2,
+        {
+            "gather": "candidates",
+            "matryoshka_dims": [32, 16, 8],  # issue 15
+            "matryoshka_weights": [1, 0.5, 0.25],
+            "loss_chunk_size": 2,
+            "query_prompt": "query: ",
+            "document_prompt": "passage: ",
+        },
+    ),
 ]
 MARGIN_CASE = ("cache", 2, {"loss": "margin_mse"})
 DROPOUT_CASES = [("plain", 2, {"gather": "candidates"}), ("cache", 2, {"gather": "candidates"})]
@@ -156,8 +165,15 @@ def reference_step(
     base: str, rows: list[dict], strategy: str, chunk: int, config: dict, seed: int = 0
 ):
     """One process on the union batch: the same training-loop step."""
-    cfg = TrainConfig(**{"max_grad_norm": None, "show_progress": False, **config,
-                         "memory": strategy, "chunk_size": chunk})
+    cfg = TrainConfig(
+        **{
+            "max_grad_norm": None,
+            "show_progress": False,
+            **config,
+            "memory": strategy,
+            "chunk_size": chunk,
+        }
+    )
     model = SentenceTransformer(base, device="cpu")
     model.train()
     run = setup_run(model, examples(rows), cfg)

@@ -216,12 +216,16 @@ def _random_rows(seed, n=40):
     for i in range(n):
         pos = rng.randrange(25)
         negs = tuple(rng.sample(range(25), rng.randrange(3)))
-        rows.append(TrainingExample(
-            f"q{i}", docs[pos], tuple(docs[k] for k in negs),
-            positive_id=f"d{pos}" if rng.random() < 0.8 else "",
-            negative_ids=tuple(f"d{k}" for k in negs),
-            positive_ids=tuple(f"d{k}" for k in rng.sample(range(25), rng.randrange(4))),
-        ))
+        rows.append(
+            TrainingExample(
+                f"q{i}",
+                docs[pos],
+                tuple(docs[k] for k in negs),
+                positive_id=f"d{pos}" if rng.random() < 0.8 else "",
+                negative_ids=tuple(f"d{k}" for k in negs),
+                positive_ids=tuple(f"d{k}" for k in rng.sample(range(25), rng.randrange(4))),
+            )
+        )
     return rows
 
 
@@ -233,11 +237,15 @@ def test_compact_mask_equals_dense_reference_blockwise_and_transposed(seed):
     mask = found.mask
     assert mask is not None and mask.shape == tuple(expected.shape)
     torch.testing.assert_close(mask.dense(), expected)
-    torch.testing.assert_close(torch.cat([mask[s : s + 7] for s in range(0, len(rows), 7)]), expected)
+    torch.testing.assert_close(
+        torch.cat([mask[s : s + 7] for s in range(0, len(rows), 7)]), expected
+    )
     B = len(rows)
     back = mask.transposed()
     torch.testing.assert_close(back.dense(), expected[:, :B].T)
-    torch.testing.assert_close(torch.cat([back[s : s + 6] for s in range(0, B, 6)]), expected[:, :B].T)
+    torch.testing.assert_close(
+        torch.cat([back[s : s + 6] for s in range(0, B, 6)]), expected[:, :B].T
+    )
     n_dup_known = int(expected.sum())
     assert found.duplicates + found.known_positives == n_dup_known
 
@@ -280,6 +288,10 @@ def test_in_batch_accuracy_in_blocks_equals_the_full_score_matrix():
 
 def test_step_records_carry_in_batch_accuracy(tiny):
     records = []
-    train(tiny, WITH_DUPLICATES * 2, TrainConfig(batch_size=8, max_steps=2, show_progress=False),
-          on_step=records.append)
+    train(
+        tiny,
+        WITH_DUPLICATES * 2,
+        TrainConfig(batch_size=8, max_steps=2, show_progress=False),
+        on_step=records.append,
+    )
     assert all(0.0 <= r["in_batch_accuracy"] <= 1.0 for r in records)

@@ -62,7 +62,11 @@ def test_chunked_and_sorted_equals_one_padded_batch(tiny, name):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     ref_loss, ref_grads = full_batch(tiny)
-    for kwargs in ({"chunk": 3}, {"chunk": None, "token_budget": 40}, {"chunk": 5, "sort_by_length": False}):
+    for kwargs in (
+        {"chunk": 3},
+        {"chunk": None, "token_budget": 40},
+        {"chunk": 5, "sort_by_length": False},
+    ):
         chunk = kwargs.pop("chunk")
         stats, got = run(tiny, name, chunk, **kwargs)
         assert abs(stats.loss - ref_loss) < 1e-5
@@ -147,7 +151,11 @@ def test_checkpointing_same_gradients_fewer_saved_bytes(tiny):
         emb = model(features)["sentence_embedding"]
         loss = mnrl(emb[:6], emb[6:])
         loss.backward()
-        return float(loss), [p.grad.clone() for p in model.parameters() if p.grad is not None], nbytes
+        return (
+            float(loss),
+            [p.grad.clone() for p in model.parameters() if p.grad is not None],
+            nbytes,
+        )
 
     tiny.train()
     loss_a, grads_a, bytes_plain = forward_backward(tiny)
@@ -182,8 +190,10 @@ def test_chunk_features_do_not_keep_model_outputs(tiny, name):
     strategy.chunk_columns = spy
     columns = [["a b", "c d e", "f", "g h"], ["x", "y z", "w v u", "t"]]
     strategy.forward_backward(tiny, columns, lambda emb: mnrl(emb[0], emb[1]))
-    assert seen and all(set(c.features) <= {"input_ids", "attention_mask", "token_type_ids", "modality"}
-                        for c in seen)
+    assert seen and all(
+        set(c.features) <= {"input_ids", "attention_mask", "token_type_ids", "modality"}
+        for c in seen
+    )
 
 
 @pytest.mark.parametrize("keep", [0, 2, 100])
@@ -235,12 +245,25 @@ def test_plan_to_strategy_to_plan_round_trip(name):
 
     from densefit.memory import CachedStrategy, MemoryPlan
 
-    plan = MemoryPlan(name, chunk_size=8, token_budget=256, keep_graphs=3, sort_by_length=False,
-                      loss_chunk_size=4, oom_retries=1, chosen_by="planner")
+    plan = MemoryPlan(
+        name,
+        chunk_size=8,
+        token_budget=256,
+        keep_graphs=3,
+        sort_by_length=False,
+        loss_chunk_size=4,
+        oom_retries=1,
+        chosen_by="planner",
+    )
     strategy = make_strategy(MemoryPlan.from_dict(json.loads(json.dumps(plan.to_dict()))))
     assert strategy.plan == plan
-    assert (strategy.name, strategy.chunk_size, strategy.token_budget, strategy.sort_by_length,
-            strategy.checkpoint) == (name, 8, 256, False, name.endswith("checkpoint"))
+    assert (
+        strategy.name,
+        strategy.chunk_size,
+        strategy.token_budget,
+        strategy.sort_by_length,
+        strategy.checkpoint,
+    ) == (name, 8, 256, False, name.endswith("checkpoint"))
     assert isinstance(strategy, CachedStrategy) == name.startswith("cache")
     if name.startswith("cache"):
         assert strategy.keep_graphs == 3
@@ -255,6 +278,10 @@ def test_the_users_plan_keeps_kept_graphs_and_token_budget():
     config = TrainConfig(memory="cache+checkpoint", keep_graphs=3, token_budget=64)
     strategy = make_strategy(plan_for_run(None, [], config))
     assert (strategy.name, strategy.keep_graphs, strategy.token_budget, strategy.chunk_size) == (
-        "cache+checkpoint", 3, 64, None)
+        "cache+checkpoint",
+        3,
+        64,
+        None,
+    )
     plain = plan_for_run(None, [], TrainConfig(gradient_checkpointing=True))
     assert (plain.strategy, plain.chunk_size, plain.chosen_by) == ("checkpoint", 16, "user")

@@ -23,8 +23,9 @@ ROWS = [
 
 
 def cfg(**kw) -> TrainConfig:
-    return TrainConfig(**{"batch_size": 4, "learning_rate": 2e-5, "epochs": 2, "show_progress": False,
-                          **kw})
+    return TrainConfig(
+        **{"batch_size": 4, "learning_rate": 2e-5, "epochs": 2, "show_progress": False, **kw}
+    )
 
 
 def inject_nan(monkeypatch, steps: set[int]) -> None:
@@ -94,8 +95,13 @@ def test_a_run_whose_every_step_was_skipped_ends_with_an_error(tiny, tmp_path, m
         inject_nan(monkeypatch, set(range(1, 100)))
         records, out = [], tmp_path / f"out{limit}"
         with pytest.raises(NonFiniteError, match=r"all 3 steps of the run .*never updated") as err:
-            train(tiny, ROWS, cfg(max_steps=3, max_nonfinite=limit), output_dir=out,
-                  on_step=records.append)
+            train(
+                tiny,
+                ROWS,
+                cfg(max_steps=3, max_nonfinite=limit),
+                output_dir=out,
+                on_step=records.append,
+            )
         assert len(records) == 3 and all(r["skipped"] for r in records)  # ran to the end
         assert "data.jsonl:" in str(err.value) and "lower learning rate" in str(err.value)
         assert not (out / "densefit_config.json").exists()

@@ -13,8 +13,15 @@ ROWS = [TrainingExample(f"what is the cell {i}", f"the protein gene {i}") for i 
 
 
 def cfg(**kw) -> TrainConfig:
-    return TrainConfig(**{"batch_size": 4, "learning_rate": 2e-5, "show_progress": False,
-                          "keep_checkpoints": 0, **kw})
+    return TrainConfig(
+        **{
+            "batch_size": 4,
+            "learning_rate": 2e-5,
+            "show_progress": False,
+            "keep_checkpoints": 0,
+            **kw,
+        }
+    )
 
 
 def steps(path) -> list[int]:

@@ -21,7 +21,10 @@ def model_only(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-ROWS = [TrainingExample(f"query {i} " * (i % 4 + 1), f"the cell protein {i} " * (i % 9 + 1)) for i in range(50)]
+ROWS = [
+    TrainingExample(f"query {i} " * (i % 4 + 1), f"the cell protein {i} " * (i % 9 + 1))
+    for i in range(50)
+]
 
 
 def test_parse_bytes():
@@ -34,15 +37,19 @@ def test_parse_bytes():
 
 def test_resolve_budget_fraction_and_size():
     assert resolve_budget("2GiB", torch.device("cpu")) == 2 * 2**30
-    assert 0 < resolve_budget("10%", torch.device("cpu")) < resolve_budget("0.5", torch.device("cpu"))
+    assert (
+        0 < resolve_budget("10%", torch.device("cpu")) < resolve_budget("0.5", torch.device("cpu"))
+    )
 
 
 def test_plain_when_it_fits_cache_when_not(tiny):
-    big = plan_memory(tiny, ROWS, TrainConfig(batch_size=32, memory_budget="4GiB"),
-                      held_bytes=model_only(tiny))
+    big = plan_memory(
+        tiny, ROWS, TrainConfig(batch_size=32, memory_budget="4GiB"), held_bytes=model_only(tiny)
+    )
     assert big.strategy == "plain"
-    small = plan_memory(tiny, ROWS, TrainConfig(batch_size=4096, memory_budget="40MiB"),
-                        held_bytes=model_only(tiny))
+    small = plan_memory(
+        tiny, ROWS, TrainConfig(batch_size=4096, memory_budget="40MiB"), held_bytes=model_only(tiny)
+    )
     assert small.strategy in ("cache", "cache+checkpoint")
     assert small.predicted_peak_bytes <= small.budget_bytes
     rows = chosen(small)["chunk_size"]  # rows per chunk at the longest length
@@ -66,8 +73,13 @@ def test_planner_picks_largest_fitting_chunk():
 
     model = tiny_model()
     act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
-    plan = plan_memory(model, ROWS, TrainConfig(batch_size=1024, memory_budget="12MiB"), activation_model=act,
-                       held_bytes=model_only(model))
+    plan = plan_memory(
+        model,
+        ROWS,
+        TrainConfig(batch_size=1024, memory_budget="12MiB"),
+        activation_model=act,
+        held_bytes=model_only(model),
+    )
     # doubling the chosen chunk must not fit (on CPU the planner also stops at 32 rows)
     rows = chosen(plan)["chunk_size"]
     longest = max(v["max"] for v in plan.lengths.values())
@@ -102,7 +114,9 @@ def test_plan_for_the_runs_real_batches_is_tighter_than_worst_case(tiny):
     rows = [TrainingExample("q", "cell " * (60 if i < 8 else 2)) for i in range(64)]
     config = TrainConfig(batch_size=8, memory_budget="4GiB", chunk_size=4)
     act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
-    exact = plan_memory(tiny, rows, config, batches=planned_batches(rows, config), activation_model=act)
+    exact = plan_memory(
+        tiny, rows, config, batches=planned_batches(rows, config), activation_model=act
+    )
     worst = plan_memory(tiny, rows, config, activation_model=act)
     plain = lambda p: next(c for c in p.candidates if c["strategy"] == "plain")["peak_bytes"]  # noqa: E731
     assert plain(exact) < plain(worst)
@@ -116,7 +130,11 @@ def test_group_rows_is_what_make_chunks_runs(tiny):
     texts = [("the cell " * (i % 11 + 1)).strip() for i in range(50)]
     features = tokenize(tiny, texts)
     lengths = features["attention_mask"].sum(1).tolist()
-    for kw in ({"chunk_size": 8}, {"token_budget": 100}, {"chunk_size": 16, "sort_by_length": False}):
+    for kw in (
+        {"chunk_size": 8},
+        {"token_budget": 100},
+        {"chunk_size": 16, "sort_by_length": False},
+    ):
         chunks = make_chunks(features, **kw)
         assert [c.index.tolist() for c in chunks] == group_rows(lengths, **kw)
 
@@ -126,9 +144,16 @@ def test_cache_keeps_as_many_chunk_graphs_as_the_budget_allows():
 
     model = tiny_model()
     act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
-    plans = [plan_memory(model, ROWS, TrainConfig(batch_size=1024, memory_budget=b), activation_model=act,
-                         held_bytes=model_only(model))
-             for b in ("10MiB", "12MiB", "16MiB")]
+    plans = [
+        plan_memory(
+            model,
+            ROWS,
+            TrainConfig(batch_size=1024, memory_budget=b),
+            activation_model=act,
+            held_bytes=model_only(model),
+        )
+        for b in ("10MiB", "12MiB", "16MiB")
+    ]
     assert [p.strategy for p in plans] == ["cache"] * 3
     keeps = [p.keep_graphs for p in plans]
     assert keeps == sorted(keeps) and keeps[0] >= 1 and keeps[-1] > keeps[0]
@@ -138,7 +163,9 @@ def test_cache_keeps_as_many_chunk_graphs_as_the_budget_allows():
         assert chosen["keep_graphs"] == p.keep_graphs
         assert chosen["relative_time"] < RELATIVE_TIME["cache"]  # kept chunks are not re-embedded
         assert "graph(s) kept" in p.table()
-    times = [next(c for c in p.candidates if c["strategy"] == "cache")["relative_time"] for p in plans]
+    times = [
+        next(c for c in p.candidates if c["strategy"] == "cache")["relative_time"] for p in plans
+    ]
     assert times[-1] < times[0]
 
 
@@ -176,15 +203,25 @@ def test_cache_chunks_are_planned_from_the_runs_real_chunks(tiny):
     act = ActivationModel(per_token=1000.0, per_token_squared=100.0)
     batches = planned_batches(rows, config)
     cache = lambda p: next(c for c in p.candidates if c["strategy"] == "cache")  # noqa: E731
-    static = plan_memory(tiny, rows, TrainConfig(batch_size=64, memory_budget="4GiB"),
-                         activation_model=act).static_bytes
+    static = plan_memory(
+        tiny, rows, TrainConfig(batch_size=64, memory_budget="4GiB"), activation_model=act
+    ).static_bytes
     wider = 0
     for extra in (2**20, 2**21, 2**22, 2**23):
         budget = TrainConfig(batch_size=64, memory_budget=static + extra)
-        exact = cache(plan_memory(tiny, rows, budget, batches=batches, activation_model=act,
-                                  held_bytes=model_only(tiny)))
-        worst = cache(plan_memory(tiny, rows, budget, activation_model=act,
-                                  held_bytes=model_only(tiny)))
+        exact = cache(
+            plan_memory(
+                tiny,
+                rows,
+                budget,
+                batches=batches,
+                activation_model=act,
+                held_bytes=model_only(tiny),
+            )
+        )
+        worst = cache(
+            plan_memory(tiny, rows, budget, activation_model=act, held_bytes=model_only(tiny))
+        )
         assert exact["token_budget"] >= worst["token_budget"]
         wider += exact["token_budget"] > worst["token_budget"]
         # the prediction covers every chunk training will cut at that budget
@@ -203,19 +240,33 @@ def test_plain_falls_back_to_smaller_sub_batches_before_recomputing(tiny):
     config = TrainConfig(batch_size=64, memory_budget="4GiB")
     batches = planned_batches(rows, config)
     plain = lambda p: next(c for c in p.candidates if c["strategy"] == "plain")  # noqa: E731
-    roomy = plan_memory(tiny, rows, config, batches=batches, activation_model=act,
-                    held_bytes=model_only(tiny))
+    roomy = plan_memory(
+        tiny, rows, config, batches=batches, activation_model=act, held_bytes=model_only(tiny)
+    )
     assert (roomy.strategy, roomy.chunk_size) == ("plain", 16)
-    eight = plain(plan_memory(tiny, rows, TrainConfig(batch_size=64, memory_budget="4GiB", chunk_size=8),
-                              batches=batches, activation_model=act,
-                    held_bytes=model_only(tiny)))["peak_bytes"]
+    eight = plain(
+        plan_memory(
+            tiny,
+            rows,
+            TrainConfig(batch_size=64, memory_budget="4GiB", chunk_size=8),
+            batches=batches,
+            activation_model=act,
+            held_bytes=model_only(tiny),
+        )
+    )["peak_bytes"]
     assert eight < roomy.predicted_peak_bytes
     between = TrainConfig(batch_size=64, memory_budget=(eight + roomy.predicted_peak_bytes) // 2)
-    tight = plan_memory(tiny, rows, between, batches=batches, activation_model=act,
-                    held_bytes=model_only(tiny))
+    tight = plan_memory(
+        tiny, rows, between, batches=batches, activation_model=act, held_bytes=model_only(tiny)
+    )
     assert (tight.strategy, tight.chunk_size, tight.predicted_peak_bytes) == ("plain", 8, eight)
     # a sub-batch the user chose is kept: then plain does not fit and something else is chosen
-    fixed = plan_memory(tiny, rows, TrainConfig(batch_size=64, memory_budget=between.memory_budget,
-                                                chunk_size=16), batches=batches, activation_model=act,
-                    held_bytes=model_only(tiny))
+    fixed = plan_memory(
+        tiny,
+        rows,
+        TrainConfig(batch_size=64, memory_budget=between.memory_budget, chunk_size=16),
+        batches=batches,
+        activation_model=act,
+        held_bytes=model_only(tiny),
+    )
     assert fixed.strategy != "plain"

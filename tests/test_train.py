@@ -66,7 +66,9 @@ def test_margin_mse_trains_and_needs_scores():
     config = cfg(loss="margin_mse", max_steps=2)
     rows = [ROWS[i] for i in epoch_batches(ROWS, config, 0)[0]]
     with torch.no_grad():
-        a, p, n = (torch.as_tensor(model.encode(col, convert_to_tensor=True)) for col in columns_of(rows))
+        a, p, n = (
+            torch.as_tensor(model.encode(col, convert_to_tensor=True)) for col in columns_of(rows)
+        )
     expected = margin_mse(a, p, n, torch.tensor([r.score for r in rows]))
     result = train(model, ROWS, config)
     assert result.losses[0] == pytest.approx(float(expected), rel=1e-4)
@@ -97,7 +99,9 @@ def test_out_of_memory_halves_chunk_and_redoes_step(tiny, monkeypatch):
     monkeypatch.setattr(CachedStrategy, "forward_backward", flaky)
     logged = []
     with pytest.warns(RuntimeWarning, match="out of memory"):
-        result = train(tiny, ROWS, cfg(memory="cache", chunk_size=8, max_steps=2), on_step=logged.append)
+        result = train(
+            tiny, ROWS, cfg(memory="cache", chunk_size=8, max_steps=2), on_step=logged.append
+        )
     assert result.steps == 2
     assert calls[:3] == [8, 4, 2]
     assert logged[0]["chunk_size"] == 2 and logged[0]["oom_retries"] == 2
@@ -147,16 +151,21 @@ def test_bad_config_values_are_clear():
 
 def test_retriever_haystack_style_api(tiny, tmp_path):
     retriever = Retriever(tiny)
-    data = [{"question": "what is the cell", "pos_doc": "the cell is a unit", "neg_doc": "python"},
-            {"question": "python list", "pos_doc": "a list is a python value", "neg_doc": "cells"}]
+    data = [
+        {"question": "what is the cell", "pos_doc": "the cell is a unit", "neg_doc": "python"},
+        {"question": "python list", "pos_doc": "a list is a python value", "neg_doc": "cells"},
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing skipped, nothing to warn about
-        result = retriever.train(data, n_epochs=2, batch_size=2, learning_rate=1e-4, show_progress=False)
+        result = retriever.train(
+            data, n_epochs=2, batch_size=2, learning_rate=1e-4, show_progress=False
+        )
     assert result.steps == 2
     saved = retriever.save(tmp_path / "saved")
     loaded = Retriever(str(saved))
     np.testing.assert_allclose(
-        loaded.embed_queries(["what is the cell"]), retriever.embed_queries(["what is the cell"]),
+        loaded.embed_queries(["what is the cell"]),
+        retriever.embed_queries(["what is the cell"]),
         atol=1e-6,
     )
     assert retriever.embed_documents([{"content": "x", "title": "t"}, "y"]).shape == (2, 32)
@@ -172,6 +181,16 @@ def test_real_minilm_loss_goes_down(minilm, shared_datasets):
     rows, _ = read_training_data(shared_datasets / "scifact", split="train")
     model = copy.deepcopy(minilm)
     fixed = rows[:16]
-    result = train(model, fixed, cfg(batch_size=16, max_steps=4, learning_rate=5e-5,
-                                     max_seq_length=64, warmup_steps=0, seed=0))
+    result = train(
+        model,
+        fixed,
+        cfg(
+            batch_size=16,
+            max_steps=4,
+            learning_rate=5e-5,
+            max_seq_length=64,
+            warmup_steps=0,
+            seed=0,
+        ),
+    )
     assert result.losses[-1] < result.losses[0]

@@ -187,9 +187,7 @@ def train_options(
 def check_output_folder(output: Path) -> None:
     """Refuse an ``--output`` that names an existing file (before any data or model loads)."""
     if output.exists() and not output.is_dir():
-        raise FileExistsError(
-            f"{output}: exists and is not a folder; choose another --output"
-        )
+        raise FileExistsError(f"{output}: exists and is not a folder; choose another --output")
 
 
 # ----------------------------------------------------------------------------- embedding options

@@ -215,8 +215,14 @@ def train(
         )
     try:
         result = run_train(
-            st_model, examples, config, output_dir=output, resume=resume_from or resume,
-            overwrite=overwrite, eval_data=evaluate_on, data_report=report,
+            st_model,
+            examples,
+            config,
+            output_dir=output,
+            resume=resume_from or resume,
+            overwrite=overwrite,
+            eval_data=evaluate_on,
+            data_report=report,
         )
     except KeyboardInterrupt:
         if main:

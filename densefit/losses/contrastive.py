@@ -156,7 +156,9 @@ def mnrl(
         torch.Size([])
     """
     B, d = positives.shape
-    start, stop = (0, B) if rows is None else (rows.start or 0, B if rows.stop is None else rows.stop)
+    start, stop = (
+        (0, B) if rows is None else (rows.start or 0, B if rows.stop is None else rows.stop)
+    )
     n = stop - start  # rows whose loss terms are computed (all B unless ``rows``)
     if anchors.shape[-1] != d or anchors.shape[0] not in (B, n) or not 0 <= start <= stop <= B:
         where = "" if rows is None else f" (rows {start}:{stop})"
@@ -184,13 +186,22 @@ def mnrl(
         own_mask = mask.rows(start, stop)
         back_mask = mask.transposed().rows(start, stop)
     loss = chunked_cross_entropy(
-        queries, candidates, labels, scale=scale, chunk_size=chunk_size, mask=own_mask,
+        queries,
+        candidates,
+        labels,
+        scale=scale,
+        chunk_size=chunk_size,
+        mask=own_mask,
     )
     if symmetric:
         if not every_anchor:
             raise ValueError("symmetric mnrl with rows= needs the anchors of the whole batch")
         back = chunked_cross_entropy(
-            positives[start:stop], anchors, labels, scale=scale, chunk_size=chunk_size,
+            positives[start:stop],
+            anchors,
+            labels,
+            scale=scale,
+            chunk_size=chunk_size,
             mask=back_mask,
         )
         loss = (loss + back) / 2

@@ -76,9 +76,14 @@ class CandidateMask:
     def to(self, device: torch.device | str) -> CandidateMask:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return CandidateMask(
-            self.n_anchors, self.n_candidates, group=move(self.group), first=move(self.first),
-            id_group=move(self.id_group), anchor_set=move(self.anchor_set),
-            known=move(self.known), n_ids=self.n_ids,
+            self.n_anchors,
+            self.n_candidates,
+            group=move(self.group),
+            first=move(self.first),
+            id_group=move(self.id_group),
+            anchor_set=move(self.anchor_set),
+            known=move(self.known),
+            n_ids=self.n_ids,
             transposed=self.is_transposed,
         )
 
@@ -277,14 +282,20 @@ def false_negative_mask(rows: Sequence[TrainingExample]) -> BatchMask:
             s = set_of.get(key)
             if s is None:
                 s = set_of[key] = len(set_of)
-                ids_in_batch = {id_of[p] for p in (*row.positive_ids, row.positive_id) if p in id_of}
+                ids_in_batch = {
+                    id_of[p] for p in (*row.positive_ids, row.positive_id) if p in id_of
+                }
                 known.append(torch.tensor(sorted(ids_in_batch), dtype=torch.long))
             anchor_set[i] = s
     if any(len(k) for k in known):
-        sets = torch.repeat_interleave(torch.arange(len(known)), torch.tensor([len(k) for k in known]))
+        sets = torch.repeat_interleave(
+            torch.arange(len(known)), torch.tensor([len(k) for k in known])
+        )
         parts.update(
-            id_group=torch.tensor(id_group), anchor_set=torch.tensor(anchor_set),
-            known=torch.stack([sets, torch.cat(known)], dim=1), n_ids=len(id_of),
+            id_group=torch.tensor(id_group),
+            anchor_set=torch.tensor(anchor_set),
+            known=torch.stack([sets, torch.cat(known)], dim=1),
+            n_ids=len(id_of),
         )
     mask = CandidateMask(B, C, **parts) if parts else None
     n_dup, n_known = mask.counts() if mask is not None else (0, 0)

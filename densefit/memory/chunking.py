@@ -37,7 +37,9 @@ class Chunk:
 TOKENIZE_SLICE = 256
 
 
-def tokenize(model: SentenceTransformer, texts: list[str], *, slice_size: int = TOKENIZE_SLICE) -> dict:
+def tokenize(
+    model: SentenceTransformer, texts: list[str], *, slice_size: int = TOKENIZE_SLICE
+) -> dict:
     """Tokenise ``texts`` once with the model's own preprocessing (truncation included).
 
     Long columns are tokenised ``slice_size`` texts at a time and padded to the longest
@@ -47,8 +49,10 @@ def tokenize(model: SentenceTransformer, texts: list[str], *, slice_size: int = 
     if len(texts) <= slice_size or getattr(tokenizer, "pad_token_id", None) is None:
         features = _tensors_only(model.preprocess(texts))
     else:
-        parts = [_tensors_only(model.preprocess(texts[i : i + slice_size]))
-                 for i in range(0, len(texts), slice_size)]
+        parts = [
+            _tensors_only(model.preprocess(texts[i : i + slice_size]))
+            for i in range(0, len(texts), slice_size)
+        ]
         features = _merge(parts, tokenizer)
     if "attention_mask" not in features:
         raise TypeError(
@@ -76,8 +80,10 @@ def _tensors_only(features) -> dict:
 def _merge(parts: list[dict], tokenizer) -> dict:
     """Concatenate tokenised slices, padding each to the longest, as one call would have."""
     width = max(p["attention_mask"].shape[1] for p in parts)
-    pad_value = {"input_ids": tokenizer.pad_token_id,
-                 "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0)}
+    pad_value = {
+        "input_ids": tokenizer.pad_token_id,
+        "token_type_ids": getattr(tokenizer, "pad_token_type_id", 0),
+    }
     left = getattr(tokenizer, "padding_side", "right") == "left"
     out = {}
     for key, value in parts[0].items():
@@ -192,8 +198,12 @@ def make_chunks(
     groups = [
         torch.tensor(g, dtype=torch.long, device=mask.device)
         for g in group_rows(
-            lengths.tolist(), chunk_size=chunk_size, token_budget=token_budget,
-            sort_by_length=sort_by_length, min_efficiency=min_efficiency, min_rows=min_rows,
+            lengths.tolist(),
+            chunk_size=chunk_size,
+            token_budget=token_budget,
+            sort_by_length=sort_by_length,
+            min_efficiency=min_efficiency,
+            min_rows=min_rows,
         )
     ]
     chunks = []

@@ -682,9 +682,7 @@ def plan_memory(
     Three steps: :func:`probe_run`, then the candidates (:func:`plain_candidates`,
     :func:`cached_candidates`), then :func:`choose`.
     """
-    shape = probe_run(
-        model, examples, config, batches, exact_limit, activation_model, held_bytes
-    )
+    shape = probe_run(model, examples, config, batches, exact_limit, activation_model, held_bytes)
     candidates = plain_candidates(shape) + cached_candidates(shape)
     return choose(shape, candidates, config.sort_by_length)
 

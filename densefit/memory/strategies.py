@@ -172,7 +172,9 @@ def _scatter(pieces: list[torch.Tensor], chunks: list[Chunk], n: int) -> torch.T
 class PlainStrategy(MemoryStrategy):
     """Embed every chunk with its graph kept; one loss, one backward."""
 
-    def forward_backward(self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None):
+    def forward_backward(
+        self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None
+    ):
         chunked = self.chunk_columns(model, columns)
         key = step_key(model)  # None unless invariant dropout is on
         embeddings = []
@@ -201,12 +203,14 @@ class CachedStrategy(MemoryStrategy):
 
     keep_graphs = property(lambda self: self.plan.keep_graphs)
 
-    def forward_backward(self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None):
+    def forward_backward(
+        self, model, columns, loss_fn, *, autocast=contextlib.nullcontext, scaler=None
+    ):
         chunked = self.chunk_columns(model, columns)
         key = step_key(model)  # None unless invariant dropout is on
         device = model.device
         order = [(col, i) for col, chunks in enumerate(chunked) for i in range(len(chunks))]
-        kept_ids = set(order[len(order) - min(self.keep_graphs, len(order)):])
+        kept_ids = set(order[len(order) - min(self.keep_graphs, len(order)) :])
 
         # 1. Embed every chunk without a graph, remembering its RNG state for the replay;
         #    the last keep_graphs chunks keep their graphs (they are not re-embedded).
@@ -280,7 +284,10 @@ def make_strategy(
     """
     if isinstance(plan, str):
         plan = fixed_plan(
-            plan, chunk_size, token_budget=token_budget, sort_by_length=sort_by_length,
+            plan,
+            chunk_size,
+            token_budget=token_budget,
+            sort_by_length=sort_by_length,
             keep_graphs=keep_graphs,
         )
     return (CachedStrategy if plan.cached else PlainStrategy)(plan)
@@ -303,6 +310,10 @@ def fixed_plan(
     if chunk_size is None and token_budget is None:
         chunk_size = DEFAULT_CACHE_CHUNK if name.startswith("cache") else DEFAULT_SUB_BATCH
     return MemoryPlan(
-        name, chunk_size=chunk_size, token_budget=token_budget, keep_graphs=keep_graphs,
-        sort_by_length=sort_by_length, loss_chunk_size=loss_chunk_size,
+        name,
+        chunk_size=chunk_size,
+        token_budget=token_budget,
+        keep_graphs=keep_graphs,
+        sort_by_length=sort_by_length,
+        loss_chunk_size=loss_chunk_size,
     )

@@ -68,8 +68,14 @@ MAY_DIFFER = frozenset(
      "loss_chunk_size", "sort_by_length", "gradient_checkpointing", "keep_graphs",
      "release_cpu_memory"}
 )  # fmt: skip
-_MEMORY = ("memory", "memory_budget", "chunk_size", "token_budget", "keep_graphs",
-           "gradient_checkpointing")
+_MEMORY = (
+    "memory",
+    "memory_budget",
+    "chunk_size",
+    "token_budget",
+    "keep_graphs",
+    "gradient_checkpointing",
+)
 
 
 class CheckpointError(ValueError):
@@ -191,8 +197,11 @@ class Checkpoint:
             return MemoryPlan.from_dict(self.state["memory_plan"])
         saved, planned = self.state["strategy"], self.state.get("plan", {})  # before the plan
         return MemoryPlan(
-            saved["name"], chunk_size=saved["chunk_size"], token_budget=saved["token_budget"],
-            sort_by_length=saved["sort_by_length"], oom_retries=int(saved.get("oom_retries", 0)),
+            saved["name"],
+            chunk_size=saved["chunk_size"],
+            token_budget=saved["token_budget"],
+            sort_by_length=saved["sort_by_length"],
+            oom_retries=int(saved.get("oom_retries", 0)),
             keep_graphs=int(saved.get("keep_graphs", planned.get("keep_graphs") or 1)),
             loss_chunk_size=planned.get("loss_chunk_size"),
         )
@@ -448,7 +457,13 @@ class Checkpointer:
         return epoch_end or last or bool(self.every and step % self.every == 0)
 
     def save(
-        self, step: int, *, epoch: int, batch: int, seen: int, losses: list[float],
+        self,
+        step: int,
+        *,
+        epoch: int,
+        batch: int,
+        seen: int,
+        losses: list[float],
         plan: MemoryPlan,
     ) -> Path | None:
         """Write the checkpoint of the state after ``step``; ``(epoch, batch)`` is the next

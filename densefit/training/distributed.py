@@ -368,15 +368,15 @@ class _GatheredShare:
             columns.append(anchors)
             counts.append(self.row_counts)
         gathered = gather_rows(columns, counts, self.dim)
-        if not self.local and not self.both:  # no rows here: a zero whose backward joins the all-reduce
+        if (
+            not self.local and not self.both
+        ):  # no rows here: a zero whose backward joins the all-reduce
             return sum(g.sum() for g in gathered) * 0.0
         negs = gathered[1] if sum(self.neg_counts) else None
         if self.both:  # every rank: the whole batch's loss; the ranks' copies add up to one
             return mnrl_fn(gathered[2], gathered[0], negs) / self.world
         all_anchors = gathered[2] if self.gather_anchors else anchors
         return mnrl_fn(all_anchors, gathered[0], negs, rows=self.rows) * self.weight
-
-
 
 
 @dataclass

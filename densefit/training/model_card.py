@@ -126,7 +126,9 @@ def _options(config: TrainConfig, result: Any = None) -> list[str]:
         value = getattr(config, f.name)
         if not opt.cli or f.default is dataclasses.MISSING:
             continue
-        if value in (f.default, getattr(defaults, f.name)) or (f.name == "learning_rate" and auto_lr):
+        if value in (f.default, getattr(defaults, f.name)) or (
+            f.name == "learning_rate" and auto_lr
+        ):
             continue
         shown = json.dumps(value, default=str) if not isinstance(value, str) else value
         rows.append(f"| `{f.name}` | {shown} | {opt.help} |")

@@ -180,9 +180,7 @@ def check_output_dir(
             ]
             if not differ:
                 return
-            shown = ", ".join(
-                f"{k}={previous[k]!r} (now {current[k]!r})" for k in differ[:3]
-            )
+            shown = ", ".join(f"{k}={previous[k]!r} (now {current[k]!r})" for k in differ[:3])
             raise ValueError(
                 f"{folder}: holds a densefit run with other options ({shown}); choose a new "
                 "--output, or pass --overwrite to train into it anyway"
