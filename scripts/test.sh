@@ -4,4 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh models,eval,index,test
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Lint and format first: a style slip fails in seconds, with the command that fixes it.
+.venv/bin/ruff check . || { echo "fix: .venv/bin/ruff check --fix ." >&2; exit 1; }
+.venv/bin/ruff format --check . || { echo "fix: .venv/bin/ruff format ." >&2; exit 1; }
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
