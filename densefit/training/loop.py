@@ -21,7 +21,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig
-from densefit.data.batching import planned_batches, step_groups  # noqa: F401 (cli imports it)
+from densefit.data.batching import step_groups
 from densefit.data.corpus import BeirDataset
 from densefit.data.types import ReadReport, TrainingExample
 from densefit.memory.plan import MemoryPlan
