@@ -156,7 +156,7 @@ def mine_hard_negatives(
         raise ValueError("the corpus is empty: there is nothing to mine from")
     from tqdm.auto import tqdm
 
-    from densefit.training.telemetry import peak_rss_bytes
+    from densefit.memory.process import peak_rss_bytes
 
     report = MiningReport(method=method, rows=len(pairs))
     started = time.perf_counter()

@@ -15,9 +15,9 @@ import pytest
 from densefit.memory import allocator
 
 CHILD = r"""
-import json, resource, sys
+import json, sys
 from densefit import TrainConfig, TrainingExample, train
-from densefit.memory.process import resident_bytes
+from densefit.memory.process import peak_rss_bytes, resident_bytes
 from densefit.testing import tiny_model
 
 model = tiny_model(sys.argv[1])  # loaded back from safetensors: weights mapped, as a user's
@@ -29,7 +29,7 @@ config = TrainConfig(batch_size=128, max_steps=2, memory="auto", memory_budget=b
 result = train(model, rows, config)
 print("RESULT", json.dumps({
     "budget": budget, "plan": result.plan,
-    "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    "peak": peak_rss_bytes(),  # VmHWM: ru_maxrss would carry the vfork parent's peak
 }))
 """
 

@@ -33,6 +33,7 @@ import torch
 __all__ = [
     "STEP_SETUP_BYTES",
     "ProcessBaseline",
+    "peak_rss_bytes",
     "process_baseline",
     "resident_bytes",
     "unread_mapped_bytes",
@@ -47,22 +48,48 @@ __all__ = [
 STEP_SETUP_BYTES = 32 * 2**20
 
 
+def _status_bytes(key: str) -> int | None:
+    """A size line of ``/proc/self/status`` (``VmRSS``, ``VmHWM``) in bytes; None without /proc."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def resident_bytes() -> int:
     """Resident set size of this process now (``VmRSS``; psutil where /proc is missing).
 
     >>> resident_bytes() > 0
     True
     """
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    found = _status_bytes("VmRSS")
+    if found is not None:
+        return found
     import psutil
 
     return int(psutil.Process().memory_info().rss)
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process since it started its program (``VmHWM``).
+
+    Not ``getrusage``'s ``ru_maxrss``: on Linux that survives ``execve``, so a process that
+    a large parent spawned with ``vfork`` (Python's ``subprocess`` does) or that re-ran itself
+    (the CLI under mimalloc) would report the parent's or its earlier self's peak.
+
+    >>> peak_rss_bytes() >= resident_bytes() // 2
+    True
+    """
+    found = _status_bytes("VmHWM")
+    if found is not None:
+        return found
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def _file_mappings() -> list[tuple[int, int, int]]:

@@ -25,11 +25,12 @@ from densefit.data.batching import step_groups
 from densefit.data.corpus import BeirDataset
 from densefit.data.types import ReadReport, TrainingExample
 from densefit.memory.plan import MemoryPlan
+from densefit.memory.process import peak_rss_bytes
 from densefit.models import has_lora, merged_copy, model_name_of, save_lora_adapter
 from densefit.training.model_card import write_model_card
 from densefit.training.setup import TrainRun, setup_run
 from densefit.training.step import train_step
-from densefit.training.telemetry import StepLog, peak_rss_bytes
+from densefit.training.telemetry import StepLog
 
 __all__ = ["train", "TrainResult", "describe_data", "save_model", "peak_rss_bytes"]
 

@@ -14,12 +14,13 @@ from collections.abc import Sequence
 import torch
 
 from densefit.data.batching import columns_of
+from densefit.memory.process import peak_rss_bytes
 from densefit.memory.strategies import StepStats
 from densefit.prompts import model_prompts, prompt_columns
 from densefit.training import objective
 from densefit.training.guards import guarded_step
 from densefit.training.setup import TrainRun
-from densefit.training.telemetry import merge_health, peak_rss_bytes
+from densefit.training.telemetry import merge_health
 
 __all__ = ["is_oom", "train_step"]
 

@@ -23,17 +23,9 @@ __all__ = [
     "health_postfix",
     "in_batch_accuracy",
     "merge_health",
-    "peak_rss_bytes",
     "rotate_log",
     "score_health",
 ]
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (Linux: ru_maxrss is in KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @torch.no_grad()
