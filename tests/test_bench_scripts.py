@@ -1,0 +1,172 @@
+"""Every bench script runs on the current package API.
+
+Each bench/*.py imports as a module without running work, and every densefit name it
+imports (at the top or inside a function) exists and is public.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+SCRIPTS = sorted(BENCH.glob("*.py"))
+
+
+def densefit_imports(source: str) -> list[tuple[int, str, str | None]]:
+    """(line, module, name) for each densefit import; name is None for ``import densefit.x``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "densefit" or node.module.startswith("densefit."):
+                found += [(node.lineno, node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "densefit" or alias.name.startswith("densefit."):
+                    found.append((node.lineno, alias.name, None))
+    return found
+
+
+def module_attribute_uses(source: str) -> list[tuple[int, str, str]]:
+    """(line, dotted import, attribute) for each ``alias.attribute`` read, written or patched
+    (``setattr(alias, "attribute", ...)``) where ``alias`` names a densefit import."""
+    tree = ast.parse(source)
+    aliases = {}
+    for _line, module, name in densefit_imports(source):
+        if name is None:
+            aliases[module.split(".")[0]] = "densefit"
+        else:
+            aliases[name] = f"{module}.{name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name.startswith("densefit."):
+                    aliases[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                if alias.asname and node.module.startswith("densefit"):
+                    aliases[alias.asname] = f"{node.module}.{alias.name}"
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id in aliases:
+                uses.append((node.lineno, aliases[node.value.id], node.attr))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("setattr", "getattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id in aliases
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            uses.append((node.lineno, aliases[node.args[0].id], node.args[1].value))
+    return uses
+
+
+def resolve(dotted: str):
+    """The module (or module attribute) a dotted densefit path names."""
+    try:
+        return importlib.import_module(dotted)
+    except ImportError:
+        module, _, name = dotted.rpartition(".")
+        return getattr(importlib.import_module(module), name)
+
+
+def is_submodule(dotted: str) -> bool:
+    """``dotted`` names a module (``from densefit.x import submodule`` is an import too)."""
+    try:
+        return importlib.util.find_spec(dotted) is not None
+    except ImportError:  # the parent is a module, not a package
+        return False
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def problems_of(path: Path) -> list[str]:
+    """What in a script's densefit imports or module attributes does not resolve, or is
+    private."""
+    problems = []
+    source = path.read_text()
+    for line, module, name in densefit_imports(source):
+        where = f"{path.name}:{line}"
+        dotted = module if name is None else f"{module}.{name}"
+        if any(private(part) for part in dotted.split(".")):
+            problems.append(f"{where}: imports the private name {dotted}")
+        try:
+            imported = importlib.import_module(module)
+        except ImportError as error:
+            problems.append(f"{where}: cannot import {module} ({error})")
+            continue
+        if name is not None and not hasattr(imported, name):
+            # ``from densefit.x import submodule`` is fine too.
+            if not is_submodule(f"{module}.{name}"):
+                problems.append(f"{where}: {module} has no {name}")
+    for line, dotted, attribute in module_attribute_uses(source):
+        where = f"{path.name}:{line}"
+        try:
+            target = resolve(dotted)
+        except (ImportError, AttributeError):
+            continue  # reported above
+        if not isinstance(target, types.ModuleType):
+            continue  # attributes of classes and functions are not checked
+        if private(attribute):
+            problems.append(f"{where}: uses the private name {dotted}.{attribute}")
+        elif not hasattr(target, attribute):
+            if not is_submodule(f"{target.__name__}.{attribute}"):
+                problems.append(f"{where}: {dotted} has no {attribute}")
+    return problems
+
+
+def test_the_bench_folder_has_scripts():
+    assert len(SCRIPTS) >= 15, SCRIPTS
+
+
+def test_the_checker_sees_imports_inside_functions_and_private_names():
+    source = (
+        "from densefit.config import TrainConfig\n"
+        "def f():\n"
+        "    from densefit.memory.allocator import _gone\n"
+        "    import densefit.memory.planner as planner\n"
+    )
+    assert densefit_imports(source) == [
+        (1, "densefit.config", "TrainConfig"),
+        (3, "densefit.memory.allocator", "_gone"),
+        (4, "densefit.memory.planner", None),
+    ]
+    patched = (
+        "import densefit.training.loop as loop\nloop.gone = 1\nsetattr(loop, 'also_gone', 2)\n"
+    )
+    assert sorted(module_attribute_uses(patched)) == [
+        (2, "densefit.training.loop", "gone"),
+        (3, "densefit.training.loop", "also_gone"),
+    ]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_densefit_import_exists_and_is_public(script):
+    assert problems_of(script) == []
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_the_script_imports_without_running_work(script, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    # Running work at import would parse pytest's argv, or start training: neither may happen.
+    monkeypatch.setattr(sys, "argv", [str(script), "--this-flag-does-not-exist"])
+    name = f"_bench_{script.stem}"
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop(name, None)
+    assert module.__name__ == name
