@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import inspect
 import sys
 import types
 from pathlib import Path
@@ -71,6 +72,49 @@ def module_attribute_uses(source: str) -> list[tuple[int, str, str]]:
     return uses
 
 
+def densefit_calls(source: str) -> list[tuple[int, str, int, list[str], bool]]:
+    """(line, dotted callee, positional count, keywords, has ``*``/``**``) of each call of a
+    densefit name the script imported (``f(...)`` or ``alias.f(...)``)."""
+    tree = ast.parse(source)
+    names = {}
+    for _line, module, name in densefit_imports(source):
+        if name is not None:
+            names[name] = f"{module}.{name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom) and all(
+            (node.module if isinstance(node, ast.ImportFrom) else a.name or "").startswith(
+                "densefit"
+            )
+            for a in node.names
+        ):
+            for alias in node.names:
+                if alias.asname:
+                    base = node.module + "." if isinstance(node, ast.ImportFrom) else ""
+                    names[alias.asname] = base + alias.name
+    calls = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in names:
+            callee = names[func.id]
+        elif (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id in names
+        ):
+            callee = f"{names[func.value.id]}.{func.attr}"
+        else:
+            continue
+        starred = any(isinstance(a, ast.Starred) for a in node.args) or any(
+            k.arg is None for k in node.keywords
+        )
+        positional = sum(not isinstance(a, ast.Starred) for a in node.args)
+        keywords = [k.arg for k in node.keywords if k.arg is not None]
+        calls.append((node.lineno, callee, positional, keywords, starred))
+    return calls
+
+
 def resolve(dotted: str):
     """The module (or module attribute) a dotted densefit path names."""
     try:
@@ -124,6 +168,22 @@ def problems_of(path: Path) -> list[str]:
         elif not hasattr(target, attribute):
             if not is_submodule(f"{target.__name__}.{attribute}"):
                 problems.append(f"{where}: {dotted} has no {attribute}")
+    for line, callee, positional, keywords, starred in densefit_calls(source):
+        try:
+            target = resolve(callee)
+        except (ImportError, AttributeError):
+            continue  # reported above
+        if isinstance(target, types.ModuleType) or not callable(target):
+            continue
+        try:
+            signature = inspect.signature(target)
+        except (TypeError, ValueError):
+            continue
+        bind = signature.bind_partial if starred else signature.bind
+        try:
+            bind(*[None] * positional, **dict.fromkeys(keywords))
+        except TypeError as error:
+            problems.append(f"{path.name}:{line}: {callee}(...) does not fit {signature}: {error}")
     return problems
 
 
@@ -155,6 +215,22 @@ def test_the_checker_sees_imports_inside_functions_and_private_names():
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_densefit_import_exists_and_is_public(script):
     assert problems_of(script) == []
+
+
+def test_calls_are_checked_against_the_current_signatures(tmp_path):
+    script = tmp_path / "old.py"
+    script.write_text(
+        "from densefit.memory import fixed_plan\n"
+        "import densefit.memory.strategies as strategies\n"
+        "def main():\n"
+        "    fixed_plan('cache', 8, no_such_option=1)\n"
+        "    strategies.make_strategy()\n"
+        "    fixed_plan(*args)\n"
+    )
+    problems = problems_of(script)
+    assert len(problems) == 2, problems
+    assert "old.py:4: densefit.memory.fixed_plan(...)" in problems[0]
+    assert "old.py:5: densefit.memory.strategies.make_strategy(...)" in problems[1]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
