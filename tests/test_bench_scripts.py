@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -274,3 +275,53 @@ def test_dropout_runs_two_tiny_steps_and_alternates_the_order_per_pair(
         firsts = [p["invariant_first"] for p in result["pairs"] if p["method"] == method]
         assert firsts in ([True, False], [False, True]), (method, firsts)
     assert result["invariant_loss_spread_across_methods"] < 1e-4
+
+
+def train_flags_used() -> dict[str, set[str]]:
+    """The ``densefit train`` flags each bench file passes: the ``--`` words after
+    ``-m densefit train`` in bench/gpu.sh (with the loop variable it expands), and the ``--`` strings of bench/budget.py outside
+    its own ``add_argument`` calls (its one command line is ``densefit train``)."""
+    shell = (BENCH / "gpu.sh").read_text().replace("\\\n", " ")
+    lines = [
+        line.split("-m densefit train", 1)[1]
+        for line in shell.splitlines()
+        if "-m densefit train" in line
+    ]
+    # and the values of a loop variable those lines expand (for LORA in "" "--lora-r 16")
+    for variable, values in re.findall(r"for (\w+) in ([^;]*);", shell):
+        if any(f"${variable}" in line for line in lines):
+            lines.append(values)
+    gpu = {word.strip('"') for line in lines for word in line.split()}
+    gpu = {word for word in gpu if re.fullmatch(r"--[a-z][a-z-]*", word)}
+    tree = ast.parse((BENCH / "budget.py").read_text())
+    own = {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "add_argument"
+        for arg in node.args
+    }
+    budget = {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"--[a-z][a-z-]*", node.value)
+        and id(node) not in own
+    }
+    return {"gpu.sh": gpu, "budget.py": budget}
+
+
+def test_the_densefit_train_flags_the_bench_passes_exist():
+    import typer.main
+
+    from densefit.cli.app import app
+
+    train = typer.main.get_command(app).commands["train"]
+    known = {o for p in train.params for o in (*p.opts, *p.secondary_opts)}
+    used = train_flags_used()
+    assert used["gpu.sh"] >= {"--output", "--memory", "--lora-r"}, used  # the parser sees them
+    assert used["budget.py"] >= {"--memory-budget", "--release-cpu-memory"}, used
+    for name, flags in used.items():
+        assert flags <= known, f"{name}: densefit train has no {sorted(flags - known)}"
