@@ -43,10 +43,10 @@ def run_point(spec: dict, *, timeout: float = 1800) -> dict:
     # The allocator: densefit's points run under mimalloc as its CLI does (see
     # densefit.memory.allocator), peers under the system's malloc as their users run them;
     # "allocator" in a spec overrides. The worker records which one served the point.
-    from densefit.memory.allocator import _PRELOADED, preload_env
+    from densefit.memory.allocator import PRELOADED, preload_env
 
     env.pop("LD_PRELOAD", None)
-    env.pop(_PRELOADED, None)
+    env.pop(PRELOADED, None)
     wanted = spec.get("allocator") or ("mimalloc" if spec.get("impl") == "densefit" else "system")
     if wanted == "mimalloc":
         env = preload_env({**env, "DENSEFIT_ALLOCATOR": "mimalloc"}) or env

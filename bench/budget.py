@@ -1,7 +1,8 @@
 """A memory budget is a promise: the whole process's measured peak against the planner's.
 
-    OMP_NUM_THREADS=1 python bench/budget.py            # every point (about 15 minutes)
+    OMP_NUM_THREADS=1 python bench/budget.py            # every point (see below)
     OMP_NUM_THREADS=1 python bench/budget.py --quick    # one point per dataset
+    python bench/budget.py --report                     # the files from budget.jsonl only
 
 Each point is ``densefit train DATA --memory auto --memory-budget X --max-steps 3`` run as a
 child process, as a user runs it: the CLI re-runs itself under mimalloc (the same PID), so
@@ -10,7 +11,10 @@ interpreter, libraries, model, data and training together. Budgets are chosen so
 planner picks different strategies and chunks on SciFact (batch 64, 128 tokens) and pydoc
 (batch 128, 256 tokens); one point is the README demo's training (SciFact, batch 64, a full
 epoch, a checkpoint every 5 steps). A point passes when measured peak <= predicted peak
-<= budget. Writes bench/results/budget.{jsonl,json,csv,md,png}.
+<= budget. Writes bench/results/budget.{jsonl,json,csv,md,png}. The recorded run (11
+points, 1 thread, on a shared 2-CPU machine) took about 36 minutes: its points' ``wall_s``
+add up to 2,186 s, 94-686 s each, the full-epoch demo point the longest. Data from
+``DENSEFIT_DATASETS`` (default ``../shared/datasets``), as the other bench scripts.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
-DATA = Path(os.environ.get("DENSEFIT_DATA", "/work/shared/datasets"))
+DATA = Path(os.environ.get("DENSEFIT_DATASETS", ROOT.parent / "shared" / "datasets"))
 MIB = 2**20
 
 # (dataset, path, batch, max_seq_length, budgets): budgets that make the planner choose
@@ -156,6 +160,7 @@ def write(results: list[dict]) -> None:
         "chunk_size",
         "keep_graphs",
         "allocator",
+        "release_cpu_memory",
         "checkpoint_every",
         "held_mib",
         "base_mib",
@@ -170,7 +175,11 @@ def write(results: list[dict]) -> None:
     with open(RESULTS / "budget.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(results)
+        # The two glibc rows both ran under the system allocator: this column tells them apart.
+        writer.writerows(
+            {**r, "release_cpu_memory": r.get("requested_allocator") == "system+release"}
+            for r in results
+        )
     ok = [r for r in results if r.get("status") in ("pass", "FAIL")]
     lines = [
         "# Memory budget: the whole process's measured peak against the prediction",
@@ -220,23 +229,23 @@ def write(results: list[dict]) -> None:
             "without the CLI's re-run) the heap keeps more of the freed activations than "
             "mimalloc does, and the measured peak went above the prediction (still under the "
             "budget here): the promise is kept under mimalloc, the CLI's default on Linux; "
-            "glibc's retention is not accounted for yet. With --release-cpu-memory (a fixed "
+            "glibc's retention is not accounted for. With --release-cpu-memory (a fixed "
             "mmap threshold and a heap trim after each chunk: system+release) it is.",
         ]
     lines += [
         "",
         "Where the memory goes, phase by phase (bench/budget_phases.py, SciFact at 4GiB: "
         "bench/results/budget_phases.txt): the interpreter and its libraries (torch, "
-        "transformers, sentence-transformers, tokenizers) hold about 470 MiB before the model "
+        "transformers, sentence-transformers, tokenizers) hold about 485 MiB before the model "
         "is loaded; the model and data a few tens of MiB (the weights are a private mapping "
         "of model.safetensors, paged in by the first forward pass); the planner's tokenised "
         "lengths about 15 MiB; its probe's buffers are returned to the OS before the process "
         "is measured. The first backward allocates the gradients; the first optimizer step "
         "puts AdamW's two moments in memory the step's activations just freed, so the second "
-        "step needs that much fresh memory, plus the allocator's fragmentation. Before this "
-        "accounting the planner counted parameters, gradients and AdamW only, and its probe "
-        "leaked its activations (a saved-tensor hook that returned the tensor itself: a "
-        "reference cycle through C++ the garbage collector cannot see), about 200 MiB.",
+        "step needs that much fresh memory, plus the allocator's fragmentation. The prediction "
+        "counts all of it: the resident set held when the plan is made (the probe's "
+        "activations already freed), the weights not paged in yet, gradients, AdamW's "
+        "moments, then the step's activations.",
     ]
     (RESULTS / "budget.md").write_text("\n".join(lines) + "\n")
     try:

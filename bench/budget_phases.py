@@ -3,8 +3,9 @@
     LD_PRELOAD=$(python -m densefit.memory.allocator) MIMALLOC_PURGE_DELAY=-1 \
     OMP_NUM_THREADS=1 python bench/budget_phases.py DATA BUDGET BATCH MAX_SEQ_LENGTH STEPS
 
-Runs what ``densefit train --memory auto`` runs (same loading, planning and loop) and, at
-each phase boundary, prints the process's peak resident set since the previous boundary
+Runs what ``densefit train --memory auto`` runs (same loading, planning and loop: the run's
+setup ``densefit.training.setup.setup_run``, its plan ``plan_for_run``, each step
+``densefit.training.step.train_step``) and, at each phase boundary, prints the process's peak resident set since the previous boundary
 (VmHWM, reset through /proc/self/clear_refs) and its resident set after it, anonymous and
 file-backed. Linux only. Without LD_PRELOAD it runs under glibc's malloc.
 """
@@ -41,23 +42,28 @@ def main() -> None:
     data, budget, batch, seq, steps = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
     import densefit.memory.planner as planner
     import densefit.training.loop as loop
+    import densefit.training.setup as setup
+    import densefit.training.step as step_module
     from densefit.config import TrainConfig
+    from densefit.data.readers import load_training_examples
     from densefit.memory.allocator import allocator_in_use
     from densefit.models import load_model
-    from densefit.retrieval.retriever import load_training_examples
 
     mark("imports (torch, transformers, densefit)")
     model = load_model("all-MiniLM-L6-v2", max_seq_length=seq)
     mark("model loaded (weights mapped)")
     examples = load_training_examples(data)
     mark("data read")
-    build, probe, step = loop.build_strategy, planner.probe_activations, loop.guarded_step
+    # The run's plan (setup_run calls plan_for_run), the planner's probe, and the part of
+    # each step after the forward-backward (train_step calls guarded_step: clip + AdamW).
+    plan_for_run, probe = setup.plan_for_run, planner.probe_activations
+    step = step_module.guarded_step
     plan = {}
 
-    def build_and_mark(*args, **kwargs):
+    def plan_and_mark(*args, **kwargs):
         mark("training set up")
-        out = build(*args, **kwargs)
-        plan.update(out[1])
+        out = plan_for_run(*args, **kwargs)
+        plan.update(out.to_dict())
         mark("plan: the rest (after the probe)")
         return out
 
@@ -76,8 +82,8 @@ def main() -> None:
         mark(f"step {count[0]}: clip + AdamW")
         return out
 
-    loop.build_strategy, planner.probe_activations = build_and_mark, probe_and_mark
-    loop.guarded_step = step_and_mark
+    setup.plan_for_run, planner.probe_activations = plan_and_mark, probe_and_mark
+    step_module.guarded_step = step_and_mark
     config = TrainConfig(
         batch_size=batch,
         max_steps=steps,

@@ -1,12 +1,12 @@
 """Chunking-invariant dropout: what it costs per training step, with and without, paired.
 
-    OMP_NUM_THREADS=1 python bench/dropout.py [--batch 32] [--steps 3] [--threads 1]
+    OMP_NUM_THREADS=1 python bench/dropout.py [--batch 32] [--steps 8] [--threads 1]
 
 Packaged all-MiniLM-L6-v2, SciFact training pairs (query, positive) at sequence length 128,
 densefit's forward-backward for plain (sub-batches of 16), cache (chunks of 8) and
 checkpoint. One process, one model: each timed step runs once with ordinary dropout and once
-with invariant dropout (densefit.memory.dropout), alternating which goes first, so both see
-the same load; the result is the per-pair ratio (invariant / ordinary) of the step's CPU
+with invariant dropout (densefit.memory.dropout), alternating from pair to pair which goes
+first, so both see the same load; the result is the per-pair ratio (invariant / ordinary) of the step's CPU
 time (process time: one thread, so it is the work done, and it moves less than the wall
 clock when other jobs share the machine) and of its wall time, not absolute times. Also records the bytes one forward saves for backward with and without
 (densefit.memory.planner.saved_bytes), and checks that with it on, the three strategies
@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 
 from densefit.config import TrainConfig
+from densefit.data.batching import columns_of
 from densefit.data.readers import read_training_data
-from densefit.memory import make_strategy, tokenize
+from densefit.memory import fixed_plan, make_strategy, tokenize
 from densefit.memory.dropout import (
     disable_invariant_dropout,
     dropout_rows,
@@ -35,7 +36,7 @@ from densefit.memory.dropout import (
 )
 from densefit.memory.planner import saved_bytes
 from densefit.models import load_model
-from densefit.training.loop import columns_of, make_loss_fn
+from densefit.training.objective import make_loss_fn
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -71,10 +72,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the files go")
     args = parser.parse_args()
+    results = args.results
     torch.set_num_threads(args.threads)
 
     examples, _ = read_training_data(DATASETS / "scifact", split="train")
@@ -86,11 +89,13 @@ def main() -> None:
     pairs, losses = [], {}
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     for step, rows in enumerate(batches):  # batch 0 warms both variants up, untimed
-        for method, (name, chunk) in METHODS.items():
-            strategy = make_strategy(name, chunk)
+        for index, (method, (name, chunk)) in enumerate(METHODS.items()):
+            strategy = make_strategy(fixed_plan(name, chunk))
             strategy.prepare(model)
             cpu, wall = {}, {}
-            order = (False, True) if (step + len(pairs)) % 2 == 0 else (True, False)
+            # Which variant goes first alternates from one step's pair to the next (and
+            # between the strategies of a step).
+            order = (False, True) if (step + index) % 2 == 0 else (True, False)
             load = os.getloadavg()[0]
             for invariant in order:
                 (enable_invariant_dropout if invariant else disable_invariant_dropout)(model)
@@ -163,8 +168,8 @@ def main() -> None:
         "timed_steps": args.steps,
         "methods": {m: {"strategy": n, "chunk_size": c} for m, (n, c) in METHODS.items()},
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "dropout.json").write_text(
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "dropout.json").write_text(
         json.dumps(
             {
                 "machine": machine,
@@ -177,15 +182,15 @@ def main() -> None:
             indent=1,
         )
     )
-    with (RESULTS / "dropout.csv").open("w", newline="") as f:
+    with (results / "dropout.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows_out[0]))
         writer.writeheader()
         writer.writerows(rows_out)
-    _plot(pairs, machine, setup)
+    _plot(pairs, machine, setup, results)
     print(json.dumps({"rows": rows_out, "memory": memory, "loss_spread": spread}, indent=1))
 
 
-def _plot(pairs: list[dict], machine: dict, setup: dict) -> None:
+def _plot(pairs: list[dict], machine: dict, setup: dict, results: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,7 +219,7 @@ def _plot(pairs: list[dict], machine: dict, setup: dict) -> None:
         fontsize=9,
     )
     fig.tight_layout()
-    fig.savefig(RESULTS / "dropout.png", dpi=120)
+    fig.savefig(results / "dropout.png", dpi=120)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ point: the planner's static bytes (weights, gradients, AdamW state; frozen weigh
 the peak RSS of training above the loaded model, and the median step time. Then each
 configuration's first model, and the base model, are scored on SciFact's test split
 (nDCG@10 over every judged document + 1,000 seeded random others: see :func:`eval_point`).
-Results: bench/results/lora.{json,csv,png}, with the command, threads and the load average
-around every point; the ratios (LoRA / full within a pair) are the numbers to read, the
+Results: bench/results/lora.{json,csv,png}, with the command and the environment it ran in
+(``command``, ``environment``: written by this script) and the load average around every
+point; the ratios (LoRA / full within a pair) are the numbers to read, the
 absolute times depend on the machine's load.
 """
 
@@ -20,6 +21,8 @@ import argparse
 import csv
 import json
 import os
+import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -37,6 +40,41 @@ SETTINGS = {
     "full": {"learning_rate": 2e-5},
     "lora": {"learning_rate": 2e-4, "lora_r": 16, "lora_alpha": 32},
 }
+
+
+def run_command(argv: list[str]) -> str:
+    """This invocation as a shell line, with the thread settings it ran under."""
+    threads = " ".join(
+        f"{key}={os.environ[key]}"
+        for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+        if key in os.environ
+    )
+    return " ".join(filter(None, [threads, "python bench/lora.py", shlex.join(argv)]))
+
+
+def environment() -> dict:
+    """Where the run ran: interpreter, torch, densefit (and its git commit), machine, load."""
+    import torch
+
+    import densefit
+
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "densefit": densefit.__version__,
+        "git_commit": commit or None,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "child_threads": 1,  # every point runs with OMP_NUM_THREADS=MKL_NUM_THREADS=1
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
 
 
 def _peak_rss_mb() -> float:
@@ -190,12 +228,21 @@ def main() -> None:
         return
 
     if args.from_log:
-        points, scores = _read_log(Path(args.from_log))
+        points, scores, run = _read_log(Path(args.from_log))
         pairs = len({p["pair"] for p in points})
-        argv = [f"--steps {args.steps} --pairs {args.pairs}", f"(stopped after {pairs} pair(s);",
-                "results written by --from-log LOG from the lines it printed)"]  # fmt: skip
-        write_results(points, scores, args.steps, argv)
+        run = run or {"command": None, "environment": None}  # a log without its header line
+        write_results(
+            points,
+            scores,
+            args.steps,
+            f"{run['command']} (the run; {pairs} complete pair(s)), then "
+            f"{run_command(sys.argv[1:])} (this file, from its printed lines)",
+            run["environment"],
+        )
         return
+    # The header line of the printed log: --from-log reads the run's command and environment.
+    run = {"command": run_command(sys.argv[1:]), "environment": environment()}
+    print(json.dumps({"run": run}), flush=True)
     work = Path(args.work)
     points, evals = [], {} if args.no_eval else {"base": _Child("eval", {"model": MODEL})}
     for pair in range(args.pairs):
@@ -211,17 +258,20 @@ def main() -> None:
     if args.no_eval:
         return
     scores = {mode: evals[mode].result()["ndcg@10"] for mode in ("base", "full", "lora")}
-    write_results(points, scores, args.steps, sys.argv[1:])
+    write_results(points, scores, args.steps, run["command"], run["environment"])
 
 
-def _read_log(path: Path) -> tuple[list[dict], dict]:
-    """The training points of the complete pairs, and the scores, from a run's printed lines."""
-    points, scores = [], {}
+def _read_log(path: Path) -> tuple[list[dict], dict, dict | None]:
+    """The training points of the complete pairs, the scores, and the run's command and
+    environment (its first line; None in a log without it), from a run's printed lines."""
+    points, scores, run = [], {}, None
     for line in path.read_text().splitlines():
         if not line.startswith("{"):
             continue
         row = json.loads(line)
-        if "train" in row:
+        if "run" in row:
+            run = row["run"]
+        elif "train" in row:
             points.append({k: v for k, v in row.items() if k != "train"})
         elif "eval" in row:
             model = row["eval"]["model"]
@@ -229,10 +279,12 @@ def _read_log(path: Path) -> tuple[list[dict], dict]:
             scores[mode] = row["ndcg@10"]
     for i, point in enumerate(points):
         point["pair"] = i // 2
-    return [p for p in points if p["pair"] < len(points) // 2], scores
+    return [p for p in points if p["pair"] < len(points) // 2], scores, run
 
 
-def write_results(points: list[dict], scores: dict, steps: int, argv: list[str]) -> None:
+def write_results(
+    points: list[dict], scores: dict, steps: int, command: str, env: dict | None
+) -> None:
     """bench/results/lora.{json,csv,png}: the paired ratios, the scores and every point."""
     pairs = sorted({p["pair"] for p in points})
 
@@ -246,7 +298,8 @@ def write_results(points: list[dict], scores: dict, steps: int, argv: list[str])
     import torch
 
     summary = {
-        "command": "OMP_NUM_THREADS=1 python bench/lora.py " + " ".join(argv),
+        "command": command,
+        "environment": env,
         "model": MODEL,
         "batch_size": BATCH,
         "max_seq_length": SEQ,

@@ -96,7 +96,7 @@ def run_point(spec: dict) -> dict:
     test = subsample(load_beir(spec["data"], "test", corpus=beir.corpus), spec)
     results = evaluate_dims(model, test, spec["dims"], "test", batch_size=64)
     out["eval_s"] = round(time.perf_counter() - started, 1)
-    out["eval_docs"] = len(test.corpus)
+    out["eval_corpus_docs"] = len(test.corpus)  # judged + eval_docs others (or all of them)
     out["eval_queries"] = results[0].n_queries
     out["metrics"] = {
         str(r.info["dim"]): {k: round(v, 5) for k, v in r.metrics.items()} for r in results
@@ -156,9 +156,34 @@ def read_jsonl() -> list[dict]:
     return [json.loads(line) for line in JSONL.read_text().splitlines() if line.strip()]
 
 
+def with_corpus_size(record: dict) -> dict:
+    """The record with ``eval_docs`` the others asked for and ``eval_corpus_docs`` the
+    documents searched. Records without ``eval_corpus_docs`` hold the corpus size in
+    ``eval_docs``; the number asked for is then read back from their command."""
+    if "eval_corpus_docs" in record or "eval_docs" not in record:
+        return record
+    words = shlex.split(record.get("command", ""))
+    asked = 1000  # the default of --eval-docs
+    for i, word in enumerate(words):
+        if word == "--eval-docs" and i + 1 < len(words):
+            asked = int(words[i + 1])
+        elif word.startswith("--eval-docs="):
+            asked = int(word.partition("=")[2])
+    return {**record, "eval_docs": asked, "eval_corpus_docs": record["eval_docs"]}
+
+
+def corpus_label(spec: dict) -> str:
+    """What the test corpus was: judged + N others (M documents), or the whole corpus."""
+    spec = with_corpus_size(spec)
+    others, total = spec.get("eval_docs"), spec.get("eval_corpus_docs")
+    if others:
+        return f"{total:,} docs (judged + {others:,} others)" if total else f"judged + {others:,}"
+    return f"the whole corpus ({total:,} docs)" if total else "the whole corpus"
+
+
 def report(command: str) -> None:
     """matryoshka.json (everything), .csv (one row per model and size), .png (the curves)."""
-    records = [r for r in read_jsonl() if r.get("status") == "ok"]
+    records = [with_corpus_size(r) for r in read_jsonl() if r.get("status") == "ok"]
     latest = {r["point"]: r for r in records}
     rows = []
     for point in POINTS:
@@ -208,12 +233,11 @@ def _plot(rows: list[dict], spec: dict) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(DIMS), [str(d) for d in DIMS])
     ax.set_xlabel("embedding size (first coordinates, re-normalised)")
-    docs = spec.get("eval_docs")
-    corpus = f"judged + {docs} other docs" if docs else "whole corpus"
-    ax.set_ylabel(f"SciFact test nDCG@10 ({corpus})")
+    ax.set_ylabel("SciFact test nDCG@10")
     ax.set_title(
         f"all-MiniLM-L6-v2: Matryoshka vs plain MNRL\n({spec.get('epochs')} epoch, batch "
-        f"{spec.get('batch_size')}, {spec.get('max_seq_length')} tokens)",
+        f"{spec.get('batch_size')}, {spec.get('max_seq_length')} tokens)\n"
+        f"test corpus: {corpus_label(spec)}",
         fontsize=10,
     )
     ax.grid(alpha=0.3)

@@ -23,6 +23,7 @@ __all__ = [
     "enable_trim",
     "mimalloc_library",
     "allocator_in_use",
+    "PRELOADED",
     "preload_env",
     "rerun_with_mimalloc",
     "returning_freed_memory",
@@ -82,7 +83,10 @@ def enable_trim(on: bool = True) -> None:
 # next chunk instead, at glibc's speed (bench/results/allocator.md). malloc can only be
 # replaced when a process starts, so the CLI re-runs its training commands with the library
 # preloaded; DENSEFIT_ALLOCATOR=system keeps the system's malloc.
-_PRELOADED = "DENSEFIT_ALLOCATOR_PRELOADED"
+# Set in the re-run's environment (so it never re-runs again); callers that start their own
+# processes drop it to let the child choose its allocator afresh.
+PRELOADED = "DENSEFIT_ALLOCATOR_PRELOADED"
+_PRELOADED = PRELOADED  # the former private name (tests use it)
 _OFF = ("system", "glibc", "off", "none", "0", "false")
 
 
@@ -127,13 +131,13 @@ def preload_env(env: dict | None = None) -> dict | None:
         return None
     if env.get("DENSEFIT_ALLOCATOR", "mimalloc").strip().lower() in _OFF:
         return None
-    if env.get(_PRELOADED) or allocator_in_use() == "mimalloc":
+    if env.get(PRELOADED) or allocator_in_use() == "mimalloc":
         return None
     library = mimalloc_library()
     if library is None:
         return None
     env["LD_PRELOAD"] = ":".join(p for p in (library, env.get("LD_PRELOAD", "")) if p)
-    env[_PRELOADED] = "1"
+    env[PRELOADED] = "1"
     # Never hand freed pages back to the OS: re-faulting them made cache steps 1.1-1.2x
     # slower (bench/results/allocator.md); kept, they serve the next chunk's activations.
     env.setdefault("MIMALLOC_PURGE_DELAY", "-1")

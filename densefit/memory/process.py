@@ -15,7 +15,7 @@ in yet. On CUDA the budget is the device's memory (``torch.cuda.max_memory_alloc
 and *held now* is ``torch.cuda.memory_allocated``; host memory is not budgeted there.
 
 Where the memory of a CPU run goes, measured (bench/results/budget.md): the interpreter
-and its libraries are about 470 MiB before the model is loaded, the model and data a few
+and its libraries are about 485 MiB before the model is loaded, the model and data a few
 tens of MiB (weights are mapped from the safetensors file and paged in by the first
 forward pass), the planner's probe and tokenised lengths about 240 MiB more (the probe's
 freed buffers stay with the allocator, which reuses them for activations); the first
