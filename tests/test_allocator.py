@@ -15,7 +15,7 @@ def test_preload_env_says_no_when_it_should(monkeypatch):
     monkeypatch.setattr(allocator, "allocator_in_use", lambda: "system")
     assert allocator.preload_env({"DENSEFIT_ALLOCATOR": "system"}) is None
     assert allocator.preload_env({"DENSEFIT_ALLOCATOR": "GLIBC"}) is None
-    assert allocator.preload_env({allocator._PRELOADED: "1"}) is None  # already re-run: no loop
+    assert allocator.preload_env({allocator.PRELOADED: "1"}) is None  # already re-run: no loop
     monkeypatch.setattr(allocator, "allocator_in_use", lambda: "mimalloc")
     assert allocator.preload_env({}) is None  # already serving this process
     monkeypatch.setattr(allocator, "allocator_in_use", lambda: "system")
@@ -32,7 +32,7 @@ def test_preload_env_prepends_mimalloc_and_keeps_other_preloads(monkeypatch):
     monkeypatch.setattr(allocator.sys, "platform", "linux")
     env = allocator.preload_env({"LD_PRELOAD": "/x/libfoo.so", "KEEP": "me"})
     assert env["LD_PRELOAD"] == "/opt/lib/libmimalloc.so:/x/libfoo.so"
-    assert env[allocator._PRELOADED] == "1" and env["KEEP"] == "me"
+    assert env[allocator.PRELOADED] == "1" and env["KEEP"] == "me"
     assert allocator.preload_env({})["LD_PRELOAD"] == "/opt/lib/libmimalloc.so"
 
 
@@ -47,7 +47,7 @@ def test_rerun_really_serves_malloc_from_mimalloc():
         "rerun_with_mimalloc()\n"
         "print('end', os.getpid(), allocator_in_use(), sys.argv[1:], flush=True)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator._PRELOADED)}
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator.PRELOADED)}
     out = subprocess.run(
         [sys.executable, "-c", code, "arg"],
         env=env,
@@ -107,7 +107,7 @@ def test_training_records_the_allocator_its_process_really_has_loaded():
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("LD_PRELOAD", allocator._PRELOADED, "DENSEFIT_ALLOCATOR")
+        if k not in ("LD_PRELOAD", allocator.PRELOADED, "DENSEFIT_ALLOCATOR")
     }
     env.update(OMP_NUM_THREADS="1")
     assert recorded_and_mapped(env) == ("system", False)

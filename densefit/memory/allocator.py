@@ -86,7 +86,6 @@ def enable_trim(on: bool = True) -> None:
 # Set in the re-run's environment (so it never re-runs again); callers that start their own
 # processes drop it to let the child choose its allocator afresh.
 PRELOADED = "DENSEFIT_ALLOCATOR_PRELOADED"
-_PRELOADED = PRELOADED  # the former private name (tests use it)
 _OFF = ("system", "glibc", "off", "none", "0", "false")
 
 
