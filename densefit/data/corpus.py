@@ -225,10 +225,16 @@ def load_beir(
         (5183, 300, 339)
     """
     folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"{folder}: no such folder (a BEIR folder holds corpus.jsonl, queries.jsonl and "
+            "qrels/<split>.tsv)"
+        )
     qrels_path = folder / "qrels" / f"{split}.tsv"
     if not qrels_path.is_file():
         splits = sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
-        raise FileNotFoundError(f"{qrels_path}: no such file; the splits here are {splits}")
+        there = f"the splits here are {', '.join(splits)}" if splits else "it has no qrels/*.tsv"
+        raise FileNotFoundError(f"{qrels_path}: no such file; {there}")
     report = ReadReport(str(folder))
     bad = BadRows(on_bad_row, report)
     corpus_name = "the corpus passed in"
