@@ -21,18 +21,16 @@ import argparse
 import csv
 import json
 import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-RESULTS = HERE / "results"
-DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", REPO.parent / "shared" / "datasets"))
+import _runner
+from _runner import RESULTS, ROOT
+
+DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", ROOT.parent / "shared" / "datasets"))
 MODEL = "all-MiniLM-L6-v2"
 BATCH, SEQ = 32, 128
 DISTRACTORS = 1000
@@ -54,25 +52,18 @@ def run_command(argv: list[str]) -> str:
 
 def environment() -> dict:
     """Where the run ran: interpreter, torch, densefit (and its git commit), machine, load."""
-    import torch
-
     import densefit
 
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = ""
+    env = _runner.environment()
     return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
+        "python": env["python"],
+        "torch": env["torch"],
         "densefit": densefit.__version__,
-        "git_commit": commit or None,
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
+        "git_commit": _runner.git_commit(short=False) or None,
+        "platform": env["platform"],
+        "cpus": env["cpu_count"],
         "child_threads": 1,  # every point runs with OMP_NUM_THREADS=MKL_NUM_THREADS=1
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "loadavg": _runner.loadavg(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 
@@ -152,23 +143,16 @@ class _Child:
     """One point in a fresh process (started now; :meth:`result` waits for it)."""
 
     def __init__(self, kind: str, spec: dict) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-                   TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))  # fmt: skip
         self.kind, self.spec = kind, spec
-        self.load = os.getloadavg()[0]
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, f"--{kind}", json.dumps(spec)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        self.running = _runner.start_child(__file__, f"--{kind}", json.dumps(spec), threads=1)
 
     def result(self) -> dict:
-        stdout, stderr = self.proc.communicate()
-        if self.proc.returncode != 0:
-            raise RuntimeError(f"{self.kind} {self.spec} failed:\n{stderr[-3000:]}")
-        out = json.loads(stdout.strip().splitlines()[-1])
-        out.update(load_before=round(self.load, 2), load_after=round(os.getloadavg()[0], 2),
-                   wall_s=round(time.perf_counter() - self.started, 1))  # fmt: skip
+        child = self.running.wait()
+        if child.returncode != 0:
+            raise RuntimeError(f"{self.kind} {self.spec} failed:\n{child.stderr[-3000:]}")
+        out = child.result
+        out.update(load_before=child.loadavg_before[0], load_after=child.loadavg_after[0],
+                   wall_s=child.wall_s)  # fmt: skip
         print(json.dumps({self.kind: self.spec, **out}), flush=True)
         return out
 
@@ -221,10 +205,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.train:
         spec = json.loads(args.train)
-        print(json.dumps(train_point(spec["mode"], spec["steps"], spec.get("output"))))
+        print("RESULT " + json.dumps(train_point(spec["mode"], spec["steps"], spec.get("output"))))
         return
     if args.eval:
-        print(json.dumps(eval_point(json.loads(args.eval)["model"])))
+        print("RESULT " + json.dumps(eval_point(json.loads(args.eval)["model"])))
         return
 
     if args.from_log:

@@ -35,14 +35,14 @@ import csv
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
+import _runner
+from _common import pyplot
+from _runner import RESULTS, ROOT
+
 JSONL = RESULTS / "matryoshka.jsonl"  # --out NAME: RESULTS / NAME.jsonl (and .json, .csv, .png)
 DIMS = (384, 256, 128, 64)
 POINTS = ("base", "plain", "matryoshka")
@@ -122,30 +122,20 @@ def subsample(test, spec: dict):
 
 def run_child(spec: dict) -> dict:
     """One point in a fresh interpreter (its own memory, its own thread setting)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("MKL_NUM_THREADS", env["OMP_NUM_THREADS"])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    load_before = os.getloadavg()
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, __file__, "--point", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    record = {**spec, "status": "ok" if lines and proc.returncode == 0 else "failed"}
-    if lines:
-        record.update(json.loads(lines[-1][len("RESULT ") :]))
+    omp = os.environ.get("OMP_NUM_THREADS", "1")
+    threads = {"OMP_NUM_THREADS": omp, "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS", omp)}
+    child = _runner.run_child(__file__, "--point", json.dumps(spec), env=threads)
+    record = {**spec, "status": "ok" if child.ok else "failed"}
+    if child.result is not None:
+        record.update(child.result)
     else:
-        record["stderr_tail"] = proc.stderr[-2000:]
+        record["stderr_tail"] = child.stderr[-2000:]
     record.update(
-        wall_s=round(time.perf_counter() - started, 1),
-        loadavg_before=[round(x, 2) for x in load_before],
-        loadavg_after=[round(x, 2) for x in os.getloadavg()],
-        omp_num_threads=env["OMP_NUM_THREADS"],
-        finished=time.strftime("%Y-%m-%d %H:%M:%S"),
+        wall_s=child.wall_s,
+        loadavg_before=child.loadavg_before,
+        loadavg_after=child.loadavg_after,
+        omp_num_threads=omp,
+        finished=child.finished,
     )
     return record
 
@@ -220,11 +210,9 @@ def report(command: str) -> None:
 
 
 def _plot(rows: list[dict], spec: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return
     fig, ax = plt.subplots(figsize=(6, 4))
     for point in POINTS:
         pts = sorted((r["dim"], r["ndcg@10"]) for r in rows if r["model"] == point)

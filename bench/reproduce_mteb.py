@@ -21,15 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _runner import RESULTS, ROOT, environment
+
 sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
 
 # dataset -> {metric: (published, tolerance or None when only reported)}
 REFERENCES = {
@@ -50,31 +48,6 @@ def find_datasets(given: str | None) -> Path:
         if candidate.is_dir():
             return candidate
     sys.exit(f"no datasets folder among {[str(c) for c in candidates]}: pass --datasets-dir")
-
-
-def environment() -> dict:
-    import sentence_transformers
-    import torch
-    import transformers
-
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    return {
-        "torch": torch.__version__,
-        "sentence_transformers": sentence_transformers.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-        "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
-        "git_commit": commit,
-    }
 
 
 def main() -> int:

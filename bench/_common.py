@@ -1,0 +1,144 @@
+"""What bench/quality.py and bench/batch_size.py share: the finished points of a JSONL, one
+fine-tune-and-evaluate point (in its child process), the record a point leaves, and the
+report's plotting setup."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+from _runner import Child, run_child
+
+
+def finished(path: Path) -> dict[str, dict]:
+    """Points already in the JSONL (status ok), by key; the last line of a key wins."""
+    done: dict[str, dict] = {}
+    if path.exists():
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                print(f"{path}:{n}: not JSON (an interrupted write?): ignored", flush=True)
+                continue
+            if record.get("status") == "ok":
+                done[record["key"]] = record
+    return done
+
+
+# ----------------------------------------------------------------------------- one point
+
+
+def training_rows(beir, n: int | None, seed: int):
+    """The (query, positive) pairs of a BEIR train split; a seeded subsample of ``n``."""
+    rows = beir.training_pairs()
+    if n and n < len(rows):
+        rows = random.Random(seed).sample(rows, n)
+    return rows
+
+
+def load_point(spec: dict):
+    """The point's model at its sequence length, and the first fields of its result."""
+    import torch
+
+    from densefit.models import load_model
+
+    model = load_model(spec["model"], max_seq_length=spec["max_seq_length"])
+    return model, {"torch_threads": torch.get_num_threads(), "train": None}
+
+
+def fine_tune(model, rows, spec: dict):
+    """Train ``model`` on ``rows`` with the spec's batch, epochs, learning rate, seed, length
+    and memory strategy; the train result and its per-step log."""
+    from densefit.config import TrainConfig
+    from densefit.training.loop import train
+
+    config = TrainConfig(
+        batch_size=spec["batch_size"],
+        epochs=spec["epochs"],
+        learning_rate=spec["learning_rate"],
+        seed=spec["seed"],
+        max_seq_length=spec["max_seq_length"],
+        memory=spec["memory"],
+        show_progress=False,
+    )
+    log: list[dict] = []
+    result = train(model, rows, config, on_step=log.append)
+    return result, log
+
+
+def evaluate_test(model, spec: dict, corpus, out: dict) -> dict:
+    """Evaluate on the test split over the full corpus (``corpus``: the train split's, when
+    loaded); adds timing, sizes, metrics and peak RSS to ``out`` and returns it."""
+    from densefit.data.corpus import load_beir
+    from densefit.evaluate import evaluate_beir
+    from densefit.training.loop import peak_rss_bytes
+
+    started = time.perf_counter()
+    test = load_beir(spec["data"], "test", corpus=corpus)
+    result = evaluate_beir(model, test, "test", batch_size=64)
+    out["eval_s"] = round(time.perf_counter() - started, 1)
+    out["eval_docs"] = len(test.corpus)
+    out["eval_queries"] = result.n_queries
+    out["metrics"] = {k: round(v, 5) for k, v in result.metrics.items()}
+    out["peak_rss_mb"] = round(peak_rss_bytes() / 2**20, 1)
+    return out
+
+
+def run_grid_point(script: str, spec: dict, threads: int, env: dict | None = None) -> dict:
+    """Run ``script --point SPEC`` in a fresh interpreter; the spec with its results
+    (status ok) or the end of its output (status failed, ``error``), timing and load."""
+    child: Child = run_child(script, "--point", json.dumps(spec), threads=threads, env=env)
+    record = {**spec, "status": "ok" if child.ok else "failed"}
+    if child.ok:
+        record.update(child.result)
+    else:
+        record["error"] = (child.stderr or child.stdout)[-2000:]
+    record.update(
+        wall_s=child.wall_s,
+        threads=threads,
+        loadavg_before=child.loadavg_before,
+        loadavg_after=child.loadavg_after,
+        finished=child.finished,
+    )
+    return record
+
+
+def print_point(record: dict) -> None:
+    """The progress line of a point just run: its failure, or its metrics and times."""
+    if record["status"] != "ok":
+        print(f"     FAILED after {record['wall_s']}s:\n{record['error']}", flush=True)
+        return
+    train = record["train"] or {}
+    print(
+        f"     nDCG@10 {record['metrics']['ndcg@10']:.4f} R@100 "
+        f"{record['metrics']['recall@100']:.4f} steps {train.get('steps', 0)} "
+        f"train {train.get('seconds', 0)}s eval {record['eval_s']}s wall {record['wall_s']}s",
+        flush=True,
+    )
+
+
+def append(path: Path, record: dict) -> None:
+    """Append ``record`` as one JSON line to ``path`` (its folder made if missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def pyplot(missing: str = "matplotlib not installed: no PNG"):
+    """matplotlib.pyplot on the Agg backend; None (saying ``missing``) when not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(missing)
+        return None
+    return plt
