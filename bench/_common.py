@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from _runner import Child, run_child
@@ -50,9 +51,9 @@ def load_point(spec: dict):
     return model, {"torch_threads": torch.get_num_threads(), "train": None}
 
 
-def fine_tune(model, rows, spec: dict):
-    """Train ``model`` on ``rows`` with the spec's batch, epochs, learning rate, seed, length
-    and memory strategy; the train result and its per-step log."""
+def fine_tune(model, rows, spec: dict, **config):
+    """Train ``model`` on ``rows`` with the spec's batch, epochs, learning rate, seed and
+    length (``config``: more TrainConfig settings); the train result and its per-step log."""
     from densefit.config import TrainConfig
     from densefit.training.loop import train
 
@@ -62,12 +63,45 @@ def fine_tune(model, rows, spec: dict):
         learning_rate=spec["learning_rate"],
         seed=spec["seed"],
         max_seq_length=spec["max_seq_length"],
-        memory=spec["memory"],
         show_progress=False,
+        **config,
     )
     log: list[dict] = []
     result = train(model, rows, config, on_step=log.append)
     return result, log
+
+
+def grid_point(
+    spec: dict,
+    rows_of: Callable[[object, dict], list],
+    more_train: Callable[[object, list[dict]], dict] | None = None,
+) -> dict:
+    """Fine-tune (unless the base: batch size 0) with the spec's memory strategy and
+    evaluate on the test split; runs in the point's child process.
+
+    ``rows_of(train_split, out)``: the training rows (it may record more in ``out``);
+    ``more_train(result, log)``: fields of ``out["train"]`` beside the ones every grid has.
+    """
+    from densefit.data.corpus import load_beir
+
+    model, out = load_point(spec)
+    corpus = None
+    if spec["batch_size"]:
+        beir = load_beir(spec["data"], "train")
+        corpus = beir.corpus  # the test split reuses it
+        rows = rows_of(beir, out)
+        result, log = fine_tune(model, rows, spec, memory=spec["memory"])
+        out["train"] = {
+            "rows": len(rows),
+            "steps": result.steps,
+            "rows_per_step_max": max(r["examples"] for r in log),
+            "seconds": round(result.seconds, 1),
+            "first_loss": round(log[0]["loss"], 4),
+            "final_loss": round(result.final_loss, 4),
+            **(more_train(result, log) if more_train else {}),
+            "plan": result.plan,
+        }
+    return evaluate_test(model, spec, corpus, out)
 
 
 def evaluate_test(model, spec: dict, corpus, out: dict) -> dict:
@@ -88,9 +122,27 @@ def evaluate_test(model, spec: dict, corpus, out: dict) -> dict:
     return out
 
 
-def run_grid_point(script: str, spec: dict, threads: int, env: dict | None = None) -> dict:
-    """Run ``script --point SPEC`` in a fresh interpreter; the spec with its results
-    (status ok) or the end of its output (status failed, ``error``), timing and load."""
+def judged_plus_others(split, others: int, seed: int):
+    """``split`` with its corpus cut to the documents its qrels judge plus ``others`` more
+    drawn at random (seeded), as ``densefit run``'s evaluation subsample does; ``others``
+    0: the whole corpus."""
+    import dataclasses
+
+    if not others:
+        return split
+    judged = {d for docs in split.qrels.values() for d in docs}
+    rest = sorted(set(split.corpus) - judged)
+    picked = set(random.Random(seed).sample(rest, min(others, len(rest))))
+    corpus = {k: v for k, v in split.corpus.items() if k in judged or k in picked}
+    return dataclasses.replace(split, corpus=corpus)
+
+
+def run_grid_point(
+    script: str, spec: dict, threads: int, jsonl: Path, *, env: dict | None = None, **more
+) -> dict:
+    """Run ``script --point SPEC`` in a fresh interpreter and append its record to
+    ``jsonl``: the spec with its results (status ok) or the end of its output (status
+    failed, ``error``), timing, load and ``more``; prints how it went."""
     child: Child = run_child(script, "--point", json.dumps(spec), threads=threads, env=env)
     record = {**spec, "status": "ok" if child.ok else "failed"}
     if child.ok:
@@ -103,7 +155,12 @@ def run_grid_point(script: str, spec: dict, threads: int, env: dict | None = Non
         loadavg_before=child.loadavg_before,
         loadavg_after=child.loadavg_after,
         finished=child.finished,
+        **more,
     )
+    jsonl.parent.mkdir(parents=True, exist_ok=True)
+    with jsonl.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    print_point(record)
     return record
 
 
@@ -119,13 +176,6 @@ def print_point(record: dict) -> None:
         f"train {train.get('seconds', 0)}s eval {record['eval_s']}s wall {record['wall_s']}s",
         flush=True,
     )
-
-
-def append(path: Path, record: dict) -> None:
-    """Append ``record`` as one JSON line to ``path`` (its folder made if missing)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
 
 
 # ----------------------------------------------------------------------------- report

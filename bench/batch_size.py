@@ -43,17 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import (
-    append,
-    evaluate_test,
-    fine_tune,
-    finished,
-    load_point,
-    print_point,
-    pyplot,
-    run_grid_point,
-    training_rows,
-)
+from _common import finished, grid_point, pyplot, run_grid_point, training_rows
 from _runner import RESULTS, ROOT, environment
 
 JSONL = RESULTS / "batch_size.jsonl"
@@ -197,34 +187,23 @@ def plan(args) -> list[dict]:
 
 def run_point(spec: dict) -> dict:
     """Fine-tune (unless the base) and evaluate on the test split; runs in a child process."""
-    from densefit.data.corpus import load_beir
+    return grid_point(spec, lambda beir, out: training_rows_of(spec, beir, out))
 
-    model, out = load_point(spec)
-    corpus = None
-    if spec["batch_size"]:
-        beir = load_beir(spec["data"], "train")
-        corpus = beir.corpus
-        rows = training_rows(beir, spec["train_pairs"], 0)
-        if spec["negatives"] == "bm25":
-            from densefit.mine import mine_hard_negatives
 
-            started = time.perf_counter()
-            train_docs = [corpus[d] for d in {r.positive_id for r in rows}]
-            rows, mined = mine_hard_negatives(
-                rows, train_docs, method="bm25", num_negatives=1, show_progress=False
-            )
-            out["mining"] = {"seconds": round(time.perf_counter() - started, 1), **mined.to_dict()}
-        result, log = fine_tune(model, rows, spec)
-        out["train"] = {
-            "rows": len(rows),
-            "steps": result.steps,
-            "rows_per_step_max": max(r["examples"] for r in log),
-            "seconds": round(result.seconds, 1),
-            "first_loss": round(log[0]["loss"], 4),
-            "final_loss": round(result.final_loss, 4),
-            "plan": result.plan,
-        }
-    return evaluate_test(model, spec, corpus, out)
+def training_rows_of(spec: dict, beir, out: dict) -> list:
+    """The point's training rows: its pairs (a seeded sample of ``train_pairs``), with one
+    BM25-mined hard negative each for ``negatives: bm25`` (recorded in ``out["mining"]``)."""
+    rows = training_rows(beir, spec["train_pairs"], 0)
+    if spec["negatives"] == "bm25":
+        from densefit.mine import mine_hard_negatives
+
+        started = time.perf_counter()
+        train_docs = [beir.corpus[d] for d in {r.positive_id for r in rows}]
+        rows, mined = mine_hard_negatives(
+            rows, train_docs, method="bm25", num_negatives=1, show_progress=False
+        )
+        out["mining"] = {"seconds": round(time.perf_counter() - started, 1), **mined.to_dict()}
+    return rows
 
 
 def estimate_s(spec: dict, done: list[dict]) -> float:
@@ -532,9 +511,8 @@ def main() -> int:
             f"{time.strftime('%H:%M:%S')})",
             flush=True,
         )
-        record = run_grid_point(__file__, spec, args.threads, {"TRANSFORMERS_OFFLINE": "1"})
-        append(JSONL, record)
-        print_point(record)
+        env = {"TRANSFORMERS_OFFLINE": "1"}
+        record = run_grid_point(__file__, spec, args.threads, JSONL, env=env)
         if record["status"] == "ok":
             run_now.append(record)
     print(f"total {round(time.perf_counter() - started)}s", flush=True)

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import _runner
+from _common import judged_plus_others
 from _runner import RESULTS, ROOT
 
 DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", ROOT.parent / "shared" / "datasets"))
@@ -122,21 +123,14 @@ def eval_point(model_ref: str) -> dict:
     """SciFact test nDCG@10 of a model (max_seq_length 128) on every judged document plus
     DISTRACTORS seeded random others, as ``densefit run``'s ``eval.distractors`` does (the
     full corpus takes most of an hour per model on this shared machine)."""
-    import random
-
-    from densefit.data.corpus import BeirDataset, load_beir
+    from densefit.data.corpus import load_beir
     from densefit.evaluate import evaluate_beir
     from densefit.models import load_model
 
     model = load_model(model_ref, device="cpu", max_seq_length=SEQ)
-    beir = load_beir(DATASETS / "scifact", "test")
-    judged = {d for docs in beir.qrels.values() for d in docs}
-    others = sorted(set(beir.corpus) - judged)
-    picked = set(random.Random(0).sample(others, min(DISTRACTORS, len(others))))
-    corpus = {k: v for k, v in beir.corpus.items() if k in judged or k in picked}
-    beir = BeirDataset(corpus, beir.queries, beir.qrels, beir.judgments, beir.report)
+    beir = judged_plus_others(load_beir(DATASETS / "scifact", "test"), DISTRACTORS, 0)
     result = evaluate_beir(model, beir, "test", metrics=["ndcg@10"], batch_size=64)
-    return {"ndcg@10": round(float(result.metrics["ndcg@10"]), 4), "documents": len(corpus)}
+    return {"ndcg@10": round(float(result.metrics["ndcg@10"]), 4), "documents": len(beir.corpus)}
 
 
 class _Child:

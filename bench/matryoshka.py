@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 import _runner
-from _common import pyplot
+from _common import fine_tune, judged_plus_others, load_point, pyplot
 from _runner import RESULTS, ROOT
 
 JSONL = RESULTS / "matryoshka.jsonl"  # --out NAME: RESULTS / NAME.jsonl (and .json, .csv, .png)
@@ -59,30 +59,17 @@ def find_scifact() -> Path:
 
 def run_point(spec: dict) -> dict:
     """Train (unless the base) and evaluate at every size; runs in a child process."""
-    import torch
-
-    from densefit.config import TrainConfig
     from densefit.data.corpus import load_beir
     from densefit.evaluate import evaluate_dims
-    from densefit.models import load_model
-    from densefit.training.loop import peak_rss_bytes, train
+    from densefit.training.loop import peak_rss_bytes
 
-    model = load_model(spec["model"], max_seq_length=spec["max_seq_length"])
-    out: dict = {"torch_threads": torch.get_num_threads(), "train": None}
+    model, out = load_point(spec)
     beir = load_beir(spec["data"], "train")
     if spec["point"] != "base":
         rows = beir.training_pairs()
         nested = spec["point"] == "matryoshka"
-        config = TrainConfig(
-            batch_size=spec["batch_size"],
-            epochs=spec["epochs"],
-            learning_rate=spec["learning_rate"],
-            seed=spec["seed"],
-            max_seq_length=spec["max_seq_length"],
-            matryoshka_dims=list(spec["dims"]) if nested else None,
-            show_progress=False,
-        )
-        result = train(model, rows, config)
+        dims = list(spec["dims"]) if nested else None
+        result, _ = fine_tune(model, rows, spec, matryoshka_dims=dims)
         out["train"] = {
             "rows": len(rows),
             "steps": result.steps,
@@ -108,16 +95,7 @@ def run_point(spec: dict) -> dict:
 def subsample(test, spec: dict):
     """The test split with its corpus cut to the judged documents plus ``eval_docs`` others
     (seeded); ``eval_docs`` 0: the whole corpus."""
-    import dataclasses
-    import random
-
-    if not spec["eval_docs"]:
-        return test
-    judged = {d for docs in test.qrels.values() for d in docs}
-    others = sorted(set(test.corpus) - judged)
-    picked = set(random.Random(spec["seed"]).sample(others, min(spec["eval_docs"], len(others))))
-    corpus = {k: v for k, v in test.corpus.items() if k in judged or k in picked}
-    return dataclasses.replace(test, corpus=corpus)
+    return judged_plus_others(test, spec["eval_docs"], spec["seed"])
 
 
 def run_child(spec: dict) -> dict:

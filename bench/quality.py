@@ -38,17 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import (
-    append,
-    evaluate_test,
-    fine_tune,
-    finished,
-    load_point,
-    print_point,
-    pyplot,
-    run_grid_point,
-    training_rows,
-)
+from _common import finished, grid_point, pyplot, run_grid_point, training_rows
 from _runner import ROOT, environment, git_commit
 from reproduce_mteb import REFERENCES, find_datasets
 
@@ -150,31 +140,18 @@ def pending(specs: list[dict], done: dict[str, dict]) -> list[dict]:
 
 def run_point(spec: dict) -> dict:
     """Fine-tune (unless the base) and evaluate on the test split; runs in a child process."""
-    from densefit.data.corpus import load_beir
-
-    model, out = load_point(spec)
-    corpus = None
-    if spec["batch_size"]:
-        beir = load_beir(spec["data"], "train")
-        corpus = beir.corpus  # the test split reuses it
-        rows = training_rows(beir, spec["train_pairs"], spec["subsample_seed"])
-        result, log = fine_tune(model, rows, spec)
-        out["train"] = {
-            "rows": len(rows),
-            "steps": result.steps,
+    return grid_point(
+        spec,
+        lambda beir, out: training_rows(beir, spec["train_pairs"], spec["subsample_seed"]),
+        lambda result, log: {
             "warmup_steps": int(0.1 * result.steps),
-            "rows_per_step_max": max(r["examples"] for r in log),
-            "seconds": round(result.seconds, 1),
-            "first_loss": round(log[0]["loss"], 4),
-            "final_loss": round(result.final_loss, 4),
             "mean_loss_last_10pct": round(
                 statistics.fmean(result.losses[-max(1, len(result.losses) // 10) :]), 4
             ),
             "masked_duplicates": sum(r.get("masked_duplicates", 0) for r in log),
             "masked_known_positives": sum(r.get("masked_known_positives", 0) for r in log),
-            "plan": result.plan,
-        }
-    return evaluate_test(model, spec, corpus, out)
+        },
+    )
 
 
 # ----------------------------------------------------------------------------- time estimate
@@ -560,10 +537,7 @@ def main() -> int:
             f"run  {spec['key']} (~{estimate / 60:.0f} min, load {os.getloadavg()[0]:.1f})",
             flush=True,
         )
-        record = run_grid_point(__file__, spec, args.threads)
-        record["commit"] = commit
-        append(JSONL, record)
-        print_point(record)
+        record = run_grid_point(__file__, spec, args.threads, JSONL, commit=commit)
         if record["status"] == "ok":
             run_now.append(record)
     print(f"total {round(time.perf_counter() - started)}s", flush=True)
