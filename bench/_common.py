@@ -4,6 +4,7 @@ report's plotting setup."""
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import time
@@ -179,6 +180,34 @@ def print_point(record: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- report
+
+
+def point_row(record: dict) -> dict:
+    """A finished point's CSV columns (a grid's CSV writes the ones its fields name)."""
+    train = record.get("train") or {}
+    keys = ("dataset", "batch_size", "rule", "learning_rate", "epochs", "negatives", "seed")
+    keys += ("memory", "peak_rss_mb", "threads", "commit", "key")
+    return (
+        {k: record.get(k) for k in keys}
+        | {m: record["metrics"][m] for m in ("ndcg@10", "recall@100")}
+        | {
+            "steps": train.get("steps", 0),
+            "rows_per_step": train.get("rows_per_step_max", ""),
+            "train_s": train.get("seconds", 0),
+            "eval_s": record["eval_s"],
+            "wall_s": record["wall_s"],
+            "load_1min_before": (record.get("loadavg_before") or [None])[0],
+        }
+    )
+
+
+def write_points_csv(path: Path, fields: list[str], records: list[dict], more=None) -> None:
+    """One CSV row a point: its :func:`point_row` columns, then ``more(record)``'s."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        for r in records:
+            writer.writerow(point_row(r) | (more(r) if more else {}))
 
 
 def pyplot(missing: str = "matplotlib not installed: no PNG"):

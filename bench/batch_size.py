@@ -32,7 +32,6 @@ Writes bench/results/batch_size.{jsonl,json,csv,md,png}.
 from __future__ import annotations
 
 import argparse
-import csv
 import gzip
 import json
 import math
@@ -43,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import finished, grid_point, pyplot, run_grid_point, training_rows
+from _common import finished, grid_point, pyplot, run_grid_point, training_rows, write_points_csv
 from _runner import RESULTS, ROOT, environment
 
 JSONL = RESULTS / "batch_size.jsonl"
@@ -431,26 +430,12 @@ def report(meta: dict, skipped: list[str]) -> dict:
     fields = ["dataset", "batch_size", "rule", "learning_rate", "epochs", "negatives", "seed"]
     fields += ["ndcg@10", "recall@100", "steps", "train_s", "eval_s", "wall_s", "memory"]
     fields += ["peak_rss_mb", "threads", "load_1min_before", "key"]
-    with open(RESULTS / "batch_size.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for r in sorted(records, key=lambda r: r["key"]):
-            train = r.get("train") or {}
-            writer.writerow(
-                {k: r.get(k) for k in fields[:7]}
-                | {m: r["metrics"][m] for m in METRICS}
-                | {
-                    "steps": train.get("steps", 0),
-                    "train_s": train.get("seconds", 0),
-                    "eval_s": r["eval_s"],
-                    "wall_s": r["wall_s"],
-                    "memory": (train.get("plan") or {}).get("strategy"),
-                    "peak_rss_mb": r.get("peak_rss_mb"),
-                    "threads": r.get("threads"),
-                    "load_1min_before": (r.get("loadavg_before") or [None])[0],
-                    "key": r["key"],
-                }
-            )
+    write_points_csv(
+        RESULTS / "batch_size.csv",
+        fields,
+        sorted(records, key=lambda r: r["key"]),
+        lambda r: {"memory": ((r.get("train") or {}).get("plan") or {}).get("strategy")},
+    )
     plot(summary, RESULTS / "batch_size.png")
     print(markdown(summary, meta, skipped), flush=True)
     return summary

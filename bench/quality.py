@@ -29,7 +29,6 @@ Writes bench/results/quality.{jsonl,json,csv,md,png}.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -38,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import finished, grid_point, pyplot, run_grid_point, training_rows
+from _common import finished, grid_point, pyplot, run_grid_point, training_rows, write_points_csv
 from _runner import ROOT, environment, git_commit
 from reproduce_mteb import REFERENCES, find_datasets
 
@@ -416,30 +415,8 @@ def report(settings: dict, datasets: list[str], meta: dict, batch_sizes: list[in
         "commit",
         "key",
     ]
-    with open(RESULTS / "quality.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for r in sorted(records, key=lambda r: (r["dataset"], r["batch_size"], r["seed"] or 0)):
-            train = r.get("train") or {}
-            writer.writerow(
-                {
-                    "dataset": r["dataset"],
-                    "batch_size": r["batch_size"],
-                    "seed": r["seed"],
-                    "memory": r["memory"],
-                    "ndcg@10": r["metrics"]["ndcg@10"],
-                    "recall@100": r["metrics"]["recall@100"],
-                    "steps": train.get("steps", 0),
-                    "rows_per_step": train.get("rows_per_step_max", ""),
-                    "train_s": train.get("seconds", 0),
-                    "eval_s": r["eval_s"],
-                    "wall_s": r["wall_s"],
-                    "threads": r.get("threads"),
-                    "load_1min_before": (r.get("loadavg_before") or [None])[0],
-                    "commit": r.get("commit"),
-                    "key": r["key"],
-                }
-            )
+    by_point = sorted(records, key=lambda r: (r["dataset"], r["batch_size"], r["seed"] or 0))
+    write_points_csv(RESULTS / "quality.csv", fields, by_point)
     plot(summary, settings, RESULTS / "quality.png")
     print(markdown(summary, settings, meta), flush=True)
     return summary
