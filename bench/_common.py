@@ -201,9 +201,15 @@ def point_row(record: dict) -> dict:
     )
 
 
-def write_points_csv(path: Path, fields: list[str], records: list[dict], more=None) -> None:
-    """One CSV row a point: its :func:`point_row` columns, then ``more(record)``'s."""
-    with open(path, "w", newline="") as f:
+def write_report(
+    folder: Path, name: str, payload: dict, text: str, fields: list[str], records, more=None
+) -> None:
+    """A grid's files: NAME.json (``payload``), NAME.md (``text``) and NAME.csv, one row a
+    point of ``records`` (its :func:`point_row` columns, then ``more(record)``'s) with the
+    columns ``fields`` names."""
+    (folder / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (folder / f"{name}.md").write_text(text)
+    with open(folder / f"{name}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for r in records:

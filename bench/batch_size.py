@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import finished, grid_point, pyplot, run_grid_point, training_rows, write_points_csv
+from _common import finished, grid_point, pyplot, run_grid_point, training_rows, write_report
 from _runner import RESULTS, ROOT, environment
 
 JSONL = RESULTS / "batch_size.jsonl"
@@ -425,19 +425,21 @@ def report(meta: dict, skipped: list[str]) -> dict:
         "times are indicative only; metrics do not depend on them."
     )
     payload = {"meta": meta, "summary": summary, "skipped": skipped, "points": records}
-    (RESULTS / "batch_size.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (RESULTS / "batch_size.md").write_text(markdown(summary, meta, skipped))
+    text = markdown(summary, meta, skipped)
     fields = ["dataset", "batch_size", "rule", "learning_rate", "epochs", "negatives", "seed"]
     fields += ["ndcg@10", "recall@100", "steps", "train_s", "eval_s", "wall_s", "memory"]
     fields += ["peak_rss_mb", "threads", "load_1min_before", "key"]
-    write_points_csv(
-        RESULTS / "batch_size.csv",
+    write_report(
+        RESULTS,
+        "batch_size",
+        payload,
+        text,
         fields,
         sorted(records, key=lambda r: r["key"]),
         lambda r: {"memory": ((r.get("train") or {}).get("plan") or {}).get("strategy")},
     )
     plot(summary, RESULTS / "batch_size.png")
-    print(markdown(summary, meta, skipped), flush=True)
+    print(text, flush=True)
     return summary
 
 

@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import finished, grid_point, pyplot, run_grid_point, training_rows, write_points_csv
+from _common import finished, grid_point, pyplot, run_grid_point, training_rows, write_report
 from _runner import ROOT, environment, git_commit
 from reproduce_mteb import REFERENCES, find_datasets
 
@@ -396,29 +396,14 @@ def report(settings: dict, datasets: list[str], meta: dict, batch_sizes: list[in
         "the point of this benchmark; metrics do not depend on them."
     )
     payload = {"settings": settings, "meta": meta, "summary": summary, "points": records}
-    (RESULTS / "quality.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (RESULTS / "quality.md").write_text(markdown(summary, settings, meta))
-    fields = [
-        "dataset",
-        "batch_size",
-        "seed",
-        "memory",
-        "ndcg@10",
-        "recall@100",
-        "steps",
-        "rows_per_step",
-        "train_s",
-        "eval_s",
-        "wall_s",
-        "threads",
-        "load_1min_before",
-        "commit",
-        "key",
-    ]
+    text = markdown(summary, settings, meta)
+    fields = ["dataset", "batch_size", "seed", "memory", "ndcg@10", "recall@100", "steps"]
+    fields += ["rows_per_step", "train_s", "eval_s", "wall_s", "threads", "load_1min_before"]
+    fields += ["commit", "key"]
     by_point = sorted(records, key=lambda r: (r["dataset"], r["batch_size"], r["seed"] or 0))
-    write_points_csv(RESULTS / "quality.csv", fields, by_point)
+    write_report(RESULTS, "quality", payload, text, fields, by_point)
     plot(summary, settings, RESULTS / "quality.png")
-    print(markdown(summary, settings, meta), flush=True)
+    print(text, flush=True)
     return summary
 
 
