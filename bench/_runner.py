@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -51,6 +52,17 @@ def environment() -> dict:
         "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
         "git_commit": git_commit(),
     }
+
+
+def command_line(script: str, argv: list[str]) -> str:
+    """This invocation as a shell line: the thread settings it ran under, then
+    ``python bench/SCRIPT`` and ``argv`` (quoted as a shell needs)."""
+    threads = " ".join(
+        f"{name}={os.environ[name]}"
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+        if name in os.environ
+    )
+    return " ".join(filter(None, [threads, f"python bench/{script}", shlex.join(argv)]))
 
 
 def processor() -> str:

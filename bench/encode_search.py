@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import _runner
-from _runner import RESULTS, ROOT
+from _runner import RESULTS, ROOT, command_line
 
 sys.path.insert(0, str(ROOT))
 
@@ -387,15 +387,6 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def _command() -> str:
-    threads = " ".join(
-        f"{name}={os.environ[name]}"
-        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-        if name in os.environ
-    )
-    return " ".join(filter(None, [threads, "python bench/encode_search.py", *sys.argv[1:]]))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -441,7 +432,7 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
-        "command": _command(),
+        "command": command_line("encode_search.py", sys.argv[1:]),
         "environment": environment(args.threads),
         "rows": rows,
     }

@@ -21,7 +21,6 @@ import argparse
 import csv
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -39,16 +38,6 @@ SETTINGS = {
     "full": {"learning_rate": 2e-5},
     "lora": {"learning_rate": 2e-4, "lora_r": 16, "lora_alpha": 32},
 }
-
-
-def run_command(argv: list[str]) -> str:
-    """This invocation as a shell line, with the thread settings it ran under."""
-    threads = " ".join(
-        f"{key}={os.environ[key]}"
-        for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-        if key in os.environ
-    )
-    return " ".join(filter(None, [threads, "python bench/lora.py", shlex.join(argv)]))
 
 
 def environment() -> dict:
@@ -205,6 +194,7 @@ def main() -> None:
         print("RESULT " + json.dumps(eval_point(json.loads(args.eval)["model"])))
         return
 
+    command = _runner.command_line("lora.py", sys.argv[1:])
     if args.from_log:
         points, scores, run = _read_log(Path(args.from_log))
         pairs = len({p["pair"] for p in points})
@@ -214,12 +204,12 @@ def main() -> None:
             scores,
             args.steps,
             f"{run['command']} (the run; {pairs} complete pair(s)), then "
-            f"{run_command(sys.argv[1:])} (this file, from its printed lines)",
+            f"{command} (this file, from its printed lines)",
             run["environment"],
         )
         return
     # The header line of the printed log: --from-log reads the run's command and environment.
-    run = {"command": run_command(sys.argv[1:]), "environment": environment()}
+    run = {"command": command, "environment": environment()}
     print(json.dumps({"run": run}), flush=True)
     work = Path(args.work)
     points, evals = [], {} if args.no_eval else {"base": _Child("eval", {"model": MODEL})}

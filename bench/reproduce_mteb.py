@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from _runner import RESULTS, ROOT, environment
+from _runner import RESULTS, ROOT, command_line, environment
 
 sys.path.insert(0, str(ROOT))
 
@@ -124,7 +124,7 @@ def main() -> int:
             )
     payload = {
         "model": args.model,
-        "command": _command(),
+        "command": command_line("reproduce_mteb.py", sys.argv[1:]),
         "pipeline": "densefit.evaluate.evaluate_beir: BEIR reader -> temporary LocalDocumentStore "
         "(exact backend, float32, cosine) -> top-100 search -> pytrec_eval",
         "environment": environment(),
@@ -137,15 +137,6 @@ def main() -> int:
     out.with_suffix(".md").write_text(markdown(payload))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
     return 0 if all_ok else 1
-
-
-def _command() -> str:
-    threads = " ".join(
-        f"{name}={os.environ[name]}"
-        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-        if name in os.environ
-    )
-    return " ".join(filter(None, [threads, "python bench/reproduce_mteb.py", *sys.argv[1:]]))
 
 
 def markdown(payload: dict) -> str:
