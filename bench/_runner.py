@@ -20,6 +20,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
+# The BEIR folders (scifact, nfcorpus, manpages, pydoc): $DENSEFIT_DATASETS, else the shared
+# copy beside the checkout.
+DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", ROOT.parent / "shared" / "datasets"))
 
 
 def git_commit(*, short: bool = True) -> str:

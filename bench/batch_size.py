@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from _common import finished, grid_point, pyplot, run_grid_point, training_rows, write_report
-from _runner import RESULTS, ROOT, environment
+from _runner import DATASETS, RESULTS, ROOT, environment
 
 JSONL = RESULTS / "batch_size.jsonl"
 METRICS = ("ndcg@10", "recall@100")
@@ -450,7 +450,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--datasets-dir", default=str(ROOT.parent / "shared" / "datasets"))
+    parser.add_argument("--datasets-dir", default=str(DATASETS))
     parser.add_argument("--work-dir", default="/tmp/densefit-bench-data")
     parser.add_argument("--model", default="all-MiniLM-L6-v2")
     parser.add_argument("--max-seq-length", type=int, default=64)

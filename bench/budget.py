@@ -29,10 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-DATA = Path(os.environ.get("DENSEFIT_DATASETS", ROOT.parent / "shared" / "datasets"))
+from _runner import DATASETS as DATA
+from _runner import RESULTS, ROOT
+
 MIB = 2**20
 
 # (dataset, path, batch, max_seq_length, budgets): budgets that make the planner choose

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import _runner
-from _runner import RESULTS, ROOT, command_line
+from _runner import DATASETS, RESULTS, ROOT, command_line
 
 sys.path.insert(0, str(ROOT))
 
@@ -46,7 +46,7 @@ def find_scifact(given: str | None) -> Path:
         [Path(given)]
         if given
         else [
-            ROOT.parent / "shared" / "datasets" / "scifact",
+            DATASETS / "scifact",
             ROOT / "examples" / "scifact",
         ]
     )

@@ -28,9 +28,8 @@ from pathlib import Path
 
 import _runner
 from _common import judged_plus_others
-from _runner import RESULTS, ROOT
+from _runner import DATASETS, RESULTS
 
-DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", ROOT.parent / "shared" / "datasets"))
 MODEL = "all-MiniLM-L6-v2"
 BATCH, SEQ = 32, 128
 DISTRACTORS = 1000

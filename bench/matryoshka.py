@@ -41,7 +41,7 @@ from pathlib import Path
 
 import _runner
 from _common import fine_tune, judged_plus_others, load_point, pyplot
-from _runner import RESULTS, ROOT
+from _runner import DATASETS, RESULTS, ROOT
 
 JSONL = RESULTS / "matryoshka.jsonl"  # --out NAME: RESULTS / NAME.jsonl (and .json, .csv, .png)
 DIMS = (384, 256, 128, 64)
@@ -51,10 +51,10 @@ OUT = "matryoshka"
 
 def find_scifact() -> Path:
     """The SciFact BEIR folder: the shared copy, else the bundled example."""
-    for folder in (Path("/work/shared/datasets/scifact"), ROOT / "examples" / "scifact"):
+    for folder in (DATASETS / "scifact", ROOT / "examples" / "scifact"):
         if folder.is_dir():
             return folder
-    raise FileNotFoundError("no SciFact folder: expected /work/shared/datasets/scifact")
+    raise FileNotFoundError(f"no SciFact folder: expected {DATASETS / 'scifact'}")
 
 
 def run_point(spec: dict) -> dict:

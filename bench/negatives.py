@@ -29,9 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _runner import RESULTS, ROOT, environment, run_child
+from _runner import DATASETS, RESULTS, ROOT, environment, run_child
 
-DATA = ROOT.parent / "shared" / "datasets" / "scifact"
+DATA = DATASETS / "scifact"
 METRICS = ["ndcg@10", "recall@100"]
 RUNS = ["base (no fine-tuning)", "in-batch only", "+ BM25 negatives", "+ dense negatives"]
 

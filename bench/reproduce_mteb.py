@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from _runner import RESULTS, ROOT, command_line, environment
+from _runner import DATASETS, RESULTS, ROOT, command_line, environment
 
 sys.path.insert(0, str(ROOT))
 
@@ -39,11 +39,7 @@ NAMES = {"scifact": "SciFact", "nfcorpus": "NFCorpus"}
 
 
 def find_datasets(given: str | None) -> Path:
-    candidates = (
-        [Path(given)]
-        if given
-        else [ROOT.parent / "shared" / "datasets", ROOT / "shared" / "datasets"]
-    )
+    candidates = [Path(given)] if given else [DATASETS, ROOT / "shared" / "datasets"]
     for candidate in candidates:
         if candidate.is_dir():
             return candidate
