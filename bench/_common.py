@@ -1,6 +1,7 @@
-"""What bench/quality.py and bench/batch_size.py share: the finished points of a JSONL, one
-fine-tune-and-evaluate point (in its child process), the record a point leaves, and the
-report's plotting setup."""
+"""What the quality grids (bench/quality.py, bench/batch_size.py) and bench/matryoshka.py
+and bench/lora.py share: the finished points of a JSONL, one fine-tune-and-evaluate point
+(in its child process), the judged-plus-others test corpus, the record a point leaves and
+the report's files and plotting setup. Running a child is bench/_runner.py's."""
 
 from __future__ import annotations
 

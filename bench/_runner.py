@@ -1,8 +1,10 @@
 """Run benchmark points, each in a fresh process, with results appended as they finish.
 
-:func:`run_child` is the one way a bench script runs a point in a fresh interpreter and
-reads its ``RESULT {json}`` line; :func:`environment` is the one record of the machine
-and the software a run used.
+:func:`run_child` (or :func:`start_child`, for children that overlap) is the one way a
+bench script runs a point in a fresh interpreter (:func:`child_env` its environment) and
+reads its ``RESULT {json}`` line; :func:`environment` is the one record of the machine and
+the software a run used, :func:`command_line` of the command; :data:`DATASETS` is where the
+BEIR folders are. :func:`run_point` / :func:`run_all` run the memory benchmarks' points.
 """
 
 from __future__ import annotations
