@@ -1,89 +1,245 @@
-"""Run benchmark points, each in a fresh process, with results appended as they finish."""
+"""Run benchmark points, each in a fresh process, with results appended as they finish.
+
+:func:`run_child` (or :func:`start_child`, for children that overlap) is the one way a
+bench script runs a point in a fresh interpreter (:func:`child_env` its environment) and
+reads its ``RESULT {json}`` line; :func:`environment` is the one record of the machine and
+the software a run used, :func:`command_line` of the command; :data:`DATASETS` is where the
+BEIR folders are. :func:`run_point` / :func:`run_all` run the memory benchmarks' points.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import platform
+import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 RESULTS = HERE / "results"
+# The BEIR folders (scifact, nfcorpus, manpages, pydoc): $DENSEFIT_DATASETS, else the shared
+# copy beside the checkout.
+DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", ROOT.parent / "shared" / "datasets"))
+
+
+def git_commit(*, short: bool = True) -> str:
+    """This checkout's commit (abbreviated unless ``short=False``); "" when git cannot say."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", *(["--short"] if short else []), "HEAD"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return ""
+
+
+def environment() -> dict:
+    """Where a run ran: library versions, interpreter, machine, thread settings, commit."""
+    import sentence_transformers
+    import torch
+    import transformers
+
+    return {
+        "torch": torch.__version__,
+        "sentence_transformers": sentence_transformers.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
+        "git_commit": git_commit(),
+    }
+
+
+def command_line(script: str, argv: list[str]) -> str:
+    """This invocation as a shell line: the thread settings it ran under, then
+    ``python bench/SCRIPT`` and ``argv`` (quoted as a shell needs)."""
+    threads = " ".join(
+        f"{name}={os.environ[name]}"
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+        if name in os.environ
+    )
+    return " ".join(filter(None, [threads, f"python bench/{script}", shlex.join(argv)]))
+
+
+def processor() -> str:
+    """The CPU's name, or the machine type where the platform does not say."""
+    return platform.processor() or platform.machine()
 
 
 def machine_note(threads: int) -> dict:
-    import platform
-
-    import torch
-
+    """:func:`environment`'s facts under the names the memory benchmarks record."""
+    env = environment()
     return {
         "threads": threads,
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "processor": platform.processor() or platform.machine(),
+        "cpus": env["cpu_count"],
+        "torch": env["torch"],
+        "python": env["python"],
+        "processor": processor(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "pinned_cpus": os.environ.get("DENSEFIT_BENCH_CPUS", "none"),
         "note": os.environ.get("DENSEFIT_BENCH_NOTE", ""),
     }
 
 
+# ----------------------------------------------------------------------------- one child
+
+
+def loadavg() -> list[float]:
+    """The 1-, 5- and 15-minute load averages, rounded to 2 places."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def child_env(threads: int | str | None = None, extra: dict | None = None) -> dict:
+    """The environment of a point's child: this one, offline, with this checkout first on
+    PYTHONPATH; ``threads`` sets OMP_NUM_THREADS and MKL_NUM_THREADS (None: as they are
+    here); ``extra`` sets more (a value None unsets its name)."""
+    env = dict(os.environ)
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for key, value in (extra or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = str(value)
+    return env
+
+
+@dataclass
+class Child:
+    """What one point's child left: its result, exit status, output, timing and load."""
+
+    result: dict | None  # the JSON of its last ``RESULT `` line; None when it printed none
+    returncode: int | None  # None: killed at the timeout
+    stdout: str
+    stderr: str
+    wall_s: float
+    loadavg_before: list[float]  # 1, 5 and 15 minutes, at the start
+    loadavg_after: list[float]
+    finished: str  # local time at the end, "%Y-%m-%d %H:%M:%S"
+
+    @property
+    def ok(self) -> bool:
+        """It printed a result and exited 0."""
+        return self.result is not None and self.returncode == 0
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+
+class Running:
+    """A point's child started by :func:`start_child`; :meth:`wait` collects it."""
+
+    def __init__(self, argv: list[str], env: dict) -> None:
+        self.loadavg_before = loadavg()
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    def wait(self, timeout: float | None = None) -> Child:
+        """Wait for the child (killed after ``timeout`` seconds; None: no limit)."""
+        try:
+            stdout, stderr = self.proc.communicate(timeout=timeout)
+            returncode = self.proc.returncode
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            stdout, stderr = self.proc.communicate()
+            returncode = None
+        lines = [x for x in (stdout or "").splitlines() if x.startswith("RESULT ")]
+        return Child(
+            result=json.loads(lines[-1][len("RESULT ") :]) if lines else None,
+            returncode=returncode,
+            stdout=stdout or "",
+            stderr=stderr or "",
+            wall_s=round(time.perf_counter() - self.started, 1),
+            loadavg_before=self.loadavg_before,
+            loadavg_after=loadavg(),
+            finished=time.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+
+
+def start_child(
+    script: str | Path,
+    *args: str,
+    threads: int | str | None = None,
+    env: dict | None = None,
+    prefix: list[str] | tuple[str, ...] = (),
+) -> Running:
+    """Start ``python script *args`` in a fresh interpreter (its own memory and threads);
+    :meth:`Running.wait` reads the ``RESULT {json}`` line it prints last, with its wall
+    time and the load before/after. ``threads`` and ``env``: as :func:`child_env`;
+    ``prefix``: a command to run it under (``taskset -c 0``)."""
+    return Running([*prefix, sys.executable, str(script), *args], child_env(threads, env))
+
+
+def run_child(
+    script: str | Path,
+    *args: str,
+    threads: int | str | None = None,
+    env: dict | None = None,
+    timeout: float | None = None,
+    prefix: list[str] | tuple[str, ...] = (),
+) -> Child:
+    """Run one point in a fresh interpreter and wait for it: :func:`start_child`, then
+    :meth:`Running.wait` with ``timeout`` (seconds before the child is killed)."""
+    return start_child(script, *args, threads=threads, env=env, prefix=prefix).wait(timeout)
+
+
+# ----------------------------------------------------------------------------- memory points
+
+
 def run_point(spec: dict, *, timeout: float = 1800) -> dict:
     """Run one point in a fresh interpreter; returns its result (status 'crashed' on failure)."""
-    env = dict(os.environ)
-    threads = str(spec.get("threads", 1))
-    env.update(
-        OMP_NUM_THREADS=threads,
-        MKL_NUM_THREADS=threads,
-        HF_HUB_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
     # The allocator: densefit's points run under mimalloc as its CLI does (see
     # densefit.memory.allocator), peers under the system's malloc as their users run them;
     # "allocator" in a spec overrides. The worker records which one served the point.
     from densefit.memory.allocator import PRELOADED, preload_env
 
-    env.pop("LD_PRELOAD", None)
-    env.pop(PRELOADED, None)
+    threads = spec.get("threads", 1)
+    extra: dict = {"LD_PRELOAD": None, PRELOADED: None}
     wanted = spec.get("allocator") or ("mimalloc" if spec.get("impl") == "densefit" else "system")
     if wanted == "mimalloc":
-        env = preload_env({**env, "DENSEFIT_ALLOCATOR": "mimalloc"}) or env
-    for key, value in (spec.get("env") or {}).items():  # per-point settings; None unsets
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = str(value)
-    load_before = os.getloadavg()[0]
-    started = time.perf_counter()
-    try:
-        # DENSEFIT_BENCH_CPUS=0 pins points to CPU 0 (other work goes to the other core).
-        pin = os.environ.get("DENSEFIT_BENCH_CPUS")
-        prefix = ["taskset", "-c", pin] if pin else []
-        proc = subprocess.run(
-            [*prefix, sys.executable, str(HERE / "_step_worker.py"), json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-        )
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        if lines:
-            result = json.loads(lines[-1][len("RESULT ") :])
-        else:
-            killed = proc.returncode in (-9, 137)
-            tail = (proc.stderr or "").strip().splitlines()[-3:]
-            result = {
-                **spec,
-                "status": "oom-killed" if killed else "crashed",
-                "error": " | ".join(tail)[:300],
-            }
-    except subprocess.TimeoutExpired:
+        base = child_env(threads, extra)
+        preloaded = preload_env({**base, "DENSEFIT_ALLOCATOR": "mimalloc"}) or base
+        extra.update({k: v for k, v in preloaded.items() if base.get(k) != v})
+    extra.update(spec.get("env") or {})  # per-point settings; None unsets
+    # DENSEFIT_BENCH_CPUS=0 pins points to CPU 0 (other work goes to the other core).
+    pin = os.environ.get("DENSEFIT_BENCH_CPUS")
+    child = run_child(
+        HERE / "_step_worker.py",
+        json.dumps(spec),
+        threads=threads,
+        env=extra,
+        timeout=timeout,
+        prefix=["taskset", "-c", pin] if pin else [],
+    )
+    if child.timed_out:
         result = {**spec, "status": "timeout"}
-    result["wall_s"] = round(time.perf_counter() - started, 1)
-    result["loadavg_before"] = round(load_before, 2)
-    result["loadavg_after"] = round(os.getloadavg()[0], 2)
+    elif child.result is not None:
+        result = child.result
+    else:
+        killed = child.returncode in (-9, 137)
+        tail = child.stderr.strip().splitlines()[-3:]
+        result = {
+            **spec,
+            "status": "oom-killed" if killed else "crashed",
+            "error": " | ".join(tail)[:300],
+        }
+    result["wall_s"] = child.wall_s
+    result["loadavg_before"] = child.loadavg_before[0]
+    result["loadavg_after"] = child.loadavg_after[0]
     return result
 
 

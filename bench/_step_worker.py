@@ -26,8 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", REPO.parent / "shared" / "datasets"))
+from _runner import DATASETS
 
 
 def rss_mb() -> float:

@@ -32,25 +32,19 @@ Writes bench/results/batch_size.{jsonl,json,csv,md,png}.
 from __future__ import annotations
 
 import argparse
-import csv
 import gzip
 import json
 import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from quality import finished  # noqa: E402
-from reproduce_mteb import environment  # noqa: E402
+from _common import finished, grid_point, pyplot, run_grid_point, training_rows, write_report
+from _runner import DATASETS, RESULTS, ROOT, environment
 
-ROOT = HERE.parent
-RESULTS = HERE / "results"
 JSONL = RESULTS / "batch_size.jsonl"
 METRICS = ("ndcg@10", "recall@100")
 BASE_LR, BASE_BATCH, LR_CAP = 2e-5, 32, 2e-4
@@ -192,98 +186,23 @@ def plan(args) -> list[dict]:
 
 def run_point(spec: dict) -> dict:
     """Fine-tune (unless the base) and evaluate on the test split; runs in a child process."""
-    import random
+    return grid_point(spec, lambda beir, out: training_rows_of(spec, beir, out))
 
-    import torch
 
-    from densefit.config import TrainConfig
-    from densefit.data.corpus import load_beir
-    from densefit.evaluate import evaluate_beir
-    from densefit.models import load_model
-    from densefit.training.loop import peak_rss_bytes, train
+def training_rows_of(spec: dict, beir, out: dict) -> list:
+    """The point's training rows: its pairs (a seeded sample of ``train_pairs``), with one
+    BM25-mined hard negative each for ``negatives: bm25`` (recorded in ``out["mining"]``)."""
+    rows = training_rows(beir, spec["train_pairs"], 0)
+    if spec["negatives"] == "bm25":
+        from densefit.mine import mine_hard_negatives
 
-    model = load_model(spec["model"], max_seq_length=spec["max_seq_length"])
-    out: dict = {"torch_threads": torch.get_num_threads(), "train": None}
-    corpus = None
-    if spec["batch_size"]:
-        beir = load_beir(spec["data"], "train")
-        corpus = beir.corpus
-        rows = beir.training_pairs()
-        if spec["train_pairs"] and spec["train_pairs"] < len(rows):
-            rows = random.Random(0).sample(rows, spec["train_pairs"])
-        if spec["negatives"] == "bm25":
-            from densefit.mine import mine_hard_negatives
-
-            started = time.perf_counter()
-            train_docs = [corpus[d] for d in {r.positive_id for r in rows}]
-            rows, mined = mine_hard_negatives(
-                rows, train_docs, method="bm25", num_negatives=1, show_progress=False
-            )
-            out["mining"] = {"seconds": round(time.perf_counter() - started, 1), **mined.to_dict()}
-        config = TrainConfig(
-            batch_size=spec["batch_size"],
-            epochs=spec["epochs"],
-            learning_rate=spec["learning_rate"],
-            seed=spec["seed"],
-            max_seq_length=spec["max_seq_length"],
-            memory=spec["memory"],
-            show_progress=False,
+        started = time.perf_counter()
+        train_docs = [beir.corpus[d] for d in {r.positive_id for r in rows}]
+        rows, mined = mine_hard_negatives(
+            rows, train_docs, method="bm25", num_negatives=1, show_progress=False
         )
-        log: list[dict] = []
-        result = train(model, rows, config, on_step=log.append)
-        out["train"] = {
-            "rows": len(rows),
-            "steps": result.steps,
-            "rows_per_step_max": max(r["examples"] for r in log),
-            "seconds": round(result.seconds, 1),
-            "first_loss": round(log[0]["loss"], 4),
-            "final_loss": round(result.final_loss, 4),
-            "plan": result.plan,
-        }
-    started = time.perf_counter()
-    test = load_beir(spec["data"], "test", corpus=corpus)
-    result = evaluate_beir(model, test, "test", batch_size=64)
-    out["eval_s"] = round(time.perf_counter() - started, 1)
-    out["eval_docs"] = len(test.corpus)
-    out["eval_queries"] = result.n_queries
-    out["metrics"] = {k: round(v, 5) for k, v in result.metrics.items()}
-    out["peak_rss_mb"] = round(peak_rss_bytes() / 2**20, 1)
-    return out
-
-
-def run_child(spec: dict, threads: int) -> dict:
-    """Run one point in a fresh interpreter; the spec with its results, timing and load."""
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS=str(threads),
-        MKL_NUM_THREADS=str(threads),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=str(ROOT),
-    )
-    load_before = os.getloadavg()
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, __file__, "--point", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    record = {**spec, "status": "ok" if lines and proc.returncode == 0 else "failed"}
-    if record["status"] == "ok":
-        record.update(json.loads(lines[-1][len("RESULT ") :]))
-    else:
-        record["error"] = (proc.stderr or proc.stdout)[-2000:]
-    record.update(
-        wall_s=round(time.perf_counter() - started, 1),
-        threads=threads,
-        loadavg_before=[round(x, 2) for x in load_before],
-        loadavg_after=[round(x, 2) for x in os.getloadavg()],
-        finished=time.strftime("%Y-%m-%d %H:%M:%S"),
-    )
-    return record
+        out["mining"] = {"seconds": round(time.perf_counter() - started, 1), **mined.to_dict()}
+    return rows
 
 
 def estimate_s(spec: dict, done: list[dict]) -> float:
@@ -422,13 +341,8 @@ def markdown(summary: dict, meta: dict, skipped: list[str]) -> str:
 
 
 def plot(summary: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no PNG")
+    plt = pyplot()
+    if plt is None:
         return
     datasets = list(summary)
     fig, axes = plt.subplots(len(datasets), 2, figsize=(11, 3.8 * len(datasets)), squeeze=False)
@@ -511,33 +425,21 @@ def report(meta: dict, skipped: list[str]) -> dict:
         "times are indicative only; metrics do not depend on them."
     )
     payload = {"meta": meta, "summary": summary, "skipped": skipped, "points": records}
-    (RESULTS / "batch_size.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (RESULTS / "batch_size.md").write_text(markdown(summary, meta, skipped))
+    text = markdown(summary, meta, skipped)
     fields = ["dataset", "batch_size", "rule", "learning_rate", "epochs", "negatives", "seed"]
     fields += ["ndcg@10", "recall@100", "steps", "train_s", "eval_s", "wall_s", "memory"]
     fields += ["peak_rss_mb", "threads", "load_1min_before", "key"]
-    with open(RESULTS / "batch_size.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for r in sorted(records, key=lambda r: r["key"]):
-            train = r.get("train") or {}
-            writer.writerow(
-                {k: r.get(k) for k in fields[:7]}
-                | {m: r["metrics"][m] for m in METRICS}
-                | {
-                    "steps": train.get("steps", 0),
-                    "train_s": train.get("seconds", 0),
-                    "eval_s": r["eval_s"],
-                    "wall_s": r["wall_s"],
-                    "memory": (train.get("plan") or {}).get("strategy"),
-                    "peak_rss_mb": r.get("peak_rss_mb"),
-                    "threads": r.get("threads"),
-                    "load_1min_before": (r.get("loadavg_before") or [None])[0],
-                    "key": r["key"],
-                }
-            )
+    write_report(
+        RESULTS,
+        "batch_size",
+        payload,
+        text,
+        fields,
+        sorted(records, key=lambda r: r["key"]),
+        lambda r: {"memory": ((r.get("train") or {}).get("plan") or {}).get("strategy")},
+    )
     plot(summary, RESULTS / "batch_size.png")
-    print(markdown(summary, meta, skipped), flush=True)
+    print(text, flush=True)
     return summary
 
 
@@ -548,7 +450,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--datasets-dir", default=str(ROOT.parent / "shared" / "datasets"))
+    parser.add_argument("--datasets-dir", default=str(DATASETS))
     parser.add_argument("--work-dir", default="/tmp/densefit-bench-data")
     parser.add_argument("--model", default="all-MiniLM-L6-v2")
     parser.add_argument("--max-seq-length", type=int, default=64)
@@ -596,21 +498,10 @@ def main() -> int:
             f"{time.strftime('%H:%M:%S')})",
             flush=True,
         )
-        record = run_child(spec, args.threads)
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        with JSONL.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        if record["status"] != "ok":
-            print(f"     FAILED after {record['wall_s']}s:\n{record['error']}", flush=True)
-            continue
-        run_now.append(record)
-        train = record["train"] or {}
-        print(
-            f"     nDCG@10 {record['metrics']['ndcg@10']:.4f} R@100 "
-            f"{record['metrics']['recall@100']:.4f} steps {train.get('steps', 0)} "
-            f"train {train.get('seconds', 0)}s eval {record['eval_s']}s wall {record['wall_s']}s",
-            flush=True,
-        )
+        env = {"TRANSFORMERS_OFFLINE": "1"}
+        record = run_grid_point(__file__, spec, args.threads, JSONL, env=env)
+        if record["status"] == "ok":
+            run_now.append(record)
     print(f"total {round(time.perf_counter() - started)}s", flush=True)
     report(meta, skipped)
     return 0

@@ -29,10 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
-DATA = Path(os.environ.get("DENSEFIT_DATASETS", ROOT.parent / "shared" / "datasets"))
+from _runner import DATASETS as DATA
+from _runner import RESULTS, child_env, loadavg
+
 MIB = 2**20
 
 # (dataset, path, batch, max_seq_length, budgets): budgets that make the planner choose
@@ -58,18 +57,12 @@ def run_point(
     allocator: str = "mimalloc",
 ) -> dict:
     """One training child; its plan, its train log's peak and its ru_maxrss."""
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONPATH": str(ROOT),
-    }
-    for key in ("LD_PRELOAD", "DENSEFIT_ALLOCATOR_PRELOADED", "DENSEFIT_ALLOCATOR"):
-        env.pop(key, None)  # the CLI decides, as for a user (mimalloc on Linux)
-    if allocator.startswith("system"):  # glibc's malloc, as train() from Python gets it
-        env["DENSEFIT_ALLOCATOR"] = "system"  # system+release: and --release-cpu-memory
+    from densefit.memory.allocator import PRELOADED
+
+    # The CLI decides the allocator, as for a user (mimalloc on Linux); "system": glibc's
+    # malloc, as train() from Python gets it (system+release: and --release-cpu-memory).
+    system = "system" if allocator.startswith("system") else None
+    env = child_env(1, {"LD_PRELOAD": None, PRELOADED: None, "DENSEFIT_ALLOCATOR": system})
     with tempfile.TemporaryDirectory() as out:
         cmd = [
             sys.executable,
@@ -96,7 +89,7 @@ def run_point(
             if checkpoint_every
             else ["--keep-checkpoints", "0"]
         )
-        load_before = os.getloadavg()[0]
+        load_before = loadavg()[0]
         started = time.perf_counter()
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -115,8 +108,8 @@ def run_point(
             "exit": proc.returncode,
             "wall_s": round(time.perf_counter() - started, 1),
             "ru_maxrss_mib": round(usage.ru_maxrss / 1024, 1),
-            "loadavg_before": round(load_before, 2),
-            "loadavg_after": round(os.getloadavg()[0], 2),
+            "loadavg_before": load_before,
+            "loadavg_after": loadavg()[0],
             "threads": 1,
         }
         config = Path(out) / "densefit_config.json"

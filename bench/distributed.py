@@ -19,16 +19,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from _runner import RESULTS, machine_note
-
-HERE = Path(__file__).resolve().parent
+from _runner import HERE, RESULTS, loadavg, machine_note, start_child
 
 
 def free_port() -> int:
@@ -38,58 +33,38 @@ def free_port() -> int:
 
 
 def run_point(spec: dict, world: int, timeout: float) -> dict:
+    """One point: ``world`` ranks of _dist_worker.py (one process each, 1 thread each)."""
     port = free_port()
-    procs = []
-    load_before = os.getloadavg()
+    load_before = loadavg()
     started = time.perf_counter()
+    children = []
     for r in range(world):
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
+        ranks_env: dict = {"WORLD_SIZE": None}
         if world > 1:
-            env.update(
-                RANK=str(r),
-                LOCAL_RANK=str(r),
-                WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-            )
-        else:
-            env.pop("WORLD_SIZE", None)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(HERE / "_dist_worker.py"), json.dumps(spec)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+            ranks_env = dict(RANK=r, LOCAL_RANK=r, WORLD_SIZE=world, MASTER_ADDR="127.0.0.1")
+            ranks_env["MASTER_PORT"] = port
+        children.append(
+            start_child(HERE / "_dist_worker.py", json.dumps(spec), threads=1, env=ranks_env)
         )
     ranks, status = [], "ok"
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
+    for running in children:
+        child = running.wait(timeout)
+        if child.timed_out:
+            for other in children:
+                other.proc.kill()
             status = "timeout"
             break
-        lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
-        if not lines:
-            status = "crashed: " + " | ".join(err.strip().splitlines()[-3:])[:400]
+        if child.result is None:
+            status = "crashed: " + " | ".join(child.stderr.strip().splitlines()[-3:])[:400]
             continue
-        ranks.append(json.loads(lines[-1][len("RESULT ") :]))
+        ranks.append(child.result)
     result = {
         **spec,
         "world_size": world,
         "status": status,
         "wall_s": round(time.perf_counter() - started, 1),
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "loadavg_before": load_before,
+        "loadavg_after": loadavg(),
     }
     if status == "ok" and ranks:
         steps = len(ranks[0]["step_times_s"])
@@ -228,7 +203,7 @@ def main() -> None:
 
     note = {
         **machine_note(1),
-        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "loadavg_start": loadavg(),
         "threads_per_process": 1,
     }
     results = []
@@ -252,7 +227,7 @@ def main() -> None:
                 flush=True,
             )
             save(results, note, args.name)
-    note["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    note["loadavg_end"] = loadavg()
     save(results, note, args.name)
     plot(results, RESULTS / f"{args.name}.png")
     print()

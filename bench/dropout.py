@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from _runner import DATASETS, RESULTS
 
 from densefit.config import TrainConfig
 from densefit.data.batching import columns_of
@@ -38,9 +39,6 @@ from densefit.memory.planner import saved_bytes
 from densefit.models import load_model
 from densefit.training.objective import make_loss_fn
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
-DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", HERE.parents[0].parent / "shared" / "datasets"))
 METHODS = {"plain": ("plain", None), "cache": ("cache", 8), "checkpoint": ("checkpoint", None)}
 
 

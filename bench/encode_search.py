@@ -30,15 +30,15 @@ import argparse
 import csv
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import _runner
+from _runner import DATASETS, RESULTS, ROOT, command_line
+
 sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
 
 
 def find_scifact(given: str | None) -> Path:
@@ -46,7 +46,7 @@ def find_scifact(given: str | None) -> Path:
         [Path(given)]
         if given
         else [
-            ROOT.parent / "shared" / "datasets" / "scifact",
+            DATASETS / "scifact",
             ROOT / "examples" / "scifact",
         ]
     )
@@ -274,25 +274,22 @@ def build_store(vectors):
 
 
 def environment(threads: int) -> dict:
-    import sentence_transformers
-    import torch
-
+    """:func:`_runner.environment` under this file's names, with faiss and the load."""
     try:
         import faiss
 
         faiss_version = faiss.__version__
     except ImportError:
         faiss_version = None
+    env = _runner.environment()
     return {
         "threads": threads,
-        "torch_threads": torch.get_num_threads(),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-        "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
-        "cpu_count": os.cpu_count(),
-        "cpu": platform.processor() or platform.machine(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "sentence_transformers": sentence_transformers.__version__,
+        **{k: env[k] for k in ("torch_threads", "OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+        "cpu_count": env["cpu_count"],
+        "cpu": _runner.processor(),
+        "platform": env["platform"],
+        "torch": env["torch"],
+        "sentence_transformers": env["sentence_transformers"],
         "faiss": faiss_version,
         "load_average_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
@@ -390,15 +387,6 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def _command() -> str:
-    threads = " ".join(
-        f"{name}={os.environ[name]}"
-        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-        if name in os.environ
-    )
-    return " ".join(filter(None, [threads, "python bench/encode_search.py", *sys.argv[1:]]))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -444,7 +432,7 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
-        "command": _command(),
+        "command": command_line("encode_search.py", sys.argv[1:]),
         "environment": environment(args.threads),
         "rows": rows,
     }

@@ -21,18 +21,15 @@ import argparse
 import csv
 import json
 import os
-import platform
-import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-RESULTS = HERE / "results"
-DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", REPO.parent / "shared" / "datasets"))
+import _runner
+from _common import judged_plus_others
+from _runner import DATASETS, RESULTS
+
 MODEL = "all-MiniLM-L6-v2"
 BATCH, SEQ = 32, 128
 DISTRACTORS = 1000
@@ -42,37 +39,20 @@ SETTINGS = {
 }
 
 
-def run_command(argv: list[str]) -> str:
-    """This invocation as a shell line, with the thread settings it ran under."""
-    threads = " ".join(
-        f"{key}={os.environ[key]}"
-        for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-        if key in os.environ
-    )
-    return " ".join(filter(None, [threads, "python bench/lora.py", shlex.join(argv)]))
-
-
 def environment() -> dict:
     """Where the run ran: interpreter, torch, densefit (and its git commit), machine, load."""
-    import torch
-
     import densefit
 
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = ""
+    env = _runner.environment()
     return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
+        "python": env["python"],
+        "torch": env["torch"],
         "densefit": densefit.__version__,
-        "git_commit": commit or None,
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
+        "git_commit": _runner.git_commit(short=False) or None,
+        "platform": env["platform"],
+        "cpus": env["cpu_count"],
         "child_threads": 1,  # every point runs with OMP_NUM_THREADS=MKL_NUM_THREADS=1
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "loadavg": _runner.loadavg(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 
@@ -131,44 +111,30 @@ def eval_point(model_ref: str) -> dict:
     """SciFact test nDCG@10 of a model (max_seq_length 128) on every judged document plus
     DISTRACTORS seeded random others, as ``densefit run``'s ``eval.distractors`` does (the
     full corpus takes most of an hour per model on this shared machine)."""
-    import random
-
-    from densefit.data.corpus import BeirDataset, load_beir
+    from densefit.data.corpus import load_beir
     from densefit.evaluate import evaluate_beir
     from densefit.models import load_model
 
     model = load_model(model_ref, device="cpu", max_seq_length=SEQ)
-    beir = load_beir(DATASETS / "scifact", "test")
-    judged = {d for docs in beir.qrels.values() for d in docs}
-    others = sorted(set(beir.corpus) - judged)
-    picked = set(random.Random(0).sample(others, min(DISTRACTORS, len(others))))
-    corpus = {k: v for k, v in beir.corpus.items() if k in judged or k in picked}
-    beir = BeirDataset(corpus, beir.queries, beir.qrels, beir.judgments, beir.report)
+    beir = judged_plus_others(load_beir(DATASETS / "scifact", "test"), DISTRACTORS, 0)
     result = evaluate_beir(model, beir, "test", metrics=["ndcg@10"], batch_size=64)
-    return {"ndcg@10": round(float(result.metrics["ndcg@10"]), 4), "documents": len(corpus)}
+    return {"ndcg@10": round(float(result.metrics["ndcg@10"]), 4), "documents": len(beir.corpus)}
 
 
 class _Child:
     """One point in a fresh process (started now; :meth:`result` waits for it)."""
 
     def __init__(self, kind: str, spec: dict) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-                   TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))  # fmt: skip
         self.kind, self.spec = kind, spec
-        self.load = os.getloadavg()[0]
-        self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, f"--{kind}", json.dumps(spec)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        self.running = _runner.start_child(__file__, f"--{kind}", json.dumps(spec), threads=1)
 
     def result(self) -> dict:
-        stdout, stderr = self.proc.communicate()
-        if self.proc.returncode != 0:
-            raise RuntimeError(f"{self.kind} {self.spec} failed:\n{stderr[-3000:]}")
-        out = json.loads(stdout.strip().splitlines()[-1])
-        out.update(load_before=round(self.load, 2), load_after=round(os.getloadavg()[0], 2),
-                   wall_s=round(time.perf_counter() - self.started, 1))  # fmt: skip
+        child = self.running.wait()
+        if child.returncode != 0:
+            raise RuntimeError(f"{self.kind} {self.spec} failed:\n{child.stderr[-3000:]}")
+        out = child.result
+        out.update(load_before=child.loadavg_before[0], load_after=child.loadavg_after[0],
+                   wall_s=child.wall_s)  # fmt: skip
         print(json.dumps({self.kind: self.spec, **out}), flush=True)
         return out
 
@@ -221,12 +187,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.train:
         spec = json.loads(args.train)
-        print(json.dumps(train_point(spec["mode"], spec["steps"], spec.get("output"))))
+        print("RESULT " + json.dumps(train_point(spec["mode"], spec["steps"], spec.get("output"))))
         return
     if args.eval:
-        print(json.dumps(eval_point(json.loads(args.eval)["model"])))
+        print("RESULT " + json.dumps(eval_point(json.loads(args.eval)["model"])))
         return
 
+    command = _runner.command_line("lora.py", sys.argv[1:])
     if args.from_log:
         points, scores, run = _read_log(Path(args.from_log))
         pairs = len({p["pair"] for p in points})
@@ -236,12 +203,12 @@ def main() -> None:
             scores,
             args.steps,
             f"{run['command']} (the run; {pairs} complete pair(s)), then "
-            f"{run_command(sys.argv[1:])} (this file, from its printed lines)",
+            f"{command} (this file, from its printed lines)",
             run["environment"],
         )
         return
     # The header line of the printed log: --from-log reads the run's command and environment.
-    run = {"command": run_command(sys.argv[1:]), "environment": environment()}
+    run = {"command": command, "environment": environment()}
     print(json.dumps({"run": run}), flush=True)
     work = Path(args.work)
     points, evals = [], {} if args.no_eval else {"base": _Child("eval", {"model": MODEL})}

@@ -35,14 +35,14 @@ import csv
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-RESULTS = HERE / "results"
+import _runner
+from _common import fine_tune, judged_plus_others, load_point, pyplot
+from _runner import DATASETS, RESULTS, ROOT
+
 JSONL = RESULTS / "matryoshka.jsonl"  # --out NAME: RESULTS / NAME.jsonl (and .json, .csv, .png)
 DIMS = (384, 256, 128, 64)
 POINTS = ("base", "plain", "matryoshka")
@@ -51,38 +51,25 @@ OUT = "matryoshka"
 
 def find_scifact() -> Path:
     """The SciFact BEIR folder: the shared copy, else the bundled example."""
-    for folder in (Path("/work/shared/datasets/scifact"), ROOT / "examples" / "scifact"):
+    for folder in (DATASETS / "scifact", ROOT / "examples" / "scifact"):
         if folder.is_dir():
             return folder
-    raise FileNotFoundError("no SciFact folder: expected /work/shared/datasets/scifact")
+    raise FileNotFoundError(f"no SciFact folder: expected {DATASETS / 'scifact'}")
 
 
 def run_point(spec: dict) -> dict:
     """Train (unless the base) and evaluate at every size; runs in a child process."""
-    import torch
-
-    from densefit.config import TrainConfig
     from densefit.data.corpus import load_beir
     from densefit.evaluate import evaluate_dims
-    from densefit.models import load_model
-    from densefit.training.loop import peak_rss_bytes, train
+    from densefit.training.loop import peak_rss_bytes
 
-    model = load_model(spec["model"], max_seq_length=spec["max_seq_length"])
-    out: dict = {"torch_threads": torch.get_num_threads(), "train": None}
+    model, out = load_point(spec)
     beir = load_beir(spec["data"], "train")
     if spec["point"] != "base":
         rows = beir.training_pairs()
         nested = spec["point"] == "matryoshka"
-        config = TrainConfig(
-            batch_size=spec["batch_size"],
-            epochs=spec["epochs"],
-            learning_rate=spec["learning_rate"],
-            seed=spec["seed"],
-            max_seq_length=spec["max_seq_length"],
-            matryoshka_dims=list(spec["dims"]) if nested else None,
-            show_progress=False,
-        )
-        result = train(model, rows, config)
+        dims = list(spec["dims"]) if nested else None
+        result, _ = fine_tune(model, rows, spec, matryoshka_dims=dims)
         out["train"] = {
             "rows": len(rows),
             "steps": result.steps,
@@ -108,44 +95,25 @@ def run_point(spec: dict) -> dict:
 def subsample(test, spec: dict):
     """The test split with its corpus cut to the judged documents plus ``eval_docs`` others
     (seeded); ``eval_docs`` 0: the whole corpus."""
-    import dataclasses
-    import random
-
-    if not spec["eval_docs"]:
-        return test
-    judged = {d for docs in test.qrels.values() for d in docs}
-    others = sorted(set(test.corpus) - judged)
-    picked = set(random.Random(spec["seed"]).sample(others, min(spec["eval_docs"], len(others))))
-    corpus = {k: v for k, v in test.corpus.items() if k in judged or k in picked}
-    return dataclasses.replace(test, corpus=corpus)
+    return judged_plus_others(test, spec["eval_docs"], spec["seed"])
 
 
 def run_child(spec: dict) -> dict:
     """One point in a fresh interpreter (its own memory, its own thread setting)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("MKL_NUM_THREADS", env["OMP_NUM_THREADS"])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    load_before = os.getloadavg()
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, __file__, "--point", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    record = {**spec, "status": "ok" if lines and proc.returncode == 0 else "failed"}
-    if lines:
-        record.update(json.loads(lines[-1][len("RESULT ") :]))
+    omp = os.environ.get("OMP_NUM_THREADS", "1")
+    threads = {"OMP_NUM_THREADS": omp, "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS", omp)}
+    child = _runner.run_child(__file__, "--point", json.dumps(spec), env=threads)
+    record = {**spec, "status": "ok" if child.ok else "failed"}
+    if child.result is not None:
+        record.update(child.result)
     else:
-        record["stderr_tail"] = proc.stderr[-2000:]
+        record["stderr_tail"] = child.stderr[-2000:]
     record.update(
-        wall_s=round(time.perf_counter() - started, 1),
-        loadavg_before=[round(x, 2) for x in load_before],
-        loadavg_after=[round(x, 2) for x in os.getloadavg()],
-        omp_num_threads=env["OMP_NUM_THREADS"],
-        finished=time.strftime("%Y-%m-%d %H:%M:%S"),
+        wall_s=child.wall_s,
+        loadavg_before=child.loadavg_before,
+        loadavg_after=child.loadavg_after,
+        omp_num_threads=omp,
+        finished=child.finished,
     )
     return record
 
@@ -220,11 +188,9 @@ def report(command: str) -> None:
 
 
 def _plot(rows: list[dict], spec: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return
     fig, ax = plt.subplots(figsize=(6, 4))
     for point in POINTS:
         pts = sorted((r["dim"], r["ndcg@10"]) for r in rows if r["model"] == point)

@@ -24,16 +24,14 @@ import argparse
 import csv
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
-REPO = HERE.parent
-DATA = REPO.parent / "shared" / "datasets" / "scifact"
+from _runner import DATASETS, RESULTS, ROOT, environment, run_child
+
+DATA = DATASETS / "scifact"
 METRICS = ["ndcg@10", "recall@100"]
 RUNS = ["base (no fine-tuning)", "in-batch only", "+ BM25 negatives", "+ dense negatives"]
 
@@ -47,7 +45,7 @@ def _setup(threads: int):
     import torch
 
     torch.set_num_threads(threads)
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(ROOT))
 
 
 def _peak_mb() -> float:
@@ -154,19 +152,11 @@ def evaluate_scifact(model, data) -> dict:
 
 
 def run_phase(argv: list[str], threads: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, __file__, "--threads", str(threads), *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"phase {argv} failed:\n{proc.stderr[-3000:]}")
-    result = json.loads(lines[-1][len("RESULT ") :])
-    result["wall_s"] = round(time.perf_counter() - started, 1)
+    child = run_child(__file__, "--threads", str(threads), *argv, threads=threads)
+    if child.returncode or child.result is None:
+        raise RuntimeError(f"phase {argv} failed:\n{child.stderr[-3000:]}")
+    result = child.result
+    result["wall_s"] = child.wall_s
     print(f"  {' '.join(argv[:3])}: {result['wall_s']}s", flush=True)
     return result
 
@@ -244,17 +234,14 @@ def main() -> None:
 
 
 def machine(args) -> dict:
-    import platform
-
-    import torch
-
+    env = environment()
     return {
         "threads": args.threads,
         "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cpus": os.cpu_count(),
+        "cpus": env["cpu_count"],
         "loadavg_at_start": os.getloadavg()[0],
-        "torch": torch.__version__,
-        "python": platform.python_version(),
+        "torch": env["torch"],
+        "python": env["python"],
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "note": args.note,
     }

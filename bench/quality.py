@@ -29,21 +29,19 @@ Writes bench/results/quality.{jsonl,json,csv,md,png}.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from reproduce_mteb import REFERENCES, environment, find_datasets  # noqa: E402
+from _common import finished, grid_point, pyplot, run_grid_point, training_rows, write_report
+from _runner import ROOT, environment, git_commit
+from reproduce_mteb import REFERENCES, find_datasets
 
-ROOT = HERE.parent
+HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 JSONL = RESULTS / "quality.jsonl"
 METRICS = ("ndcg@10", "recall@100")
@@ -131,23 +129,6 @@ def plan(
     ]
 
 
-def finished(path: Path) -> dict[str, dict]:
-    """Points already in the JSONL (status ok), by key; the last line of a key wins."""
-    done: dict[str, dict] = {}
-    if path.exists():
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                print(f"{path}:{n}: not JSON (an interrupted write?): ignored", flush=True)
-                continue
-            if record.get("status") == "ok":
-                done[record["key"]] = record
-    return done
-
-
 def pending(specs: list[dict], done: dict[str, dict]) -> list[dict]:
     """The specs whose key has no finished point yet."""
     return [s for s in specs if s["key"] not in done]
@@ -156,99 +137,20 @@ def pending(specs: list[dict], done: dict[str, dict]) -> list[dict]:
 # ----------------------------------------------------------------------------- one point
 
 
-def training_rows(beir, n: int | None, seed: int):
-    """The (query, positive) pairs of a BEIR train split; a seeded subsample of ``n``."""
-    rows = beir.training_pairs()
-    if n is not None and n < len(rows):
-        rows = random.Random(seed).sample(rows, n)
-    return rows
-
-
 def run_point(spec: dict) -> dict:
     """Fine-tune (unless the base) and evaluate on the test split; runs in a child process."""
-    import torch
-
-    from densefit.config import TrainConfig
-    from densefit.data.corpus import load_beir
-    from densefit.evaluate import evaluate_beir
-    from densefit.models import load_model
-    from densefit.training.loop import peak_rss_bytes, train
-
-    model = load_model(spec["model"], max_seq_length=spec["max_seq_length"])
-    out: dict = {"torch_threads": torch.get_num_threads(), "train": None}
-    corpus = None
-    if spec["batch_size"]:
-        beir = load_beir(spec["data"], "train")
-        corpus = beir.corpus  # the test split reuses it
-        rows = training_rows(beir, spec["train_pairs"], spec["subsample_seed"])
-        config = TrainConfig(
-            batch_size=spec["batch_size"],
-            epochs=spec["epochs"],
-            learning_rate=spec["learning_rate"],
-            seed=spec["seed"],
-            max_seq_length=spec["max_seq_length"],
-            memory=spec["memory"],
-            show_progress=False,
-        )
-        log: list[dict] = []
-        result = train(model, rows, config, on_step=log.append)
-        out["train"] = {
-            "rows": len(rows),
-            "steps": result.steps,
+    return grid_point(
+        spec,
+        lambda beir, out: training_rows(beir, spec["train_pairs"], spec["subsample_seed"]),
+        lambda result, log: {
             "warmup_steps": int(0.1 * result.steps),
-            "rows_per_step_max": max(r["examples"] for r in log),
-            "seconds": round(result.seconds, 1),
-            "first_loss": round(log[0]["loss"], 4),
-            "final_loss": round(result.final_loss, 4),
             "mean_loss_last_10pct": round(
                 statistics.fmean(result.losses[-max(1, len(result.losses) // 10) :]), 4
             ),
             "masked_duplicates": sum(r.get("masked_duplicates", 0) for r in log),
             "masked_known_positives": sum(r.get("masked_known_positives", 0) for r in log),
-            "plan": result.plan,
-        }
-    started = time.perf_counter()
-    test = load_beir(spec["data"], "test", corpus=corpus)
-    result = evaluate_beir(model, test, "test", batch_size=64)
-    out["eval_s"] = round(time.perf_counter() - started, 1)
-    out["eval_docs"] = len(test.corpus)
-    out["eval_queries"] = result.n_queries
-    out["metrics"] = {k: round(v, 5) for k, v in result.metrics.items()}
-    out["peak_rss_mb"] = round(peak_rss_bytes() / 2**20, 1)
-    return out
-
-
-def run_child(spec: dict, threads: int) -> dict:
-    """Run one point in a fresh interpreter; returns the spec with its results and timing."""
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS=str(threads),
-        MKL_NUM_THREADS=str(threads),
-        HF_HUB_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
+        },
     )
-    load_before = os.getloadavg()
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, __file__, "--point", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    record = {**spec, "status": "ok" if lines and proc.returncode == 0 else "failed"}
-    if record["status"] == "ok":
-        record.update(json.loads(lines[-1][len("RESULT ") :]))
-    else:
-        record["error"] = (proc.stderr or proc.stdout)[-2000:]
-    record.update(
-        wall_s=round(time.perf_counter() - started, 1),
-        threads=threads,
-        loadavg_before=[round(x, 2) for x in load_before],
-        loadavg_after=[round(x, 2) for x in os.getloadavg()],
-        finished=time.strftime("%Y-%m-%d %H:%M:%S"),
-    )
-    return record
 
 
 # ----------------------------------------------------------------------------- time estimate
@@ -415,13 +317,8 @@ def markdown(summary: dict, settings: dict, meta: dict) -> str:
 
 
 def plot(summary: dict, settings: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no PNG (pip install 'densefit[bench]')")
+    plt = pyplot("matplotlib not installed: no PNG (pip install 'densefit[bench]')")
+    if plt is None:
         return
     datasets = list(summary)
     fig, axes = plt.subplots(len(datasets), 2, figsize=(10, 3.6 * len(datasets)), squeeze=False)
@@ -499,51 +396,14 @@ def report(settings: dict, datasets: list[str], meta: dict, batch_sizes: list[in
         "the point of this benchmark; metrics do not depend on them."
     )
     payload = {"settings": settings, "meta": meta, "summary": summary, "points": records}
-    (RESULTS / "quality.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (RESULTS / "quality.md").write_text(markdown(summary, settings, meta))
-    fields = [
-        "dataset",
-        "batch_size",
-        "seed",
-        "memory",
-        "ndcg@10",
-        "recall@100",
-        "steps",
-        "rows_per_step",
-        "train_s",
-        "eval_s",
-        "wall_s",
-        "threads",
-        "load_1min_before",
-        "commit",
-        "key",
-    ]
-    with open(RESULTS / "quality.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for r in sorted(records, key=lambda r: (r["dataset"], r["batch_size"], r["seed"] or 0)):
-            train = r.get("train") or {}
-            writer.writerow(
-                {
-                    "dataset": r["dataset"],
-                    "batch_size": r["batch_size"],
-                    "seed": r["seed"],
-                    "memory": r["memory"],
-                    "ndcg@10": r["metrics"]["ndcg@10"],
-                    "recall@100": r["metrics"]["recall@100"],
-                    "steps": train.get("steps", 0),
-                    "rows_per_step": train.get("rows_per_step_max", ""),
-                    "train_s": train.get("seconds", 0),
-                    "eval_s": r["eval_s"],
-                    "wall_s": r["wall_s"],
-                    "threads": r.get("threads"),
-                    "load_1min_before": (r.get("loadavg_before") or [None])[0],
-                    "commit": r.get("commit"),
-                    "key": r["key"],
-                }
-            )
+    text = markdown(summary, settings, meta)
+    fields = ["dataset", "batch_size", "seed", "memory", "ndcg@10", "recall@100", "steps"]
+    fields += ["rows_per_step", "train_s", "eval_s", "wall_s", "threads", "load_1min_before"]
+    fields += ["commit", "key"]
+    by_point = sorted(records, key=lambda r: (r["dataset"], r["batch_size"], r["seed"] or 0))
+    write_report(RESULTS, "quality", payload, text, fields, by_point)
     plot(summary, settings, RESULTS / "quality.png")
-    print(markdown(summary, settings, meta), flush=True)
+    print(text, flush=True)
     return summary
 
 
@@ -551,15 +411,13 @@ def report(settings: dict, datasets: list[str], meta: dict, batch_sizes: list[in
 
 
 def _commit() -> str:
-    proc = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
+    """The commit, with ``+dirty`` when densefit/ has uncommitted changes."""
     dirty = subprocess.run(
         ["git", "-C", str(ROOT), "status", "--porcelain", "--", "densefit"],
         capture_output=True,
         text=True,
     ).stdout.strip()
-    return proc.stdout.strip() + ("+dirty" if dirty else "")
+    return git_commit() + ("+dirty" if dirty else "")
 
 
 def _ints(text: str) -> list[int]:
@@ -641,22 +499,9 @@ def main() -> int:
             f"run  {spec['key']} (~{estimate / 60:.0f} min, load {os.getloadavg()[0]:.1f})",
             flush=True,
         )
-        record = run_child(spec, args.threads)
-        record["commit"] = commit
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        with JSONL.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        if record["status"] != "ok":
-            print(f"     FAILED after {record['wall_s']}s:\n{record['error']}", flush=True)
-            continue
-        run_now.append(record)
-        train = record["train"] or {}
-        print(
-            f"     nDCG@10 {record['metrics']['ndcg@10']:.4f} R@100 "
-            f"{record['metrics']['recall@100']:.4f} steps {train.get('steps', 0)} "
-            f"train {train.get('seconds', 0)}s eval {record['eval_s']}s wall {record['wall_s']}s",
-            flush=True,
-        )
+        record = run_grid_point(__file__, spec, args.threads, JSONL, commit=commit)
+        if record["status"] == "ok":
+            run_now.append(record)
     print(f"total {round(time.perf_counter() - started)}s", flush=True)
     report(settings, datasets, meta, _ints(args.batch_sizes))
     return 0

@@ -21,15 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _runner import DATASETS, RESULTS, ROOT, command_line, environment
+
 sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
 
 # dataset -> {metric: (published, tolerance or None when only reported)}
 REFERENCES = {
@@ -41,40 +39,11 @@ NAMES = {"scifact": "SciFact", "nfcorpus": "NFCorpus"}
 
 
 def find_datasets(given: str | None) -> Path:
-    candidates = (
-        [Path(given)]
-        if given
-        else [ROOT.parent / "shared" / "datasets", ROOT / "shared" / "datasets"]
-    )
+    candidates = [Path(given)] if given else [DATASETS, ROOT / "shared" / "datasets"]
     for candidate in candidates:
         if candidate.is_dir():
             return candidate
     sys.exit(f"no datasets folder among {[str(c) for c in candidates]}: pass --datasets-dir")
-
-
-def environment() -> dict:
-    import sentence_transformers
-    import torch
-    import transformers
-
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    return {
-        "torch": torch.__version__,
-        "sentence_transformers": sentence_transformers.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-        "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
-        "git_commit": commit,
-    }
 
 
 def main() -> int:
@@ -151,7 +120,7 @@ def main() -> int:
             )
     payload = {
         "model": args.model,
-        "command": _command(),
+        "command": command_line("reproduce_mteb.py", sys.argv[1:]),
         "pipeline": "densefit.evaluate.evaluate_beir: BEIR reader -> temporary LocalDocumentStore "
         "(exact backend, float32, cosine) -> top-100 search -> pytrec_eval",
         "environment": environment(),
@@ -164,15 +133,6 @@ def main() -> int:
     out.with_suffix(".md").write_text(markdown(payload))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
     return 0 if all_ok else 1
-
-
-def _command() -> str:
-    threads = " ".join(
-        f"{name}={os.environ[name]}"
-        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-        if name in os.environ
-    )
-    return " ".join(filter(None, [threads, "python bench/reproduce_mteb.py", *sys.argv[1:]]))
 
 
 def markdown(payload: dict) -> str:
