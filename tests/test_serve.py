@@ -269,6 +269,77 @@ def test_concurrent_queries_share_forward_passes(store_dir, model):
         np.testing.assert_allclose([h["score"] for h in hits], [h.score for h in want], atol=1e-5)
 
 
+def test_batcher_runs_its_workers_at_the_same_time():
+    import asyncio
+
+    from densefit.serve.batcher import MicroBatcher, Query
+
+    both = threading.Barrier(2, timeout=10)
+
+    def run_batch(queries):
+        both.wait()  # returns only when the two workers are inside run_batch together
+        return [q.text for q in queries]
+
+    async def demo():
+        batcher = MicroBatcher(run_batch, max_wait=0, workers=2)
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.submit(Query("a")))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(batcher.submit(Query("b")))
+        out = await asyncio.wait_for(asyncio.gather(first, second), 20)
+        await batcher.stop()
+        return out
+
+    assert asyncio.run(demo()) == ["a", "b"]
+
+
+def test_batch_forms_when_a_worker_is_free_and_takes_all_waiting_queries():
+    import asyncio
+
+    from densefit.serve.batcher import MicroBatcher, Query
+
+    release, sizes = threading.Event(), []
+
+    def run_batch(queries):
+        sizes.append(len(queries))
+        assert release.wait(10)
+        return [q.text for q in queries]
+
+    async def demo():
+        batcher = MicroBatcher(run_batch, max_wait=0, workers=1)
+        await batcher.start()
+        tasks = [asyncio.ensure_future(batcher.submit(Query("first")))]
+        await asyncio.sleep(0.05)  # the only worker is busy with "first"
+        for text in "bcde":  # arriving one by one while it is busy
+            tasks.append(asyncio.ensure_future(batcher.submit(Query(text))))
+            await asyncio.sleep(0.02)
+        release.set()
+        out = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+        await batcher.stop()
+        return out
+
+    assert asyncio.run(demo()) == ["first", "b", "c", "d", "e"]
+    assert sizes == [1, 4]  # not one batch frozen early with "b" while c, d, e queue behind
+
+
+def test_query_workers_run_with_their_share_of_torch_threads(store_dir, model):
+    import torch
+
+    from densefit.serve.config import worker_threads
+
+    seen = []
+    with client_for(store_dir, model, query_workers=2, threads_per_worker=3) as client:
+        run_batch = client.app.state.batcher.run_batch
+        client.app.state.batcher.run_batch = lambda qs: (
+            seen.append(torch.get_num_threads()),
+            run_batch(qs),
+        )[1]
+        assert client.post("/search", json={"query": "cells"}).status_code == 200
+    assert seen == [3]
+    assert worker_threads(ServeConfig(query_workers=4), 16) == 4
+    assert worker_threads(ServeConfig(query_workers=4), 2) == 1
+
+
 def test_hostile_requests_never_5xx(store_dir, model):
     rng = random.Random(1)
     bodies = [

@@ -49,6 +49,11 @@ def serve(
     query_workers: int = typer.Option(
         _D.query_workers, help="Query batches encoded at the same time (about the CPU cores)."
     ),
+    threads_per_worker: int = typer.Option(
+        _D.threads_per_worker,
+        help="Torch threads per query worker (0: torch's threads, i.e. the cores or "
+        "OMP_NUM_THREADS, divided among the workers).",
+    ),
     max_wait_ms: float = typer.Option(
         _D.max_wait_ms, help="How long a query waits for others to share its batch."
     ),
@@ -86,6 +91,7 @@ def serve(
         max_batch=max_batch,
         max_wait_ms=max_wait_ms,
         query_workers=query_workers,
+        threads_per_worker=threads_per_worker,
         api_key=api_key or None,
         allow_writes=local or bool(api_key),
     )
