@@ -269,6 +269,47 @@ def test_concurrent_queries_share_forward_passes(store_dir, model):
         np.testing.assert_allclose([h["score"] for h in hits], [h.score for h in want], atol=1e-5)
 
 
+def test_a_lone_query_does_not_wait_for_company(store_dir, model):
+    # Nothing else is on its way, so the batch starts at once instead of after max_wait.
+    with client_for(store_dir, model, max_wait_ms=3000) as client:
+        client.post("/search", json={"query": "warm up"})
+        start = time.perf_counter()
+        assert client.post("/search", json={"query": "cells"}).status_code == 200
+        assert time.perf_counter() - start < 2.0
+        assert client.post("/search", json={"query": "x", "k": 0}).status_code == 422
+        assert client.app.state.batcher._arriving == 0  # refused requests do not linger
+        start = time.perf_counter()
+        assert client.post("/search", json={"query": "genes"}).status_code == 200
+        assert time.perf_counter() - start < 2.0
+
+
+def test_batch_waits_for_announced_requests():
+    import asyncio
+
+    from densefit.serve.batcher import MicroBatcher, Query
+
+    sizes = []
+
+    def run_batch(queries):
+        sizes.append(len(queries))
+        return [q.text for q in queries]
+
+    async def demo():
+        batcher = MicroBatcher(run_batch, max_wait=5.0)
+        await batcher.start()
+        arrived = batcher.announce()  # a request still being read
+        first = asyncio.ensure_future(batcher.search([Query("a")], batcher.announce()))
+        await asyncio.sleep(0.1)
+        assert sizes == []  # the batch waits for the announced request
+        second = asyncio.ensure_future(batcher.search([Query("b"), Query("c")], arrived))
+        out = await asyncio.wait_for(asyncio.gather(first, second), 20)
+        await batcher.stop()
+        return out
+
+    assert asyncio.run(demo()) == [["a"], ["b", "c"]]
+    assert sizes == [3]
+
+
 def test_batcher_runs_its_workers_at_the_same_time():
     import asyncio
 

@@ -152,6 +152,7 @@ def _validation_message(errors: list[dict]) -> tuple[int, str, list[dict]]:
 # -- the guard: API key, body size, metrics ----------------------------------------------------
 
 _WRITE_METHODS = {"POST", "DELETE", "PUT", "PATCH"}
+_ARRIVAL = "densefit.search_arrival"  # scope key: the batcher's "arrived" callback
 
 
 def _route_label(path: str) -> str:
@@ -167,10 +168,13 @@ class Guard:
     """ASGI middleware: API key, request-body limit (413, read in full before the app sees
     it) and request metrics, in front of the FastAPI app."""
 
-    def __init__(self, app, *, config: ServeConfig, metrics: Metrics):
+    def __init__(
+        self, app, *, config: ServeConfig, metrics: Metrics, batcher: MicroBatcher | None = None
+    ):
         self.app = app
         self.config = config
         self.metrics = metrics
+        self.batcher = batcher
         self.key = config.api_key.encode() if config.api_key else None
 
     async def __call__(self, scope, receive, send) -> None:
@@ -179,6 +183,10 @@ class Guard:
             return
         start = time.perf_counter()
         status = {"code": 500}
+        arrived = None
+        if self.batcher is not None and scope["method"] == "POST" and scope["path"] == "/search":
+            # Announced before the body is read: a batch being collected waits for its queries.
+            arrived = scope[_ARRIVAL] = self.batcher.announce()
 
         async def send_status(message):
             if message["type"] == "http.response.start":
@@ -194,6 +202,8 @@ class Guard:
                 return
             await self.app(scope, _replay(body), send_status)
         finally:
+            if arrived is not None:
+                arrived()  # refused, failed or answered: nothing more will come from it
             self.metrics.observe_request(
                 _route_label(scope["path"]),
                 scope["method"],
@@ -308,7 +318,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     app.state.store, app.state.config = store, config
     _add_error_handlers(app, metrics)
     _add_routes(app, store, config, batcher, writer, metrics)
-    app.add_middleware(Guard, config=config, metrics=metrics)
+    app.add_middleware(Guard, config=config, metrics=metrics, batcher=batcher)
     return app
 
 
@@ -352,7 +362,7 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
     """The routes; each one small, the work is in the batcher and the writer."""
 
     @app.post("/search", summary="Search with one query or a list")
-    async def search(request: Annotated[SearchRequest, Body()]) -> JSONResponse:
+    async def search(request: Annotated[SearchRequest, Body()], http: Request) -> JSONResponse:
         texts = [request.query] if isinstance(request.query, str) else request.query
         if not texts:
             raise ClientError(422, "query is an empty list")
@@ -365,7 +375,7 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
         _check_texts(texts, "query", config)
         filters = _check_filters(request.filters)
         queries = [Query(t, request.k, filters, request.scale_score) for t in texts]
-        found = await batcher.search(queries)
+        found = await batcher.search(queries, http.scope.get(_ARRIVAL))
         # A ready JSONResponse skips FastAPI's recursive jsonable_encoder over every hit.
         return JSONResponse(
             {

@@ -8,7 +8,11 @@ A batch is formed only when a worker can start it at once: while every worker is
 queries wait in the queue and all of them join the next batch, so under load the batches
 grow by themselves (16 clients with one query each and 2 workers: about 8 per forward
 pass) and the forward passes stay few; an idle server answers a lone query after at most
-``max_wait``. Each worker thread runs its forward passes with ``threads_per_worker`` torch
+``max_wait``. The app announces each search request as it arrives (:meth:`MicroBatcher.
+announce`), before its body is read and validated: when no worker is busy and no announced
+request has yet to queue its queries, nothing is on its way and the batch starts at once, so
+a lone client's query does not wait ``max_wait`` for company that is not coming. Each
+worker thread runs its forward passes with ``threads_per_worker`` torch
 threads, so that the workers together use the CPU cores without competing for them.
 Throughput and latency against a server that encodes per request:
 bench/results/serve.json (``bench/serve.py``). Batched and single-query encodings differ at
@@ -76,6 +80,9 @@ class MicroBatcher:
         self.max_wait = max_wait
         self.on_batch = on_batch
         self.batches = 0
+        self._arriving = 0  # announced requests whose queries are not queued yet
+        self._announced = False  # True once the app announces requests (else: always wait)
+        self._running = 0  # batches in the workers
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
         if threads_per_worker is not None and threads_per_worker < 1:
@@ -102,9 +109,40 @@ class MicroBatcher:
         self._queue.put_nowait(query)
         return await query.future
 
-    async def search(self, queries: Sequence[Query]) -> list[object]:
-        """Submit several queries (one request's list) and wait for all of them."""
-        return list(await asyncio.gather(*(self.submit(q) for q in queries)))
+    async def search(
+        self, queries: Sequence[Query], arrived: Callable[[], None] | None = None
+    ) -> list[object]:
+        """Submit several queries (one request's list) and wait for all of them;
+        ``arrived`` (from :meth:`announce`) is called once they are all queued."""
+        if self._task is None or self._task.done():
+            raise RuntimeError("the query batcher is not running")
+        loop = asyncio.get_running_loop()
+        for query in queries:
+            query.future = loop.create_future()
+            self._queue.put_nowait(query)
+        if arrived is not None:
+            arrived()
+        return list(await asyncio.gather(*(q.future for q in queries)))
+
+    def announce(self) -> Callable[[], None]:
+        """Say that a search request has arrived whose queries will follow (unless it is
+        refused); returns the function to call when they are queued or the request ended
+        (calls after the first do nothing). Call on the event loop's thread.
+
+        Once requests are announced, a batch collected while no worker is busy waits (up to
+        ``max_wait``) for more queries only while some announced request has not queued its
+        queries yet; under load (a worker busy) it always waits, as queries keep coming."""
+        self._announced = True
+        self._arriving += 1
+        done = False
+
+        def arrived() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self._arriving -= 1
+
+        return arrived
 
     async def stop(self) -> None:
         """Finish the queries already queued, then stop the task and the worker thread."""
@@ -122,6 +160,8 @@ class MicroBatcher:
             try:
                 item = self._queue.get_nowait()
             except asyncio.QueueEmpty:
+                if self._announced and self._arriving <= 0 and self._running == 0:
+                    break  # an idle server with no request on its way: do not wait
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -152,11 +192,16 @@ class MicroBatcher:
             if self.on_batch is not None:
                 self.on_batch(len(batch))
             work = loop.run_in_executor(self._executor, self.run_batch, batch)
+            self._running += 1
             running.add(work)
-            work.add_done_callback(lambda done, batch=batch: self._deliver(batch, done, slots))
+            work.add_done_callback(lambda done, batch=batch: self._finished(batch, done, slots))
             work.add_done_callback(running.discard)
         if running:
             await asyncio.wait(running)
+
+    def _finished(self, batch: list[Query], done: asyncio.Future, slots) -> None:
+        self._running -= 1
+        self._deliver(batch, done, slots)
 
     @staticmethod
     def _deliver(batch: list[Query], done: asyncio.Future, slots: asyncio.Semaphore) -> None:
