@@ -269,6 +269,34 @@ def test_concurrent_queries_share_forward_passes(store_dir, model):
         np.testing.assert_allclose([h["score"] for h in hits], [h.score for h in want], atol=1e-5)
 
 
+def test_queries_and_documents_get_the_prompts_the_store_was_indexed_with(tmp_path, model):
+    import copy
+
+    from densefit.retrieval.encode import configure_model
+    from densefit.retrieval.index.searching import search_batch
+    from densefit.retrieval.index.settings import SettingsMismatchError
+
+    prompted = configure_model(
+        copy.deepcopy(model), query_prompt="query: ", document_prompt="passage: "
+    )
+    with open_store(tmp_path / "p", prompted) as store:
+        index_documents(store, prompted, corpus(30))
+    queries = ["cells genes", "python kernel socket"]
+    with LocalDocumentStore(tmp_path / "p") as store:
+        want = search_batch(store, prompted, queries, top_k=5)
+        with pytest.raises(SettingsMismatchError, match="prompts"):
+            create_app(store, model, close_store=False)  # no prompts: refused
+    with TestClient(create_app(LocalDocumentStore(tmp_path / "p"), prompted)) as client:
+        r = client.post("/search", json={"query": queries, "k": 5})
+        got = [[h["id"] for h in res["hits"]] for res in r.json()["results"]]
+        assert got == [[h.id for h in hits] for hits in want]
+        doc = {"id": "new", "text": "bread music rivers"}
+        assert client.post("/documents", json={"documents": [doc]}).status_code == 200
+    with LocalDocumentStore(tmp_path / "p") as store:
+        expected = encode_texts(prompted, [doc["text"]], prompt_name="document", normalize=True)
+        np.testing.assert_allclose(store.vectors(["new"]), expected, atol=1e-5)
+
+
 def test_a_lone_query_does_not_wait_for_company(store_dir, model):
     # Nothing else is on its way, so the batch starts at once instead of after max_wait.
     with client_for(store_dir, model, max_wait_ms=3000) as client:

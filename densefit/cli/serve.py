@@ -63,19 +63,25 @@ def serve(
     Example: densefit serve --store stores/scifact --port 8000   (docs at http://127.0.0.1:8000/docs)
     """
     from densefit.models import load_model
+    from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.documents import DB_NAME
+    from densefit.retrieval.index.settings import search_options
     from densefit.retrieval.index.store import LocalDocumentStore, open_store
     from densefit.serve.app import create_app
     from densefit.serve.server import run_server
 
+    settings = None
     if not create or (store / DB_NAME).is_file():
         with LocalDocumentStore(store) as probe:  # StoreError (one line) when not a store
             name = model or probe.model_name
+            settings = probe.settings
     elif model is None:
         raise ValueError("--create needs --model: the model the new store is for")
     else:
         name = model
     st_model = load_model(name)
+    # The prompts and vector size the store was indexed with, as `densefit search` does.
+    configure_model(st_model, **search_options(settings))
     document_store = open_store(store, st_model, backend=backend, create=create)
     local = is_local_host(host)
     if not local and not api_key:

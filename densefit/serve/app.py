@@ -27,6 +27,7 @@ import torch
 from densefit.data.types import Document
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index.filters import validate_filters
+from densefit.retrieval.index.settings import check_search_settings
 from densefit.serve.batcher import MicroBatcher, Query
 from densefit.serve.config import ServeConfig, is_local_host, worker_threads
 from densefit.serve.metrics import Metrics
@@ -63,6 +64,7 @@ def search_queries(store, model, queries: list[Query]) -> list[object]:
         model,
         [q.text for q in queries],
         batch_size=max(len(queries), 1),
+        prompt_name="query",
         pass_cost_tokens=PASS_COST_TOKENS,
     )
     groups: dict[tuple, list[int]] = defaultdict(list)
@@ -274,7 +276,9 @@ def _replay(body: bytes):
 
 def create_app(store, model, config: ServeConfig | None = None, *, close_store: bool = True):
     """A FastAPI app serving ``store`` with ``model`` (which must have made its embeddings:
-    :class:`~densefit.retrieval.index.base.ModelMismatchError` otherwise).
+    :class:`~densefit.retrieval.index.base.ModelMismatchError` otherwise, with the prompts
+    the store was indexed with: :class:`~densefit.retrieval.index.settings.
+    SettingsMismatchError` otherwise).
 
     The batcher and the writer start with the app (its lifespan) and stop with it: queued
     queries are answered, queued writes committed, then the store is closed (unless
@@ -282,6 +286,9 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     """
     config = config or ServeConfig()
     store.check_model(model)
+    # Queries get the model's query prompt and documents its document prompt, as the store's
+    # were indexed (SettingsMismatchError when the model's prompts are not the store's).
+    check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
     metrics = Metrics(documents=store.count)
     batcher = MicroBatcher(
         lambda queries: search_queries(store, model, queries),
@@ -293,7 +300,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     )
     writer = DocumentWriter(
         store,
-        lambda texts: encode_texts(model, texts, batch_size=32),
+        lambda texts: encode_texts(model, texts, batch_size=32, prompt_name="document"),
         on_commit=metrics.observe_write,
         on_error=lambda: metrics.observe_error("write"),
     )
