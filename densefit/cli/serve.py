@@ -47,7 +47,8 @@ def serve(
     max_body_bytes: int = typer.Option(_D.max_body_bytes, help="Larger bodies: 413."),
     max_batch: int = typer.Option(_D.max_batch, help="Queries per forward pass."),
     query_workers: int = typer.Option(
-        _D.query_workers, help="Query batches encoded at the same time (about the CPU cores)."
+        _D.query_workers,
+        help="Query batches encoded at the same time, each with its share of the torch threads.",
     ),
     threads_per_worker: int = typer.Option(
         _D.threads_per_worker,
@@ -55,7 +56,8 @@ def serve(
         "OMP_NUM_THREADS, divided among the workers).",
     ),
     max_wait_ms: float = typer.Option(
-        _D.max_wait_ms, help="How long a query waits for others to share its batch."
+        _D.max_wait_ms,
+        help="How long a batch waits for more queries (not on an idle server with none coming).",
     ),
 ) -> None:
     """Serve search, upserts and deletes over HTTP until SIGTERM or Ctrl-C.
