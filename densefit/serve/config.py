@@ -20,7 +20,7 @@ class ServeConfig:
     max_text_chars: int = 100_000  # characters per query or document text
     max_body_bytes: int = 4 * 1024 * 1024  # larger requests get 413
     max_batch: int = 64  # queries per forward pass
-    max_wait_ms: float = 2.0  # how long the first query of a batch waits for others
+    max_wait_ms: float = 2.0  # how long a batch waits for more (idle server: no wait)
     query_workers: int = 2  # batches encoded at the same time (one forward pass each)
     threads_per_worker: int = 0  # torch threads of each query worker; 0: torch's / workers
     api_key: str | None = None  # required on every request when set
