@@ -3,6 +3,11 @@
     OMP_NUM_THREADS=1 python bench/serve.py              # everything (~30 min on a shared CPU)
     python bench/serve.py --prepare                       # only embed and cache the corpus
     python bench/serve.py --skip-load --skip-scale        # only the fault scripts
+    python bench/serve.py --systems densefit,handwritten --writer off --seconds 10 \
+        --skip-faults --skip-scale                        # a short load run (~5 min)
+
+Before starting, the script waits until the 1-minute load average is below ``--quiet-load``
+(1.5; polls every 30 s, at most 20 min, then runs anyway and says so).
 
 Documents: every document of ../shared/datasets (SciFact, NFCorpus, manpages, pydoc; ids
 ``dataset/id``, metadata ``{"dataset": name}``), embedded once with all-MiniLM-L6-v2 and
@@ -28,14 +33,21 @@ queries/s, p50/p99 latency, writes acknowledged. Search results of the densefit 
 
 Faults (on the densefit server): SIGKILL while clients stream acknowledged writes, then
 restart: every acknowledged document must be found (GET, and search for a sample); 1,000
-malformed or hostile requests: all must be 4xx, none 5xx, and /health must still answer.
+malformed or hostile requests: none may get a 5xx, and /health must still answer. All are
+refused with a 4xx except the well-formed filters among the injections (a value carrying
+SQL text such as ``"x' OR '1'='1"``, or ``{"$gt": ""}``): values are bound parameters, so
+those are valid filters that match nothing, and must get 200 with no hits (hits would mean
+an injection); the results count them apart (``expected_200_no_hits``).
 
 Scale: a store of the real vectors plus random unit vectors up to ``--scale-rows``
 (1,000,000), searched in-process one query at a time, unfiltered and with metadata filters.
 
-The machine is shared: threads and load averages are recorded with the results, and only
-ratios between systems measured in the same run are meaningful. Writes
-bench/results/serve.csv, serve.json and serve.png.
+The machine is shared: threads, versions, the command line and the load averages (before
+and after each point) are recorded with the results, and only ratios between systems
+measured in the same run are meaningful. Every part of serve.json names the run (``runs``:
+command, environment, machine, versions, load) that measured it; a part skipped this time
+keeps its last measurement and run record. Writes bench/results/serve.csv, serve.json and
+serve.png.
 """
 
 from __future__ import annotations
@@ -541,10 +553,18 @@ def equality_check(url: str, store_path: Path, model, queries: list[str]) -> dic
 # -- faults -------------------------------------------------------------------------------------
 
 
-def hostile_requests(n: int, seed: int = 0) -> list[tuple[str, str, bytes, dict]]:
-    """``n`` malformed or hostile requests: (method, path, body, headers), of these kinds:
-    bad JSON, huge bodies, wrong types, unknown fields, filter injection, deep nesting, bad
-    ids and paths, random bytes, lying Content-Length."""
+def hostile_requests(n: int, seed: int = 0) -> list[tuple[str, str, str, bytes, dict]]:
+    """``n`` malformed or hostile requests: (expected, method, path, body, headers), of these
+    kinds: bad JSON, huge bodies, wrong types, unknown fields, filter injection, deep nesting,
+    bad ids and paths, random bytes, lying Content-Length.
+
+    ``expected`` is ``"4xx"`` for every request but the well-formed filters among the
+    injections (a value carrying SQL text, ``"x' OR '1'='1"``, or a Mongo-style object,
+    ``{"$gt": ""}``): those are valid equality filters whose value is bound as a parameter,
+    so they get ``"200-no-hits"`` (no stored document has that value; an injection would
+    return hits)."""
+    from densefit.retrieval.index.filters import validate_filters
+
     rng = np.random.default_rng(seed)
     js = {"content-type": "application/json"}
     injections = [
@@ -559,6 +579,19 @@ def hostile_requests(n: int, seed: int = 0) -> list[tuple[str, str, bytes, dict]
         {"field": ["meta", "x"], "operator": "==", "value": 1},
         {"field": "meta.x", "operator": "==", "value": {"$gt": ""}},
     ]
+
+    def expected_for(filters: dict) -> str:
+        try:
+            validate_filters(filters)
+        except ValueError:
+            return "4xx"
+        return "200-no-hits"
+
+    def injection():
+        filters = injections[int(rng.integers(len(injections)))]
+        body = json.dumps({"query": "x", "filters": filters}).encode()
+        return expected_for(filters), "POST", "/search", body, js
+
     nested = {"field": "meta.x", "operator": "==", "value": 1}
     for _ in range(200):
         nested = {"operator": "AND", "conditions": [nested]}
@@ -594,14 +627,7 @@ def hostile_requests(n: int, seed: int = 0) -> list[tuple[str, str, bytes, dict]
             js,
         ),
         lambda: ("POST", "/search", json.dumps({"query": "x", "unknown": True}).encode(), js),
-        lambda: (
-            "POST",
-            "/search",
-            json.dumps(
-                {"query": "x", "filters": injections[int(rng.integers(len(injections)))]}
-            ).encode(),
-            js,
-        ),
+        injection,
         lambda: ("POST", "/search", json.dumps({"query": "x", "filters": nested}).encode(), js),
         lambda: ("POST", "/search", b"[" * 100_000 + b"]" * 100_000, js),
         lambda: (
@@ -625,36 +651,56 @@ def hostile_requests(n: int, seed: int = 0) -> list[tuple[str, str, bytes, dict]
         lambda: ("POST", "/search", (b"a" * 65536 for _ in range(100)), js),  # 6.5 MB, chunked
         lambda: ("POST", "/search", b'{"query": "x"}', {"content-type": "text/plain"}),
     ]
-    return [kinds[int(rng.integers(len(kinds)))]() for _ in range(n)]
+    out = []
+    for _ in range(n):
+        made = kinds[int(rng.integers(len(kinds)))]()
+        out.append(made if len(made) == 5 else ("4xx", *made))
+    return out
 
 
 def hostile_fault(url: str, n: int) -> dict:
-    """Send ``n`` hostile requests; count statuses; /health must answer afterwards."""
+    """Send ``n`` hostile requests; count statuses per expected outcome. What must hold: no
+    5xx, every ``4xx`` request refused with a 4xx, every ``200-no-hits`` request (a valid
+    filter whose value carries SQL text) answered with no hits (no injection), and /health
+    answering afterwards."""
     import httpx
 
     statuses: dict[str, int] = {}
+    by_expected: dict[str, dict[str, int]] = {}
     transport_errors = hits_from_valid = 0
+    unexpected: list[dict] = []
     with httpx.Client(base_url=url, timeout=30) as client:
-        for method, path, body, headers in hostile_requests(n):
+        for expected, method, path, body, headers in hostile_requests(n):
             try:
                 r = client.request(method, path, content=body, headers=headers)
                 key = str(r.status_code)
-                if r.status_code == 200:  # a well-formed filter whose value looks like SQL
-                    hits_from_valid += len(r.json()["results"][0]["hits"])
+                hits = len(r.json()["results"][0]["hits"]) if r.status_code == 200 else 0
+                hits_from_valid += hits
+                ok = (
+                    400 <= r.status_code < 500
+                    if expected == "4xx"
+                    else r.status_code == 200 and hits == 0
+                )
             except httpx.HTTPError as exc:  # e.g. the server closing a connection early
                 transport_errors += 1
-                key = type(exc).__name__
+                key, ok = type(exc).__name__, expected == "4xx"
             statuses[key] = statuses.get(key, 0) + 1
+            counts = by_expected.setdefault(expected, {})
+            counts[key] = counts.get(key, 0) + 1
+            if not ok and len(unexpected) < 20:
+                unexpected.append({"expected": expected, "got": key, "path": path})
         health = client.get("/health").status_code
     fivexx = sum(v for k, v in statuses.items() if k.startswith("5"))
-    twoxx = sum(v for k, v in statuses.items() if k.startswith("2"))
     return {
         "requests_sent": n,
         "statuses": statuses,
+        "statuses_by_expected": by_expected,
+        "expected_4xx": sum(by_expected.get("4xx", {}).values()),
+        "expected_200_no_hits": sum(by_expected.get("200-no-hits", {}).values()),
         "5xx": fivexx,
-        "2xx": twoxx,
         "transport_errors": transport_errors,
         "hits_returned_by_2xx": hits_from_valid,
+        "unexpected": unexpected,
         "health_after": health,
     }
 
@@ -810,21 +856,88 @@ def scale_point(
 # -- results ------------------------------------------------------------------------------------
 
 
-def machine() -> dict:
+def versions() -> dict:
+    """Versions of what the servers run, and the densefit commit."""
+    import importlib.metadata as md
     import platform
+    import subprocess
 
+    out = {"python": platform.python_version()}
+    for dist in (
+        "torch",
+        "transformers",
+        "sentence-transformers",
+        "tokenizers",
+        "fastapi",
+        "uvicorn",
+        "pydantic",
+        "httpx",
+        "faiss-cpu",
+        "haystack-ai",
+        "numpy",
+    ):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = None
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        out["densefit_commit"] = commit + ("+uncommitted changes" if dirty else "")
+    except OSError:
+        out["densefit_commit"] = None
+    return out
+
+
+def machine(threads: int) -> dict:
+    """The machine and the thread settings of this run."""
     import torch
 
+    from densefit.serve.config import ServeConfig, worker_threads
+
+    config = ServeConfig()
     return {
         "cpus": os.cpu_count(),
-        "threads_per_server": int(os.environ.get("OMP_NUM_THREADS", "1")),
-        "torch_threads": torch.get_num_threads(),
-        "loadavg": os.getloadavg(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "time": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "note": "shared machine: several other jobs ran at the same time (see loadavg); "
-        "compare systems within this run only",
+        "threads_per_server": threads,
+        "server_env": {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)},
+        "densefit_query_workers": config.query_workers,
+        "densefit_torch_threads_per_worker": worker_threads(config, threads),
+        "densefit_max_wait_ms": config.max_wait_ms,
+        "load_client": "one process, asyncio + httpx",
+        "torch_threads_in_client": torch.get_num_threads(),
+    }
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def wait_until_quiet(threshold: float, poll_s: float, max_wait_s: float) -> dict:
+    """Poll the 1-minute load average until it is below ``threshold`` (every ``poll_s``
+    seconds, at most ``max_wait_s``); what was seen is recorded with the results."""
+    start = time.monotonic()
+    polls = []
+    while True:
+        polls.append(loadavg())
+        if polls[-1][0] < threshold:
+            quiet = True
+            break
+        if time.monotonic() - start + poll_s > max_wait_s:
+            quiet = False
+            break
+        print(f"load {polls[-1]}: waiting for < {threshold}", flush=True)
+        time.sleep(poll_s)
+    return {
+        "threshold_1m": threshold,
+        "quiet": quiet,
+        "waited_s": round(time.monotonic() - start, 1),
+        "polls": polls,
     }
 
 
@@ -897,11 +1010,15 @@ def plot(result: dict) -> None:
         axes[2].set_xlabel("vectors in the store")
         axes[2].set_title("in-process search p50 ms (1 query)")
         axes[2].legend(fontsize=7)
-    m = result.get("machine", {})
+    load_run = (result.get("load_settings") or {}).get("run")
+    run = next((r for r in result.get("runs", []) if r["id"] == load_run), {})
+    m = run.get("machine", {})
+    loads = [r["loadavg_before"][0] for r in rows if "loadavg_before" in r]
+    load_text = f"1-min load {min(loads):.2f}-{max(loads):.2f}" if loads else "load ?"
     fig.suptitle(
         f"densefit serve vs peers, all-MiniLM-L6-v2, {result.get('documents', '?')} docs; "
         f"{m.get('threads_per_server')} thread(s)/server, {m.get('cpus')} shared CPUs, "
-        f"load {m.get('loadavg')}",
+        f"{load_text}; {run.get('started', '')}",
         fontsize=9,
     )
     fig.tight_layout()
@@ -913,6 +1030,7 @@ def plot(result: dict) -> None:
 
 def main() -> None:
     import asyncio
+    import shlex
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prepare", action="store_true", help="only embed and cache")
@@ -922,6 +1040,9 @@ def main() -> None:
     parser.add_argument("--systems", default="densefit,handwritten,haystack")
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument(
+        "--writer", default="off,on", help="cells without and/or with the concurrent writer"
+    )
     parser.add_argument("--write-batch", type=int, default=8)
     parser.add_argument(
         "--write-interval", type=float, default=2.0, help="seconds between write batches"
@@ -931,6 +1052,14 @@ def main() -> None:
     parser.add_argument("--equality-queries", type=int, default=200)
     parser.add_argument("--scale-rows", type=int, default=1_000_000)
     parser.add_argument("--scale-queries", type=int, default=50)
+    parser.add_argument(
+        "--quiet-load",
+        type=float,
+        default=1.5,
+        help="wait until the 1-minute load average is below this before starting (0: no wait)",
+    )
+    parser.add_argument("--quiet-poll", type=float, default=30.0, help="seconds between polls")
+    parser.add_argument("--quiet-max-wait", type=float, default=1200.0, help="then run anyway")
     parser.add_argument("--skip-load", action="store_true")
     parser.add_argument("--skip-faults", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
@@ -954,37 +1083,77 @@ def main() -> None:
         if (RESULTS / "serve.json").exists()
         else {}
     )
+    if "runs" not in previous:  # results from before run records: not carried over
+        previous = {}
+    run_id = max((r["id"] for r in previous.get("runs", [])), default=-1) + 1
+    run = {
+        "id": run_id,
+        "command": shlex.join(["python", *sys.argv]),
+        "env": {
+            k: os.environ.get(k)
+            for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "BENCH_SERVE_DATASETS")
+        },
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": machine(threads),
+        "versions": versions(),
+        "quiet_wait": None,
+        "parts": [],
+    }
+    if args.quiet_load > 0:
+        run["quiet_wait"] = wait_until_quiet(args.quiet_load, args.quiet_poll, args.quiet_max_wait)
+    run["loadavg_start"] = loadavg()
     result = {
-        "machine": machine(),
+        "note": "shared 2-core machine: the load client runs on the same cores as the server; "
+        "compare systems within one run only (each row records the load average around it)",
         "documents": len(documents),
         "model": MODEL,
         "max_seq_length": MAX_SEQ_LENGTH,
-        "seconds_per_cell": args.seconds,
-        "write_batch": args.write_batch,
-        "write_interval_s": args.write_interval,
+        "load_settings": previous.get("load_settings"),
         "load": previous.get("load", []),
+        "ratios_densefit_over_handwritten": previous.get("ratios_densefit_over_handwritten"),
         "equality": previous.get("equality"),
-        "agreement_with_handwritten": previous.get("agreement_with_handwritten"),
+        "agreement_with_densefit": previous.get("agreement_with_densefit"),
         "faults": previous.get("faults"),
         "scale": previous.get("scale", []),
+        "runs": previous.get("runs", []) + [run],
     }
+
+    def save() -> None:
+        run["loadavg_end"] = loadavg()
+        run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        used = {r.get("run") for r in result["load"] + result["scale"]}
+        used |= {(result[k] or {}).get("run") for k in ("equality", "faults", "load_settings")}
+        result["runs"] = [r for r in result["runs"] if r["id"] in used or r is run]
+        write_results(result)
+
     clients = [int(c) for c in args.clients.split(",")]
-    if args.skip_load or args.equality_only:  # the load run's machine record stays
-        result["machine_partial_run"] = result["machine"]
-        result["machine"] = previous.get("machine", result["machine"])
     if args.equality_only:
+        run["parts"].append("equality")
         build_store(args.store, model, documents, vectors)
         server = Server("densefit", args.store, threads)
         try:
             result["equality"] = equality_check(
                 server.url, args.store, model, qs[-args.equality_queries :]
             )
+            result["equality"]["run"] = run_id
         finally:
             server.stop()
         print("equality:", result["equality"], flush=True)
-        write_results(result)
+        save()
         return
     if not args.skip_load:
+        run["parts"].append("load")
+        writers = [{"off": False, "on": True}[w] for w in args.writer.split(",")]
+        result["load_settings"] = {
+            "run": run_id,
+            "systems": args.systems.split(","),
+            "clients": clients,
+            "seconds_per_cell": args.seconds,
+            "writer": args.writer.split(","),
+            "write_batch": args.write_batch,
+            "write_interval_s": args.write_interval,
+            "queries_k": 10,
+        }
         result["load"] = []
         top_ids: dict[str, list] = {}
         for system in args.systems.split(","):
@@ -1002,11 +1171,14 @@ def main() -> None:
                     result["equality"] = equality_check(
                         server.url, args.store, model, qs[-args.equality_queries :]
                     )
+                    result["equality"]["run"] = run_id
                     print("equality:", result["equality"], flush=True)
-                for writer in (False, True):
+                for writer in writers:
                     for c in clients:
                         wdocs = writer_documents(docs, system, 4000, seed=c) if writer else []
+                        before = loadavg()
                         cpu_before = server_cpu(server)
+                        client_before = os.times()
                         cell = load_cell(
                             server.url,
                             qs,
@@ -1017,30 +1189,41 @@ def main() -> None:
                             args.write_batch,
                             args.write_interval,
                         )
+                        client_after = os.times()
                         cpu = server_cpu(server) - cpu_before
                         cell["server_cpu_s"] = cpu
                         cell["queries_per_server_cpu_s"] = cell["queries"] / cpu if cpu else None
+                        cell["client_cpu_s"] = (client_after.user + client_after.system) - (
+                            client_before.user + client_before.system
+                        )
                         row = {
+                            "run": run_id,
                             "system": system,
                             "clients": c,
                             "writer": writer,
                             **cell,
-                            "loadavg_1m": os.getloadavg()[0],
+                            "loadavg_before": before,
+                            "loadavg_after": loadavg(),
                         }
                         result["load"].append(row)
                         print(json.dumps(row), flush=True)
-                        write_results(result)
+                        save()
             finally:
                 server.stop()
-        result["machine"]["loadavg_end"] = os.getloadavg()
         result["agreement_with_densefit"] = {
-            system: float(
-                np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, top_ids["densefit"])])
-            )
-            for system, ids in top_ids.items()
-            if "densefit" in top_ids and system != "densefit"
+            "run": run_id,
+            "queries": args.equality_queries,
+            "mean_top10_overlap": {
+                system: float(
+                    np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, top_ids["densefit"])])
+                )
+                for system, ids in top_ids.items()
+                if "densefit" in top_ids and system != "densefit"
+            },
         }
+        result["ratios_densefit_over_handwritten"] = ratios(result["load"])
     if not args.skip_faults:
+        run["parts"].append("faults")
         build_store(args.store, model, documents, vectors)
         server = Server("densefit", args.store, threads)
         try:
@@ -1051,14 +1234,47 @@ def main() -> None:
             raise
         kill = sigkill_fault(server, args.store, docs, threads, args.kill_after)
         print("sigkill:", kill, flush=True)
-        result["faults"] = {"hostile": hostile, "sigkill": kill}
-        write_results(result)
+        result["faults"] = {"run": run_id, "hostile": hostile, "sigkill": kill}
+        save()
     if not args.skip_scale:
-        result["scale"] = scale_point(
-            model, documents, vectors, qs, args.scale_rows, args.scale_queries
-        )
-    write_results(result)
+        run["parts"].append("scale")
+        result["scale"] = [
+            {"run": run_id, **row}
+            for row in scale_point(
+                model, documents, vectors, qs, args.scale_rows, args.scale_queries
+            )
+        ]
+    save()
     print(summary(result))
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """densefit / handwritten queries per second and p99 at each (clients, writer) point."""
+    out = []
+    for d in (r for r in rows if r["system"] == "densefit"):
+        h = next(
+            (
+                r
+                for r in rows
+                if r["system"] == "handwritten"
+                and r["clients"] == d["clients"]
+                and r["writer"] == d["writer"]
+            ),
+            None,
+        )
+        if h is None or not h["qps"]:
+            continue
+        out.append(
+            {
+                "clients": d["clients"],
+                "writer": d["writer"],
+                "qps_ratio": d["qps"] / h["qps"],
+                "densefit_p99_ms": d["p99_ms"],
+                "handwritten_p99_ms": h["p99_ms"],
+                "p99_ratio": (d["p99_ms"] / h["p99_ms"]) if d["p99_ms"] and h["p99_ms"] else None,
+            }
+        )
+    return out
 
 
 def summary(result: dict) -> str:

@@ -91,6 +91,35 @@ def test_batches_are_length_sorted(tiny, monkeypatch):
     assert [max(w) for w in widths] == sorted((max(w) for w in widths), reverse=True)
 
 
+def test_padding_aware_batches_split_off_long_texts(tiny, monkeypatch):
+    widths = []
+    original = tiny.forward
+
+    def spy(features, **kwargs):
+        widths.append(tuple(features["attention_mask"].sum(dim=1).tolist()))
+        return original(features, **kwargs)
+
+    monkeypatch.setattr(tiny, "forward", spy)
+    texts = [("cells " * n + f"gene{i}").strip() for i, n in enumerate((40, 2, 3, 2, 3, 2, 3, 2))]
+    got = encode_texts(tiny, texts, batch_size=len(texts), pass_cost_tokens=8)
+    # The long text goes alone: padding seven short ones to its width costs more than a pass.
+    assert [len(w) for w in widths] == [1, 7]
+    assert sum(len(w) for w in widths) == len(texts)
+    np.testing.assert_allclose(got, encode_texts(tiny, texts, batch_size=1), atol=1e-5)
+    widths.clear()
+    encode_texts(tiny, texts[1:], batch_size=len(texts), pass_cost_tokens=8)
+    assert len(widths) == 1  # similar lengths stay in one pass
+
+
+def test_padding_aware_cuts_respect_batch_size():
+    from densefit.retrieval.encode import padding_aware_cuts
+
+    cuts = padding_aware_cuts(np.full(10, 5), 4, pass_cost=1000)
+    assert cuts[0] == 0 and cuts[-1] == 10
+    assert max(b - a for a, b in zip(cuts, cuts[1:])) <= 4 and len(cuts) == 4
+    assert padding_aware_cuts(np.array([], dtype=int), 4, pass_cost=1) == [0]
+
+
 def test_callback_counts_every_text(tiny):
     done = []
     encode_with_callback(tiny, TEXTS[:7], batch_size=4, on_batch=done.append)  # distinct

@@ -269,6 +269,146 @@ def test_concurrent_queries_share_forward_passes(store_dir, model):
         np.testing.assert_allclose([h["score"] for h in hits], [h.score for h in want], atol=1e-5)
 
 
+def test_queries_and_documents_get_the_prompts_the_store_was_indexed_with(tmp_path, model):
+    import copy
+
+    from densefit.retrieval.encode import configure_model
+    from densefit.retrieval.index.searching import search_batch
+    from densefit.retrieval.index.settings import SettingsMismatchError
+
+    prompted = configure_model(
+        copy.deepcopy(model), query_prompt="query: ", document_prompt="passage: "
+    )
+    with open_store(tmp_path / "p", prompted) as store:
+        index_documents(store, prompted, corpus(30))
+    queries = ["cells genes", "python kernel socket"]
+    with LocalDocumentStore(tmp_path / "p") as store:
+        want = search_batch(store, prompted, queries, top_k=5)
+        with pytest.raises(SettingsMismatchError, match="prompts"):
+            create_app(store, model, close_store=False)  # no prompts: refused
+    with TestClient(create_app(LocalDocumentStore(tmp_path / "p"), prompted)) as client:
+        r = client.post("/search", json={"query": queries, "k": 5})
+        got = [[h["id"] for h in res["hits"]] for res in r.json()["results"]]
+        assert got == [[h.id for h in hits] for hits in want]
+        doc = {"id": "new", "text": "bread music rivers"}
+        assert client.post("/documents", json={"documents": [doc]}).status_code == 200
+    with LocalDocumentStore(tmp_path / "p") as store:
+        expected = encode_texts(prompted, [doc["text"]], prompt_name="document", normalize=True)
+        np.testing.assert_allclose(store.vectors(["new"]), expected, atol=1e-5)
+
+
+def test_a_lone_query_does_not_wait_for_company(store_dir, model):
+    # Nothing else is on its way, so the batch starts at once instead of after max_wait.
+    with client_for(store_dir, model, max_wait_ms=3000) as client:
+        client.post("/search", json={"query": "warm up"})
+        start = time.perf_counter()
+        assert client.post("/search", json={"query": "cells"}).status_code == 200
+        assert time.perf_counter() - start < 2.0
+        assert client.post("/search", json={"query": "x", "k": 0}).status_code == 422
+        assert client.app.state.batcher._arriving == 0  # refused requests do not linger
+        start = time.perf_counter()
+        assert client.post("/search", json={"query": "genes"}).status_code == 200
+        assert time.perf_counter() - start < 2.0
+
+
+def test_batch_waits_for_announced_requests():
+    import asyncio
+
+    from densefit.serve.batcher import MicroBatcher, Query
+
+    sizes = []
+
+    def run_batch(queries):
+        sizes.append(len(queries))
+        return [q.text for q in queries]
+
+    async def demo():
+        batcher = MicroBatcher(run_batch, max_wait=5.0)
+        await batcher.start()
+        arrived = batcher.announce()  # a request still being read
+        first = asyncio.ensure_future(batcher.search([Query("a")], batcher.announce()))
+        await asyncio.sleep(0.1)
+        assert sizes == []  # the batch waits for the announced request
+        second = asyncio.ensure_future(batcher.search([Query("b"), Query("c")], arrived))
+        out = await asyncio.wait_for(asyncio.gather(first, second), 20)
+        await batcher.stop()
+        return out
+
+    assert asyncio.run(demo()) == [["a"], ["b", "c"]]
+    assert sizes == [3]
+
+
+def test_batcher_runs_its_workers_at_the_same_time():
+    import asyncio
+
+    from densefit.serve.batcher import MicroBatcher, Query
+
+    both = threading.Barrier(2, timeout=10)
+
+    def run_batch(queries):
+        both.wait()  # returns only when the two workers are inside run_batch together
+        return [q.text for q in queries]
+
+    async def demo():
+        batcher = MicroBatcher(run_batch, max_wait=0, workers=2)
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.submit(Query("a")))
+        await asyncio.sleep(0.05)
+        second = asyncio.ensure_future(batcher.submit(Query("b")))
+        out = await asyncio.wait_for(asyncio.gather(first, second), 20)
+        await batcher.stop()
+        return out
+
+    assert asyncio.run(demo()) == ["a", "b"]
+
+
+def test_batch_forms_when_a_worker_is_free_and_takes_all_waiting_queries():
+    import asyncio
+
+    from densefit.serve.batcher import MicroBatcher, Query
+
+    release, sizes = threading.Event(), []
+
+    def run_batch(queries):
+        sizes.append(len(queries))
+        assert release.wait(10)
+        return [q.text for q in queries]
+
+    async def demo():
+        batcher = MicroBatcher(run_batch, max_wait=0, workers=1)
+        await batcher.start()
+        tasks = [asyncio.ensure_future(batcher.submit(Query("first")))]
+        await asyncio.sleep(0.05)  # the only worker is busy with "first"
+        for text in "bcde":  # arriving one by one while it is busy
+            tasks.append(asyncio.ensure_future(batcher.submit(Query(text))))
+            await asyncio.sleep(0.02)
+        release.set()
+        out = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+        await batcher.stop()
+        return out
+
+    assert asyncio.run(demo()) == ["first", "b", "c", "d", "e"]
+    assert sizes == [1, 4]  # not one batch frozen early with "b" while c, d, e queue behind
+
+
+def test_query_workers_run_with_their_share_of_torch_threads(store_dir, model):
+    import torch
+
+    from densefit.serve.config import worker_threads
+
+    seen = []
+    with client_for(store_dir, model, query_workers=2, threads_per_worker=3) as client:
+        run_batch = client.app.state.batcher.run_batch
+        client.app.state.batcher.run_batch = lambda qs: (
+            seen.append(torch.get_num_threads()),
+            run_batch(qs),
+        )[1]
+        assert client.post("/search", json={"query": "cells"}).status_code == 200
+    assert seen == [3]
+    assert worker_threads(ServeConfig(query_workers=4), 16) == 4
+    assert worker_threads(ServeConfig(query_workers=4), 2) == 1
+
+
 def test_hostile_requests_never_5xx(store_dir, model):
     rng = random.Random(1)
     bodies = [

@@ -47,10 +47,17 @@ def serve(
     max_body_bytes: int = typer.Option(_D.max_body_bytes, help="Larger bodies: 413."),
     max_batch: int = typer.Option(_D.max_batch, help="Queries per forward pass."),
     query_workers: int = typer.Option(
-        _D.query_workers, help="Query batches encoded at the same time (about the CPU cores)."
+        _D.query_workers,
+        help="Query batches encoded at the same time, each with its share of the torch threads.",
+    ),
+    threads_per_worker: int = typer.Option(
+        _D.threads_per_worker,
+        help="Torch threads per query worker (0: torch's threads, i.e. the cores or "
+        "OMP_NUM_THREADS, divided among the workers).",
     ),
     max_wait_ms: float = typer.Option(
-        _D.max_wait_ms, help="How long a query waits for others to share its batch."
+        _D.max_wait_ms,
+        help="How long a batch waits for more queries (not on an idle server with none coming).",
     ),
 ) -> None:
     """Serve search, upserts and deletes over HTTP until SIGTERM or Ctrl-C.
@@ -58,19 +65,25 @@ def serve(
     Example: densefit serve --store stores/scifact --port 8000   (docs at http://127.0.0.1:8000/docs)
     """
     from densefit.models import load_model
+    from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.documents import DB_NAME
+    from densefit.retrieval.index.settings import search_options
     from densefit.retrieval.index.store import LocalDocumentStore, open_store
     from densefit.serve.app import create_app
     from densefit.serve.server import run_server
 
+    settings = None
     if not create or (store / DB_NAME).is_file():
         with LocalDocumentStore(store) as probe:  # StoreError (one line) when not a store
             name = model or probe.model_name
+            settings = probe.settings
     elif model is None:
         raise ValueError("--create needs --model: the model the new store is for")
     else:
         name = model
     st_model = load_model(name)
+    # The prompts and vector size the store was indexed with, as `densefit search` does.
+    configure_model(st_model, **search_options(settings))
     document_store = open_store(store, st_model, backend=backend, create=create)
     local = is_local_host(host)
     if not local and not api_key:
@@ -86,6 +99,7 @@ def serve(
         max_batch=max_batch,
         max_wait_ms=max_wait_ms,
         query_workers=query_workers,
+        threads_per_worker=threads_per_worker,
         api_key=api_key or None,
         allow_writes=local or bool(api_key),
     )

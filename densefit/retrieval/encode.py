@@ -31,6 +31,7 @@ __all__ = [
     "encode_texts",
     "encode_with_callback",
     "fast_path_tokenizer",
+    "padding_aware_cuts",
     "truncate_vectors",
 ]
 
@@ -64,6 +65,7 @@ def encode_texts(
     show_progress: bool = False,
     normalize: bool = False,
     prompt_name: str | None = None,
+    pass_cost_tokens: int | None = None,
 ) -> np.ndarray:
     """Embed ``texts`` into a ``(len(texts), dim)`` float32 array, row i for ``texts[i]``.
 
@@ -71,6 +73,8 @@ def encode_texts(
     put back in input order. ``normalize=True`` scales each row to unit length (cosine
     similarity becomes a dot product). ``prompt_name`` (``"query"``, ``"document"``): put
     the model's prompt of that name before each text (none when the model has none).
+    ``pass_cost_tokens``: cut the length-sorted texts where padding would cost more than
+    another forward pass (:func:`padding_aware_cuts`) instead of every ``batch_size`` texts.
 
     >>> from densefit.testing import tiny_model
     >>> model = tiny_model()
@@ -88,6 +92,7 @@ def encode_texts(
             normalize=normalize,
             on_batch=bar.update,
             prompt_name=prompt_name,
+            pass_cost_tokens=pass_cost_tokens,
         )
 
 
@@ -99,6 +104,7 @@ def encode_with_callback(
     normalize: bool = False,
     on_batch: Callable[[int], object] | None = None,
     prompt_name: str | None = None,
+    pass_cost_tokens: int | None = None,
 ) -> np.ndarray:
     """:func:`encode_texts` reporting each finished batch's size to ``on_batch``.
 
@@ -128,7 +134,12 @@ def encode_with_callback(
     inverse = np.array([index_of.setdefault(t, len(index_of)) for t in texts], dtype=np.int64)
     if len(index_of) < len(texts):
         distinct = encode_with_callback(
-            model, list(index_of), batch_size=batch_size, normalize=normalize, on_batch=on_batch
+            model,
+            list(index_of),
+            batch_size=batch_size,
+            normalize=normalize,
+            on_batch=on_batch,
+            pass_cost_tokens=pass_cost_tokens,
         )
         if on_batch is not None:
             on_batch(len(texts) - len(index_of))
@@ -146,7 +157,9 @@ def encode_with_callback(
         with torch.inference_mode():
             for start in range(0, len(texts), window):
                 rows = order[start : start + window]
-                for batch_rows, features in _batches(model, tokenizer, texts, rows, batch_size):
+                for batch_rows, features in _batches(
+                    model, tokenizer, texts, rows, batch_size, pass_cost_tokens
+                ):
                     features = {
                         k: v.to(model.device) if isinstance(v, torch.Tensor) else v
                         for k, v in features.items()
@@ -225,8 +238,42 @@ def _checked_texts(texts: Sequence[str], batch_size: int) -> list[str]:
     return texts
 
 
-def _batches(model, tokenizer, texts, rows: np.ndarray, batch_size: int):
-    """Yield (rows, features) for one window of texts, batches of similar token length."""
+def padding_aware_cuts(lengths: np.ndarray, batch_size: int, pass_cost: int) -> list[int]:
+    """Where to cut texts sorted longest first into batches (the start of each batch, then
+    ``len(lengths)``), minimising the tokens a forward pass computes, padding included, plus
+    ``pass_cost`` tokens per pass (its fixed cost: reading the weights, Python), with at
+    most ``batch_size`` texts a batch.
+
+    A batch is padded to its longest text: one query of 40 tokens among 15 of 10 makes the
+    pass compute 640 tokens for 190 real ones; cut off, it costs 40 + 150 + one more pass.
+
+    >>> padding_aware_cuts(np.array([40, 10, 10, 10]), 64, pass_cost=16)
+    [0, 1, 4]
+    >>> padding_aware_cuts(np.array([12, 11, 10, 10]), 64, pass_cost=16)
+    [0, 4]
+    """
+    n = len(lengths)
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    start_of = np.zeros(n + 1, dtype=np.int64)
+    widths = lengths.astype(np.float64)
+    for end in range(1, n + 1):
+        starts = np.arange(max(0, end - batch_size), end)
+        costs = best[starts] + pass_cost + (end - starts) * widths[starts]
+        pick = int(np.argmin(costs))
+        best[end], start_of[end] = costs[pick], starts[pick]
+    cuts, end = [n], n
+    while end > 0:
+        end = int(start_of[end])
+        cuts.append(end)
+    return cuts[::-1]
+
+
+def _batches(
+    model, tokenizer, texts, rows: np.ndarray, batch_size: int, pass_cost: int | None = None
+):
+    """Yield (rows, features) for one window of texts, batches of similar token length
+    (cut by :func:`padding_aware_cuts` when ``pass_cost`` is given)."""
     if tokenizer is None:
         # General path: the model's own preprocessing, per batch, in character-length order.
         for start in range(0, len(rows), batch_size):
@@ -236,8 +283,12 @@ def _batches(model, tokenizer, texts, rows: np.ndarray, batch_size: int):
     encoded = _tokenize(tokenizer, [texts[i] for i in rows])
     lengths = np.array([len(ids) for ids in encoded["input_ids"]])
     by_tokens = np.argsort(-lengths, kind="stable")
-    for start in range(0, len(rows), batch_size):
-        picks = by_tokens[start : start + batch_size]
+    if pass_cost is None:
+        cuts = [*range(0, len(rows), batch_size), len(rows)]
+    else:
+        cuts = padding_aware_cuts(lengths[by_tokens], batch_size, pass_cost)
+    for start, end in zip(cuts[:-1], cuts[1:], strict=True):
+        picks = by_tokens[start:end]
         yield rows[picks], _pad(encoded, picks, int(lengths[picks].max()), tokenizer)
 
 

@@ -1,15 +1,22 @@
 """Micro-batching: queries that arrive within a few milliseconds share one forward pass.
 
 Each HTTP request puts its queries on an asyncio queue and awaits their futures. One task
-takes the first waiting query, collects more for up to ``max_wait`` seconds or until
-``max_batch`` are waiting, and hands the batch to a worker thread (``workers`` of them; one
-forward pass each at a time), which embeds all of it in one call and searches the store.
-While the workers are busy, new queries queue up, so under load the batches grow by
-themselves and the forward passes stay few; an idle server answers a lone query after at
-most ``max_wait``. Throughput and latency against a server that encodes
-per request: bench/results/serve.json (``bench/serve.py``). Batched and single-query
-encodings differ at the float level (padding), so near-tied hits may swap places; the
-benchmark counts them.
+waits until one of the ``workers`` worker threads is free, then takes the first waiting
+query, collects more for up to ``max_wait`` seconds or until ``max_batch`` are waiting, and
+hands the batch to that worker, which embeds all of it in one call and searches the store.
+A batch is formed only when a worker can start it at once: while every worker is busy, new
+queries wait in the queue and all of them join the next batch, so under load the batches
+grow by themselves (16 clients with one query each and 2 workers: about 8 per forward
+pass) and the forward passes stay few; an idle server answers a lone query after at most
+``max_wait``. The app announces each search request as it arrives (:meth:`MicroBatcher.
+announce`), before its body is read and validated: when no worker is busy and no announced
+request has yet to queue its queries, nothing is on its way and the batch starts at once, so
+a lone client's query does not wait ``max_wait`` for company that is not coming. Each
+worker thread runs its forward passes with ``threads_per_worker`` torch
+threads, so that the workers together use the CPU cores without competing for them.
+Throughput and latency against a server that encodes per request:
+bench/results/serve.json (``bench/serve.py``). Batched and single-query encodings differ at
+the float level (padding), so near-tied hits may swap places; the benchmark counts them.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ class MicroBatcher:
         max_batch: int = 64,
         max_wait: float = 0.002,
         workers: int = 1,
+        threads_per_worker: int | None = None,
         on_batch: Callable[[int], None] | None = None,
     ):
         if max_batch < 1:
@@ -72,10 +80,20 @@ class MicroBatcher:
         self.max_wait = max_wait
         self.on_batch = on_batch
         self.batches = 0
+        self._arriving = 0  # announced requests whose queries are not queued yet
+        self._announced = False  # True once the app announces requests (else: always wait)
+        self._running = 0  # batches in the workers
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
+        if threads_per_worker is not None and threads_per_worker < 1:
+            raise ValueError(f"threads_per_worker must be at least 1, got {threads_per_worker}")
+        self.threads_per_worker = threads_per_worker
+        # One thread per worker: ``workers`` batches are encoded at the same time.
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="densefit-query"
+            workers,
+            thread_name_prefix="densefit-query",
+            initializer=_set_torch_threads,
+            initargs=(threads_per_worker,),
         )
 
     async def start(self) -> None:
@@ -91,9 +109,40 @@ class MicroBatcher:
         self._queue.put_nowait(query)
         return await query.future
 
-    async def search(self, queries: Sequence[Query]) -> list[object]:
-        """Submit several queries (one request's list) and wait for all of them."""
-        return list(await asyncio.gather(*(self.submit(q) for q in queries)))
+    async def search(
+        self, queries: Sequence[Query], arrived: Callable[[], None] | None = None
+    ) -> list[object]:
+        """Submit several queries (one request's list) and wait for all of them;
+        ``arrived`` (from :meth:`announce`) is called once they are all queued."""
+        if self._task is None or self._task.done():
+            raise RuntimeError("the query batcher is not running")
+        loop = asyncio.get_running_loop()
+        for query in queries:
+            query.future = loop.create_future()
+            self._queue.put_nowait(query)
+        if arrived is not None:
+            arrived()
+        return list(await asyncio.gather(*(q.future for q in queries)))
+
+    def announce(self) -> Callable[[], None]:
+        """Say that a search request has arrived whose queries will follow (unless it is
+        refused); returns the function to call when they are queued or the request ended
+        (calls after the first do nothing). Call on the event loop's thread.
+
+        Once requests are announced, a batch collected while no worker is busy waits (up to
+        ``max_wait``) for more queries only while some announced request has not queued its
+        queries yet; under load (a worker busy) it always waits, as queries keep coming."""
+        self._announced = True
+        self._arriving += 1
+        done = False
+
+        def arrived() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self._arriving -= 1
+
+        return arrived
 
     async def stop(self) -> None:
         """Finish the queries already queued, then stop the task and the worker thread."""
@@ -111,6 +160,8 @@ class MicroBatcher:
             try:
                 item = self._queue.get_nowait()
             except asyncio.QueueEmpty:
+                if self._announced and self._arriving <= 0 and self._running == 0:
+                    break  # an idle server with no request on its way: do not wait
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -124,13 +175,15 @@ class MicroBatcher:
         return batch, False
 
     async def _run(self) -> None:
-        """Collect batches and start them on free workers; with several workers the next
-        batch is collected (and grows) while the previous ones are being encoded."""
+        """Wait for a free worker, then collect a batch and start it there: queries that
+        arrive while every worker is busy all join the next batch (none is formed early and
+        left waiting for a worker while newer queries queue behind it)."""
         loop = asyncio.get_running_loop()
         slots = asyncio.Semaphore(self.workers)
         running: set[asyncio.Future] = set()
         stopping = False
         while not stopping:
+            await slots.acquire()
             first = await self._queue.get()
             if first is None:
                 break
@@ -138,13 +191,17 @@ class MicroBatcher:
             self.batches += 1
             if self.on_batch is not None:
                 self.on_batch(len(batch))
-            await slots.acquire()
             work = loop.run_in_executor(self._executor, self.run_batch, batch)
+            self._running += 1
             running.add(work)
-            work.add_done_callback(lambda done, batch=batch: self._deliver(batch, done, slots))
+            work.add_done_callback(lambda done, batch=batch: self._finished(batch, done, slots))
             work.add_done_callback(running.discard)
         if running:
             await asyncio.wait(running)
+
+    def _finished(self, batch: list[Query], done: asyncio.Future, slots) -> None:
+        self._running -= 1
+        self._deliver(batch, done, slots)
 
     @staticmethod
     def _deliver(batch: list[Query], done: asyncio.Future, slots: asyncio.Semaphore) -> None:
@@ -160,3 +217,13 @@ class MicroBatcher:
                 query.future.set_exception(result)
             else:
                 query.future.set_result(result)
+
+
+def _set_torch_threads(threads: int | None) -> None:
+    """Run in each worker thread as it starts: its forward passes use ``threads`` torch
+    intra-op threads (None: leave torch's setting)."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-__all__ = ["ServeConfig", "is_local_host"]
+__all__ = ["ServeConfig", "is_local_host", "worker_threads"]
 
 
 @dataclass(frozen=True)
@@ -20,10 +20,28 @@ class ServeConfig:
     max_text_chars: int = 100_000  # characters per query or document text
     max_body_bytes: int = 4 * 1024 * 1024  # larger requests get 413
     max_batch: int = 64  # queries per forward pass
-    max_wait_ms: float = 2.0  # how long the first query of a batch waits for others
+    max_wait_ms: float = 2.0  # how long a batch waits for more (idle server: no wait)
     query_workers: int = 2  # batches encoded at the same time (one forward pass each)
+    threads_per_worker: int = 0  # torch threads of each query worker; 0: torch's / workers
     api_key: str | None = None  # required on every request when set
     allow_writes: bool = True  # False: upserts and deletes get 403
+
+
+def worker_threads(config: ServeConfig, available: int) -> int:
+    """The torch threads each query worker runs its forward passes with: the configured
+    number, or (0) the ``available`` threads (torch's setting: the CPU cores, or
+    ``OMP_NUM_THREADS``) divided among the workers, at least one each. Workers that asked
+    for all the cores each would compete for them, and an OpenMP thread that waits for a
+    busy core spins instead of yielding it.
+
+    >>> worker_threads(ServeConfig(query_workers=2), 16), worker_threads(ServeConfig(), 1)
+    (8, 1)
+    >>> worker_threads(ServeConfig(threads_per_worker=3), 16)
+    3
+    """
+    if config.threads_per_worker:
+        return config.threads_per_worker
+    return max(1, available // max(1, config.query_workers))
 
 
 def is_local_host(host: str) -> bool:
