@@ -73,6 +73,7 @@ def command(ws: Path, name: str) -> list[str]:
         "eval": ["eval", "--dataset", str(ws / "beir"), "-m", m, "--no-progress"],
         "run": ["run", "--data", str(ws / "beir"), "-m", m, "-o", str(ws / "run"),
                 "--no-progress"],
+        "serve": ["serve", "--store", str(ws / "no-store")],
     }[name]  # fmt: skip
 
 
@@ -134,6 +135,9 @@ CASES = [
     ("run", ["--set", "warmup"], "KEY=VALUE"),
     ("run", ["-o", "{ws}/a_file"], "not a folder"),
     ("run", ["--data", "{ws}/missing"], "missing"),
+    ("serve", [], "no-store"),
+    ("serve", ["--device", "gpu"], "--device must be one of"),
+    ("serve", ["--create", "--store", "{ws}/new-store"], "--create needs --model"),
 ]
 
 

@@ -17,7 +17,7 @@ from densefit.testing import tiny_model
 
 runner = CliRunner()
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-MODEL_COMMANDS = ("train", "plan", "mine", "index", "search", "eval", "run")
+MODEL_COMMANDS = ("train", "plan", "mine", "index", "search", "eval", "run", "serve")
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,7 @@ def test_device_cuda_without_a_gpu_is_one_line_and_exit_2(ws, name):
         "search": ["search", "cell", "--store", str(ws / "store")],
         "eval": ["eval", "--dataset", str(ws / "beir"), "-m", m, "--no-progress"],
         "run": ["run", "--data", str(ws / "beir"), "-m", m, "-o", str(ws / "run"), "--no-progress"],
+        "serve": ["serve", "--store", str(ws / "store")],
     }[name]  # fmt: skip
     result = runner.invoke(app, [*args, "--device", "cuda"])
     lines = result.stderr.splitlines()

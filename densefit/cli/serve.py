@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from densefit.cli.common import warn
+from densefit.cli.common import device_option, warn
 from densefit.serve.config import ServeConfig, is_local_host
 
 __all__ = ["API_KEY_ENV", "register"]
@@ -28,6 +28,7 @@ def serve(
     model: str | None = typer.Option(
         None, "--model", "-m", help="Model (default: the store's); must be the one that built it."
     ),
+    device: str = device_option(),
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8000, help="TCP port."),
     api_key: str | None = typer.Option(
@@ -64,7 +65,7 @@ def serve(
 
     Example: densefit serve --store stores/scifact --port 8000   (docs at http://127.0.0.1:8000/docs)
     """
-    from densefit.models import load_model
+    from densefit.models import load_model, resolve_device
     from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.documents import DB_NAME
     from densefit.retrieval.index.settings import search_options
@@ -72,6 +73,7 @@ def serve(
     from densefit.serve.app import create_app
     from densefit.serve.server import run_server
 
+    device = resolve_device(device)
     settings = None
     if not create or (store / DB_NAME).is_file():
         with LocalDocumentStore(store) as probe:  # StoreError (one line) when not a store
@@ -81,7 +83,7 @@ def serve(
         raise ValueError("--create needs --model: the model the new store is for")
     else:
         name = model
-    st_model = load_model(name)
+    st_model = load_model(name, device=device)
     # The prompts and vector size the store was indexed with, as `densefit search` does.
     configure_model(st_model, **search_options(settings))
     document_store = open_store(store, st_model, backend=backend, create=create)
