@@ -155,8 +155,10 @@ def main() -> None:
         "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "loadavg_min": min(loads),
         "loadavg_max": max(loads),
-        "note": "shared machine (other jobs running): compare the paired ratios, "
-        "CPU time first, not the absolute times",
+        "note": (
+            "other jobs shared the machine (1-min load above 1.5): " if max(loads) > 1.5 else ""
+        )
+        + "compare the paired ratios, CPU time first, not the absolute times",
     }
     setup = {
         "model": "all-MiniLM-L6-v2",
