@@ -1,4 +1,4 @@
-"""Bigger batch, better model? Batch size x learning-rate rule x epochs on real data (issue 16).
+"""Bigger batch, better model? Batch size x learning-rate rule x epochs on real data.
 
     OMP_NUM_THREADS=1 nohup nice -n 5 python bench/batch_size.py --deadline-min 90 &
     python bench/batch_size.py --report-only     # rebuild table + plot from batch_size.jsonl
@@ -7,10 +7,10 @@ all-MiniLM-L6-v2 fine-tuned with MNRL (in-batch negatives, false negatives maske
 train split, evaluated on the test split over the full corpus (densefit.evaluate.evaluate_beir),
 at batch 32, 128, 512 and 2,048, with three learning-rate rules from a base of 2e-5 at batch 32:
 
-- ``const``: 2e-5 at every batch size (the old default);
+- ``const``: 2e-5 at every batch size (a fixed rate);
 - ``sqrt``: 2e-5 x sqrt(batch / 32);
 - ``linear``: 2e-5 x batch / 32, capped at 2e-4 (so 512 and 2,048 both get 2e-4);
-- ``auto``: whatever :func:`densefit.config.auto_learning_rate` gives (the new default).
+- ``auto``: whatever :func:`densefit.config.auto_learning_rate` gives (the default).
 
 Then more epochs for the big batches, extra seeds at two points (the noise), SciFact /
 NFCorpus small cases and BM25-mined hard negatives at one batch size, in that priority order;
@@ -50,9 +50,9 @@ METRICS = ("ndcg@10", "recall@100")
 BASE_LR, BASE_BATCH, LR_CAP = 2e-5, 32, 2e-4
 RULES = ("const", "sqrt", "linear", "auto")
 LABELS = {
-    "const": "const 2e-5 (the old default)",
+    "const": "const 2e-5",
     "sqrt": "sqrt rule",
-    "linear": "linear rule, cap 2e-4 (= auto, the new default)",
+    "linear": "linear rule, cap 2e-4 (= auto, the default)",
 }
 CORPUS_DOCS = {"manpages": 5239, "scifact": 5183, "nfcorpus": 3633}
 TRAIN_ROWS = {"manpages": 3739, "scifact": 919, "nfcorpus": 1024}
@@ -278,7 +278,7 @@ def noise(rows: list[dict]) -> dict:
 
 def markdown(summary: dict, meta: dict, skipped: list[str]) -> str:
     lines = [
-        "# Bigger batch, better model? (issue 16)",
+        "# Bigger batch, better model?",
         "",
         "all-MiniLM-L6-v2 + MNRL (in-batch negatives, false negatives masked), AdamW, 10% "
         "warm-up then linear decay, evaluated on the test split over the full corpus. "
@@ -328,7 +328,7 @@ def markdown(summary: dict, meta: dict, skipped: list[str]) -> str:
             )
             lines += [
                 "",
-                f"At the new default (auto = linear rule, 1 epoch), nDCG@10 by batch: "
+                f"At the default (auto = linear rule, 1 epoch), nDCG@10 by batch: "
                 f"{path} (base {s['base']['ndcg@10']:.4f}).",
             ]
         if s["noise"]["ndcg@10_seed_range"]:
