@@ -217,6 +217,15 @@ DIM_OPTION: Any = typer.Option(
 )
 
 
+# --backend and --batch-size of the commands that embed or search a store: declared once.
+BACKEND_OPTION: Any = typer.Option(
+    "exact",
+    "--backend",
+    help="Vector search: exact, faiss (HNSW32) or faiss:FACTORY, e.g. faiss:IVF4096,Flat.",
+)
+ENCODE_BATCH_OPTION: Any = typer.Option(64, "--batch-size", min=1, help="Texts per forward pass.")
+
+
 def device_option() -> Any:
     """The ``--device`` option of every command that runs a model (index, search, eval,
     mine), generated from ``TrainConfig.device``'s declaration (its default, ``auto``, and

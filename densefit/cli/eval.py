@@ -16,7 +16,9 @@ import typer
 from rich.console import Console
 
 from densefit.cli.common import (
+    BACKEND_OPTION,
     DOCUMENT_PROMPT_OPTION,
+    ENCODE_BATCH_OPTION,
     QUERY_PROMPT_OPTION,
     OnBadRow,
     device_option,
@@ -24,6 +26,7 @@ from densefit.cli.common import (
     fail,
     warn,
 )
+from densefit.evaluate import DEFAULT_METRICS
 
 __all__ = ["evaluate"]
 
@@ -51,14 +54,12 @@ def evaluate(
     qrels: Path | None = typer.Option(
         None, "--qrels", help="qrels TSV (query-id, corpus-id, score)."
     ),
-    metrics: str = typer.Option(
-        "ndcg@10,mrr@10,recall@10,recall@100,map@100", help="Comma-separated metrics."
-    ),
+    metrics: str = typer.Option(",".join(DEFAULT_METRICS), help="Comma-separated metrics."),
     top_k: int | None = typer.Option(
         None, help="Documents retrieved per query (default: largest cutoff)."
     ),
-    backend: str = typer.Option("exact", help="exact, faiss or faiss:FACTORY."),
-    batch_size: int = typer.Option(64, help="Texts per forward pass."),
+    backend: str = BACKEND_OPTION,
+    batch_size: int = ENCODE_BATCH_OPTION,
     on_bad_row: OnBadRow = typer.Option(OnBadRow.error, help="error: stop; skip: skip and report."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Also write the JSON here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),

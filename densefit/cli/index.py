@@ -16,8 +16,10 @@ import typer
 from rich.console import Console
 
 from densefit.cli.common import (
+    BACKEND_OPTION,
     DIM_OPTION,
     DOCUMENT_PROMPT_OPTION,
+    ENCODE_BATCH_OPTION,
     QUERY_PROMPT_OPTION,
     OnBadRow,
     device_option,
@@ -67,13 +69,11 @@ def index(
     corpus: Path = typer.Argument(..., help="JSONL(.gz), CSV, TSV, Parquet, or a BEIR folder."),
     model: str = typer.Option(..., "--model", "-m", help="Model folder or name."),
     store: Path = typer.Option(..., "--store", "-s", help="Store folder (created if new)."),
-    batch_size: int = typer.Option(64, help="Texts per forward pass."),
+    batch_size: int = ENCODE_BATCH_OPTION,
     commit_every: int = typer.Option(
         1024, help="Documents per transaction: a crash loses at most this many."
     ),
-    backend: str = typer.Option(
-        "exact", help="exact, faiss (HNSW32) or faiss:FACTORY, e.g. faiss:IVF4096,Flat."
-    ),
+    backend: str = BACKEND_OPTION,
     dtype: Dtype = typer.Option(Dtype.float32, help="Vector precision of a new store."),
     max_seq_length: int | None = typer.Option(None, help="Truncate documents to this many tokens."),
     reembed: bool = typer.Option(
@@ -191,7 +191,7 @@ def search(
     model: str | None = typer.Option(
         None, "--model", "-m", help="Query model (default: the store's model)."
     ),
-    backend: str = typer.Option("exact", help="exact, faiss or faiss:FACTORY."),
+    backend: str = BACKEND_OPTION,
     filter_: str | None = typer.Option(
         None,
         "--filter",

@@ -9,6 +9,7 @@ import typer
 
 from densefit.cli.common import (
     DOCUMENT_PROMPT_OPTION,
+    ENCODE_BATCH_OPTION,
     QUERY_PROMPT_OPTION,
     OnBadRow,
     device_option,
@@ -61,7 +62,7 @@ def mine(
     sampling: Sampling = typer.Option(
         Sampling.top, help="top: the hardest in range; random: a seeded sample of them."
     ),
-    batch_size: int = typer.Option(64, help="Encoder batch size (dense, hybrid)."),
+    batch_size: int = ENCODE_BATCH_OPTION,
     query_block: int = typer.Option(
         256, help="Queries searched at once (bounds the score memory)."
     ),

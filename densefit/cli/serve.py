@@ -10,7 +10,11 @@ from pathlib import Path
 
 import typer
 
-from densefit.cli.common import device_option, warn
+from densefit.cli.common import (
+    BACKEND_OPTION,
+    device_option,
+    warn,
+)
 from densefit.serve.config import ServeConfig, is_local_host
 
 __all__ = ["API_KEY_ENV", "register"]
@@ -41,7 +45,7 @@ def serve(
     create: bool = typer.Option(
         False, help="Create an empty store for --model when --store holds none."
     ),
-    backend: str = typer.Option("exact", help="exact, faiss or faiss:FACTORY."),
+    backend: str = BACKEND_OPTION,
     max_k: int = typer.Option(_D.max_k, help="Largest k a search may ask for."),
     max_queries: int = typer.Option(_D.max_queries, help="Queries per request."),
     max_documents: int = typer.Option(_D.max_documents, help="Documents per write."),
