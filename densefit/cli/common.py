@@ -224,6 +224,13 @@ BACKEND_OPTION: Any = typer.Option(
     help="Vector search: exact, faiss (HNSW32) or faiss:FACTORY, e.g. faiss:IVF4096,Flat.",
 )
 ENCODE_BATCH_OPTION: Any = typer.Option(64, "--batch-size", min=1, help="Texts per forward pass.")
+# --on-bad-row and --progress of every command that reads data files: declared once.
+ON_BAD_ROW_OPTION: Any = typer.Option(
+    OnBadRow.error,
+    "--on-bad-row",
+    help="error: stop at the first bad data row (file:line); skip: skip and report each.",
+)
+PROGRESS_OPTION: Any = typer.Option(True, "--progress/--no-progress", help="Show progress bars.")
 
 
 def device_option() -> Any:

@@ -20,6 +20,8 @@ from densefit.cli.common import (
     DIM_OPTION,
     DOCUMENT_PROMPT_OPTION,
     ENCODE_BATCH_OPTION,
+    ON_BAD_ROW_OPTION,
+    PROGRESS_OPTION,
     QUERY_PROMPT_OPTION,
     OnBadRow,
     device_option,
@@ -84,7 +86,7 @@ def index(
     lock_timeout: float = typer.Option(
         3600.0, help="Seconds to wait for another process writing to the same store."
     ),
-    on_bad_row: OnBadRow = typer.Option(OnBadRow.error, help="error: stop; skip: skip and report."),
+    on_bad_row: OnBadRow = ON_BAD_ROW_OPTION,
     prune: bool = typer.Option(False, help="Delete stored documents that are not in CORPUS."),
     index_fields: list[str] = typer.Option(
         [],
@@ -92,7 +94,7 @@ def index(
         help="Add an SQLite index on a metadata field (meta.NAME) that search --filter "
         "compares often; repeatable.",
     ),
-    progress: bool = typer.Option(True, help="Show a progress bar."),
+    progress: bool = PROGRESS_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     query_prompt: str | None = QUERY_PROMPT_OPTION,
     document_prompt: str | None = DOCUMENT_PROMPT_OPTION,

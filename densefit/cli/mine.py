@@ -10,6 +10,8 @@ import typer
 from densefit.cli.common import (
     DOCUMENT_PROMPT_OPTION,
     ENCODE_BATCH_OPTION,
+    ON_BAD_ROW_OPTION,
+    PROGRESS_OPTION,
     QUERY_PROMPT_OPTION,
     OnBadRow,
     device_option,
@@ -72,11 +74,9 @@ def mine(
         "is an error.",
     ),
     split: str = typer.Option("train", help="qrels split of a BEIR folder of pairs."),
-    on_bad_row: OnBadRow = typer.Option(
-        OnBadRow.error, help="error: stop at a bad row; skip: skip and report."
-    ),
+    on_bad_row: OnBadRow = ON_BAD_ROW_OPTION,
     seed: int = typer.Option(42, help="Seed for --sampling random."),
-    progress: bool = typer.Option(True, help="Show progress bars."),
+    progress: bool = PROGRESS_OPTION,
     query_prompt: str | None = QUERY_PROMPT_OPTION,
     document_prompt: str | None = DOCUMENT_PROMPT_OPTION,
     device: str = device_option(),

@@ -16,6 +16,8 @@ from pathlib import Path
 import typer
 
 from densefit.cli.common import (
+    ON_BAD_ROW_OPTION,
+    PROGRESS_OPTION,
     OnBadRow,
     err,
     fail,
@@ -164,15 +166,13 @@ def train(
         "when it is a BEIR folder and --eval-every, --keep-best or --early-stopping-patience "
         "is given.",
     ),
-    on_bad_row: OnBadRow = typer.Option(
-        OnBadRow.error, help="error: stop at a bad row; skip: skip and report."
-    ),
+    on_bad_row: OnBadRow = ON_BAD_ROW_OPTION,
     nproc: int | None = typer.Option(
         None,
         help="Train with N processes on this machine (launches torchrun; one GPU each when "
         "the device is cuda, as auto picks on a GPU machine).",
     ),
-    progress: bool = typer.Option(True, help="Show a progress bar."),
+    progress: bool = PROGRESS_OPTION,
     options: dict | None = None,
 ) -> None:
     """Fine-tune a retriever and save it in sentence-transformers format.
@@ -239,9 +239,7 @@ def plan(
     data: Path = typer.Argument(..., help="Training data (the planner reads its real lengths)."),
     model: str = typer.Option("all-MiniLM-L6-v2", "--model", "-m", help="Model folder or name."),
     split: str = typer.Option("train", help="qrels split to read from a BEIR folder."),
-    on_bad_row: OnBadRow = typer.Option(
-        OnBadRow.error, help="error: stop at a bad row; skip: skip and report."
-    ),
+    on_bad_row: OnBadRow = ON_BAD_ROW_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     options: dict | None = None,
 ) -> None:
