@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The memory/speed comparison on one CUDA GPU, in under 11 minutes on a current GPU; with
+# The memory/speed comparison on one CUDA GPU, in under 8 minutes on a current GPU; with
 # two or more GPUs also 1 vs all GPUs on one global batch (bench/results/distributed_gpu.*).
 # Run from the repository root on a machine with a GPU and ../shared/datasets (or set
 # DENSEFIT_DATASETS). Results: bench/results/memory_speed_gpu.{jsonl,csv,md,json,png}, and
@@ -14,16 +14,16 @@ fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
 cd bench
-timeout 280 ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu --fresh \
+timeout 200 ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu --fresh \
   --section speed --batches 64 256
 GPUS=$(../.venv/bin/python -c "import torch; print(torch.cuda.device_count())")
 # Several GPUs: 1 vs all of them on the same global batch (bench/distributed.py, nccl);
-# the scaling section then gets less time so the whole script stays under 11 minutes.
-SCALING_S=$([ "$GPUS" -ge 2 ] && echo 90 || echo 180)
+# the scaling section then gets less time so the whole script stays under 8 minutes.
+SCALING_S=$([ "$GPUS" -ge 2 ] && echo 60 || echo 120)
 timeout "$SCALING_S" ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu \
   --section scaling --batches 1024 8192 65536 || true
 if [ "$GPUS" -ge 2 ]; then
-  timeout 90 ../.venv/bin/python distributed.py --device cuda --nproc 1 "$GPUS" \
+  timeout 60 ../.venv/bin/python distributed.py --device cuda --nproc 1 "$GPUS" \
     --batch-size 1024 --chunk-size 64 --steps 2 --timeout 40 --name distributed_gpu || true
 fi
 # The device by default (no --device: auto picks the GPU, the summary says "on cuda"), then
@@ -33,7 +33,7 @@ LOG=results/gpu_options.log
 : > "$LOG"
 for LORA in "" "--lora-r 16"; do
   # shellcheck disable=SC2086  # $LORA is two words or none
-  timeout 90 ../.venv/bin/python -m densefit train "$DATA/scifact" --output /tmp/densefit-gpu-options \
+  timeout 45 ../.venv/bin/python -m densefit train "$DATA/scifact" --output /tmp/densefit-gpu-options \
     --overwrite --max-steps 20 --batch-size 256 --max-seq-length 128 --memory auto \
     --keep-checkpoints 0 --no-progress $LORA 2>&1 | tee -a "$LOG" || true
 done
