@@ -9,9 +9,10 @@ Every collective is counted by wrapping ``torch.distributed.all_reduce`` / ``all
   loop's own code, after :func:`densefit.training.setup.setup_run`, with no clipping so the
   gradients are left as summed) on ``rows`` with the ``config`` of the case; rank 0 writes
   ``OUT/case-i.pt`` with the loss, every parameter gradient and the collectives of the step;
-- ``train``: a whole :func:`densefit.train` run; every rank writes ``OUT/train-RANK.json``
-  with the losses, the collectives, the run's memory plan and what each cached
-  forward-backward really ran with (kept graphs, token budget, chunk).
+- ``train``: a whole :func:`densefit.train` run (evaluating during training on the BEIR
+  folder ``eval_data`` when given); every rank writes ``OUT/train-RANK.json`` with the
+  losses, the collectives, the run's memory plan, what each cached forward-backward really
+  ran with (kept graphs, token budget, chunk) and the result's evaluation summary.
 """
 
 from __future__ import annotations
@@ -122,7 +123,11 @@ def main(spec_path: str) -> None:
         CALLS.clear()
         USED.clear()
         result = train(
-            model, rows_of(job["rows"]), TrainConfig(**job["config"]), output_dir=job["output"]
+            model,
+            rows_of(job["rows"]),
+            TrainConfig(**job["config"]),
+            output_dir=job["output"],
+            eval_data=job.get("eval_data"),
         )
         rank = dist.get_rank()
         (out / f"train-{rank}.json").write_text(
@@ -133,6 +138,7 @@ def main(spec_path: str) -> None:
                     "calls": CALLS,
                     "plan": result.memory_plan.to_dict(),
                     "used": USED,
+                    "evaluation": result.evaluation,
                 }
             )
         )

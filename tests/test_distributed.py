@@ -428,3 +428,40 @@ def test_resume_is_refused_under_several_processes_with_a_clear_message(monkeypa
             output_dir=tmp_path,
             resume=True,
         )
+
+
+def test_evaluation_during_training_with_early_stopping_and_keep_best(bases, tmp_path):
+    """Rank 0 evaluates after every step; a learning rate too high for the tiny model makes
+    step 2 worse than step 1, so patience 1 stops the run there: both ranks stop after the
+    same step (no hang), rank 0 logs the evaluations and saves the best step's model."""
+    from test_eval_during_training import make_beir
+
+    from densefit.data.readers import read_training_data
+    from densefit.evaluate import evaluate_beir
+
+    beir = make_beir(tmp_path / "beir")
+    rows, _ = read_training_data(beir, split="train")  # 16 rows: 4 steps an epoch
+    config = {"batch_size": 4, "epochs": 2, "learning_rate": 2e-2, "memory": "plain",
+              "show_progress": False, "keep_checkpoints": 0, "seed": 3, "eval_every": 1,
+              "keep_best": True, "early_stopping_patience": 1}  # fmt: skip
+    out = tmp_path / "run"
+    job = {
+        "rows": [{"query": r.query, "positive": r.positive} for r in rows],
+        "output": str(out),
+        "config": config,
+        "eval_data": str(beir),
+    }
+    launch({"base": bases["still"], "out": str(tmp_path), "train": job}, tmp_path)
+    ranks = [json.loads((tmp_path / f"train-{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["steps"] == ranks[1]["steps"] < 8  # stopped early, together
+    ev = ranks[0]["evaluation"]
+    assert ranks[1]["evaluation"] is None  # rank 0 evaluates
+    history = [h["step"] for h in ev["history"]]
+    assert ev["stopped_early"] and history == list(range(ranks[0]["steps"] + 1))
+    assert ev["final_step"] == ev["best_step"] + 1 and ev["best_step"] > 0
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "eval" in r] == history
+    saved = SentenceTransformer(str(out), device="cpu")
+    again = evaluate_beir(saved, beir, "dev", metrics=["ndcg@10"]).metrics["ndcg@10"]
+    assert round(again, 6) == ev["best"] != ev["history"][-1]["eval"]["ndcg@10"]
+    assert not (out / "best").exists()

@@ -18,6 +18,13 @@ like the training examples, not stored in :class:`~densefit.config.TrainConfig`;
 that decide *how* to evaluate (split, metric, how often, keep-best, patience) are TrainConfig
 fields. :func:`eval_data_for` is the one place that decides whether a run evaluates and on
 which folder (the CLI and ``densefit run`` both call it).
+
+In a multi-process run (torchrun) rank 0 alone holds the :class:`Evaluator` and evaluates
+(the weights are the same on every rank); :func:`evaluation_due`, a function of the options
+and the step only, tells every rank when an evaluation happens, so the others wait for it
+and receive its early-stopping decision (see :func:`densefit.training.loop.train`). They
+wait within the process group's timeout (``init_distributed(timeout_s=)``, 30 minutes by
+default): keep one evaluation shorter, with ``eval_max_docs`` if need be.
 """
 
 from __future__ import annotations
@@ -37,7 +44,14 @@ from densefit.config import TrainConfig
 from densefit.data.corpus import BeirDataset
 from densefit.evaluate import DEFAULT_METRICS, evaluate_beir, subsample_corpus
 
-__all__ = ["BEST", "Evaluator", "eval_data_for", "evaluation_asked", "make_evaluator"]
+__all__ = [
+    "BEST",
+    "Evaluator",
+    "eval_data_for",
+    "evaluation_asked",
+    "evaluation_due",
+    "make_evaluator",
+]
 
 BEST = "best"  # OUTPUT/best/: the best model so far, with keep_best
 _BEST_INFO = "densefit_best.json"  # inside OUTPUT/best/: the step and value it holds
@@ -46,6 +60,18 @@ _BEST_INFO = "densefit_best.json"  # inside OUTPUT/best/: the step and value it 
 def evaluation_asked(config: TrainConfig) -> bool:
     """Whether ``config`` needs evaluation during training (eval_every, keep_best, patience)."""
     return bool(config.eval_every or config.keep_best or config.early_stopping_patience)
+
+
+def evaluation_due(config: TrainConfig, step: int, *, epoch_end: bool, last: bool) -> bool:
+    """The schedule: at step 0, every ``eval_every`` steps, at each epoch end and after the
+    last step. The same on every rank of a multi-process run (options and step only).
+
+    >>> [s for s in range(7) if evaluation_due(TrainConfig(eval_every=3), s, epoch_end=False,
+    ...                                        last=s == 6)]
+    [0, 3, 6]
+    """
+    every = config.eval_every
+    return step == 0 or epoch_end or last or bool(every and step % every == 0)
 
 
 def eval_data_for(
@@ -81,16 +107,21 @@ def make_evaluator(
     eval_data: str | os.PathLike | BeirDataset | None = None,
     *,
     output_dir: str | os.PathLike | None = None,
+    main: bool = True,
 ) -> Evaluator | None:
     """The run's :class:`Evaluator`, or None when it does not evaluate (see
-    :func:`eval_data_for`); ``eval_data`` is a BEIR folder or a loaded ``BeirDataset``."""
+    :func:`eval_data_for`); ``eval_data`` is a BEIR folder or a loaded ``BeirDataset``.
+
+    ``main=False`` (a rank other than 0 of a multi-process run): the same checks, so every
+    rank refuses the same options, but None: rank 0 evaluates, the data is not loaded here.
+    """
     if eval_data is None:
         if evaluation_asked(config):
             eval_data_for(config)  # raises: asked for, but no data
         return None
     if config.keep_best and output_dir is None:
         raise ValueError("keep_best needs output_dir (the best model goes to OUTPUT/best/)")
-    return Evaluator(eval_data, config, output_dir=output_dir)
+    return Evaluator(eval_data, config, output_dir=output_dir) if main else None
 
 
 class Evaluator:
@@ -138,12 +169,11 @@ class Evaluator:
     # -- when
 
     def due(self, step: int, *, epoch_end: bool, last: bool) -> bool:
-        """At step 0, every ``eval_every`` steps, at each epoch end and after the last step
-        (once per step)."""
+        """When :func:`evaluation_due` says so, once per step (a resumed run has already
+        evaluated its checkpoint's step)."""
         if self.history and self.history[-1]["step"] == step:
             return False
-        every = self.config.eval_every
-        return step == 0 or epoch_end or last or bool(every and step % every == 0)
+        return evaluation_due(self.config, step, epoch_end=epoch_end, last=last)
 
     # -- what
 

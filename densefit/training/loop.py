@@ -27,6 +27,8 @@ from densefit.data.types import ReadReport, TrainingExample
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.process import peak_rss_bytes
 from densefit.models import has_lora, merged_copy, model_name_of, save_lora_adapter
+from densefit.training.distributed import broadcast_object
+from densefit.training.evaluation import evaluation_due
 from densefit.training.model_card import write_model_card
 from densefit.training.setup import TrainRun, setup_run
 from densefit.training.step import train_step
@@ -50,7 +52,9 @@ class TrainResult:
     memory_plan: MemoryPlan | None = None  # the plan the last step ran with
     base_model: str | None = None  # the name of the model the run started from
     data: dict = field(default_factory=dict)  # files and rows trained on (model card)
-    evaluation: dict | None = None  # evaluation during training: Evaluator.summary()
+    # evaluation during training: Evaluator.summary(); None when off, and on the ranks other
+    # than 0 of a multi-process run (rank 0 evaluates)
+    evaluation: dict | None = None
 
 
 def train(
@@ -81,8 +85,11 @@ def train(
     only rank 0 logs, checkpoints and saves (see :mod:`densefit.training.distributed`).
     ``eval_data`` (a BEIR folder or dataset) evaluates the model during training, as the
     ``eval_*`` options, ``keep_best`` and ``early_stopping_patience`` say (see
-    :mod:`densefit.training.evaluation`). ``data_report`` (what the reader skipped) goes
-    into the model card.
+    :mod:`densefit.training.evaluation`). With several processes rank 0 evaluates and
+    every rank stops after the step its early stopping decides; with ``keep_best`` only rank
+    0's model is turned into the best step's (the one it saves; the other ranks return
+    theirs as trained), and only rank 0's result has the ``evaluation`` summary (None on
+    the others). ``data_report`` (what the reader skipped) goes into the model card.
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data import TrainingExample
@@ -162,15 +169,26 @@ def train(
 
 
 def _evaluate(run: TrainRun, log: StepLog, *, epoch_end: bool, last: bool) -> None:
-    """Evaluate when due (step 0, every ``eval_every`` steps, epoch ends, the last step)."""
-    evaluator = run.evaluator
+    """Evaluate when due (step 0, every ``eval_every`` steps, epoch ends, the last step).
+
+    In a multi-process run rank 0 evaluates while the other ranks wait for its early-stopping
+    decision: the schedule (:func:`evaluation_due`) is the same on every rank, so every rank
+    joins that broadcast and all of them stop after the same step.
+    """
+    if not run.evaluates or not evaluation_due(
+        run.config, run.step, epoch_end=epoch_end, last=last
+    ):
+        return
+    evaluator = run.evaluator  # None on the ranks other than 0
     if evaluator is not None and evaluator.due(run.step, epoch_end=epoch_end, last=last):
         log.event(evaluator.run(run.model, run.step), evaluator.postfix())
+    stopped = evaluator is not None and evaluator.stopped
+    run.stopped = broadcast_object(stopped) if run.dist is not None else stopped
 
 
 def _stopped(run: TrainRun) -> bool:
-    """Early stopping decided to end the run."""
-    return run.evaluator is not None and run.evaluator.stopped
+    """Early stopping decided to end the run (on every rank alike)."""
+    return run.stopped
 
 
 def _checkpoint(run: TrainRun, *, epoch_end: bool, last: bool) -> None:

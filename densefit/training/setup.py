@@ -41,7 +41,11 @@ from densefit.training.checkpoint import (
     resume_checkpoint,
     truncate_log,
 )
-from densefit.training.distributed import DistributedRun, broadcast_parameters
+from densefit.training.distributed import (
+    DistributedRun,
+    broadcast_parameters,
+    is_main_process,
+)
 from densefit.training.evaluation import BEST, Evaluator, make_evaluator
 from densefit.training.guards import NonFiniteGuard
 from densefit.training.telemetry import rotate_log
@@ -83,7 +87,9 @@ class TrainRun:
     log_path: Path | None = None
     checkpoints: Checkpointer | None = None
     resumed: Checkpoint | None = None
-    evaluator: Evaluator | None = None  # evaluation during training; None: off
+    evaluator: Evaluator | None = None  # evaluation during training; None: off, or not rank 0
+    evaluates: bool = False  # evaluation during training is on (on every rank; rank 0 runs it)
+    stopped: bool = False  # early stopping ended the run (rank 0's decision, on every rank)
     step: int = 0  # optimizer steps done
     seen: int = 0  # rows trained on
     epoch: int = 0  # the data position of the next step: epoch and micro-batch
@@ -322,7 +328,9 @@ def setup_run(
     ``batches`` (row indices of every forward-backward) are what ``memory="auto"`` plans
     for; by default the run's own. Inside a process group of several ranks the plan is
     rank 0's and the starting weights are broadcast. ``eval_data`` (a BEIR folder or
-    dataset) turns on evaluation during training (:mod:`densefit.training.evaluation`).
+    dataset) turns on evaluation during training (:mod:`densefit.training.evaluation`); in
+    a multi-process run only rank 0 holds the evaluator (``run.evaluator``), every rank
+    knows that the run evaluates (``run.evaluates``).
     See :func:`densefit.training.train`.
 
     >>> from densefit.testing import tiny_model
@@ -338,14 +346,10 @@ def setup_run(
     check_output_dir(output_dir, config, resume=bool(resume), overwrite=overwrite)
     if config.checkpoint_every and output_dir is None:
         raise ValueError("checkpoint_every needs output_dir (checkpoints go to OUTPUT/checkpoints)")
-    evaluator = make_evaluator(config, eval_data, output_dir=output_dir)
+    # Rank 0 evaluates; every rank checks the options, so all refuse the same ones.
+    evaluator = make_evaluator(config, eval_data, output_dir=output_dir, main=is_main_process())
     device = _prepare_model(model, config)
     dist = DistributedRun.detect(model, config)
-    if dist is not None and evaluator is not None:
-        raise ValueError(
-            "evaluation during training is not supported in a multi-process run yet: train "
-            "in one process, or evaluate the saved model with densefit eval"
-        )
     if dist is not None and resume:
         raise ValueError(
             "resuming a multi-process run is not supported yet (each rank's RNG state is not "
@@ -379,6 +383,7 @@ def setup_run(
         total_steps=total,
         resumed=resumed,
         evaluator=evaluator,
+        evaluates=eval_data is not None,
         learning_rate_auto=auto_lr,
     )
     run.strategy.prepare(model)
@@ -387,6 +392,7 @@ def setup_run(
         state = resumed.state
         run.step, run.seen, run.losses = resumed.step, state["seen"], state["losses"]
         run.epoch, run.batch = state["epoch"], state["batch"]
+        run.stopped = evaluator is not None and evaluator.stopped
     _prepare_output(run, output_dir, log_path, resume=bool(resume))
     return run
 
