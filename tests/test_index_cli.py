@@ -252,6 +252,14 @@ def test_search_uses_the_recorded_model_or_explains(app, tmp_path, data):
     open_store(tmp_path / "s", tiny_model(tmp_path / "m")).close()  # name "tiny-bert-32x2"
     result = invoke(app, ["search", "--store", tmp_path / "s", "cells"])
     assert result.exit_code == 2 and "pass --model" in result.stderr
+    # eval --store takes the store's model the same way (model_for_store)
+    qrels = data / "qrels" / "test.tsv"
+    result = invoke(
+        app,
+        ["eval", "--store", tmp_path / "s", "--queries", data / "queries.jsonl", "--qrels", qrels],
+    )
+    assert result.exit_code == 2 and "pass --model" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
 
 
 def test_interrupted_index_says_how_to_resume(app, model_dir, data, tmp_path, monkeypatch):

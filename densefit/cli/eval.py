@@ -218,9 +218,7 @@ def _evaluate_store(
     """Score an existing store with the queries and qrels files (at each size of ``dims``)."""
     from densefit.data.types import ReadReport
     from densefit.evaluate import evaluate_store, evaluate_store_at, load_queries_and_qrels
-    from densefit.models import load_model
-    from densefit.retrieval.encode import configure_model
-    from densefit.retrieval.index.settings import search_options
+    from densefit.retrieval.index.searching import model_for_store
     from densefit.retrieval.index.store import LocalDocumentStore
 
     report = ReadReport(f"{queries}, {qrels}")
@@ -230,9 +228,7 @@ def _evaluate_store(
     _warn_skipped(report)
     with LocalDocumentStore(store, backend=backend) as document_store:
         name = model or document_store.model_name
-        st_model = configure_model(
-            load_model(name, device=device), **search_options(document_store.settings, **prompts)
-        )
+        st_model = model_for_store(document_store, model, device=device, **prompts)
         options = dict(
             metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=progress, name=name
         )

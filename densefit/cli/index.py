@@ -26,7 +26,6 @@ from densefit.cli.common import (
     OnBadRow,
     device_option,
     err,
-    fail,
     warn,
 )
 
@@ -38,12 +37,6 @@ out = Console(highlight=False)
 class Dtype(str, Enum):
     float32 = "float32"
     float16 = "float16"
-
-
-def _load_model(name: str, max_seq_length: int | None = None, device: str = "auto"):
-    from densefit.models import load_model
-
-    return load_model(name, max_seq_length=max_seq_length, device=device)
 
 
 def _count_rows(path: Path) -> int | None:
@@ -107,7 +100,7 @@ def index(
     """
     from densefit.data.corpus import iter_corpus
     from densefit.data.types import ReadReport
-    from densefit.models import resolve_device
+    from densefit.models import load_model, resolve_device
     from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.filters import meta_index_sql
     from densefit.retrieval.index.store import open_store
@@ -117,7 +110,7 @@ def index(
         raise FileNotFoundError(f"{corpus}: no such file or folder")
     for field in index_fields:
         meta_index_sql(field)  # a bad field name fails before any work
-    st_model = _load_model(model, max_seq_length, device)
+    st_model = load_model(model, max_seq_length=max_seq_length, device=device)
     configure_model(st_model, query_prompt=query_prompt, document_prompt=document_prompt, dim=dim)
     document_store = open_store(
         store, st_model, backend=backend, dtype=dtype.value, lock_timeout=lock_timeout
@@ -215,27 +208,20 @@ def search(
     Example: densefit search --store stores/scifact "vitamin D and bone density" -k 5
     """
     from densefit.models import resolve_device
-    from densefit.retrieval.encode import configure_model
-    from densefit.retrieval.index.searching import search_batch
-    from densefit.retrieval.index.settings import search_options
+    from densefit.retrieval.index.searching import model_for_store, search_batch
     from densefit.retrieval.index.store import LocalDocumentStore
 
     filters = parse_filter_option(filter_)
     device = resolve_device(device)
-    document_store = LocalDocumentStore(store, backend=backend)
-    with document_store:
-        name = model or document_store.model_name
-        try:
-            st_model = _load_model(name, device=device)
-        except Exception as exc:  # noqa: BLE001 - explain which model and how to fix
-            if model:
-                raise
-            fail(
-                f"{store} was indexed with {name!r}, which cannot be loaded here "
-                f"({exc.__class__.__name__}: {str(exc)[:200]}): pass --model PATH_TO_THAT_MODEL"
-            )
-        recorded = document_store.settings
-        configure_model(st_model, **search_options(recorded, query_prompt, document_prompt, dim))
+    with LocalDocumentStore(store, backend=backend) as document_store:
+        st_model = model_for_store(
+            document_store,
+            model,
+            device=device,
+            query_prompt=query_prompt,
+            document_prompt=document_prompt,
+            dim=dim,
+        )
         results = search_batch(
             document_store, st_model, queries, top_k=top_k, filters=filters, scale_score=scale_score
         )

@@ -70,26 +70,21 @@ def serve(
     Example: densefit serve --store stores/scifact --port 8000   (docs at http://127.0.0.1:8000/docs)
     """
     from densefit.models import load_model, resolve_device
-    from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.documents import DB_NAME
-    from densefit.retrieval.index.settings import search_options
+    from densefit.retrieval.index.searching import model_for_store
     from densefit.retrieval.index.store import LocalDocumentStore, open_store
     from densefit.serve.app import create_app
     from densefit.serve.server import run_server
 
     device = resolve_device(device)
-    settings = None
     if not create or (store / DB_NAME).is_file():
+        # the store's model (or --model), embedding as the store was indexed, as search does
         with LocalDocumentStore(store) as probe:  # StoreError (one line) when not a store
-            name = model or probe.model_name
-            settings = probe.settings
+            st_model = model_for_store(probe, model, device=device)
     elif model is None:
         raise ValueError("--create needs --model: the model the new store is for")
     else:
-        name = model
-    st_model = load_model(name, device=device)
-    # The prompts and vector size the store was indexed with, as `densefit search` does.
-    configure_model(st_model, **search_options(settings))
+        st_model = load_model(model, device=device)
     document_store = open_store(store, st_model, backend=backend, create=create)
     local = is_local_host(host)
     if not local and not api_key:

@@ -6,11 +6,46 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from densefit.retrieval.index.base import DocumentStore, SearchHit
+from densefit.retrieval.index.base import DocumentStore, SearchHit, StoreError
 from densefit.retrieval.index.filters import validate_filters
-from densefit.retrieval.index.settings import check_search_settings
+from densefit.retrieval.index.settings import check_search_settings, search_options
 
-__all__ = ["scaled_scores", "search", "search_batch"]
+__all__ = ["model_for_store", "scaled_scores", "search", "search_batch"]
+
+
+def model_for_store(
+    store,
+    model: str | None = None,
+    *,
+    device: str = "auto",
+    query_prompt: str | None = None,
+    document_prompt: str | None = None,
+    dim: int | None = None,
+):
+    """The model that searches ``store``: ``model`` (a name or folder), else the one the
+    store was indexed with, loaded on ``device`` and embedding as the store recorded (its
+    prompts and vector size, unless given: :func:`~densefit.retrieval.index.settings.search_options`).
+
+    The one way ``densefit search``, ``eval --store`` and ``serve`` pick it. A recorded model
+    that cannot be loaded here is a :class:`~densefit.retrieval.index.base.StoreError`
+    saying to pass one.
+    """
+    from densefit.models import load_model
+    from densefit.retrieval.encode import configure_model
+
+    name = model or store.model_name
+    try:
+        loaded = load_model(name, device=device)
+    except Exception as exc:  # noqa: BLE001 - say which model and how to fix
+        if model:
+            raise
+        raise StoreError(
+            f"{getattr(store, 'path', 'the store')} was indexed with {name!r}, which cannot be "
+            f"loaded here ({exc.__class__.__name__}: {str(exc)[:200]}): "
+            "pass --model PATH_TO_THAT_MODEL (model= in Python)"
+        ) from None
+    settings = getattr(store, "settings", None)
+    return configure_model(loaded, **search_options(settings, query_prompt, document_prompt, dim))
 
 
 def scaled_scores(scores: np.ndarray, similarity: str) -> np.ndarray:
