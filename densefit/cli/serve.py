@@ -16,6 +16,7 @@ from densefit.cli.common import (
     warn,
 )
 from densefit.serve.config import ServeConfig, is_local_host
+from densefit.serve.server import DEFAULT_HOST, DEFAULT_PORT
 
 __all__ = ["API_KEY_ENV", "register"]
 
@@ -33,8 +34,8 @@ def serve(
         None, "--model", "-m", help="Model (default: the store's); must be the one that built it."
     ),
     device: str = device_option(),
-    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
-    port: int = typer.Option(8000, help="TCP port."),
+    host: str = typer.Option(DEFAULT_HOST, help="Address to bind (loopback by default)."),
+    port: int = typer.Option(DEFAULT_PORT, help="TCP port."),
     api_key: str | None = typer.Option(
         None,
         "--api-key",

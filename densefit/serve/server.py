@@ -10,14 +10,17 @@ from __future__ import annotations
 import signal
 import sys
 
-__all__ = ["run_server"]
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "run_server"]
+
+DEFAULT_HOST = "127.0.0.1"  # loopback: nothing outside this machine reaches the server
+DEFAULT_PORT = 8000
 
 
 def run_server(
     app,
     *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
     graceful_seconds: float = 30.0,
     log_level: str = "warning",
 ) -> None:
