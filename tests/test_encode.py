@@ -75,15 +75,21 @@ def test_empty_input_and_errors(tiny):
         encode_texts(tiny, ["ok"], batch_size=0)
 
 
-def test_batches_are_length_sorted(tiny, monkeypatch):
+def record_widths(model, monkeypatch) -> list[tuple]:
+    """Every forward pass's real lengths (tokens per row), in the order the passes ran."""
     widths = []
-    original = tiny.forward
+    original = model.forward
 
     def spy(features, **kwargs):
         widths.append(tuple(features["attention_mask"].sum(dim=1).tolist()))
         return original(features, **kwargs)
 
-    monkeypatch.setattr(tiny, "forward", spy)
+    monkeypatch.setattr(model, "forward", spy)
+    return widths
+
+
+def test_batches_are_length_sorted(tiny, monkeypatch):
+    widths = record_widths(tiny, monkeypatch)
     texts = [("cells " * n).strip() for n in (1, 30, 2, 29, 3, 28, 4, 27)]
     encode_texts(tiny, texts, batch_size=2)
     # Longest first, and each batch pairs texts of neighbouring lengths.
@@ -92,14 +98,7 @@ def test_batches_are_length_sorted(tiny, monkeypatch):
 
 
 def test_padding_aware_batches_split_off_long_texts(tiny, monkeypatch):
-    widths = []
-    original = tiny.forward
-
-    def spy(features, **kwargs):
-        widths.append(tuple(features["attention_mask"].sum(dim=1).tolist()))
-        return original(features, **kwargs)
-
-    monkeypatch.setattr(tiny, "forward", spy)
+    widths = record_widths(tiny, monkeypatch)
     texts = [("cells " * n + f"gene{i}").strip() for i, n in enumerate((40, 2, 3, 2, 3, 2, 3, 2))]
     got = encode_texts(tiny, texts, batch_size=len(texts), pass_cost_tokens=8)
     # The long text goes alone: padding seven short ones to its width costs more than a pass.

@@ -477,41 +477,14 @@ def test_cli_search_filter(model_dir, tmp_path):
     bad_field = runner.invoke(app, [*command, "--index-field", "year"])
     assert bad_field.exit_code == 2 and "unknown filter field 'year'" in bad_field.output
     filters = '{"field": "meta.year", "operator": ">=", "value": 2008}'
-    result = runner.invoke(
-        app,
-        [
-            "search",
-            "--store",
-            str(store),
-            "cells",
-            "-k",
-            "3",
-            "--filter",
-            filters,
-            "--json",
-            "--scale-score",
-        ],
-    )
+    search = ["search", "--store", str(store), "cells", "-k", "3", "--json", "--scale-score"]
+    result = runner.invoke(app, [*search, "--filter", filters])
     assert result.exit_code == 0, result.output
     hits = json.loads(result.stdout)[0]["hits"]
     assert len(hits) == 3 and all(h["meta"]["year"] >= 2008 and 0 <= h["score"] <= 1 for h in hits)
     filter_file = tmp_path / "filter.json"
     filter_file.write_text(filters)
-    from_file = runner.invoke(
-        app,
-        [
-            "search",
-            "--store",
-            str(store),
-            "cells",
-            "-k",
-            "3",
-            "--filter",
-            f"@{filter_file}",
-            "--json",
-            "--scale-score",
-        ],
-    )
+    from_file = runner.invoke(app, [*search, "--filter", f"@{filter_file}"])
     assert json.loads(from_file.stdout)[0]["hits"] == hits
     for bad, message in [
         ("{not json", "not valid JSON"),

@@ -20,16 +20,6 @@ def app():
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from densefit.testing import tiny_model
-
-    folder = tmp_path_factory.mktemp("models")
-    tiny_model(folder / "build").save(str(folder / "tiny"))
-    tiny_model(folder / "build2", seed=7).save(str(folder / "tiny-other"))
-    return folder
-
-
-@pytest.fixture(scope="module")
 def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("data")
     docs = make_corpus(30)
@@ -56,9 +46,9 @@ def invoke(app, args):
     return result
 
 
-def test_round_trip_index_search_eval(app, model_dir, data, tmp_path):
+def test_round_trip_index_search_eval(app, tiny_models, data, tmp_path):
     store = tmp_path / "store"
-    model = model_dir / "tiny"
+    model = tiny_models / "tiny"
     result = invoke(
         app,
         [
@@ -117,7 +107,7 @@ def test_round_trip_index_search_eval(app, model_dir, data, tmp_path):
     assert json.loads((tmp_path / "eval.json").read_text()) == payload
 
 
-def test_eval_dataset_compare(app, model_dir, data):
+def test_eval_dataset_compare(app, tiny_models, data):
     result = invoke(
         app,
         [
@@ -125,9 +115,9 @@ def test_eval_dataset_compare(app, model_dir, data):
             "--dataset",
             data,
             "--model",
-            model_dir / "tiny",
+            tiny_models / "tiny",
             "--compare",
-            model_dir / "tiny-other",
+            tiny_models / "tiny-other",
             "--metrics",
             "ndcg@10,mrr@10",
             "--no-progress",
@@ -142,9 +132,9 @@ def test_eval_dataset_compare(app, model_dir, data):
             "--dataset",
             data,
             "--model",
-            model_dir / "tiny",
+            tiny_models / "tiny",
             "--compare",
-            model_dir / "tiny-other",
+            tiny_models / "tiny-other",
             "--json",
             "--no-progress",
         ],
@@ -153,7 +143,7 @@ def test_eval_dataset_compare(app, model_dir, data):
     assert len(payload["results"]) == 2 and "ndcg@10" in payload["comparison"]
 
 
-def test_other_formats_prune_and_bad_rows(app, model_dir, tmp_path):
+def test_other_formats_prune_and_bad_rows(app, tiny_models, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -163,7 +153,7 @@ def test_other_formats_prune_and_bad_rows(app, model_dir, tmp_path):
         tmp_path / "c.parquet",
     )
     store = tmp_path / "store"
-    model = model_dir / "tiny"
+    model = tiny_models / "tiny"
     assert (
         invoke(app, ["index", tmp_path / "c.parquet", "--model", model, "--store", store]).exit_code
         == 0
@@ -197,17 +187,17 @@ def test_other_formats_prune_and_bad_rows(app, model_dir, tmp_path):
     assert len(out["read"]["skipped"]) == 1
 
 
-def test_errors_are_one_clear_line(app, model_dir, data, tmp_path):
+def test_errors_are_one_clear_line(app, tiny_models, data, tmp_path):
     missing = invoke(app, ["search", "--store", tmp_path / "nope", "cells"])
     assert missing.exit_code == 2 and "densefit index CORPUS" in missing.stderr
 
     store = tmp_path / "store"
-    invoke(app, ["index", data, "--model", model_dir / "tiny", "--store", store, "--no-progress"])
+    invoke(app, ["index", data, "--model", tiny_models / "tiny", "--store", store, "--no-progress"])
     mismatch = invoke(
-        app, ["search", "--store", store, "cells", "--model", model_dir / "tiny-other"]
+        app, ["search", "--store", store, "cells", "--model", tiny_models / "tiny-other"]
     )
     assert mismatch.exit_code == 2 and "does not reproduce" in mismatch.stderr
-    reindex = invoke(app, ["index", data, "--model", model_dir / "tiny-other", "--store", store])
+    reindex = invoke(app, ["index", data, "--model", tiny_models / "tiny-other", "--store", store])
     assert reindex.exit_code == 2 and "NEW_DIR" in reindex.stderr
 
     usage = invoke(app, ["eval", "--store", store])
@@ -228,7 +218,7 @@ def test_errors_are_one_clear_line(app, model_dir, data, tmp_path):
     )
     assert compare.exit_code == 2 and "--compare needs --dataset" in compare.stderr
     bad_metric = invoke(
-        app, ["eval", "--dataset", data, "--model", model_dir / "tiny", "--metrics", "f1"]
+        app, ["eval", "--dataset", data, "--model", tiny_models / "tiny", "--metrics", "f1"]
     )
     assert bad_metric.exit_code == 2 and "ndcg@K" in bad_metric.stderr
     no_corpus = invoke(
@@ -237,7 +227,7 @@ def test_errors_are_one_clear_line(app, model_dir, data, tmp_path):
             "index",
             tmp_path / "none.jsonl",
             "--model",
-            model_dir / "tiny",
+            tiny_models / "tiny",
             "--store",
             tmp_path / "s2",
         ],
@@ -262,20 +252,22 @@ def test_search_uses_the_recorded_model_or_explains(app, tmp_path, data):
     assert len(result.stderr.splitlines()) == 1
 
 
-def test_interrupted_index_says_how_to_resume(app, model_dir, data, tmp_path, monkeypatch):
+def test_interrupted_index_says_how_to_resume(app, tiny_models, data, tmp_path, monkeypatch):
     import densefit.retrieval.index.indexing as indexing
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(indexing, "index_documents", interrupted)
-    result = invoke(app, ["index", data, "--model", model_dir / "tiny", "--store", tmp_path / "s"])
+    result = invoke(
+        app, ["index", data, "--model", tiny_models / "tiny", "--store", tmp_path / "s"]
+    )
     assert result.exit_code == 130 and "run the same command again to resume" in result.stderr
 
 
-def test_index_with_other_settings_is_refused_or_reembedded(app, model_dir, data, tmp_path):
+def test_index_with_other_settings_is_refused_or_reembedded(app, tiny_models, data, tmp_path):
     store = tmp_path / "store"
-    model = model_dir / "tiny"
+    model = tiny_models / "tiny"
     first = invoke(app, ["index", data, "--model", model, "--store", store, "--no-progress"])
     assert first.exit_code == 0, first.output
     refused = invoke(
@@ -319,12 +311,12 @@ def _beir_with_bad_rows(data, folder):
     return folder, qrels
 
 
-def test_eval_reports_every_skipped_row(app, model_dir, data, tmp_path):
+def test_eval_reports_every_skipped_row(app, tiny_models, data, tmp_path):
     folder, qrels = _beir_with_bad_rows(data, tmp_path / "beir")
     queries = folder / "queries.jsonl"
-    strict = invoke(app, ["eval", "--dataset", folder, "--model", model_dir / "tiny"])
+    strict = invoke(app, ["eval", "--dataset", folder, "--model", tiny_models / "tiny"])
     assert strict.exit_code == 2 and f"{queries}:2" in strict.stderr
-    args = ["eval", "--dataset", folder, "--model", model_dir / "tiny", "--on-bad-row", "skip"]
+    args = ["eval", "--dataset", folder, "--model", tiny_models / "tiny", "--on-bad-row", "skip"]
     as_json = invoke(app, args + ["--json", "--no-progress"])
     assert as_json.exit_code == 0, as_json.output
     skipped = json.loads(as_json.stdout)["results"][0]["skipped_rows"]
@@ -337,10 +329,10 @@ def test_eval_reports_every_skipped_row(app, model_dir, data, tmp_path):
     assert f"{qrels}:3" in table.stderr.replace("\n", "")
 
 
-def test_eval_of_a_store_reports_skipped_rows_too(app, model_dir, data, tmp_path):
+def test_eval_of_a_store_reports_skipped_rows_too(app, tiny_models, data, tmp_path):
     folder, qrels = _beir_with_bad_rows(data, tmp_path / "beir")
     store = tmp_path / "store"
-    invoke(app, ["index", data, "--model", model_dir / "tiny", "--store", store, "--no-progress"])
+    invoke(app, ["index", data, "--model", tiny_models / "tiny", "--store", store, "--no-progress"])
     args = ["eval", "--store", store, "--queries", folder / "queries.jsonl", "--qrels", qrels]
     strict = invoke(app, args)
     assert strict.exit_code == 2 and "queries.jsonl:2" in strict.stderr

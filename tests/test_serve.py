@@ -42,20 +42,10 @@ def corpus(n: int, seed: int = 0) -> list[Document]:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from densefit.testing import tiny_model
-
-    folder = tmp_path_factory.mktemp("models")
-    tiny_model(folder / "build").save(str(folder / "tiny"))
-    tiny_model(folder / "build2", seed=7).save(str(folder / "tiny-other"))
-    return folder
-
-
-@pytest.fixture(scope="module")
-def model(model_dir):
+def model(tiny_models):
     from densefit.models import load_model
 
-    return load_model(str(model_dir / "tiny"))
+    return load_model(str(tiny_models / "tiny"))
 
 
 @pytest.fixture
@@ -481,11 +471,11 @@ def start_server(store_dir, model_path, *extra) -> tuple[subprocess.Popen, str]:
     raise AssertionError("the server did not start in 60 s")
 
 
-def test_cli_refuses_a_store_of_another_model(store_dir, model_dir):
+def test_cli_refuses_a_store_of_another_model(store_dir, tiny_models):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     r = subprocess.run(
         [sys.executable, "-m", "densefit", "serve", "--store", str(store_dir),
-         "--model", str(model_dir / "tiny-other"), "--port", str(free_port())],
+         "--model", str(tiny_models / "tiny-other"), "--port", str(free_port())],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -493,8 +483,8 @@ def test_cli_refuses_a_store_of_another_model(store_dir, model_dir):
     assert last.startswith("error:") and "model" in last
 
 
-def test_sigkill_keeps_every_acknowledged_write(store_dir, model_dir):
-    proc, url = start_server(store_dir, model_dir / "tiny")
+def test_sigkill_keeps_every_acknowledged_write(store_dir, tiny_models):
+    proc, url = start_server(store_dir, tiny_models / "tiny")
     acked: list[str] = []
     try:
         with httpx.Client(base_url=url, timeout=10) as client:
@@ -516,7 +506,7 @@ def test_sigkill_keeps_every_acknowledged_write(store_dir, model_dir):
     with LocalDocumentStore(store_dir) as store:
         found = store.get(acked)
         assert all(d is not None for d in found)
-    proc, url = start_server(store_dir, model_dir / "tiny")  # restarts on the same store
+    proc, url = start_server(store_dir, tiny_models / "tiny")  # restarts on the same store
     try:
         r = httpx.post(f"{url}/search", json={"query": f"kill test {acked[-1]} cells", "k": 5})
         assert r.status_code == 200 and r.json()["results"][0]["hits"]
@@ -525,8 +515,8 @@ def test_sigkill_keeps_every_acknowledged_write(store_dir, model_dir):
         proc.wait(10)
 
 
-def test_sigterm_finishes_in_flight_requests_and_closes_the_store(store_dir, model_dir):
-    proc, url = start_server(store_dir, model_dir / "tiny")
+def test_sigterm_finishes_in_flight_requests_and_closes_the_store(store_dir, tiny_models):
+    proc, url = start_server(store_dir, tiny_models / "tiny")
 
     def write(i):
         try:
