@@ -47,12 +47,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 __all__ = ["ServeConfig", "create_app", "is_local_host", "search_queries"]
 
 
-# The fixed cost of a forward pass, in tokens of work: all-MiniLM-L6-v2 on one CPU thread
-# takes about 4.7 ms a pass (reading the weights, the Python of each layer) plus 0.21 ms a
-# token, padding included (a fit over 1-32 queries of 8-48 tokens). A batch of queries is
-# split by length where padding the short ones to the longest would cost more than another
-# pass: queries are short but their lengths vary (5 to 40 tokens), and one batch of 16
-# padded to its longest computes ~2.6x its tokens.
+# The fixed cost of a query batch's forward pass (tokenising, the Python of each layer,
+# pooling), in tokens of work: the ratio of a pass's fixed time to its time per token for
+# all-MiniLM-L6-v2 on one CPU thread, fitted over passes of up to 512 tokens
+# (bench/results/pass_cost.json, bench/pass_cost.py). A batch of queries is split by length
+# where padding the short ones to the longest would cost more than another pass.
 PASS_COST_TOKENS = 24
 
 
