@@ -14,13 +14,12 @@ gradients, AdamW's two moments, and the weights a memory-mapped checkpoint has n
 in yet. On CUDA the budget is the device's memory (``torch.cuda.max_memory_allocated``)
 and *held now* is ``torch.cuda.memory_allocated``; host memory is not budgeted there.
 
-Where the memory of a CPU run goes, measured (bench/results/budget.md): the interpreter
-and its libraries are about 485 MiB before the model is loaded, the model and data a few
-tens of MiB (weights are mapped from the safetensors file and paged in by the first
-forward pass), the planner's probe and tokenised lengths about 240 MiB more (the probe's
-freed buffers stay with the allocator, which reuses them for activations); the first
-optimizer step adds the two AdamW moments, which land in the memory the step's activations
-just freed, so the second step's activations need that much fresh memory.
+Where the memory of a CPU run goes, phase by phase, is measured in
+bench/results/budget_phases.txt (bench/budget_phases.py): most of what is held before
+training is the interpreter and its libraries; the weights are mapped from the safetensors
+file and paged in by the first forward pass; the first optimizer step adds the two AdamW
+moments, which land in the memory the step's activations just freed, so the second step's
+activations need that much fresh memory.
 """
 
 from __future__ import annotations
@@ -42,9 +41,9 @@ __all__ = [
 # What the first training step adds besides its tensors: pages the allocator holds for the
 # step's tensor sizes (small blocks share pages by size class, and a page serves one size
 # until it is wholly free), and the backward pass's one-time setup (the planner's probe runs
-# forward only). Measured 11-18 MiB on the tiny model (glibc and mimalloc: tests/
-# test_budget.py), where it outweighs the activations; with the real model it is within the
-# activation headroom (bench/results/budget.md).
+# forward only). On the tiny model it outweighs the activations (tests/test_budget.py holds
+# the prediction to the measured peak there, under glibc and mimalloc); with the real model
+# it is within the activation headroom (bench/results/budget.md).
 STEP_SETUP_BYTES = 32 * 2**20
 
 
