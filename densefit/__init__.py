@@ -1,24 +1,25 @@
-"""densefit: fine-tune and serve dense retrievers with batch size independent of memory."""
+"""densefit: fine-tune and serve dense retrievers with batch size independent of memory.
 
-__version__ = "0.1.0"
+The names below are exported lazily (PEP 562): ``import densefit`` loads no framework, and
+``from densefit import Retriever`` imports torch and sentence-transformers only then.
+"""
 
-from densefit.config import TrainConfig  # noqa: E402
-from densefit.data.types import BadRowError, Document, TrainingExample  # noqa: E402
-from densefit.losses import margin_mse, mnrl  # noqa: E402
-from densefit.models import load_model  # noqa: E402
-from densefit.retrieval import Retriever  # noqa: E402
-from densefit.training import TrainResult, train  # noqa: E402
+from __future__ import annotations
 
-__all__ = [
-    "BadRowError",
-    "Document",
-    "Retriever",
-    "TrainConfig",
-    "TrainResult",
-    "TrainingExample",
-    "__version__",
-    "load_model",
-    "margin_mse",
-    "mnrl",
-    "train",
-]
+from densefit._lazy import lazy_exports
+from densefit._version import __version__  # noqa: F401 - exported
+
+_EXPORTS = {
+    "BadRowError": "densefit.data.types",
+    "Document": "densefit.data.types",
+    "TrainingExample": "densefit.data.types",
+    "Retriever": "densefit.api",
+    "TrainConfig": "densefit.config",
+    "TrainResult": "densefit.training.loop",
+    "train": "densefit.training.loop",
+    "load_model": "densefit.models",
+    "margin_mse": "densefit.losses.contrastive",
+    "mnrl": "densefit.losses.contrastive",
+}
+__all__ = sorted([*_EXPORTS, "__version__"])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

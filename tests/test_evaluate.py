@@ -194,7 +194,7 @@ def write_beir(folder, docs, queries, qrels):
 
 @pytest.fixture
 def beir_folder(tmp_path):
-    from densefit.retrieval.index.conformance import make_corpus
+    from densefit.testing.conformance import make_corpus
 
     docs = [(d.id, d.title, d.text[len(d.title) + 1 :]) for d in make_corpus(40)]
     # Each query is exactly its document's text: a perfect retriever scores 1.0 everywhere.

@@ -429,13 +429,13 @@ def model(model_dir):
 
 
 def _docs():
-    from densefit.retrieval.index.conformance import make_corpus, with_meta
+    from densefit.testing.conformance import make_corpus, with_meta
 
     return with_meta(make_corpus(30))
 
 
 def test_search_and_retriever_filter_and_scale(model):
-    from densefit.retrieval.retriever import Retriever
+    from densefit.api import Retriever
 
     store = open_store(None, model)
     from densefit.retrieval.index import index_documents

@@ -184,7 +184,7 @@ def test_retriever_filter_policy_and_serialisation(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_model_dir(tmp_path_factory):
-    from densefit.retrieval.retriever import Retriever
+    from densefit.api import Retriever
     from densefit.testing import tiny_model
 
     folder = tmp_path_factory.mktemp("trained")
@@ -207,7 +207,7 @@ def test_pipeline_ranks_as_densefit_search(trained_model_dir, tmp_path):
     from typer.testing import CliRunner
 
     from densefit.cli.app import app
-    from densefit.retrieval.index.conformance import make_corpus, with_meta
+    from densefit.testing.conformance import make_corpus, with_meta
 
     model = str(trained_model_dir)
     corpus = [Document(id=d.id, content=d.text, meta=d.meta) for d in with_meta(make_corpus(40))]

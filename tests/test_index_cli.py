@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from densefit.retrieval.index.conformance import make_corpus
+from densefit.testing.conformance import make_corpus
 
 runner = CliRunner()
 

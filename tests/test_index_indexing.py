@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from densefit.api import Retriever, as_document
 from densefit.data.types import Document
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index import ModelMismatchError, StoreError, open_store
-from densefit.retrieval.index.conformance import make_corpus
 from densefit.retrieval.index.indexing import index_documents, prune_documents
 from densefit.retrieval.index.searching import search, search_batch
-from densefit.retrieval.retriever import Retriever, as_document
+from densefit.testing.conformance import make_corpus
 
 
 @pytest.fixture(scope="module")

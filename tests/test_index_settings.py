@@ -14,10 +14,10 @@ import pytest
 
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index import open_store
-from densefit.retrieval.index.conformance import make_corpus
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.locking import StoreLockedError, writer_lock
 from densefit.retrieval.index.settings import SettingsMismatchError, VectorSettings
+from densefit.testing.conformance import make_corpus
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from densefit.data.types import Document
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index import LocalDocumentStore, StoreError, open_store
-from densefit.retrieval.index.conformance import StoreConformance, make_corpus
+from densefit.testing.conformance import StoreConformance, make_corpus
 
 needs_faiss = pytest.mark.skipif(
     importlib.util.find_spec("faiss") is None, reason="faiss is not installed (densefit[index])"

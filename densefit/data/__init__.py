@@ -1,35 +1,25 @@
 """Training and corpus data: readers with file:line errors, and batching."""
 
-from densefit.data.types import BadRowError, Document, ReadReport, TrainingExample
+from __future__ import annotations
 
-__all__ = ["BadRowError", "Document", "ReadReport", "TrainingExample"]
+from densefit._lazy import lazy_exports
 
-from densefit.data.corpus import (  # noqa: E402
-    BeirDataset,
-    Judgment,
-    find_corpus_file,
-    iter_corpus,
-    load_beir,
-    read_corpus,
-    read_qrels,
-    read_queries,
-)
-from densefit.data.readers import (  # noqa: E402
-    examples_from_records,
-    load_training_examples,
-    read_training_data,
-)
-
-__all__ += [
-    "BeirDataset",
-    "Judgment",
-    "examples_from_records",
-    "find_corpus_file",
-    "iter_corpus",
-    "load_beir",
-    "load_training_examples",
-    "read_corpus",
-    "read_qrels",
-    "read_queries",
-    "read_training_data",
-]
+_EXPORTS = {
+    "BadRowError": "densefit.data.types",
+    "Document": "densefit.data.types",
+    "ReadReport": "densefit.data.types",
+    "TrainingExample": "densefit.data.types",
+    "BeirDataset": "densefit.data.corpus",
+    "Judgment": "densefit.data.corpus",
+    "find_corpus_file": "densefit.data.corpus",
+    "iter_corpus": "densefit.data.corpus",
+    "load_beir": "densefit.data.corpus",
+    "read_corpus": "densefit.data.corpus",
+    "read_qrels": "densefit.data.corpus",
+    "read_queries": "densefit.data.corpus",
+    "examples_from_records": "densefit.data.readers",
+    "load_training_examples": "densefit.data.readers",
+    "read_training_data": "densefit.data.readers",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

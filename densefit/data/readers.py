@@ -237,7 +237,7 @@ def load_training_examples(
     """Training rows from a file or folder path, Haystack-style dicts, or TrainingExamples.
 
     The one entry point of the CLI, the pipeline and :meth:`Retriever.train
-    <densefit.retrieval.retriever.Retriever.train>`. Skipped bad rows are listed in a
+    <densefit.api.Retriever.train>`. Skipped bad rows are listed in a
     ``UserWarning`` (nothing is dropped silently).
 
     >>> rows = load_training_examples([{"question": "q", "pos_doc": "d"}])

@@ -1,27 +1,22 @@
 """Batch size independent of memory: chunking, gradient cache, checkpointing, the planner."""
 
-from densefit.memory.chunking import Chunk, make_chunks, padding_efficiency, tokenize
-from densefit.memory.plan import STRATEGIES, MemoryPlan
-from densefit.memory.strategies import (
-    CachedStrategy,
-    MemoryStrategy,
-    PlainStrategy,
-    StepStats,
-    fixed_plan,
-    make_strategy,
-)
+from __future__ import annotations
 
-__all__ = [
-    "STRATEGIES",
-    "CachedStrategy",
-    "Chunk",
-    "MemoryPlan",
-    "MemoryStrategy",
-    "PlainStrategy",
-    "StepStats",
-    "fixed_plan",
-    "make_chunks",
-    "make_strategy",
-    "padding_efficiency",
-    "tokenize",
-]
+from densefit._lazy import lazy_exports
+
+_EXPORTS = {
+    "Chunk": "densefit.memory.chunking",
+    "make_chunks": "densefit.memory.chunking",
+    "padding_efficiency": "densefit.memory.chunking",
+    "tokenize": "densefit.memory.chunking",
+    "STRATEGIES": "densefit.memory.plan",
+    "MemoryPlan": "densefit.memory.plan",
+    "CachedStrategy": "densefit.memory.strategies",
+    "MemoryStrategy": "densefit.memory.strategies",
+    "PlainStrategy": "densefit.memory.strategies",
+    "StepStats": "densefit.memory.strategies",
+    "fixed_plan": "densefit.memory.strategies",
+    "make_strategy": "densefit.memory.strategies",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

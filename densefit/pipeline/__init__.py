@@ -6,31 +6,24 @@
 ['train', 'eval_base', 'eval_trained', 'report']
 """
 
-from densefit.pipeline.config import (
-    KEY_DOCS,
-    ConfigError,
-    EvalSettings,
-    MineSettings,
-    RunConfig,
-    config_from_dict,
-    config_from_flags,
-    describe_keys,
-    load_run_config,
-)
-from densefit.pipeline.stages import STAGES, Pipeline, RunResult, run_pipeline
+from __future__ import annotations
 
-__all__ = [
-    "KEY_DOCS",
-    "STAGES",
-    "ConfigError",
-    "EvalSettings",
-    "MineSettings",
-    "Pipeline",
-    "RunConfig",
-    "RunResult",
-    "config_from_dict",
-    "config_from_flags",
-    "describe_keys",
-    "load_run_config",
-    "run_pipeline",
-]
+from densefit._lazy import lazy_exports
+
+_EXPORTS = {
+    "KEY_DOCS": "densefit.pipeline.config",
+    "ConfigError": "densefit.pipeline.config",
+    "EvalSettings": "densefit.pipeline.config",
+    "MineSettings": "densefit.pipeline.config",
+    "RunConfig": "densefit.pipeline.config",
+    "config_from_dict": "densefit.pipeline.config",
+    "config_from_flags": "densefit.pipeline.config",
+    "describe_keys": "densefit.pipeline.config",
+    "load_run_config": "densefit.pipeline.config",
+    "STAGES": "densefit.pipeline.stages",
+    "Pipeline": "densefit.pipeline.stages",
+    "RunResult": "densefit.pipeline.stages",
+    "run_pipeline": "densefit.pipeline.stages",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from densefit._version import __version__
 from densefit.pipeline.config import RunConfig
 
 __all__ = ["describe_eval", "load_eval_results", "read_eval_log", "read_train_log", "write_report"]
@@ -185,14 +186,12 @@ def _data_counts(config: RunConfig, markers: dict) -> dict:
 def _environment() -> dict:
     import torch
 
-    import densefit
-
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
     return {
-        "densefit": densefit.__version__,
+        "densefit": __version__,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),

@@ -1,5 +1,4 @@
-"""Retrieval: encoding, the document store and vector search, and the Retriever class."""
-
-from densefit.retrieval.retriever import Retriever
-
-__all__ = ["Retriever"]
+"""Retrieval: embedding texts (:mod:`~densefit.retrieval.encode`) and the document store with
+its vector search (:mod:`~densefit.retrieval.index`). The :class:`~densefit.api.Retriever`
+facade sits above this layer: ``from densefit import Retriever``.
+"""

@@ -5,19 +5,14 @@
 Needs the ``serve`` extra: ``pip install 'densefit[serve]'``.
 """
 
-from densefit.serve.config import ServeConfig
+from __future__ import annotations
 
-__all__ = ["ServeConfig", "create_app", "run_server"]
+from densefit._lazy import lazy_exports
 
-
-def __getattr__(name: str):
-    # Lazy: importing densefit.serve must not need FastAPI until the app is built.
-    if name == "create_app":
-        from densefit.serve import app
-
-        return getattr(app, name)
-    if name == "run_server":
-        from densefit.serve.server import run_server
-
-        return run_server
-    raise AttributeError(name)
+_EXPORTS = {
+    "ServeConfig": "densefit.serve.config",
+    "create_app": "densefit.serve.app",
+    "run_server": "densefit.serve.server",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

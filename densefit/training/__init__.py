@@ -4,8 +4,16 @@
 with :func:`setup_run` and calls :func:`train_step` per step, as the loop does.
 """
 
-from densefit.training.loop import TrainResult, train
-from densefit.training.setup import TrainRun, setup_run
-from densefit.training.step import train_step
+from __future__ import annotations
 
-__all__ = ["TrainResult", "TrainRun", "setup_run", "train", "train_step"]
+from densefit._lazy import lazy_exports
+
+_EXPORTS = {
+    "TrainResult": "densefit.training.loop",
+    "train": "densefit.training.loop",
+    "TrainRun": "densefit.training.setup",
+    "setup_run": "densefit.training.setup",
+    "train_step": "densefit.training.step",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from sentence_transformers import SentenceTransformer
 
+from densefit._version import __version__
 from densefit.config import TrainConfig
 from densefit.data.batching import step_groups
 from densefit.data.corpus import BeirDataset
@@ -241,9 +242,7 @@ def save_model(
         save_lora_adapter(model, out)
     else:
         merged_copy(model).save(str(out), safe_serialization=True)
-    import densefit
-
-    extra = {"densefit_version": densefit.__version__, "torch_version": torch.__version__}
+    extra = {"densefit_version": __version__, "torch_version": torch.__version__}
     if result is not None:
         extra.update(
             steps=result.steps,

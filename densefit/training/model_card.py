@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from densefit._version import __version__
 from densefit.config import TrainConfig, config_options
 
 __all__ = ["CARD_NAME", "model_card", "write_model_card"]
@@ -45,8 +46,6 @@ def model_card(model: Any, config: TrainConfig, result: Any = None, *, location:
     >>> "| `batch_size` | 8 |" in card
     True
     """
-    import densefit
-
     base = getattr(result, "base_model", None)
     lines = [
         "---",
@@ -60,7 +59,7 @@ def model_card(model: Any, config: TrainConfig, result: Any = None, *, location:
         "",
         "A sentence-transformers bi-encoder"
         + (f" fine-tuned from `{base}`" if base else "")
-        + f" with densefit {densefit.__version__}.",
+        + f" with densefit {__version__}.",
     ]
     sections = [lines]
     if result is not None:

@@ -21,37 +21,29 @@ The same from the shell: ``densefit index``, ``densefit search``, ``densefit eva
 True
 """
 
-from densefit.retrieval.index.base import (
-    DocumentStore,
-    ModelMismatchError,
-    SearchHit,
-    StoreError,
-    VectorBackend,
-    WriteResult,
-)
-from densefit.retrieval.index.exact import ExactBackend, exact_search
-from densefit.retrieval.index.filters import validate_filters
-from densefit.retrieval.index.indexing import IndexReport, index_documents, prune_documents
-from densefit.retrieval.index.searching import scaled_scores, search, search_batch
-from densefit.retrieval.index.store import LocalDocumentStore, make_backend, open_store
+from __future__ import annotations
 
-__all__ = [
-    "DocumentStore",
-    "ExactBackend",
-    "IndexReport",
-    "LocalDocumentStore",
-    "ModelMismatchError",
-    "SearchHit",
-    "StoreError",
-    "VectorBackend",
-    "WriteResult",
-    "exact_search",
-    "index_documents",
-    "make_backend",
-    "open_store",
-    "prune_documents",
-    "scaled_scores",
-    "search",
-    "search_batch",
-    "validate_filters",
-]
+from densefit._lazy import lazy_exports
+
+_EXPORTS = {
+    "DocumentStore": "densefit.retrieval.index.base",
+    "ModelMismatchError": "densefit.retrieval.index.base",
+    "SearchHit": "densefit.retrieval.index.base",
+    "StoreError": "densefit.retrieval.index.base",
+    "VectorBackend": "densefit.retrieval.index.base",
+    "WriteResult": "densefit.retrieval.index.base",
+    "ExactBackend": "densefit.retrieval.index.exact",
+    "exact_search": "densefit.retrieval.index.exact",
+    "validate_filters": "densefit.retrieval.index.filters",
+    "IndexReport": "densefit.retrieval.index.indexing",
+    "index_documents": "densefit.retrieval.index.indexing",
+    "prune_documents": "densefit.retrieval.index.indexing",
+    "scaled_scores": "densefit.retrieval.index.searching",
+    "search": "densefit.retrieval.index.searching",
+    "search_batch": "densefit.retrieval.index.searching",
+    "LocalDocumentStore": "densefit.retrieval.index.store",
+    "make_backend": "densefit.retrieval.index.store",
+    "open_store": "densefit.retrieval.index.store",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

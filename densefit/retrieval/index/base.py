@@ -110,10 +110,10 @@ class VectorBackend(Protocol):
 
 @runtime_checkable
 class DocumentStore(Protocol):
-    """What :class:`~densefit.retrieval.retriever.Retriever` and the CLI need from a store.
+    """What :class:`~densefit.api.Retriever` and the CLI need from a store.
 
     Implemented by :class:`~densefit.retrieval.index.store.LocalDocumentStore`; the conformance suite in
-    :mod:`densefit.retrieval.index.conformance` states the behaviour every implementation must have.
+    :mod:`densefit.testing.conformance` states the behaviour every implementation must have.
     """
 
     model_name: str
