@@ -80,7 +80,9 @@ def main() -> None:
 
     examples, _ = read_training_data(DATASETS / "scifact", split="train")
     batches = [examples[i * args.batch : (i + 1) * args.batch] for i in range(args.steps + 1)]
-    config = TrainConfig(batch_size=args.batch, max_seq_length=args.seq, show_progress=False)
+    config = TrainConfig(
+        similarity="cosine", batch_size=args.batch, max_seq_length=args.seq, show_progress=False
+    )
     model = load_model("all-MiniLM-L6-v2", max_seq_length=args.seq)
     model.train()
 

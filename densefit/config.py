@@ -22,6 +22,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from densefit.choices import (
+    AMP,
+    GATHER_MODES,
+    LOSSES,
+    MEMORY_STRATEGIES,
+    SIMILARITIES,
+    parse_metric,
+)
 from densefit.errors import OptionError
 
 __all__ = [
@@ -119,31 +127,6 @@ def option(default: Any, help: str, **kwargs: Any) -> Any:
     return field(default=default, metadata={"option": Option(help=help, **kwargs)})
 
 
-def _loss_names() -> tuple[str, ...]:
-    from densefit.losses.contrastive import LOSSES
-
-    return tuple(LOSSES)
-
-
-def _similarities() -> tuple[str, ...]:
-    from densefit.losses.contrastive import SIMILARITIES
-
-    return SIMILARITIES
-
-
-def _memory_strategies() -> tuple[str, ...]:
-    from densefit.memory.strategies import STRATEGIES
-
-    return (*STRATEGIES, "auto")
-
-
-def _gather_modes() -> tuple[str, ...]:
-    # Lazily: densefit.training (the package) imports this module back.
-    from densefit.training.distributed import GATHER_MODES
-
-    return GATHER_MODES
-
-
 def check_metric(value: str) -> str:
     """``value`` as a metric name of :mod:`densefit.evaluate` (``ndcg@10``), lower-cased;
     raises ``ValueError`` naming the supported ones.
@@ -151,8 +134,6 @@ def check_metric(value: str) -> str:
     >>> check_metric("nDCG@10")
     'ndcg@10'
     """
-    from densefit.evaluate import parse_metric
-
     kind, k = parse_metric(str(value))
     return f"{kind}@{k}"
 
@@ -328,11 +309,17 @@ class TrainConfig:
     loss: str = option(
         "mnrl",
         "mnrl (in-batch + hard negatives) or margin_mse (needs a teacher score per row).",
-        choices=_loss_names,
+        choices=LOSSES,
     )
     scale: float = option(20.0, "MNRL inverse temperature.", gt=0)
     symmetric: bool = option(False, "MNRL in both directions (query->doc, doc->query).")
-    similarity: str = option("cos", "Score of two embeddings.", choices=_similarities)
+    similarity: str | None = option(
+        None,
+        "Score of two embeddings in the loss, saved with the model (sentence-transformers' "
+        "similarity_fn_name) and used by the stores it indexes; default: the model's own "
+        "(cosine when it names none).",
+        choices=(None, *SIMILARITIES),
+    )
     # Matryoshka and prompts
     matryoshka_dims: list[int] | str | None = option(
         None,
@@ -365,7 +352,7 @@ class TrainConfig:
         "Mixed precision; default: off (fp32). bf16: on a GPU faster steps and less "
         "activation memory; on a CPU less activation memory, faster only where the CPU has "
         "bf16 instructions (AVX-512 BF16/AMX). fp16: CUDA only, with loss scaling.",
-        choices=(None, "bf16", "fp16"),
+        choices=AMP,
     )
     gradient_checkpointing: bool = option(
         False,
@@ -375,7 +362,7 @@ class TrainConfig:
     memory: str = option(
         "plain",
         "Memory strategy; auto: the planner picks one from the memory budget.",
-        choices=_memory_strategies,
+        choices=(*MEMORY_STRATEGIES, "auto"),
         plan=False,
     )
     chunk_size: int | None = option(
@@ -494,7 +481,7 @@ class TrainConfig:
         "candidates",
         "Several processes: candidates = every device's texts are negatives for every anchor; "
         "both = anchors too, each device computes the whole loss; none = each device's rows only.",
-        choices=_gather_modes,
+        choices=GATHER_MODES,
         plan=False,
     )
 

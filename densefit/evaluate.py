@@ -19,7 +19,6 @@ out of the average, as pytrec_eval alone would do.
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,10 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+from densefit.choices import DEFAULT_METRICS, parse_metric
 from densefit.data.types import ReadReport
 
 __all__ = [
     "DEFAULT_METRICS",
+    "parse_metric",
     "EvalResult",
     "compare_results",
     "evaluate_beir",
@@ -46,7 +47,6 @@ __all__ = [
     "subsample_corpus",
 ]
 
-DEFAULT_METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100")
 # Our metric name -> (pytrec_eval measure family, the key pytrec_eval reports for cutoff k).
 _PYTREC = {
     "ndcg": ("ndcg_cut", "ndcg_cut_{k}"),
@@ -54,7 +54,6 @@ _PYTREC = {
     "map": ("map_cut", "map_cut_{k}"),
     "precision": ("P", "P_{k}"),
 }
-_METRIC = re.compile(r"^(ndcg|mrr|recall|map|precision)@(\d+)$")
 
 
 @dataclass
@@ -82,17 +81,6 @@ class EvalResult:
         if per_query:
             out["per_query"] = self.per_query
         return out
-
-
-def parse_metric(name: str) -> tuple[str, int]:
-    """``"ndcg@10"`` -> ``("ndcg", 10)``, with an error listing what is supported."""
-    match = _METRIC.match(name.strip().lower())
-    if not match or int(match.group(2)) < 1:
-        raise ValueError(
-            f"unknown metric {name!r}: use ndcg@K, mrr@K, recall@K, map@K or precision@K "
-            "(K a positive integer)"
-        )
-    return match.group(1), int(match.group(2))
 
 
 def evaluate_run(

@@ -47,11 +47,10 @@ from pathlib import Path
 
 import numpy as np
 
+from densefit.choices import MINE_METHODS
 from densefit.data.types import Document, TrainingExample
 
 __all__ = ["MiningReport", "mine_hard_negatives", "mine_files", "write_mined", "parse_range"]
-
-METHODS = ("bm25", "dense", "hybrid")
 
 
 @dataclass
@@ -248,8 +247,8 @@ class _Searchers:
 
 
 def _check_arguments(method, model, num_negatives, range_min, range_max, margin, sampling):
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+    if method not in MINE_METHODS:
+        raise ValueError(f"method must be one of {', '.join(MINE_METHODS)}, not {method!r}")
     if method != "bm25" and model is None:
         raise ValueError(
             f"--method {method} embeds the corpus: pass --model (e.g. all-MiniLM-L6-v2)"

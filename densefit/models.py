@@ -194,6 +194,19 @@ def set_max_seq_length(model: SentenceTransformer, max_seq_length: int) -> None:
     model.max_seq_length = max_seq_length
 
 
+def model_similarity(model: SentenceTransformer) -> str:
+    """How ``model`` scores two embeddings: its sentence-transformers ``similarity_fn_name``
+    (``"cosine"`` when it names none). A model densefit trains saves the similarity it was
+    trained with there, and a store searches by it.
+
+    >>> from densefit.testing import tiny_model
+    >>> model_similarity(tiny_model())
+    'cosine'
+    """
+    name = getattr(model, "similarity_fn_name", None) or "cosine"
+    return str(getattr(name, "value", name))
+
+
 def model_name_of(model: SentenceTransformer) -> str:
     """A stable name for ``model``: the name it was loaded by, else its folder name."""
     name = getattr(model, "_densefit_name", None)

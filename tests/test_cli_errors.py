@@ -109,7 +109,7 @@ CASES = [
     ("train", ["--memory", "lots"], "--memory must be one of plain, checkpoint, cache"),
     ("train", ["--gather", "all"], "--gather must be one of none, candidates, both"),
     ("train", ["--amp", "fp32"], "--amp must be one of null, bf16, fp16"),
-    ("train", ["--similarity", "l2"], "--similarity must be one of cos, dot"),
+    ("train", ["--similarity", "l2"], "--similarity must be one of null, cosine, dot"),
     ("train", ["--batch-size", "many"], "'--batch-size'"),
     ("train", ["--nproc", "0"], "--nproc must be >= 1"),
     ("train", ["--no-such-option"], "--no-such-option"),
@@ -253,12 +253,11 @@ def test_every_option_is_declared_once_and_reaches_cli_yaml_and_docs():
 
 
 def test_choices_come_from_the_registries():
-    from densefit.losses.contrastive import LOSSES
-    from densefit.memory.strategies import STRATEGIES
-    from densefit.training.distributed import GATHER_MODES
+    from densefit.choices import GATHER_MODES, LOSSES, MEMORY_STRATEGIES
+    from densefit.losses.contrastive import LOSS_FUNCTIONS
 
-    assert option_of("loss").choice_list() == tuple(LOSSES)
-    assert option_of("memory").choice_list() == (*STRATEGIES, "auto")
+    assert option_of("loss").choice_list() == LOSSES == tuple(LOSS_FUNCTIONS)
+    assert option_of("memory").choice_list() == (*MEMORY_STRATEGIES, "auto")
     assert option_of("gather").choice_list() == GATHER_MODES
 
 

@@ -184,7 +184,9 @@ def reference_step(
 
 def per_rank_reference(base: str, rows: list[dict], chunk: int, config: dict):
     """gather=none: each rank's rows are their own batch; losses weighted by rows."""
-    cfg = TrainConfig(**{"max_grad_norm": None, "show_progress": False, **config})
+    cfg = TrainConfig(
+        **{"max_grad_norm": None, "show_progress": False, "similarity": "cosine", **config}
+    )
     model = SentenceTransformer(base, device="cpu")
     model.train()
     s = make_strategy("cache", chunk)

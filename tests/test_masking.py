@@ -30,7 +30,9 @@ def embed_lookup(columns, seed=0):
 
 
 def loss_of(rows, *, masked, **kw):
-    config = TrainConfig(show_progress=False, mask_false_negatives=masked, **kw)
+    config = TrainConfig(
+        similarity="cosine", show_progress=False, mask_false_negatives=masked, **kw
+    )
     return make_loss_fn(config, rows)(embed_lookup(columns_of(rows)))
 
 
@@ -95,7 +97,7 @@ def test_known_positive_ids_are_masked_for_their_anchor_only():
     assert found.known_positives == 4 and found.duplicates == 0
 
     emb = embed_lookup(columns_of(rows))
-    got = make_loss_fn(TrainConfig(show_progress=False), rows)(emb)
+    got = make_loss_fn(TrainConfig(similarity="cosine", show_progress=False), rows)(emb)
     # Reference: cross-entropy over the allowed candidates only, written out by hand.
     a = F.normalize(emb[0], dim=-1)
     cands = F.normalize(torch.cat([emb[1], emb[2]]), dim=-1)
@@ -121,7 +123,9 @@ def grads_of(model, rows, strategy_name, chunk, masked=True):
     model.train()
     strategy = make_strategy(strategy_name, chunk)
     strategy.prepare(model)
-    config = TrainConfig(show_progress=False, mask_false_negatives=masked, symmetric=True)
+    config = TrainConfig(
+        similarity="cosine", show_progress=False, mask_false_negatives=masked, symmetric=True
+    )
     torch.manual_seed(3)
     stats = strategy.forward_backward(model, columns_of(rows), make_loss_fn(config, rows))
     return stats.loss, torch.cat(

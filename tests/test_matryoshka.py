@@ -34,7 +34,7 @@ def grads_of(fn, *tensors):
     return loss.detach(), [leaf.grad for leaf in leaves]
 
 
-@pytest.mark.parametrize("similarity", ["cos", "dot"])
+@pytest.mark.parametrize("similarity", ["cosine", "dot"])
 def test_full_size_alone_is_exactly_the_plain_loss(similarity):
     a, p, n = torch.randn(6, 32), torch.randn(6, 32), torch.randn(12, 32)
     plain = partial(mnrl, similarity=similarity)
@@ -103,8 +103,10 @@ def test_options_are_read_checked_and_matched():
 def test_the_batch_loss_is_the_weighted_sum_per_size():
     rows = [TrainingExample(f"q{i}", f"p{i}", (f"n{i}",)) for i in range(4)]
     emb = [torch.randn(4, 32), torch.randn(4, 32), torch.randn(4, 32)]
-    plain = make_loss_fn(TrainConfig(), rows)
-    nested = make_loss_fn(TrainConfig(matryoshka_dims=DIMS, matryoshka_weights=WEIGHTS), rows)
+    plain = make_loss_fn(TrainConfig(similarity="cosine"), rows)
+    nested = make_loss_fn(
+        TrainConfig(similarity="cosine", matryoshka_dims=DIMS, matryoshka_weights=WEIGHTS), rows
+    )
     expected = sum(w * plain([truncate(e, d) for e in emb]) for d, w in zip(DIMS, WEIGHTS))
     torch.testing.assert_close(nested(emb), expected)
 

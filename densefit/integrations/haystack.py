@@ -65,8 +65,8 @@ __all__ = ["EXTERNAL_MODEL", "RESERVED_KEY", "DensefitDocumentStore", "DensefitE
 
 RESERVED_KEY = "_haystack"
 EXTERNAL_MODEL = "external"
-# Haystack's similarity names -> the store's.
-SIMILARITIES = {"cosine": "cosine", "dot_product": "dot", "dot": "dot"}
+# Haystack's similarity names -> densefit's (densefit.choices.SIMILARITIES).
+HAYSTACK_SIMILARITIES = {"cosine": "cosine", "dot_product": "dot", "dot": "dot"}
 _HAS_EMBEDDING = {"field": f"meta.{RESERVED_KEY}.embedded", "operator": "!=", "value": False}
 _NO_EMBEDDING = {**_HAS_EMBEDDING, "operator": "=="}
 
@@ -102,7 +102,7 @@ class DensefitDocumentStore:
         similarity: str = "cosine",
         backend: str = "exact",
     ) -> None:
-        if similarity not in SIMILARITIES:
+        if similarity not in HAYSTACK_SIMILARITIES:
             raise ValueError(
                 f"similarity {similarity!r} is not supported: use 'cosine' or 'dot_product'"
             )
@@ -140,7 +140,7 @@ class DensefitDocumentStore:
             model_name=EXTERNAL_MODEL,
             dim=dim,
             fingerprint=np.zeros((3, dim), dtype=np.float32),
-            similarity=SIMILARITIES[self.similarity],
+            similarity=HAYSTACK_SIMILARITIES[self.similarity],
             backend=self.backend,
         )
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["mnrl", "margin_mse", "chunked_cross_entropy", "LOSSES", "SIMILARITIES"]
+from densefit.choices import SIMILARITIES
 
-SIMILARITIES = ("cos", "dot")  # how mnrl scores two embeddings
+__all__ = ["LOSS_FUNCTIONS", "mnrl", "margin_mse", "chunked_cross_entropy"]
 
 
 def _as_matrix(x: torch.Tensor | None, d: int) -> torch.Tensor | None:
@@ -109,7 +109,7 @@ def mnrl(
     *,
     scale: float = 20.0,
     symmetric: bool = False,
-    similarity: str = "cos",
+    similarity: str = "cosine",
     chunk_size: int | None = None,
     mask: torch.Tensor | None = None,
     rows: slice | None = None,
@@ -128,7 +128,7 @@ def mnrl(
         scale: multiplies the similarities (inverse temperature).
         symmetric: also ask each positive to pick its anchor among all anchors, and
             average the two directions.
-        similarity: ``"cos"`` (normalise first) or ``"dot"``.
+        similarity: ``"cosine"`` (normalise first) or ``"dot"`` (:data:`densefit.choices.SIMILARITIES`).
         chunk_size: compute scores and their gradient in blocks of this many anchors,
             so nothing of size B x B is ever held (exact; same result and gradients).
         mask: optional (B, B + M) bool, True where a candidate must not count for that
@@ -166,11 +166,11 @@ def mnrl(
             f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} differ{where}"
         )
     neg = _as_matrix(negatives, d)
-    if similarity == "cos":
+    if similarity == "cosine":
         anchors, positives = F.normalize(anchors, dim=-1), F.normalize(positives, dim=-1)
         neg = F.normalize(neg, dim=-1) if neg is not None else None
     elif similarity != "dot":
-        raise ValueError(f"similarity must be 'cos' or 'dot', not {similarity!r}")
+        raise ValueError(f"similarity must be one of {', '.join(SIMILARITIES)}, not {similarity!r}")
     every_anchor = anchors.shape[0] == B
     queries = anchors[start:stop] if every_anchor else anchors  # (n, d)
     candidates = positives if neg is None else torch.cat([positives, neg])  # (B + M, d)
@@ -241,4 +241,5 @@ def margin_mse(
     return F.mse_loss((pos - neg).float(), target.float())
 
 
-LOSSES = {"mnrl": mnrl, "margin_mse": margin_mse}
+# The loss of each name in densefit.choices.LOSSES.
+LOSS_FUNCTIONS = {"mnrl": mnrl, "margin_mse": margin_mse}

@@ -9,7 +9,6 @@ _EXPORTS = {
     "make_chunks": "densefit.memory.chunking",
     "padding_efficiency": "densefit.memory.chunking",
     "tokenize": "densefit.memory.chunking",
-    "STRATEGIES": "densefit.memory.plan",
     "MemoryPlan": "densefit.memory.plan",
     "CachedStrategy": "densefit.memory.strategies",
     "MemoryStrategy": "densefit.memory.strategies",

@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from densefit.choices import MEMORY_STRATEGIES
 from densefit.memory.process import ProcessBaseline
 
-__all__ = ["MemoryPlan", "STRATEGIES"]
+__all__ = ["MemoryPlan"]
 
-STRATEGIES = ("plain", "checkpoint", "cache", "cache+checkpoint")
 # The smallest token budget an out-of-memory halving goes down to.
 MIN_TOKEN_BUDGET = 16
 
@@ -54,10 +54,10 @@ class MemoryPlan:
     process: dict = field(default_factory=dict)  # densefit.memory.process.ProcessBaseline
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
+        if self.strategy not in MEMORY_STRATEGIES:
             raise ValueError(
                 f"unknown memory strategy {self.strategy!r}: choose one of "
-                f"{', '.join(STRATEGIES)} or auto"
+                f"{', '.join(MEMORY_STRATEGIES)} or auto"
             )
         if self.keep_graphs < 0:
             raise ValueError(f"keep_graphs must be >= 0, got {self.keep_graphs}")

@@ -28,7 +28,7 @@ from sentence_transformers import SentenceTransformer
 from densefit.memory.allocator import trim
 from densefit.memory.chunking import Chunk, make_chunks, padding_efficiency, tokenize
 from densefit.memory.dropout import dropout_rows, step_key
-from densefit.memory.plan import STRATEGIES, MemoryPlan
+from densefit.memory.plan import MemoryPlan
 from densefit.models import disable_gradient_checkpointing, enable_gradient_checkpointing
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "fixed_plan",
     "make_strategy",
     "MemoryPlan",
-    "STRATEGIES",
 ]
 
 LossFn = Callable[[list[torch.Tensor]], torch.Tensor]

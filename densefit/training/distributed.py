@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from densefit.choices import GATHER_MODES
 from densefit.data.batching import planned_batches
 from densefit.data.types import TrainingExample
 from densefit.memory.plan import MemoryPlan
@@ -51,7 +52,6 @@ from densefit.memory.planner import plan_for_run
 from densefit.training.objective import LossFn, make_loss_fn
 
 __all__ = [
-    "GATHER_MODES",
     "DistributedRun",
     "all_reduce_gradients",
     "broadcast_parameters",
@@ -64,8 +64,6 @@ __all__ = [
     "teardown_distributed",
     "world_size",
 ]
-
-GATHER_MODES = ("none", "candidates", "both")
 
 
 # ----------------------------------------------------------------------------- process group

@@ -60,7 +60,7 @@ def make_loss_fn(
 
     >>> rows = [TrainingExample("q", "p"), TrainingExample("r", "s")]
     >>> emb = [torch.eye(2), torch.eye(2), torch.empty(0, 2)]
-    >>> round(float(make_loss_fn(TrainConfig(), rows)(emb)), 4)
+    >>> round(float(make_loss_fn(TrainConfig(similarity="cosine"), rows)(emb)), 4)
     0.0
 
     With ``config.matryoshka_dims`` the loss (MNRL or margin-MSE) is summed over the
@@ -71,6 +71,11 @@ def make_loss_fn(
     if config.loss != "mnrl":
         return _margin_loss(config, rows, health)
     nested = matryoshka_of(config)
+    if config.similarity is None:  # "the model's own": only setup_run knows the model
+        raise ValueError(
+            "config.similarity is None (the model's own): resolve it first with "
+            "densefit.training.setup.resolve_similarity(config, model), as setup_run does"
+        )
     found = false_negative_mask(rows)
     mask = found.mask if config.mask_false_negatives else None  # (B, B + M) or None
     health.update(found.telemetry())

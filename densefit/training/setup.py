@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 
+from densefit.choices import SIMILARITIES
 from densefit.config import AUTO_LR_BATCH, TrainConfig
 from densefit.data.batching import total_steps
 from densefit.data.corpus import BeirDataset
@@ -31,7 +32,7 @@ from densefit.memory.dropout import enable_invariant_dropout
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.planner import plan_for_run
 from densefit.memory.strategies import MemoryStrategy, make_strategy
-from densefit.models import apply_lora
+from densefit.models import apply_lora, model_similarity
 from densefit.prompts import set_prompts
 from densefit.training.checkpoint import (
     CHECKPOINTS,
@@ -148,6 +149,21 @@ def resolve_learning_rate(config: TrainConfig) -> TrainConfig:
     if config.learning_rate == "auto":
         return dataclasses.replace(config, learning_rate=config.peak_learning_rate)
     return config
+
+
+def resolve_similarity(config: TrainConfig, model: SentenceTransformer) -> TrainConfig:
+    """``config`` with ``similarity=None`` replaced by the model's own
+    (:func:`~densefit.models.model_similarity`): what the loss uses and the saved model
+    records. A model that scores by a similarity densefit does not train is refused."""
+    if config.similarity is not None:
+        return config
+    own = model_similarity(model)
+    if own not in SIMILARITIES:
+        raise ValueError(
+            f"the model scores by {own!r} similarity, which densefit does not train: pass "
+            f"--similarity {' or '.join(SIMILARITIES)}"
+        )
+    return dataclasses.replace(config, similarity=own)
 
 
 def check_output_dir(
@@ -288,6 +304,7 @@ def _prepare_model(model: SentenceTransformer, config: TrainConfig) -> torch.dev
     if config.max_seq_length is not None:
         model.max_seq_length = config.max_seq_length
     set_prompts(model, query=config.query_prompt, document=config.document_prompt)
+    model.similarity_fn_name = config.similarity  # saved with the model; stores search by it
     if config.gradient_accumulation_steps > 1 and config.loss == "mnrl":
         warnings.warn(
             "gradient accumulation does not add in-batch negatives: each micro-batch only "
@@ -341,7 +358,7 @@ def setup_run(
     """
     config = config or TrainConfig()
     auto_lr = config.learning_rate == "auto"  # the rule's value from here on (and in checkpoints)
-    config = resolve_learning_rate(config)
+    config = resolve_similarity(resolve_learning_rate(config), model)
     check_examples(examples, config)
     check_output_dir(output_dir, config, resume=bool(resume), overwrite=overwrite)
     if config.checkpoint_every and output_dir is None:

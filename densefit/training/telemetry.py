@@ -30,7 +30,7 @@ __all__ = [
 
 @torch.no_grad()
 def score_health(
-    embeddings: Sequence[torch.Tensor], rows: Sequence[TrainingExample], similarity: str = "cos"
+    embeddings: Sequence[torch.Tensor], rows: Sequence[TrainingExample], similarity: str = "cosine"
 ) -> dict:
     """Mean similarity of each anchor to its own positive and to its own hard negatives.
 
@@ -44,7 +44,7 @@ def score_health(
     anchors, positives = embeddings[0].detach().float(), embeddings[1].detach().float()
     d = anchors.shape[-1]
     negatives = embeddings[2].detach().float().reshape(-1, d) if len(embeddings) > 2 else None
-    if similarity == "cos":
+    if similarity == "cosine":
         anchors, positives = F.normalize(anchors, dim=-1), F.normalize(positives, dim=-1)
         if negatives is not None:
             negatives = F.normalize(negatives, dim=-1)
@@ -65,7 +65,7 @@ def score_health(
 def in_batch_accuracy(
     embeddings: Sequence[torch.Tensor],
     mask: torch.Tensor | None = None,
-    similarity: str = "cos",
+    similarity: str = "cosine",
     block: int | None = None,
 ) -> float:
     """Fraction of anchors whose own positive strictly outscores every other candidate.
@@ -86,7 +86,7 @@ def in_batch_accuracy(
     if len(embeddings) > 2 and embeddings[2].numel():
         parts.append(embeddings[2].detach().float().reshape(-1, d))
     candidates = torch.cat(parts)  # (B + M, d)
-    if similarity == "cos":
+    if similarity == "cosine":
         anchors, candidates = F.normalize(anchors, dim=-1), F.normalize(candidates, dim=-1)
     B = anchors.shape[0]
     block = block or max(1, 2**20 // max(1, candidates.shape[0]))  # ~1M scores per block

@@ -34,8 +34,7 @@ __all__ = [
 ]
 
 FORMAT = "densefit-store/1"
-SIMILARITIES = ("cosine", "dot")
-DTYPES = {"float32": "f32", "float16": "f16"}
+DTYPES = {"float32": "f32", "float16": "f16"}  # each of densefit.choices.VECTOR_DTYPES
 PROBE_TEXTS = (
     "densefit model fingerprint: the quick brown fox jumps over the lazy dog.",
     "What is the effect of vitamin D on bone density in older adults?",

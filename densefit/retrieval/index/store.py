@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from densefit.choices import SIMILARITIES
 from densefit.data.types import Document
 from densefit.retrieval.index.base import ModelMismatchError, SearchHit, StoreError, WriteResult
 from densefit.retrieval.index.documents import (
@@ -57,7 +58,6 @@ from densefit.retrieval.index.locking import LOCK_NAME, writer_lock
 from densefit.retrieval.index.searching import scaled_scores
 from densefit.retrieval.index.settings import (
     DTYPES,
-    SIMILARITIES,
     StoreRecord,
     VectorSettings,
     model_fingerprint,
@@ -692,13 +692,13 @@ def open_store(
 
 def _create_for(path, model, *, backend, dtype: str) -> LocalDocumentStore:
     """A new store recording ``model``: its name, dimension, fingerprint and settings."""
-    from densefit.models import model_name_of
+    from densefit.models import model_name_of, model_similarity
     from densefit.retrieval.encode import embedding_dimension
 
     name = model_name_of(model)
     if Path(name).expanduser().is_dir():
         name = str(Path(name).expanduser().resolve())
-    similarity = getattr(model, "similarity_fn_name", None) or "cosine"
+    similarity = model_similarity(model)
     if similarity not in SIMILARITIES:
         raise StoreError(
             f"model {name!r} scores by {similarity!r} similarity; the store searches by inner "

@@ -1,0 +1,60 @@
+"""The vocabularies every option draws its choices from: declared once, at the bottom layer.
+
+The modules that implement a choice (the losses, the memory strategies, the gather modes of
+several processes, the mining methods...) import their names from here, and the options that
+offer them (:mod:`densefit.config` and the other option declarations) list them from here,
+so a name is spelt one way everywhere: in flags, YAML keys, saved models, stores and docs.
+Nothing here imports anything but the standard library.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "AMP",
+    "DEFAULT_METRICS",
+    "GATHER_MODES",
+    "LOSSES",
+    "MEMORY_STRATEGIES",
+    "METRIC_KINDS",
+    "MINE_METHODS",
+    "MINE_SAMPLING",
+    "ON_BAD_ROW",
+    "SIMILARITIES",
+    "VECTOR_DTYPES",
+    "parse_metric",
+]
+
+# How two embeddings are scored: sentence-transformers' `similarity_fn_name` values that
+# densefit trains with and searches by. A trained model saves its similarity under that name
+# and a store reads it back from there.
+SIMILARITIES = ("cosine", "dot")
+LOSSES = ("mnrl", "margin_mse")
+# Memory strategies of one optimizer step (densefit.memory); the options add "auto" (planned).
+MEMORY_STRATEGIES = ("plain", "checkpoint", "cache", "cache+checkpoint")
+# Several processes: which embeddings every rank gathers (densefit.training.distributed).
+GATHER_MODES = ("none", "candidates", "both")
+AMP = (None, "bf16", "fp16")
+MINE_METHODS = ("bm25", "dense", "hybrid")
+MINE_SAMPLING = ("top", "random")
+ON_BAD_ROW = ("error", "skip")
+VECTOR_DTYPES = ("float32", "float16")
+
+# Metrics: KIND@K, computed by pytrec_eval (densefit.evaluate).
+METRIC_KINDS = ("ndcg", "mrr", "recall", "map", "precision")
+DEFAULT_METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100")
+_METRIC = re.compile(rf"^({'|'.join(METRIC_KINDS)})@(\d+)$")
+
+
+def parse_metric(name: str) -> tuple[str, int]:
+    """``"ndcg@10"`` -> ``("ndcg", 10)``; ``ValueError`` listing what is supported.
+
+    >>> parse_metric("nDCG@10")
+    ('ndcg', 10)
+    """
+    match = _METRIC.match(str(name).strip().lower())
+    if not match or int(match.group(2)) < 1:
+        kinds = ", ".join(f"{kind}@K" for kind in METRIC_KINDS)
+        raise ValueError(f"unknown metric {name!r}: use {kinds} (K a positive integer)")
+    return match.group(1), int(match.group(2))
