@@ -56,7 +56,7 @@ def load_point(spec: dict):
 def fine_tune(model, rows, spec: dict, **config):
     """Train ``model`` on ``rows`` with the spec's batch, epochs, learning rate, seed and
     length (``config``: more TrainConfig settings); the train result and its per-step log."""
-    from densefit.config import TrainConfig
+    from densefit.config.train import TrainConfig
     from densefit.training.loop import train
 
     config = TrainConfig(
@@ -110,12 +110,12 @@ def evaluate_test(model, spec: dict, corpus, out: dict) -> dict:
     """Evaluate on the test split over the full corpus (``corpus``: the train split's, when
     loaded); adds timing, sizes, metrics and peak RSS to ``out`` and returns it."""
     from densefit.data.corpus import load_beir
-    from densefit.evaluate import evaluate_beir
+    from densefit.evaluate import evaluate
     from densefit.training.loop import peak_rss_bytes
 
     started = time.perf_counter()
     test = load_beir(spec["data"], "test", corpus=corpus)
-    result = evaluate_beir(model, test, "test", batch_size=64)
+    result = evaluate(model, test, split="test", batch_size=64)
     out["eval_s"] = round(time.perf_counter() - started, 1)
     out["eval_docs"] = len(test.corpus)
     out["eval_queries"] = result.n_queries

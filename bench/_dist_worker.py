@@ -65,7 +65,7 @@ def main(spec: dict) -> dict:
     rank = dist.get_rank() if world > 1 else 0
     cuda = device.startswith("cuda")
 
-    from densefit.config import TrainConfig
+    from densefit.config.train import TrainConfig
     from densefit.data.batching import columns_of
     from densefit.models import load_model
     from densefit.training.distributed import shard_bounds

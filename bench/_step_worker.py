@@ -84,7 +84,7 @@ def main(spec: dict) -> dict:
         limit = int(spec["rlimit_gib"] * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-    from densefit.config import TrainConfig
+    from densefit.config.train import TrainConfig
     from densefit.data.batching import columns_of
     from densefit.models import load_model
     from densefit.training.setup import make_optimizer, setup_run
@@ -149,7 +149,7 @@ def main(spec: dict) -> dict:
                 "strategy",
                 "chunk_size",
                 "token_budget",
-                "loss_chunk_size",
+                "loss_block_size",
                 "keep_graphs",
                 "predicted_peak_bytes",
             )

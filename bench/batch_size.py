@@ -4,7 +4,7 @@
     python bench/batch_size.py --report-only     # rebuild table + plot from batch_size.jsonl
 
 all-MiniLM-L6-v2 fine-tuned with MNRL (in-batch negatives, false negatives masked) on a BEIR
-train split, evaluated on the test split over the full corpus (densefit.evaluate.evaluate_beir),
+train split, evaluated on the test split over the full corpus (densefit.evaluate.evaluate),
 at batch 32, 128, 512 and 2,048, with three learning-rate rules from a base of 2e-5 at batch 32:
 
 - ``const``: 2e-5 at every batch size (a fixed rate);
@@ -70,7 +70,7 @@ def learning_rate(rule: str, batch_size: int) -> float:
         return min(LR_CAP, BASE_LR * batch_size / BASE_BATCH)
     if rule == "auto":
         sys.path.insert(0, str(ROOT))
-        from densefit.config import auto_learning_rate
+        from densefit.config.train import auto_learning_rate
 
         return auto_learning_rate(batch_size)
     raise ValueError(f"unknown rule {rule!r}: one of {RULES}")

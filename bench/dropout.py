@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python bench/dropout.py [--batch 32] [--steps 8] [--threads 1]
 
 Packaged all-MiniLM-L6-v2, SciFact training pairs (query, positive) at sequence length 128,
-densefit's forward-backward for plain (sub-batches of 16), cache (chunks of 8) and
+densefit's forward-backward for plain (chunks of 16), cache (chunks of 8) and
 checkpoint. One process, one model: each timed step runs once with ordinary dropout and once
 with invariant dropout (densefit.memory.dropout), alternating from pair to pair which goes
 first, so both see the same load; the result is the per-pair ratio (invariant / ordinary) of the step's CPU
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from _runner import DATASETS, RESULTS
 
-from densefit.config import TrainConfig
+from densefit.config.train import TrainConfig
 from densefit.data.batching import columns_of
 from densefit.data.readers import read_training_data
 from densefit.memory import fixed_plan, make_strategy, tokenize

@@ -112,12 +112,12 @@ def eval_point(model_ref: str) -> dict:
     DISTRACTORS seeded random others, as ``densefit run``'s ``eval.distractors`` does (the
     full corpus takes most of an hour per model on this shared machine)."""
     from densefit.data.corpus import load_beir
-    from densefit.evaluate import evaluate_beir
+    from densefit.evaluate import evaluate
     from densefit.models import load_model
 
     model = load_model(model_ref, device="cpu", max_seq_length=SEQ)
     beir = judged_plus_others(load_beir(DATASETS / "scifact", "test"), DISTRACTORS, 0)
-    result = evaluate_beir(model, beir, "test", metrics=["ndcg@10"], batch_size=64)
+    result = evaluate(model, beir, split="test", metrics=["ndcg@10"], batch_size=64)
     return {"ndcg@10": round(float(result.metrics["ndcg@10"]), 4), "documents": len(beir.corpus)}
 
 

@@ -9,7 +9,7 @@ Fine-tunes all-MiniLM-L6-v2 twice on SciFact's train qrels (919 pairs, one epoch
 same seed, batch, steps and learning rate: once with plain MNRL and once with Matryoshka MNRL
 (``matryoshka_dims=[384, 256, 128, 64]``, weights 1), then evaluates each (and the untouched
 base model) on the SciFact test split (300 queries) at every size with
-:func:`densefit.evaluate.evaluate_dims`: the corpus is embedded once, and each smaller size
+:func:`densefit.evaluate.evaluate` with ``dims``: the corpus is embedded once, and each smaller size
 cuts every vector to its first coordinates and re-normalises it (what ``densefit index
 --dim`` stores).
 
@@ -60,7 +60,7 @@ def find_scifact() -> Path:
 def run_point(spec: dict) -> dict:
     """Train (unless the base) and evaluate at every size; runs in a child process."""
     from densefit.data.corpus import load_beir
-    from densefit.evaluate import evaluate_dims
+    from densefit.evaluate import evaluate
     from densefit.training.loop import peak_rss_bytes
 
     model, out = load_point(spec)
@@ -75,13 +75,13 @@ def run_point(spec: dict) -> dict:
             "steps": result.steps,
             "seconds": round(result.seconds, 1),
             "final_loss": round(result.final_loss, 4),
-            "loss_chunk_size": result.plan.get("loss_chunk_size")
+            "loss_block_size": result.plan.get("loss_block_size")
             if isinstance(result.plan, dict)
             else None,
         }
     started = time.perf_counter()
     test = subsample(load_beir(spec["data"], "test", corpus=beir.corpus), spec)
-    results = evaluate_dims(model, test, spec["dims"], "test", batch_size=64)
+    results = evaluate(model, test, dims=spec["dims"], split="test", batch_size=64)
     out["eval_s"] = round(time.perf_counter() - started, 1)
     out["eval_corpus_docs"] = len(test.corpus)  # judged + eval_docs others (or all of them)
     out["eval_queries"] = results[0].n_queries

@@ -189,7 +189,7 @@ def ratio_rows(results: list[dict]) -> list[dict]:
                 continue
             if peer == "fastest-fitting":
                 budget = SPEED_BUDGET if section == "speed" else SCALING_BUDGET
-                from densefit.config import parse_bytes
+                from densefit.config.train import parse_bytes
 
                 limit = parse_bytes(budget) / 2**20
                 fitting = [

@@ -85,7 +85,7 @@ def phase_mine(args) -> dict:
 
 def phase_train_eval(args) -> dict:
     """Fine-tune on ``args.train`` (or not at all), then evaluate on SciFact test."""
-    from densefit.config import TrainConfig
+    from densefit.config.train import TrainConfig
     from densefit.data.readers import read_training_data
     from densefit.models import load_model
     from densefit.training.loop import train

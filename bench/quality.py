@@ -8,7 +8,7 @@
 For SciFact and NFCorpus: evaluate the packaged all-MiniLM-L6-v2 once (the base), then
 fine-tune it on the dataset's train qrels with MNRL (in-batch negatives, false negatives
 masked) at each batch size, with the same epochs, learning rate and warm-up fraction, and
-evaluate on the test split over the full corpus (densefit.evaluate.evaluate_beir: exactly
+evaluate on the test split over the full corpus (densefit.evaluate.evaluate: exactly
 what bench/reproduce_mteb.py runs, which reproduces the published scores).
 
 Every point runs in a fresh process and appends one JSON line to results/quality.jsonl,
@@ -262,7 +262,7 @@ def markdown(summary: dict, settings: dict, meta: dict) -> str:
         "# Does a bigger batch retrieve better?",
         "",
         f"all-MiniLM-L6-v2 fine-tuned with MNRL on each dataset's train qrels, evaluated on its "
-        f"test split over the full corpus (densefit.evaluate.evaluate_beir). Same epochs "
+        f"test split over the full corpus (densefit.evaluate.evaluate). Same epochs "
         f"({settings['epochs']}), learning rate ({settings['learning_rate']:g}, linear decay, "
         f"{settings['warmup_fraction']:.0%} warm-up) and sequence length "
         f"({settings['max_seq_length']} tokens, training and evaluation) at every batch size, "

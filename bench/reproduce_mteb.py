@@ -68,7 +68,7 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    from densefit.evaluate import evaluate_beir
+    from densefit.evaluate import evaluate
     from densefit.models import load_model
 
     root = find_datasets(args.datasets_dir)
@@ -77,8 +77,8 @@ def main() -> int:
     for dataset in [d.strip() for d in args.datasets.split(",") if d.strip()]:
         print(f"== {dataset}: indexing and evaluating with {args.model}", flush=True)
         started = time.perf_counter()
-        result = evaluate_beir(
-            model, root / dataset, "test", batch_size=args.batch_size, show_progress=True
+        result = evaluate(
+            model, root / dataset, split="test", batch_size=args.batch_size, show_progress=True
         )
         seconds = time.perf_counter() - started
         checks = []
@@ -121,7 +121,7 @@ def main() -> int:
     payload = {
         "model": args.model,
         "command": command_line("reproduce_mteb.py", sys.argv[1:]),
-        "pipeline": "densefit.evaluate.evaluate_beir: BEIR reader -> temporary LocalDocumentStore "
+        "pipeline": "densefit.evaluate.evaluate: BEIR reader -> temporary LocalDocumentStore "
         "(exact backend, float32, cosine) -> top-100 search -> pytrec_eval",
         "environment": environment(),
         "results": rows,

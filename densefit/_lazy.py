@@ -8,6 +8,7 @@ loads only the module that defines the name asked for.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ def lazy_exports(
         return getattr(importlib.import_module(module), name)
 
     def __dir__() -> list[str]:
-        return sorted(exports)
+        module = sys.modules.get(package)
+        return sorted({*exports, *(vars(module) if module is not None else ())})
 
     return __getattr__, __dir__

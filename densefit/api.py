@@ -20,13 +20,20 @@ from pathlib import Path
 import numpy as np
 from sentence_transformers import SentenceTransformer
 
-from densefit.config import TrainConfig
-from densefit.data.readers import load_training_examples
+from densefit.choices import DEFAULT_METRICS
+from densefit.config.commands import TrainJob
+from densefit.config.shared import DEFAULT_MODEL, ENCODE_BATCH_SIZE
+from densefit.config.train import TrainConfig
 from densefit.data.types import Document, TrainingExample
+from densefit.evaluate import EvalResult, evaluate
+from densefit.jobs import train_job
 from densefit.models import load_model
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index.base import SearchHit, StoreError
-from densefit.training.loop import TrainResult, save_model, train
+from densefit.retrieval.index.indexing import index_documents
+from densefit.retrieval.index.searching import search_batch
+from densefit.retrieval.index.store import open_store
+from densefit.training.loop import TrainResult, save_model
 
 __all__ = ["Retriever", "as_document"]
 
@@ -83,12 +90,12 @@ class Retriever:
 
     def __init__(
         self,
-        model: str | os.PathLike | SentenceTransformer = "all-MiniLM-L6-v2",
+        model: str | os.PathLike | SentenceTransformer = DEFAULT_MODEL,
         *,
         device: str | None = None,
         max_seq_length: int | None = None,
         trust_remote_code: bool = False,
-        batch_size: int = 32,
+        batch_size: int = ENCODE_BATCH_SIZE.default,
     ):
         self.model = load_model(
             model,
@@ -107,7 +114,7 @@ class Retriever:
         learning_rate: float | str = "auto",  # TrainConfig's rule in the batch size
         n_epochs: int = 1,
         num_warmup_steps: int | None = None,
-        batch_size: int = 16,
+        batch_size: int | None = None,
         train_loss: str = "mnrl",
         num_workers: int = 0,
         use_amp: bool | str = False,
@@ -121,28 +128,39 @@ class Retriever:
 
         ``training_data`` is a path (JSONL, CSV/TSV, Parquet, BEIR folder) or a list of dicts
         with ``question``/``pos_doc``/``neg_doc``/``score`` (or ``anchor``/``positive``/
-        ``negative``...). ``use_amp``: True picks fp16 on CUDA, bf16 on CPU. Further
-        :class:`~densefit.config.TrainConfig` fields (``memory="auto"``,
-        ``memory_budget="8GiB"``, ``max_steps``, ``seed``...) go in ``options``.
+        ``negative``...). ``batch_size`` defaults to TrainConfig's (32). ``use_amp``: True
+        picks fp16 on CUDA, bf16 on CPU. Further :class:`~densefit.config.TrainConfig` fields
+        (``memory_budget="8GiB"``, ``max_steps``, ``seed``...) go in ``options``.
         ``num_workers`` is accepted for compatibility: tokenisation happens in the step.
+        Runs :func:`densefit.jobs.train_job`, as ``densefit train`` does.
         """
         del num_workers  # batches are tokenised inside the step, per chunk
         amp = use_amp
         if use_amp is True:
             amp = "fp16" if self.model.device.type == "cuda" else "bf16"
-        config = TrainConfig(
-            batch_size=batch_size,
+        given = dict(
             epochs=n_epochs,
             learning_rate=learning_rate,
             warmup_steps=num_warmup_steps,
             loss=train_loss,
             amp=amp or None,
             gradient_checkpointing=gradient_checkpointing,
-            **options,
+            device=str(self.model.device),
+            show_progress=False,
         )
-        examples = load_training_examples(training_data, on_bad_row=on_bad_row)
-        self.last_config = config
-        return train(self.model, examples, config, output_dir=save_dir)
+        if batch_size is not None:
+            given["batch_size"] = batch_size
+        config = TrainConfig(**{**given, **options})
+        job = TrainJob(
+            data=training_data,
+            model=self.model,
+            output=save_dir,
+            on_bad_row=on_bad_row,
+            train=config,
+        )
+        outcome = train_job(job)
+        self.last_config = outcome.config
+        return outcome.result
 
     def save(self, save_dir: str | os.PathLike) -> Path:
         """Save in sentence-transformers format (loads with ``SentenceTransformer(path)``)."""
@@ -172,7 +190,7 @@ class Retriever:
         self,
         documents: Iterable[Document | Mapping | str],
         store: str | os.PathLike | object | None = None,
-        batch_size: int = 64,
+        batch_size: int | None = None,
         *,
         backend: str | None = None,
         show_progress: bool = False,
@@ -187,9 +205,6 @@ class Retriever:
         ``max_seq_length``) is refused unless ``reembed`` re-embeds all of it. Returns an
         :class:`~densefit.retrieval.index.indexing.IndexReport`.
         """
-        from densefit.retrieval.index.indexing import index_documents
-        from densefit.retrieval.index.store import open_store
-
         if store is None:
             store = (
                 self.store
@@ -206,7 +221,7 @@ class Retriever:
             store,
             self.model,
             docs,
-            batch_size=batch_size,
+            batch_size=batch_size or self.batch_size,
             show_progress=show_progress,
             total=total,
             reembed=reembed,
@@ -242,8 +257,6 @@ class Retriever:
         scale_score: bool = False,
     ) -> list[list[SearchHit]]:
         """:meth:`retrieve` for many queries, embedded and searched together."""
-        from densefit.retrieval.index.searching import search_batch
-
         return search_batch(
             self._require_store(),
             self.model,
@@ -263,40 +276,23 @@ class Retriever:
         split: str = "test",
         metrics: Sequence[str] | None = None,
         top_k: int | None = None,
-    ):
+    ) -> EvalResult:
         """nDCG@10, MRR@10, Recall@10/100 and MAP@100 (pytrec_eval) of this retriever.
 
         Either ``queries`` + ``qrels`` (files or mappings) scored against ``self.store``, or
         ``dataset=BEIR_FOLDER`` which indexes that corpus into a temporary store (leaving
-        ``self.store`` alone). Returns an :class:`~densefit.evaluate.EvalResult`.
+        ``self.store`` alone): :func:`densefit.evaluate.evaluate`, the one evaluation entry.
         """
-        from densefit.evaluate import (
-            DEFAULT_METRICS,
-            evaluate_beir,
-            evaluate_store,
-            load_queries_and_qrels,
+        options = dict(
+            metrics=tuple(metrics or DEFAULT_METRICS), top_k=top_k, batch_size=self.batch_size
         )
-
-        metrics = tuple(metrics or DEFAULT_METRICS)
-        batch_size = self.batch_size
         if dataset is not None:
             if queries is not None or qrels is not None:
                 raise ValueError("pass either dataset= or queries and qrels, not both")
-            return evaluate_beir(
-                self.model, dataset, split, metrics=metrics, top_k=top_k, batch_size=batch_size
-            )
+            return evaluate(self.model, dataset, split=split, **options)
         if queries is None or qrels is None:
             raise ValueError("evaluate needs queries and qrels, or dataset=BEIR_FOLDER")
-        queries, qrels = load_queries_and_qrels(queries, qrels)
-        return evaluate_store(
-            self._require_store(),
-            self.model,
-            queries,
-            qrels,
-            metrics=metrics,
-            top_k=top_k,
-            batch_size=batch_size,
-        )
+        return evaluate(self.model, self._require_store(), queries=queries, qrels=qrels, **options)
 
     def _require_store(self):
         if self.store is None:

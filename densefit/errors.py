@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["OptionError"]
+__all__ = ["ModelNotFoundError", "OptionError"]
 
 
 class OptionError(ValueError):
@@ -35,3 +35,7 @@ class OptionError(ValueError):
 
 def _rebuild(name: str, template: str, flag: str | None) -> OptionError:
     return OptionError(name, template, flag=flag)
+
+
+class ModelNotFoundError(RuntimeError):
+    """A model that is neither a loadable local folder nor fetchable (offline, or absent)."""

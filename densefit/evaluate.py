@@ -19,27 +19,38 @@ out of the average, as pytrec_eval alone would do.
 from __future__ import annotations
 
 import os
+import random
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
+from tqdm.auto import tqdm
 
 from densefit.choices import DEFAULT_METRICS, parse_metric
+from densefit.data.corpus import BeirDataset, load_beir, read_qrels, read_queries
 from densefit.data.types import ReadReport
+from densefit.losses.matryoshka import truncate
+from densefit.models import load_model, model_name_of
+from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.index.documents import DB_NAME
+from densefit.retrieval.index.indexing import index_documents
+from densefit.retrieval.index.settings import check_search_settings
+from densefit.retrieval.index.store import LocalDocumentStore, open_store
 
 __all__ = [
     "DEFAULT_METRICS",
     "parse_metric",
     "EvalResult",
     "compare_results",
-    "evaluate_beir",
-    "evaluate_dims",
-    "evaluate_store_at",
+    "evaluate",
     "evaluate_run",
-    "evaluate_store",
     "format_table",
+    "is_store",
     "paired_randomization_test",
     "load_queries_and_qrels",
     "retrieve_run",
@@ -100,7 +111,7 @@ def evaluate_run(
     >>> round(result.metrics["ndcg@10"], 4)  # 1 / log2(3): the relevant document is second
     0.6309
     """
-    import pytrec_eval
+    import pytrec_eval  # the optional extra `eval`
 
     parsed = [(m, *parse_metric(m)) for m in metrics]
     qrels = {str(q): {str(d): int(r) for d, r in docs.items()} for q, docs in qrels.items()}
@@ -163,11 +174,6 @@ def retrieve_run(
     >>> retrieve_run(open_store(None, tiny_model()), tiny_model(), {"q1": "cells"})
     {'q1': {}}
     """
-    from tqdm.auto import tqdm
-
-    from densefit.retrieval.encode import encode_texts
-    from densefit.retrieval.index.settings import check_search_settings
-
     store.check_model(model)
     check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
     ids = list(queries)
@@ -185,36 +191,144 @@ def retrieve_run(
     return run
 
 
-def evaluate_store(
+def evaluate(
+    model,
+    source,
+    *,
+    split: str = "test",
+    queries: str | os.PathLike | Mapping[str, str] | None = None,
+    qrels: str | os.PathLike | Mapping[str, Mapping[str, int]] | None = None,
+    dims: Sequence[int] | None = None,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    top_k: int | None = None,
+    batch_size: int = 64,
+    distractors: int | None = None,
+    sample_seed: int = 0,
+    store_dir: str | os.PathLike | None = None,
+    backend: str = "exact",
+    on_bad_row: str = "error",
+    show_progress: bool = False,
+    name: str | None = None,
+) -> EvalResult | list[EvalResult]:
+    """nDCG, MRR, Recall, MAP of ``model`` on ``source``: the one evaluation entry.
+
+    ``source`` is either
+
+    - a BEIR folder (or a loaded :class:`~densefit.data.corpus.BeirDataset`): its corpus is
+      indexed with ``model`` (into ``store_dir`` when given, kept and reused; else a temporary
+      store) and its ``split`` queries are scored; ``distractors=N`` searches every judged
+      document plus N seeded random others (``sample_seed``) instead of the whole corpus;
+    - a document store (a store object or a store folder) with ``queries`` and ``qrels``
+      (files or mappings), searched as it is.
+
+    ``dims`` (Matryoshka sizes) gives one result per size, the corpus embedded once at the
+    full size and every vector cut to each size and re-normalised, exactly as ``densefit
+    index --dim`` and a search of that store would do; without ``dims`` one result. Judged
+    queries without text or results score 0 and are listed in ``missing_queries``; rows
+    skipped with ``on_bad_row="skip"`` are listed in ``skipped_rows``.
+
+    >>> result = evaluate("all-MiniLM-L6-v2", "datasets/scifact")  # doctest: +SKIP
+    >>> round(result.metrics["ndcg@10"], 3)  # doctest: +SKIP
+    0.645
+    """
+    model = load_model(model)
+    name = name or model_name_of(model)
+    options = dict(metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=show_progress)
+    if is_store(source):
+        if queries is None or qrels is None:
+            raise ValueError("evaluating a store needs queries and qrels (files or mappings)")
+        report = ReadReport(f"{queries}, {qrels}")
+        texts, judgments = load_queries_and_qrels(
+            queries, qrels, on_bad_row=on_bad_row, report=report
+        )
+        given = not isinstance(source, (str, os.PathLike))  # the caller's: left open
+        opening = nullcontext(source) if given else LocalDocumentStore(source, backend=backend)
+        with opening as opened:
+            results = [
+                _score_store(opened, model, texts, judgments, dim=dim, name=name, **options)
+                for dim in (dims or [None])
+            ]
+        for result in results:
+            result.skipped_rows = list(report.skipped)
+        return results if dims else results[0]
+    if queries is not None or qrels is not None:
+        raise ValueError("a BEIR folder brings its own queries and qrels: drop queries/qrels")
+    beir = (
+        source
+        if isinstance(source, BeirDataset)
+        else load_beir(source, split, on_bad_row=on_bad_row)
+    )
+    beir, corpus = subsample_corpus(beir, distractors, sample_seed)
+    with tempfile.TemporaryDirectory(prefix="densefit-eval-") as temporary:
+        folder = temporary if store_dir is None else store_dir
+        with open_store(folder, model, backend=backend) as store:
+            started = time.perf_counter()
+            indexed = index_documents(
+                store, model, beir.corpus.values(), batch_size=batch_size,
+                show_progress=show_progress, total=len(beir.corpus),
+            )  # fmt: skip
+            index_seconds = time.perf_counter() - started
+            results = [
+                _score_store(store, model, beir.queries, beir.qrels, dim=dim, name=name, **options)
+                for dim in (dims or [None])
+            ]
+    for result in results:
+        result.info.update(
+            dataset=str(source) if not isinstance(source, BeirDataset) else "<BeirDataset>",
+            split=split,
+            backend=backend,
+            corpus=corpus,
+            index=indexed.to_dict(),
+            index_seconds=round(index_seconds, 3),
+            max_seq_length=model.max_seq_length,
+            store=None if store_dir is None else str(store_dir),
+        )
+        result.skipped_rows = list(beir.report.skipped)
+    return results if dims else results[0]
+
+
+def is_store(source) -> bool:
+    """Whether ``source`` is a document store (an object, or a folder holding one) rather
+    than a BEIR folder or dataset."""
+    if isinstance(source, (str, os.PathLike)):
+        return (Path(source) / DB_NAME).is_file()
+    return hasattr(source, "search") and hasattr(source, "check_model")
+
+
+def _score_store(
     store,
     model,
     queries: Mapping[str, str],
     qrels: Mapping[str, Mapping[str, int]],
     *,
+    dim: int | None = None,
     metrics: Sequence[str] = DEFAULT_METRICS,
     top_k: int | None = None,
     batch_size: int = 64,
     show_progress: bool = False,
-    name: str | None = None,
+    name: str,
 ) -> EvalResult:
-    """Search ``store`` with the judged queries and score the run against ``qrels``.
-
-    Judged queries without text in ``queries`` score 0 and are listed in
-    ``missing_queries``. ``top_k`` defaults to the largest metric cutoff.
-
-    >>> from densefit.testing import tiny_model
-    >>> from densefit.data.types import Document
-    >>> from densefit.retrieval.index import open_store
-    >>> from densefit.retrieval.index.indexing import index_documents
-    >>> model = tiny_model()
-    >>> store = open_store(None, model)
-    >>> _ = index_documents(store, model, [Document("d1", "cells divide"), Document("d2", "python")])
-    >>> result = evaluate_store(store, model, {"q1": "python"}, {"q1": {"d2": 1}}, metrics=["recall@2"])
-    >>> result.metrics
-    {'recall@2': 1.0}
-    """
-    from densefit.models import model_name_of
-
+    """Search ``store`` with the judged queries and score the run; at ``dim`` (a Matryoshka
+    size below the store's) the store's vectors are cut, re-normalised, into a temporary
+    store and the queries embedded with ``model.truncate_dim = dim``."""
+    if dim is not None and dim < store.dim:
+        before = getattr(model, "truncate_dim", None)
+        model.truncate_dim = dim
+        try:
+            with open_store(None, model) as cut:
+                ids = list(store.ids())
+                for start in range(0, len(ids), 4096):
+                    part = ids[start : start + 4096]
+                    cut.write(store.get(part), truncate(store.vectors(part), dim))
+                result = _score_store(
+                    cut, model, queries, qrels, metrics=metrics, top_k=top_k,
+                    batch_size=batch_size, show_progress=show_progress, name=name,
+                )  # fmt: skip
+        finally:
+            model.truncate_dim = before
+        result.name = f"{name} @{dim}"
+        result.info.update(dim=dim, store=str(getattr(store, "path", "")))
+        return result
     top_k = top_k or max(parse_metric(m)[1] for m in metrics)
     judged = {q: queries[q] for q in qrels if q in queries}
     started = time.perf_counter()
@@ -222,90 +336,20 @@ def evaluate_store(
         store, model, judged, top_k=top_k, batch_size=batch_size, show_progress=show_progress
     )
     search_seconds = time.perf_counter() - started
-    result = evaluate_run(run, qrels, metrics, name=name or model_name_of(model))
+    label = name if dim is None else f"{name} @{store.dim}"
+    result = evaluate_run(run, qrels, metrics, name=label)
     result.info.update(
         {
             "model": model_name_of(model),
             "store": str(getattr(store, "path", "")),
             "documents": store.count(),
+            "dim": store.dim,
             "top_k": top_k,
             "queries_without_text": sorted(q for q in qrels if q not in queries),
             "search_seconds": round(search_seconds, 3),
             "torch_threads": _threads(),
         }
     )
-    return result
-
-
-def evaluate_beir(
-    model,
-    dataset,
-    split: str = "test",
-    *,
-    store_dir: str | os.PathLike | None = None,
-    backend: str = "exact",
-    metrics: Sequence[str] = DEFAULT_METRICS,
-    top_k: int | None = None,
-    batch_size: int = 64,
-    show_progress: bool = False,
-    on_bad_row: str = "error",
-    name: str | None = None,
-) -> EvalResult:
-    """Index a BEIR folder's corpus with ``model``, search its ``split`` queries, score them.
-
-    ``dataset`` is a BEIR folder or a loaded :class:`~densefit.data.corpus.BeirDataset`.
-    The index goes to a temporary store unless ``store_dir`` is given, in which case it is
-    kept and reused (documents already embedded are skipped).
-
-    >>> result = evaluate_beir("all-MiniLM-L6-v2", "datasets/scifact")  # doctest: +SKIP
-    >>> round(result.metrics["ndcg@10"], 3)  # doctest: +SKIP
-    0.645
-    """
-    from densefit.data.corpus import BeirDataset, load_beir
-    from densefit.models import load_model, model_name_of
-    from densefit.retrieval.index.indexing import index_documents
-    from densefit.retrieval.index.store import open_store
-
-    model = load_model(model)
-    beir = (
-        dataset
-        if isinstance(dataset, BeirDataset)
-        else load_beir(dataset, split, on_bad_row=on_bad_row)
-    )
-    store = open_store(store_dir, model, backend=backend)
-    try:
-        report = index_documents(
-            store,
-            model,
-            beir.corpus.values(),
-            batch_size=batch_size,
-            show_progress=show_progress,
-            total=len(beir.corpus),
-        )
-        result = evaluate_store(
-            store,
-            model,
-            beir.queries,
-            beir.qrels,
-            metrics=metrics,
-            top_k=top_k,
-            batch_size=batch_size,
-            show_progress=show_progress,
-            name=name or model_name_of(model),
-        )
-    finally:
-        store.close()
-    result.info.update(
-        {
-            "dataset": str(dataset) if not isinstance(dataset, BeirDataset) else "<BeirDataset>",
-            "split": split,
-            "backend": backend,
-            "index": report.to_dict(),
-        }
-    )
-    result.skipped_rows = list(beir.report.skipped)
-    if store_dir is None:
-        result.info["store"] = None
     return result
 
 
@@ -324,10 +368,6 @@ def subsample_corpus(beir, distractors: int | None, seed: int) -> tuple:
     >>> len(small.corpus), info["kind"], info["judged_documents"]
     (2, 'subsample', 1)
     """
-    import random
-
-    from densefit.data.corpus import BeirDataset
-
     total = len(beir.corpus)
     if distractors is None:
         return beir, {"kind": "full", "documents": total, "corpus_documents": total}
@@ -344,108 +384,6 @@ def subsample_corpus(beir, distractors: int | None, seed: int) -> tuple:
         "distractors": len(picked),
         "sample_seed": seed,
     }
-
-
-def evaluate_store_at(
-    store,
-    model,
-    dim: int,
-    queries: Mapping[str, str],
-    qrels: Mapping[str, Mapping[str, int]],
-    **options,
-) -> EvalResult:
-    """:func:`evaluate_store` with every vector cut to its first ``dim`` coordinates and
-    re-normalised (a Matryoshka size), documents and queries alike.
-
-    The store's vectors are copied, cut, into a temporary store and the queries embedded
-    with ``model.truncate_dim = dim``: exactly what ``densefit index --dim`` and a search of
-    that store give. ``dim`` at least the store's own evaluates the store as it is.
-    ``options`` go to :func:`evaluate_store`; the result is named ``"NAME @DIM"``.
-    """
-    from densefit.models import model_name_of
-    from densefit.retrieval.encode import truncate_vectors
-    from densefit.retrieval.index.store import open_store
-
-    name = f"{options.pop('name', None) or model_name_of(model)} @{min(dim, store.dim)}"
-    if dim >= store.dim:
-        result = evaluate_store(store, model, queries, qrels, name=name, **options)
-        result.info["dim"] = store.dim
-        return result
-    ids = list(store.ids())
-    before = getattr(model, "truncate_dim", None)
-    model.truncate_dim = dim
-    try:
-        with open_store(None, model) as cut:
-            for start in range(0, len(ids), 4096):
-                part = ids[start : start + 4096]
-                cut.write(store.get(part), truncate_vectors(store.vectors(part), dim))
-            result = evaluate_store(cut, model, queries, qrels, name=name, **options)
-    finally:
-        model.truncate_dim = before
-    result.info.update(dim=dim, store=str(getattr(store, "path", "")))
-    return result
-
-
-def evaluate_dims(
-    model,
-    dataset,
-    dims: Sequence[int],
-    split: str = "test",
-    *,
-    metrics: Sequence[str] = DEFAULT_METRICS,
-    top_k: int | None = None,
-    batch_size: int = 64,
-    show_progress: bool = False,
-    on_bad_row: str = "error",
-    name: str | None = None,
-    store_dir: str | os.PathLike | None = None,
-    backend: str = "exact",
-) -> list[EvalResult]:
-    """:func:`evaluate_beir` at each of ``dims`` (Matryoshka sizes): one result per size,
-    in the order given, the corpus embedded once at the full size (into ``store_dir`` when
-    given, kept; else a temporary store). Each smaller size is :func:`evaluate_store_at`.
-
-    >>> results = evaluate_dims("all-MiniLM-L6-v2", "datasets/scifact", [384, 64])  # doctest: +SKIP
-    >>> [r.name for r in results]  # doctest: +SKIP
-    ['all-MiniLM-L6-v2 @384', 'all-MiniLM-L6-v2 @64']
-    """
-    import tempfile
-
-    from densefit.data.corpus import BeirDataset, load_beir
-    from densefit.models import load_model, model_name_of
-    from densefit.retrieval.index.store import open_store
-
-    model = load_model(model)
-    beir = (
-        dataset
-        if isinstance(dataset, BeirDataset)
-        else load_beir(dataset, split, on_bad_row=on_bad_row)
-    )
-    name = name or model_name_of(model)
-    options = dict(metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=show_progress)
-    with tempfile.TemporaryDirectory(prefix="densefit-dims-") as temporary:
-        folder = temporary if store_dir is None else store_dir
-        full = evaluate_beir(
-            model, beir, split, store_dir=folder, backend=backend, on_bad_row=on_bad_row,
-            name=name, **options,
-        )  # fmt: skip
-        results = []
-        with open_store(folder, model, backend=backend) as store:
-            for dim in dims:
-                if dim >= store.dim:
-                    result = EvalResult(
-                        f"{name} @{store.dim}", dict(full.metrics), full.per_query,
-                        full.n_queries, list(full.missing_queries), dict(full.info),
-                    )  # fmt: skip
-                    result.info.update(dim=store.dim, store=None if store_dir is None else folder)
-                else:
-                    result = evaluate_store_at(
-                        store, model, dim, beir.queries, beir.qrels, name=name, **options
-                    )
-                    result.info.update(split=split, store=None)
-                result.skipped_rows = list(full.skipped_rows)
-                results.append(result)
-    return results
 
 
 def paired_randomization_test(
@@ -508,7 +446,7 @@ def format_table(results: Sequence[EvalResult], *, title: str | None = None):
 
     With two results a delta column and the paired-test p-value are added.
     """
-    from rich.table import Table
+    from rich.table import Table  # for the CLI's tables only
 
     table = Table(title=title)
     table.add_column("metric")
@@ -552,8 +490,6 @@ def format_markdown(results: Sequence[EvalResult]) -> str:
 
 
 def _threads() -> int:
-    import torch
-
     return torch.get_num_threads()
 
 
@@ -568,8 +504,6 @@ def load_queries_and_qrels(
 
     With ``on_bad_row="skip"``, bad rows of the files are skipped and listed in ``report``.
     """
-    from densefit.data.corpus import read_qrels, read_queries
-
     if isinstance(queries, (str, os.PathLike)):
         queries = read_queries(Path(queries), on_bad_row=on_bad_row, report=report)
     if isinstance(qrels, (str, os.PathLike)):

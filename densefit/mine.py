@@ -41,14 +41,22 @@ import json
 import os
 import random
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from densefit.choices import MINE_METHODS
+from densefit.data.corpus import read_corpus
+from densefit.data.readers import read_training_data
 from densefit.data.types import Document, TrainingExample
+from densefit.memory.process import peak_rss_bytes
+from densefit.models import load_model
+from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.index.exact import exact_search
 
 __all__ = ["MiningReport", "mine_hard_negatives", "mine_files", "write_mined", "parse_range"]
 
@@ -153,9 +161,6 @@ def mine_hard_negatives(
         raise ValueError("no pairs to mine negatives for")
     if not corpus:
         raise ValueError("the corpus is empty: there is nothing to mine from")
-    from tqdm.auto import tqdm
-
-    from densefit.memory.process import peak_rss_bytes
 
     report = MiningReport(method=method, rows=len(pairs))
     started = time.perf_counter()
@@ -269,8 +274,6 @@ def _check_arguments(method, model, num_negatives, range_min, range_max, margin,
 
 def _model(model):
     if isinstance(model, (str, os.PathLike)):
-        from densefit.models import load_model
-
         return load_model(model)
     return model
 
@@ -343,7 +346,7 @@ class _Bm25:
 
     def __init__(self, plan: _Plan, show_progress: bool):
         try:
-            import bm25s
+            import bm25s  # the optional extra `mine`
         except ImportError:
             raise ImportError(
                 "BM25 mining needs bm25s: pip install 'densefit[mine]' (or pip install bm25s)"
@@ -384,7 +387,6 @@ class _Dense:
     """Cosine similarity of the model's embeddings, searched in blocks of queries."""
 
     def __init__(self, plan: _Plan, model, batch_size: int, show_progress: bool, given=None):
-        from densefit.retrieval.encode import encode_texts
 
         self.plan, self.model, self.batch_size = plan, model, batch_size
         self.encode = encode_texts
@@ -409,7 +411,6 @@ class _Dense:
         self._queries: dict[int, np.ndarray] = {}
 
     def search(self, block: list[int], depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        from densefit.retrieval.index.exact import exact_search
 
         embedded = self.encode(
             self.model,
@@ -534,20 +535,14 @@ def mine_files(
 
     >>> mine_files("scifact", "scifact", "mined.jsonl", method="bm25")  # doctest: +SKIP
     """
-    from densefit.data.corpus import read_corpus
-    from densefit.data.readers import read_training_data
 
     t0 = time.perf_counter()
     documents, corpus_report = read_corpus(corpus, on_bad_row=on_bad_row)
     if corpus_report.n_skipped:
-        import warnings
-
         warnings.warn(corpus_report.summary(), UserWarning, stacklevel=2)
     by_id = {d.id: d for d in documents} if Path(pairs).is_dir() else None
     rows, pairs_report = read_training_data(pairs, on_bad_row=on_bad_row, split=split, corpus=by_id)
     if pairs_report.n_skipped:
-        import warnings
-
         warnings.warn(pairs_report.summary(), UserWarning, stacklevel=2)
     read_seconds = time.perf_counter() - t0
     mined, report = mine_hard_negatives(rows, documents, **options)

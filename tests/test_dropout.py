@@ -6,7 +6,7 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 
-from densefit.config import TrainConfig
+from densefit.config.train import TrainConfig
 from densefit.data import TrainingExample
 from densefit.losses import mnrl
 from densefit.memory import make_strategy, tokenize

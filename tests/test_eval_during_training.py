@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from densefit.config import OptionError, TrainConfig
+from densefit.config.train import TrainConfig
 from densefit.data.readers import read_training_data
-from densefit.evaluate import evaluate_beir
+from densefit.errors import OptionError
+from densefit.evaluate import evaluate
 from densefit.models import load_model
 from densefit.testing import tiny_model
 from densefit.training.evaluation import Evaluator, eval_data_for
@@ -97,7 +98,7 @@ def test_evaluating_does_not_change_the_trained_weights(setting, tmp_path):
 def test_base_model_is_evaluated_at_step_0(setting):
     root, beir, _ = setting
     _, result = fit(setting, None, config(eval_every=2))
-    base = evaluate_beir(load_model(root / "base"), beir, "dev", metrics=["ndcg@10"])
+    base = evaluate(load_model(root / "base"), beir, split="dev", metrics=["ndcg@10"])
     first = result.evaluation["history"][0]
     assert first["step"] == 0 and first["eval"]["ndcg@10"] == round(base.metrics["ndcg@10"], 6)
 
@@ -112,7 +113,7 @@ def test_keep_best_saves_the_best_steps_model(setting, tmp_path):
     assert ev["best"] == max(values.values()) and values[ev["best_step"]] == ev["best"]
     assert ev["best_step"] != ev["final_step"]  # else this test would not tell them apart
     saved = load_model(out)
-    again = evaluate_beir(saved, beir, "dev", metrics=["ndcg@10"]).metrics["ndcg@10"]
+    again = evaluate(saved, beir, split="dev", metrics=["ndcg@10"]).metrics["ndcg@10"]
     assert round(again, 6) == ev["best"]
     if ev["best_step"]:  # the checkpoint of that step holds the same weights
         ckpt = torch.load(out / "checkpoints" / f"step-{ev['best_step']:06d}" / "model.pt")

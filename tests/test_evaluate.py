@@ -14,7 +14,7 @@ from densefit.evaluate import (
     DEFAULT_METRICS,
     EvalResult,
     compare_results,
-    evaluate_beir,
+    evaluate,
     evaluate_run,
     format_markdown,
     format_table,
@@ -204,20 +204,20 @@ def beir_folder(tmp_path):
 
 
 def test_evaluate_beir_end_to_end(tiny, beir_folder, tmp_path):
-    result = evaluate_beir(tiny, beir_folder, "test")
+    result = evaluate(tiny, beir_folder, split="test")
     assert result.n_queries == 10 and not result.missing_queries
     assert result.metrics["ndcg@10"] == pytest.approx(1.0)
     assert result.metrics["recall@100"] == 1.0
     assert result.info["index"]["added"] == 40 and result.info["split"] == "test"
     # With store_dir the index is kept and reused.
-    evaluate_beir(tiny, beir_folder, store_dir=tmp_path / "kept", metrics=["mrr@10"])
-    again = evaluate_beir(tiny, beir_folder, store_dir=tmp_path / "kept", metrics=["mrr@10"])
+    evaluate(tiny, beir_folder, store_dir=tmp_path / "kept", metrics=["mrr@10"])
+    again = evaluate(tiny, beir_folder, store_dir=tmp_path / "kept", metrics=["mrr@10"])
     assert again.info["index"]["unchanged"] == 40 and again.metrics == {"mrr@10": 1.0}
 
 
 def test_evaluate_beir_names_a_missing_split(tiny, beir_folder):
     with pytest.raises(FileNotFoundError, match="dev.tsv: no such file; the splits here are test"):
-        evaluate_beir(tiny, beir_folder, "dev")
+        evaluate(tiny, beir_folder, split="dev")
 
 
 def test_eval_result_json_roundtrip():

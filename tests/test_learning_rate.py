@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 
 from densefit import TrainConfig, TrainingExample, train
 from densefit.cli import app
-from densefit.config import OptionError, auto_learning_rate
+from densefit.config.train import auto_learning_rate
+from densefit.errors import OptionError
 from densefit.training.setup import FEW_STEPS, setup_run
 
 

@@ -54,9 +54,9 @@ WITH_DUPLICATES = [
 
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_duplicates_masked_equal_duplicates_removed(chunk):
-    clean = loss_of(CLEAN, masked=True, loss_chunk_size=chunk)
-    masked = loss_of(WITH_DUPLICATES, masked=True, loss_chunk_size=chunk)
-    unmasked = loss_of(WITH_DUPLICATES, masked=False, loss_chunk_size=chunk)
+    clean = loss_of(CLEAN, masked=True, loss_block_size=chunk)
+    masked = loss_of(WITH_DUPLICATES, masked=True, loss_block_size=chunk)
+    unmasked = loss_of(WITH_DUPLICATES, masked=False, loss_block_size=chunk)
     torch.testing.assert_close(masked, clean, atol=1e-6, rtol=1e-6)
     assert abs(float(unmasked) - float(clean)) > 1e-3  # the duplicates did change the loss
 

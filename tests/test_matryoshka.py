@@ -9,12 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from densefit.config import OptionError, TrainConfig
+from densefit.config.train import TrainConfig
 from densefit.data.types import Document, TrainingExample
+from densefit.errors import OptionError
 from densefit.losses import margin_mse, mnrl
 from densefit.losses.matryoshka import matryoshka, truncate
 from densefit.memory.planner import probe_run
-from densefit.retrieval.encode import configure_model, encode_texts, truncate_vectors
+from densefit.retrieval.encode import configure_model, encode_texts
 from densefit.retrieval.index.base import ModelMismatchError
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search_batch
@@ -139,9 +140,9 @@ def one_step(model, **options):
     "options",
     [
         {"memory": "cache", "chunk_size": 3},
-        {"memory": "cache", "chunk_size": 4, "loss_chunk_size": 3, "symmetric": True},
+        {"memory": "cache", "chunk_size": 4, "loss_block_size": 3, "symmetric": True},
         {"memory": "checkpoint", "chunk_size": 4},
-        {"memory": "cache+checkpoint", "chunk_size": 2, "loss_chunk_size": 2},
+        {"memory": "cache+checkpoint", "chunk_size": 2, "loss_block_size": 2},
     ],
 )
 def test_training_step_equals_plain_under_every_memory_path(tiny, options):
@@ -180,6 +181,12 @@ def test_planner_counts_one_score_block_per_size_unless_blocked(tiny):
 DOCS = [Document(f"d{i}", f"document {i} about " + "cells " * i) for i in range(6)]
 
 
+def unit_cut(vectors, dim):
+    """What a cosine store holds at ``dim``: the Matryoshka cut, at unit length."""
+    cut = truncate(torch.from_numpy(vectors), dim)
+    return F.normalize(cut, dim=-1).numpy()
+
+
 def test_a_store_indexed_at_a_size_holds_cut_renormalised_vectors(tiny):
     full_vectors = encode_texts(tiny, [d.text for d in DOCS])
     model = configure_model(copy.deepcopy(tiny), dim=8)
@@ -187,11 +194,11 @@ def test_a_store_indexed_at_a_size_holds_cut_renormalised_vectors(tiny):
     index_documents(store, model, DOCS)
     assert store.dim == 8 and store.settings.truncate_dim == 8
     np.testing.assert_allclose(
-        store.vectors([d.id for d in DOCS]), truncate_vectors(full_vectors, 8), atol=1e-6
+        store.vectors([d.id for d in DOCS]), unit_cut(full_vectors, 8), atol=1e-6
     )
     hits = search_batch(store, model, ["cells cells"], top_k=2)[0]
-    query = truncate_vectors(encode_texts(tiny, ["cells cells"]), 8)[0]
-    best = max(DOCS, key=lambda d: float(truncate_vectors(full_vectors, 8)[DOCS.index(d)] @ query))
+    query = unit_cut(encode_texts(tiny, ["cells cells"]), 8)[0]
+    best = max(DOCS, key=lambda d: float(unit_cut(full_vectors, 8)[DOCS.index(d)] @ query))
     assert hits[0].id == best.id
     with pytest.raises(ModelMismatchError, match="--dim 8"):
         search_batch(store, tiny, ["cells"])  # the full-size model cannot search it
@@ -203,17 +210,32 @@ def test_dim_above_the_model_is_refused(tiny):
 
 
 def test_evaluation_at_a_size_equals_a_store_indexed_at_that_size(tiny):
-    from densefit.evaluate import evaluate_store, evaluate_store_at
+    from densefit.evaluate import evaluate
 
     queries = {"q1": "cells cells", "q2": "document 2"}
     qrels = {"q1": {"d5": 1}, "q2": {"d2": 1}}
     full = open_store(None, tiny)
     index_documents(full, tiny, DOCS)
-    at_8 = evaluate_store_at(full, tiny, 8, queries, qrels, metrics=["ndcg@3", "recall@2"])
+    (at_8,) = evaluate(
+        tiny, full, queries=queries, qrels=qrels, dims=[8], metrics=["ndcg@3", "recall@2"]
+    )
     model = configure_model(copy.deepcopy(tiny), dim=8)
     direct = open_store(None, model)
     index_documents(direct, model, DOCS)
-    reference = evaluate_store(direct, model, queries, qrels, metrics=["ndcg@3", "recall@2"])
+    reference = evaluate(
+        model, direct, queries=queries, qrels=qrels, metrics=["ndcg@3", "recall@2"]
+    )
     assert at_8.metrics == pytest.approx(reference.metrics)
     assert at_8.info["dim"] == 8 and at_8.name.endswith("@8")
     assert getattr(tiny, "truncate_dim", None) is None  # the model is left as it was
+
+
+def test_dims_above_the_model_are_refused_before_anything_is_written(tiny, tmp_path):
+    from densefit import TrainConfig, train
+    from densefit.errors import OptionError
+
+    rows = [TrainingExample(f"q {i}", f"d {i}") for i in range(4)]
+    config = TrainConfig(batch_size=2, matryoshka_dims=[64, 16], show_progress=False)
+    with pytest.raises(OptionError, match="64: above the model's embedding size 32"):
+        train(tiny, rows, config, output_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # no log, no checkpoint folder

@@ -251,7 +251,7 @@ def test_plan_to_strategy_to_plan_round_trip(name):
         token_budget=256,
         keep_graphs=3,
         sort_by_length=False,
-        loss_chunk_size=4,
+        loss_block_size=4,
         oom_retries=1,
         chosen_by="planner",
     )
@@ -272,7 +272,7 @@ def test_plan_to_strategy_to_plan_round_trip(name):
 
 
 def test_the_users_plan_keeps_kept_graphs_and_token_budget():
-    from densefit.config import TrainConfig
+    from densefit.config.train import TrainConfig
     from densefit.memory.planner import plan_for_run
 
     config = TrainConfig(memory="cache+checkpoint", keep_graphs=3, token_budget=64)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import warnings
 
-from densefit.config import TrainConfig, config_options
+from densefit.config.options import declared_options
+from densefit.config.train import TrainConfig
 from densefit.data.readers import read_training_data
 from densefit.testing import tiny_model
 from densefit.training.loop import train
@@ -42,7 +43,7 @@ def test_the_card_holds_the_runs_own_numbers(tmp_path):
 
 def test_every_option_that_differs_from_its_default_is_listed():
     changed = {}
-    for f, opt in config_options():
+    for f, opt in declared_options(TrainConfig):
         if not opt.cli:
             continue
         if f.type in ("bool", bool) or isinstance(f.default, bool):
@@ -78,3 +79,27 @@ def test_a_model_saved_without_a_run_still_gets_a_card(tmp_path):
     retriever.save(tmp_path / "r")
     card = (tmp_path / "r" / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: sentence-transformers") and "## Usage" in card
+
+
+def test_the_cards_usage_snippets_run(tmp_path):
+    """Every Python example of the card runs as written: sentence-transformers loads the saved
+    model, and Haystack 3's embedders (haystack_integrations) accept it."""
+    import re
+
+    import pytest
+
+    pytest.importorskip("haystack_integrations.components.embedders.sentence_transformers")
+    config = TrainConfig(batch_size=4, query_prompt="query: ", show_progress=False)
+    examples, _ = read_training_data(_pairs(tmp_path), on_bad_row="error")
+    train(tiny_model(), examples, config, output_dir=tmp_path / "m")
+    card = (tmp_path / "m" / "README.md").read_text()
+    snippets = re.findall(r"```python\n(.*?)```", card, flags=re.S)
+    assert len(snippets) == 2 and "haystack_integrations" in snippets[1]
+    for snippet in snippets:
+        exec(compile(snippet, "README.md", "exec"), {})  # noqa: S102 - the card's own code
+
+
+def _pairs(folder) -> object:
+    path = folder / "pairs.jsonl"
+    path.write_text(rows())
+    return path

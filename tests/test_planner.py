@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from densefit import TrainConfig, TrainingExample
-from densefit.config import parse_bytes
+from densefit.config.train import parse_bytes
 from densefit.data.batching import planned_batches
 from densefit.memory.planner import (
     CPU_MAX_CHUNK_ROWS,
@@ -233,8 +233,8 @@ def test_cache_chunks_are_planned_from_the_runs_real_chunks(tiny):
     assert wider >= 1
 
 
-def test_plain_falls_back_to_smaller_sub_batches_before_recomputing(tiny):
-    """Heavy-tailed lengths: sub-batches of 8 trim more padding than 16, so plain fits in less."""
+def test_plain_falls_back_to_smaller_plain_chunks_before_recomputing(tiny):
+    """Heavy-tailed lengths: chunks of 8 trim more padding than 16, so plain fits in less."""
     rows = [TrainingExample("q " * (i % 7 + 1), "cell " * (2 + (i * 37) % 61)) for i in range(64)]
     act = ActivationModel(per_token=1000.0, per_token_squared=10.0)
     config = TrainConfig(batch_size=64, memory_budget="4GiB")
@@ -260,7 +260,7 @@ def test_plain_falls_back_to_smaller_sub_batches_before_recomputing(tiny):
         tiny, rows, between, batches=batches, activation_model=act, held_bytes=model_only(tiny)
     )
     assert (tight.strategy, tight.chunk_size, tight.predicted_peak_bytes) == ("plain", 8, eight)
-    # a sub-batch the user chose is kept: then plain does not fit and something else is chosen
+    # a chunk the user chose is kept: then plain does not fit and something else is chosen
     fixed = plan_memory(
         tiny,
         rows,

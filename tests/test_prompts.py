@@ -12,7 +12,7 @@ import typer
 from sentence_transformers import SentenceTransformer
 from typer.testing import CliRunner
 
-from densefit.config import TrainConfig
+from densefit.config.train import TrainConfig
 from densefit.data.types import Document, TrainingExample
 from densefit.prompts import model_prompts, set_prompts
 from densefit.retrieval.encode import configure_model, encode_texts

@@ -25,12 +25,23 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from importlib.metadata import metadata
 from typing import Any
 
 import typer
 from typer.core import TyperGroup
 
+import densefit.cli.common as common
+import densefit.cli.eval as eval_command
+import densefit.cli.index as index_command
+import densefit.cli.mine as mine_command
+import densefit.cli.run as run_command
+import densefit.cli.serve as serve_command
+import densefit.cli.train as train_command
+from densefit._version import __version__
 from densefit.cli.common import err, print_error, routed_warnings, set_invocation
+from densefit.cli.reference import options_reference
+from densefit.errors import ModelNotFoundError, OptionError
 
 __all__ = ["DensefitGroup", "app", "error_exit_code", "main"]
 
@@ -46,14 +57,10 @@ _EXTRAS = {
     "haystack": "haystack",
     "peft": "lora",
 }
-# Commands that train: on Linux they re-run under mimalloc (see densefit.memory.allocator).
-_TRAINING_COMMANDS = ("train", "run")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from densefit.models import ModelNotFoundError
-    from densefit.retrieval.index.base import StoreError
-
+    # StoreError, ConfigError, OptionError, BadRowError, CheckpointError... are ValueErrors
     return (
         ValueError,
         FileNotFoundError,
@@ -62,7 +69,6 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         NotADirectoryError,
         PermissionError,
         ModelNotFoundError,
-        StoreError,
         FloatingPointError,
     )
 
@@ -70,8 +76,6 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _report_to() -> str:
     """Where to report a bug: the package's Issues/Source URL when it declares one."""
     try:
-        from importlib.metadata import metadata
-
         urls = metadata("densefit").get_all("Project-URL") or []
     except Exception:  # noqa: BLE001 - not installed: no URL to give
         urls = []
@@ -99,8 +103,6 @@ def _one_line(text: str) -> str:
 
 def error_exit_code(exc: BaseException) -> int:
     """Print the one line for ``exc`` (see the module docstring) and return the exit status."""
-    from densefit.errors import OptionError
-
     if isinstance(exc, typer.TyperException):  # usage errors: click's status (2)
         if type(exc).__name__ == "NoArgsIsHelpError":
             exc.show()  # type: ignore[attr-defined]
@@ -189,6 +191,12 @@ app = typer.Typer(
 )
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"densefit {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _options(
     debug: bool = typer.Option(
@@ -197,32 +205,33 @@ def _options(
         envvar="DENSEFIT_DEBUG",
         help="Print the traceback of an error (also after the command, or DENSEFIT_DEBUG=1).",
     ),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_show_version,
+        is_eager=True,
+        help="Print densefit's version and exit.",
+    ),
 ) -> None:
     """Fine-tune and serve dense retrievers with batch size independent of memory."""
 
 
-@app.command("options", hidden=True)
-def options(
-    markdown: bool = typer.Option(True, "--markdown", help="As Markdown (docs/options.md)."),
-) -> None:
-    """Print every option of train and run (key, flag, default, allowed values, meaning)."""
-    from densefit.pipeline.config import options_reference
+@app.command("options")
+def options() -> None:
+    """Print every option of every command and every key of densefit run as Markdown
+    (docs/options.md is this output).
 
-    typer.echo(options_reference(), nl=False)
+    Example: densefit options > docs/options.md
+    """
+
+    typer.echo(options_reference(app), nl=False)
 
 
 def _register() -> None:
-    from densefit.cli.index import register as register_retrieval
-    from densefit.cli.mine import register as register_mine
-    from densefit.cli.run import register as register_run
-    from densefit.cli.serve import register as register_serve
-    from densefit.cli.train import register as register_train
-
-    register_train(app)  # train, plan
-    register_mine(app)  # mine
-    register_retrieval(app)  # index, search, eval
-    register_run(app)  # run: the whole pipeline
-    register_serve(app)  # serve: the HTTP service
+    # Each command module imports its job only when the command runs: --help stays light.
+    for module in (train_command, mine_command, index_command, eval_command, run_command,
+                   serve_command):  # fmt: skip
+        module.register(app)
 
 
 _register()
@@ -230,11 +239,7 @@ _register()
 
 def main() -> None:
     """Entry point of the ``densefit`` script and ``python -m densefit``."""
-    args = [a for a in sys.argv[1:] if a != "--debug"]
-    if args and args[0] in _TRAINING_COMMANDS:
-        from densefit.memory.allocator import rerun_with_mimalloc
-
-        rerun_with_mimalloc()  # returns when not needed or not possible
+    common.STANDALONE = True  # this process is the command: train and run may re-run it
     app(prog_name="densefit")
 
 

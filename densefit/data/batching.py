@@ -27,7 +27,7 @@ from hashlib import blake2b
 
 import torch
 
-from densefit.config import TrainConfig
+from densefit.config.train import TrainConfig
 from densefit.data.types import TrainingExample
 
 __all__ = [

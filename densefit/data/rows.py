@@ -273,8 +273,8 @@ def _header(cells: list[str], origin: str) -> list[str]:
 
 
 def _parquet_rows(path: Path) -> Rows:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # pyarrow: only to read Parquet
+    import pyarrow.parquet as pq  # pyarrow: only to read Parquet
 
     try:
         row = 0

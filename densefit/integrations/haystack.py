@@ -57,6 +57,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     ) from None
 
 from densefit.data.types import Document as DensefitDocument
+from densefit.models import load_model
 from densefit.retrieval.index.documents import DB_NAME
 from densefit.retrieval.index.filters import validate_filters
 from densefit.retrieval.index.store import LocalDocumentStore, checked_vectors, open_store
@@ -126,8 +127,6 @@ class DensefitDocumentStore:
 
     def _create(self, dim_hint: int | None) -> LocalDocumentStore:
         if self.model is not None:
-            from densefit.models import load_model
-
             return open_store(self.path, load_model(self.model), backend=self.backend)
         dim = self.embedding_dim or dim_hint
         if dim is None:

@@ -16,68 +16,39 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
-__all__ = ["check_dims", "check_weights", "matryoshka", "truncate"]
+__all__ = ["matryoshka", "truncate"]
 
 
-def truncate(embeddings: torch.Tensor, dim: int) -> torch.Tensor:
-    """The first ``dim`` coordinates of each row, rescaled to the row's full norm.
+def truncate(embeddings, dim: int | None):
+    """The first ``dim`` coordinates of each row, rescaled to the row's full norm: the one
+    Matryoshka cut, in training (this loss) and at inference (``densefit index --dim``, the
+    queries of such a store, ``densefit eval --dims``). Unit vectors stay unit; a dot-product
+    model keeps the magnitudes it learned.
 
-    Works on ``(..., d)``; ``dim >= d`` returns ``embeddings`` itself.
+    Works on ``(..., d)`` torch tensors and numpy arrays (float32 out); ``dim`` None or at
+    least ``d`` returns ``embeddings`` itself.
 
     >>> e = torch.tensor([[3.0, 4.0, 0.0, 12.0]])  # norm 13
     >>> truncate(e, 2)
     tensor([[ 7.8000, 10.4000]])
     >>> truncate(e, 4) is e
     True
+    >>> truncate(np.array([[0.6, 0.8, 0.0]]), 1)
+    array([[1.]], dtype=float32)
     """
-    if dim >= embeddings.shape[-1]:
+    if dim is None or dim >= embeddings.shape[-1]:
         return embeddings
-    cut = embeddings[..., :dim]
-    full = embeddings.norm(dim=-1, keepdim=True)
-    return cut * (full / cut.norm(dim=-1, keepdim=True).clamp_min(1e-12))
-
-
-def check_dims(dims: Sequence[int] | str) -> list[int]:
-    """``dims`` as distinct positive integers, in the order given; text ``"384,256"`` is read too.
-
-    Raises ``ValueError`` saying what is wrong.
-
-    >>> check_dims("384, 128,64")
-    [384, 128, 64]
-    """
-    if isinstance(dims, str):
-        parts = [p.strip() for p in dims.split(",") if p.strip()]
-        try:
-            dims = [int(p) for p in parts]
-        except ValueError:
-            raise ValueError(
-                f"must be embedding sizes separated by commas, e.g. 384,256,128,64; got {dims!r}"
-            ) from None
-    values = [int(d) for d in dims]
-    if not values or any(d < 1 for d in values) or len(set(values)) != len(values):
-        raise ValueError(f"must be distinct sizes >= 1, e.g. 384,256,128,64; got {list(dims)!r}")
-    return values
-
-
-def check_weights(weights: Sequence[float] | str) -> list[float]:
-    """``weights`` as numbers >= 0 (not all 0); text ``"1,1,0.5"`` is read too.
-
-    >>> check_weights("1, 0.5")
-    [1.0, 0.5]
-    """
-    if isinstance(weights, str):
-        try:
-            weights = [float(p) for p in weights.split(",") if p.strip()]
-        except ValueError:
-            raise ValueError(
-                f"must be numbers separated by commas, e.g. 1,1,1,1; got {weights!r}"
-            ) from None
-    values = [float(w) for w in weights]
-    if not values or any(not w >= 0 for w in values) or not any(values):
-        raise ValueError(f"must be numbers >= 0, not all 0; got {list(weights)!r}")
-    return values
+    if isinstance(embeddings, torch.Tensor):
+        cut = embeddings[..., :dim]
+        full = embeddings.norm(dim=-1, keepdim=True)
+        return cut * (full / cut.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+    vectors = np.asarray(embeddings, dtype=np.float32)
+    cut = vectors[..., :dim]
+    full = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return cut * (full / np.maximum(np.linalg.norm(cut, axis=-1, keepdims=True), 1e-12))
 
 
 def matryoshka(

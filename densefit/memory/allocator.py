@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, files
 
 __all__ = [
     "release_freed_memory_promptly",
@@ -91,7 +93,6 @@ _OFF = ("system", "glibc", "off", "none", "0", "false")
 
 def mimalloc_library() -> str | None:
     """Path of ``libmimalloc.so`` from the cmeel-mimalloc wheel, or None when not installed."""
-    from importlib.metadata import PackageNotFoundError, files
 
     try:
         found = files("cmeel-mimalloc") or []
@@ -180,8 +181,6 @@ def returning_freed_memory():
     try:
         yield
     finally:
-        import gc
-
         gc.collect()
         if lib is not None:
             lib.mi_collect(True)

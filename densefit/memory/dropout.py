@@ -2,7 +2,7 @@
 
 Ordinary dropout draws its masks from the global random stream in the order the elements
 are computed, so a row's mask depends on which chunk it landed in, its position there and
-the chunk's padded width. Two runs that only chunk the batch differently (a plain sub-batch
+the chunk's padded width. Two runs that only chunk the batch differently (a plain chunk
 of 16 or a cache chunk of 32, which the planner picks from the memory budget) then train on
 different dropout draws, as if the seed had changed.
 
@@ -49,6 +49,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from sentence_transformers import SentenceTransformer
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from densefit.models import transformer_of
 
@@ -244,9 +247,6 @@ def invariant_attention(
 @functools.cache
 def _register(original: str) -> str:
     """Register ``densefit_invariant_<original>`` with transformers (once per process)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     base = None if original == "eager" else ALL_ATTENTION_FUNCTIONS[original]
     name = _PREFIX + original

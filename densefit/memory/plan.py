@@ -36,11 +36,11 @@ class MemoryPlan:
     """
 
     strategy: str  # plain | checkpoint | cache | cache+checkpoint
-    chunk_size: int | None = None  # rows per chunk / sub-batch (None: capped by tokens only)
+    chunk_size: int | None = None  # rows per chunk (None: capped by tokens only)
     token_budget: int | None = None  # padded tokens per chunk
     keep_graphs: int = 1  # cache: last chunks whose first-pass graphs are kept
     sort_by_length: bool = True
-    loss_chunk_size: int | None = None  # anchors per block of the score matrix (None: auto)
+    loss_block_size: int | None = None  # anchors per block of the score matrix (None: auto)
     oom_retries: int = 0  # halvings after out-of-memory errors
     chosen_by: str = "user"  # user | planner
     batch_size: int | None = None  # the batch planned for (one device's share under torchrun)
@@ -78,7 +78,11 @@ class MemoryPlan:
 
     @classmethod
     def from_dict(cls, data: dict) -> MemoryPlan:
-        """The plan :meth:`to_dict` returned; unknown keys are an error (a format drift)."""
+        """The plan :meth:`to_dict` returned; unknown keys are an error (a format drift).
+        ``loss_chunk_size`` (the block's earlier name, in older checkpoints) is read too."""
+        if "loss_chunk_size" in data:
+            data = {**data, "loss_block_size": data["loss_chunk_size"]}
+            del data["loss_chunk_size"]
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -8,7 +8,7 @@ It probes the model on the data's real length distribution:
 
 and adds what does not depend on the batch: parameters, gradients and AdamW's two moments.
 Then the fastest candidate that fits: ``plain`` when the whole batch fits (in length-sorted
-sub-batches of 16 rows, else of 8: smaller sub-batches trim more padding); else
+chunks of 16 rows, else of 8: smaller chunks trim more padding); else
 ``checkpoint`` or ``cache`` with the largest chunk that fits (chunks are capped in padded
 tokens, so a chunk of long texts never exceeds the plan; with the run's batches known,
 each chunk budget is costed by the largest chunk those batches really make), keeping as
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from sentence_transformers import SentenceTransformer
 
-from densefit.config import TrainConfig, parse_bytes
+from densefit.config.train import TrainConfig, parse_memory_budget
 from densefit.data.batching import planned_batches
 from densefit.data.types import TrainingExample
 from densefit.memory.allocator import returning_freed_memory, trim
@@ -36,11 +36,12 @@ from densefit.memory.chunking import group_rows, tokenize
 from densefit.memory.dropout import dropout_rows
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.process import ProcessBaseline, process_baseline
-from densefit.memory.strategies import DEFAULT_SUB_BATCH, fixed_plan
+from densefit.memory.strategies import DEFAULT_PLAIN_CHUNK, fixed_plan
 from densefit.models import (
     disable_gradient_checkpointing,
     enable_gradient_checkpointing,
     is_checkpointing,
+    resolve_device,
     transformer_of,
 )
 from densefit.prompts import apply_prompt, resolve_prompts
@@ -56,21 +57,25 @@ __all__ = [
     "plan_memory",
     "saved_bytes",
     "resolve_budget",
-    "auto_loss_chunk",
+    "loss_block_size",
 ]
 
 # Score-matrix blocks above this many elements are computed in blocks of anchors.
 _LOSS_BLOCK_ELEMENTS = 2**20  # 4 MiB of fp32 scores per block: the loss stays small next to a chunk
 
 
-def auto_loss_chunk(batch_size: int, n_negatives: int = 0) -> int | None:
-    """Anchors per score block so a block holds at most ~1M scores (None: no blocking).
+def loss_block_size(given: int | None, queries: int, n_negatives: int = 0) -> int | None:
+    """Anchors per block of the MNRL score matrix: ``given`` (``--loss-block-size``), else
+    as many as keep a block at ~1M scores (None: one block, no blocking). The one rule the
+    planner and the loss use.
 
-    >>> auto_loss_chunk(64) is None, auto_loss_chunk(8192)
-    (True, 128)
+    >>> loss_block_size(None, 64) is None, loss_block_size(None, 8192), loss_block_size(16, 64)
+    (True, 128, 16)
     """
-    candidates = batch_size + n_negatives
-    if batch_size * candidates <= _LOSS_BLOCK_ELEMENTS:
+    if given is not None:
+        return given
+    candidates = queries + n_negatives
+    if queries * candidates <= _LOSS_BLOCK_ELEMENTS:
         return None
     return max(1, _LOSS_BLOCK_ELEMENTS // candidates)
 
@@ -128,26 +133,19 @@ class ActivationModel:
 
 
 def resolve_budget(budget: str | int | None, device: torch.device) -> int:
-    """Bytes from ``8GiB``-style sizes, or a fraction (``0.8`` / ``80%``) of free memory."""
-    text = None if budget is None else str(budget).strip()
-    fraction = 0.8
-    if text:
-        if text.endswith("%"):
-            fraction = float(text[:-1]) / 100
-        else:
-            try:
-                value = float(text)
-            except ValueError:
-                return parse_bytes(text)
-            if value > 1:
-                return int(value)
-            fraction = value
+    """The memory budget in bytes: a size as given, or a share (``0.8`` / ``80%``; default
+    0.8) of the memory free on ``device`` now (:func:`densefit.config.parse_memory_budget`
+    reads the value, the one reading every caller uses)."""
+    parsed = parse_memory_budget(budget)
+    if parsed.size is not None:
+        return parsed.size
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free * fraction)
-    import psutil
+    else:
+        import psutil  # the free memory of this machine
 
-    return int(psutil.virtual_memory().available * fraction)
+        free = psutil.virtual_memory().available
+    return parsed.bytes_of(free)
 
 
 def _static_bytes(model: torch.nn.Module) -> int:
@@ -283,7 +281,7 @@ class _RunShape:
     process: ProcessBaseline  # what the process holds before the step's activations
     hidden: int
     layers: int
-    loss_chunk: int | None
+    loss_block: int | None
     embeddings: int  # bytes of every embedding and its cached gradient
     batches: Sequence[Sequence[int]] | None
     exact: bool  # every batch of the run known, every row measured
@@ -291,14 +289,14 @@ class _RunShape:
     symmetric: bool
     score_copies: int  # Matryoshka sizes: unblocked, each size's scores are held for backward
     device: torch.device
-    sub_batches: list[int]  # plain / checkpoint sub-batch sizes to try, largest first
+    plain_chunks: list[int]  # plain / checkpoint chunk sizes to try, largest first
     cut_at: dict = dataclasses.field(default_factory=dict)
 
     @property
     def length(self) -> int:
         return max(self.longest.values())
 
-    def loss_bytes(self, loss_chunk: int | None) -> int:
+    def loss_bytes(self, loss_block: int | None) -> int:
         """Scores, softmax and its gradient for one block of anchors x all candidates.
 
         A Matryoshka loss scores each size in turn: unblocked, every size's scores stay
@@ -306,15 +304,15 @@ class _RunShape:
         log-sum-exp is kept and one block lives at a time.
         """
         B = self.batch_size
-        block = B if loss_chunk is None else min(B, loss_chunk)
-        copies = self.score_copies if loss_chunk is None or loss_chunk >= B else 1
+        block = B if loss_block is None else min(B, loss_block)
+        copies = self.score_copies if loss_block is None or loss_block >= B else 1
         return int(3 * 4 * block * self.n_candidates * (2 if self.symmetric else 1) * copies)
 
     def peak(self, activations: float) -> int:
         return int(
             self.process.total_bytes
             + HEADROOM * activations
-            + self.loss_bytes(self.loss_chunk)
+            + self.loss_bytes(self.loss_block)
             + self.embeddings
         )
 
@@ -326,10 +324,10 @@ class _RunShape:
             return rows * length * self.hidden * 4 * (self.layers + 1) + full / self.layers
         return full
 
-    def graph_bytes(self, column_lengths: list[int], checkpoint: bool, sub_batch: int) -> float:
-        """Activation bytes of one column embedded in sub-batches that keep their graphs."""
+    def graph_bytes(self, column_lengths: list[int], checkpoint: bool, chunk_rows: int) -> float:
+        """Activation bytes of one column embedded in chunks that keep their graphs."""
         groups = group_rows(
-            column_lengths, chunk_size=sub_batch, sort_by_length=self.sort_by_length
+            column_lengths, chunk_size=chunk_rows, sort_by_length=self.sort_by_length
         )
         return sum(
             self.chunk_bytes(len(g), max(column_lengths[i] for i in g), checkpoint) for g in groups
@@ -355,14 +353,14 @@ class _RunShape:
             out.append([ranked[min(len(ranked) - 1, int(r / scale))] for r in range(n)])
         return out
 
-    def whole_batch(self, checkpoint: bool, sub_batch: int) -> float:
+    def whole_batch(self, checkpoint: bool, chunk_rows: int) -> float:
         """Activation bytes of the run's largest batch embedded whole (plain, checkpoint)."""
         if self.exact:
             return max(
-                sum(self.graph_bytes(c, checkpoint, sub_batch) for c in self.batch_columns(b))
+                sum(self.graph_bytes(c, checkpoint, chunk_rows) for c in self.batch_columns(b))
                 for b in self.batches
             )
-        return sum(self.graph_bytes(c, checkpoint, sub_batch) for c in self.worst_columns())
+        return sum(self.graph_bytes(c, checkpoint, chunk_rows) for c in self.worst_columns())
 
     def cut(self, cols: list[list[int]], token_budget: int) -> list[tuple[int, int]]:
         """(rows, padded length) of each chunk training cuts these columns into, in order."""
@@ -429,7 +427,7 @@ def probe_run(
 ) -> _RunShape:
     """Step 1: measure the data's token lengths, the model's sizes and (unless given) its
     activation bytes per row; decide the loss's score blocks."""
-    device = torch.device(config.device or model.device)
+    device = torch.device(resolve_device(config.device) if config.device else model.device)
     budget = resolve_budget(config.memory_budget, device)
     if config.max_seq_length is not None:
         model.max_seq_length = config.max_seq_length
@@ -454,9 +452,13 @@ def probe_run(
     dim = int(get_dim() or 768)
     nested = matryoshka_sizes(config)
     inner = transformer_of(model).config
-    # plain / checkpoint sub-batches: the user's, else the default, then half of it (a
-    # smaller sub-batch trims more padding on heavy-tailed data: less memory, more calls)
-    subs = [config.chunk_size] if config.chunk_size else [DEFAULT_SUB_BATCH, DEFAULT_SUB_BATCH // 2]
+    # plain / checkpoint chunks: the user's, else the default, then half of it (a
+    # smaller chunk trims more padding on heavy-tailed data: less memory, more calls)
+    subs = (
+        [config.chunk_size]
+        if config.chunk_size
+        else [DEFAULT_PLAIN_CHUNK, DEFAULT_PLAIN_CHUNK // 2]
+    )
     shape = _RunShape(
         budget=budget,
         batch_size=B,
@@ -471,7 +473,7 @@ def probe_run(
         process=process_baseline(model, device, held_bytes=held_bytes),
         hidden=int(getattr(inner, "hidden_size", dim)),
         layers=int(getattr(inner, "num_hidden_layers", 12)),
-        loss_chunk=None,
+        loss_block=None,
         # values + cached grads, and the Matryoshka cuts of every embedding (held for backward)
         embeddings=4 * (2 * dim + sum(d for d in nested if d < dim)) * (B + n_candidates),
         batches=batches,
@@ -480,13 +482,13 @@ def probe_run(
         symmetric=config.symmetric,
         score_copies=max(1, len(nested)),
         device=device,
-        sub_batches=subs,
+        plain_chunks=subs,
     )
-    loss_chunk = config.loss_chunk_size or auto_loss_chunk(B, n_candidates - B)
-    if config.loss_chunk_size is None and shape.loss_bytes(loss_chunk) > 0.05 * budget:
+    loss_block = loss_block_size(config.loss_block_size, B, n_candidates - B)
+    if config.loss_block_size is None and shape.loss_bytes(loss_block) > 0.05 * budget:
         # keep the score blocks to a small share of a tight budget
-        loss_chunk = max(1, int(0.05 * budget / (3 * 4 * n_candidates)))
-    shape.loss_chunk = loss_chunk
+        loss_block = max(1, int(0.05 * budget / (3 * 4 * n_candidates)))
+    shape.loss_block = loss_block
     return shape
 
 
@@ -514,12 +516,12 @@ def _probe_untouched(
 
 
 def plain_candidates(shape: _RunShape) -> list[dict]:
-    """Step 2a: plain and checkpoint, each with the largest sub-batch that fits (else the
+    """Step 2a: plain and checkpoint, each with the largest chunk that fits (else the
     first, reported as not fitting)."""
     out = []
     for name in ("plain", "checkpoint"):
         tried = []
-        for sub in shape.sub_batches:
+        for sub in shape.plain_chunks:
             tried.append((sub, shape.peak(shape.whole_batch(name == "checkpoint", sub))))
             if tried[-1][1] <= shape.budget:
                 break
@@ -632,7 +634,7 @@ def choose(shape: _RunShape, candidates: list[dict], sort_by_length: bool) -> Me
         token_budget=chosen["token_budget"],
         keep_graphs=chosen.get("keep_graphs") or 1,
         sort_by_length=sort_by_length,
-        loss_chunk_size=shape.loss_chunk,
+        loss_block_size=shape.loss_block,
         chosen_by="planner",
         batch_size=B,
         budget_bytes=budget,
@@ -712,7 +714,7 @@ def plan_for_run(
             token_budget=config.token_budget,
             sort_by_length=config.sort_by_length,
             keep_graphs=1 if config.keep_graphs is None else config.keep_graphs,
-            loss_chunk_size=config.loss_chunk_size,
+            loss_block_size=config.loss_block_size,
         )
     if batches is None:
         batches = planned_batches(examples, config)

@@ -25,8 +25,10 @@ activations need that much fresh memory.
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import asdict, dataclass
 
+import psutil
 import torch
 
 __all__ = [
@@ -68,7 +70,6 @@ def resident_bytes() -> int:
     found = _status_bytes("VmRSS")
     if found is not None:
         return found
-    import psutil
 
     return int(psutil.Process().memory_info().rss)
 
@@ -86,7 +87,6 @@ def peak_rss_bytes() -> int:
     found = _status_bytes("VmHWM")
     if found is not None:
         return found
-    import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 

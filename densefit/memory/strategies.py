@@ -3,7 +3,7 @@
 A strategy takes the batch's text columns and a loss over their embeddings, and leaves the
 parameter gradients of that loss in ``.grad``:
 
-- ``plain``: embed each column in length-sorted sub-batches that keep their graphs (same
+- ``plain``: embed each column in length-sorted chunks that keep their graphs (same
   gradients as one padded batch, less padding), loss, backward.
 - ``checkpoint``: the same with gradient checkpointing inside the transformer.
 - ``cache``: the gradient cache (Gao et al. 2021, "Scaling Deep Contrastive Learning Batch
@@ -42,9 +42,9 @@ __all__ = [
 ]
 
 LossFn = Callable[[list[torch.Tensor]], torch.Tensor]
-# Rows per length-sorted sub-batch when none is given: small enough to trim most padding
+# Rows per length-sorted chunk when none is given: small enough to trim most padding
 # on heavy-tailed data, large enough to keep matrix products efficient.
-DEFAULT_SUB_BATCH = 16
+DEFAULT_PLAIN_CHUNK = 16
 DEFAULT_CACHE_CHUNK = 32
 
 
@@ -299,7 +299,7 @@ def fixed_plan(
     token_budget: int | None = None,
     sort_by_length: bool = True,
     keep_graphs: int = 1,
-    loss_chunk_size: int | None = None,
+    loss_block_size: int | None = None,
 ) -> MemoryPlan:
     """The plan of a strategy the user chose by name, with the default chunk when none is given.
 
@@ -307,12 +307,12 @@ def fixed_plan(
     (16, 32)
     """
     if chunk_size is None and token_budget is None:
-        chunk_size = DEFAULT_CACHE_CHUNK if name.startswith("cache") else DEFAULT_SUB_BATCH
+        chunk_size = DEFAULT_CACHE_CHUNK if name.startswith("cache") else DEFAULT_PLAIN_CHUNK
     return MemoryPlan(
         name,
         chunk_size=chunk_size,
         token_budget=token_budget,
         keep_graphs=keep_graphs,
         sort_by_length=sort_by_length,
-        loss_chunk_size=loss_chunk_size,
+        loss_block_size=loss_block_size,
     )

@@ -1,6 +1,7 @@
 """``densefit run``: mine -> train -> evaluate base and trained -> report, every stage resumable.
 
->>> from densefit.pipeline import load_run_config, run_pipeline
+>>> from densefit.config.run import load_run_config
+>>> from densefit.pipeline import run_pipeline
 >>> result = run_pipeline(load_run_config("examples/scifact.yaml"))  # doctest: +SKIP
 >>> result.ran  # doctest: +SKIP
 ['train', 'eval_base', 'eval_trained', 'report']
@@ -11,15 +12,6 @@ from __future__ import annotations
 from densefit._lazy import lazy_exports
 
 _EXPORTS = {
-    "KEY_DOCS": "densefit.pipeline.config",
-    "ConfigError": "densefit.pipeline.config",
-    "EvalSettings": "densefit.pipeline.config",
-    "MineSettings": "densefit.pipeline.config",
-    "RunConfig": "densefit.pipeline.config",
-    "config_from_dict": "densefit.pipeline.config",
-    "config_from_flags": "densefit.pipeline.config",
-    "describe_keys": "densefit.pipeline.config",
-    "load_run_config": "densefit.pipeline.config",
     "STAGES": "densefit.pipeline.stages",
     "Pipeline": "densefit.pipeline.stages",
     "RunResult": "densefit.pipeline.stages",

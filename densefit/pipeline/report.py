@@ -22,8 +22,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+import yaml
+
 from densefit._version import __version__
-from densefit.pipeline.config import RunConfig
+from densefit.config.run import RunConfig
+from densefit.data.corpus import read_qrels
+from densefit.evaluate import EvalResult, compare_results
 
 __all__ = ["describe_eval", "load_eval_results", "read_eval_log", "read_train_log", "write_report"]
 
@@ -46,7 +51,6 @@ def describe_eval(info: dict, n_queries: int) -> str:
 
 def load_eval_results(output: str | os.PathLike) -> list:
     """The base and trained :class:`~densefit.evaluate.EvalResult` saved in ``output/eval``."""
-    from densefit.evaluate import EvalResult
 
     out = []
     for name in ("base", "trained"):
@@ -132,7 +136,7 @@ def _memory_plan(plan: dict) -> dict:
         "chosen_by": plan.get("chosen_by"),
         "chunk_size": plan.get("chunk_size"),
         "token_budget": plan.get("token_budget"),
-        "loss_chunk_size": plan.get("loss_chunk_size"),
+        "loss_block_size": plan.get("loss_block_size"),
         "keep_graphs": plan.get("keep_graphs"),
         "cpu_allocator": plan.get("cpu_allocator"),
         "reason": plan.get("reason"),
@@ -144,14 +148,13 @@ def _memory_plan(plan: dict) -> dict:
 
 
 def _data_counts(config: RunConfig, markers: dict) -> dict:
-    from densefit.data.corpus import read_qrels
 
     base = markers["eval_base"]["result"]
     corpus = base["info"]["corpus"]
     out = {
         "train_rows": markers["train"]["result"]["rows"],
         "train_source": markers["train"]["result"]["source"],
-        "eval_split": config.eval.split,
+        "eval_split": config.eval.split_name,
         "eval_queries": base["n_queries"],
         "eval_queries_without_results": len(base.get("missing_queries", [])),
         "eval_documents_searched": corpus["documents"],
@@ -176,7 +179,7 @@ def _data_counts(config: RunConfig, markers: dict) -> dict:
         folder = Path(config.data) / "qrels"
         try:
             train_q = set(read_qrels(folder / f"{config.train_split}.tsv"))
-            eval_q = set(read_qrels(folder / f"{config.eval.split}.tsv"))
+            eval_q = set(read_qrels(folder / f"{config.eval.split_name}.tsv"))
             out["eval_queries_also_in_training"] = len(train_q & eval_q)
         except (ValueError, OSError):  # bad rows were skipped by the stages (on_bad_row: skip)
             out["eval_queries_also_in_training"] = None
@@ -184,7 +187,6 @@ def _data_counts(config: RunConfig, markers: dict) -> dict:
 
 
 def _environment() -> dict:
-    import torch
 
     try:
         load = [round(x, 2) for x in os.getloadavg()]
@@ -207,8 +209,8 @@ def _environment() -> dict:
 
 def _save_step_plots(fig, axes, path: Path) -> None:
     """Grid, integer step ticks, tight layout; save and close."""
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    import matplotlib.pyplot as plt  # the optional extra `report`
+    from matplotlib.ticker import MaxNLocator  # the optional extra `report`
 
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -219,10 +221,10 @@ def _save_step_plots(fig, axes, path: Path) -> None:
 
 
 def _plots(out: Path, log: list[dict], metrics: dict, names: tuple[str, str], caption: str) -> dict:
-    import matplotlib
+    import matplotlib  # the optional extra `report`
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the optional extra `report`
 
     folder = out / "plots"
     folder.mkdir(parents=True, exist_ok=True)
@@ -283,10 +285,10 @@ def _eval_plot(out: Path, evals: list[dict], metric: str | None) -> str | None:
     """plots/eval.png: each metric against the step; the best step of ``metric`` marked."""
     if not evals:
         return None
-    import matplotlib
+    import matplotlib  # the optional extra `report`
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the optional extra `report`
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
     steps = [r["step"] for r in evals]
@@ -342,16 +344,13 @@ def write_report(
     report in run order (a stage without a marker is reported as off); ``ran`` names those
     that ran in this invocation (the others were skipped as finished).
     """
-    import yaml
-
-    from densefit.evaluate import compare_results
 
     out = Path(out)
     evals = dict(zip(("base", "trained"), load_eval_results(out)))
     metrics = _metrics(compare_results(evals["base"], evals["trained"]))
     log = read_train_log(out / "model" / "train_log.jsonl")
     evals_during = read_eval_log(out / "model" / "train_log.jsonl")
-    train_config = config.train_config()
+    train_config = config.train
     train_result = markers["train"]["result"]
     stage_rows = _stage_rows(markers, ran, stages)
     evaluated = describe_eval(evals["base"].info, evals["base"].n_queries)

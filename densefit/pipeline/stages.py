@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -28,9 +29,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+import yaml
+from rich.console import Console
+
+from densefit.config.commands import EvalJob, MineJob, TrainJob
+from densefit.config.run import RunConfig
+from densefit.config.shared import model_or_default
 from densefit.data.corpus import find_corpus_file
-from densefit.pipeline.config import RunConfig
+from densefit.evaluate import format_table
+from densefit.jobs import eval_job, mine_job, train_job
+from densefit.models import load_model, resolve_device, resolve_model_path
 from densefit.pipeline.report import describe_eval, load_eval_results, write_report
+from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
+from densefit.training.evaluation import evaluation_asked
 
 __all__ = [
     "STAGES",
@@ -46,13 +58,6 @@ __all__ = [
 ]
 
 STAGES = ("mine", "train", "eval_base", "eval_trained", "report")
-# TrainConfig fields that change neither the weights nor the log: not in the fingerprint.
-_TRAIN_NOT_FINGERPRINTED = (
-    "show_progress",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "max_nonfinite",
-)
 
 
 def on_train_step(record: dict) -> None:
@@ -121,8 +126,6 @@ def beir_digest(folder: str | os.PathLike, split: str) -> dict:
 
 def model_digest(model: str) -> str:
     """Digest of a model folder's files, or the name itself when it is not local."""
-    from densefit.models import resolve_model_path
-
     resolved = resolve_model_path(model)
     return tree_digest(resolved) if Path(resolved).is_dir() else f"name:{model}"
 
@@ -146,8 +149,6 @@ class RunResult:
 
     def table(self, title: str | None = None):
         """The before/after table (rich), captioned with what was evaluated."""
-        from densefit.evaluate import format_table
-
         base, trained = self.eval_results()
         table = format_table([base, trained], title=title or "before / after")
         table.caption = describe_eval(base.info, base.n_queries)
@@ -166,7 +167,6 @@ class Pipeline:
     """
 
     def __init__(self, config: RunConfig, *, force: bool = False, console=None):
-        from rich.console import Console
 
         self.config = config
         self.out = Path(config.output or "runs/densefit")
@@ -244,7 +244,12 @@ class Pipeline:
         return self._digests[key]
 
     def _model_digest(self) -> str:
-        return self._digest("model", lambda: model_digest(self.config.model))
+        return self._digest("model", lambda: model_digest(self.model))
+
+    @property
+    def model(self) -> str:
+        """The base model (the configuration's, or the default one)."""
+        return model_or_default(self.config.model)
 
     def _train_source(self) -> tuple[Path, dict]:
         c = self.config
@@ -260,7 +265,9 @@ class Pipeline:
         settings = dataclasses.asdict(c.eval)
         settings.pop("cache_dir")
         return {
-            "data": self._digest("eval_data", lambda: beir_digest(c.data, c.eval.split)),
+            "data": self._digest(
+                "eval_data", lambda: beir_digest(c.data, self.config.eval.split_name)
+            ),
             "eval": settings,
             "on_bad_row": c.on_bad_row,
         }
@@ -278,18 +285,12 @@ class Pipeline:
         return self.result
 
     def _prepare(self) -> None:
-        """Check dependencies, apply threads and progress settings, write OUTPUT/config.yaml."""
-        import yaml
+        """Check dependencies, apply the threads setting, write OUTPUT/config.yaml."""
 
         _check_dependencies(self.config)
+        resolve_device(self.config.train.device)  # a device that is not here: before any stage
         if self.config.threads is not None:
-            import torch
-
             torch.set_num_threads(self.config.threads)
-        if not self.config.progress:  # transformers' own bars (loading, saving weights)
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(
             yaml.safe_dump(self.config.to_dict(), sort_keys=False), encoding="utf-8"
@@ -298,8 +299,8 @@ class Pipeline:
     def _run_mine(self) -> str | None:
         """Stage 1 when ``mine.method`` is set; its fingerprint, or None when mining is off."""
         c = self.config
-        if not c.mine.method:
-            self.console.rule(f"[1/{len(STAGES)}] mine: off (mine.method is null)")
+        if c.mine is None:
+            self.console.rule(f"[1/{len(STAGES)}] mine: off (no mine section)")
             self._marker_path("mine").unlink(missing_ok=True)
             return None
         _, train_source = self._train_source()
@@ -318,19 +319,15 @@ class Pipeline:
         """Stage 2; its fingerprint (model, data or mined file, training options)."""
         c = self.config
         _, train_source = self._train_source()
-        train_options = {
-            k: v for k, v in c.train_config().to_dict().items() if k not in _TRAIN_NOT_FINGERPRINTED
-        }
+        train_options = c.train.weight_options()  # what changes the weights
         inputs = {
             "model": self._model_digest(),
             "data": {"mined": mine_fp} if mine_fp else train_source,
             "train": train_options,
             "on_bad_row": c.on_bad_row,
         }
-        from densefit.training.evaluation import evaluation_asked
-
-        if evaluation_asked(c.train_config()):  # keep_best and patience read the eval split
-            split = c.train_config().eval_split
+        if evaluation_asked(c.train):  # keep_best and patience read the eval split
+            split = c.train.eval_split
             inputs["eval_data"] = self._digest(
                 f"beir:{c.data}:{split}", lambda: beir_digest(c.data, split)
             )
@@ -373,45 +370,24 @@ class Pipeline:
     # -- stages
 
     def _mine(self) -> dict:
-        from densefit.mine import mine_files, parse_range
-        from densefit.models import load_model
-
-        c, m = self.config, self.config.mine
-        low, high = parse_range(m.range)
-        model = None
-        if m.method != "bm25":
-            model = load_model(
-                c.model, max_seq_length=m.max_seq_length, device=c.train_config().device
-            )
-        report = mine_files(
-            c.train_data or c.data,
-            c.data,
-            self.out / "mined.jsonl",
+        c = self.config
+        job = MineJob(
+            pairs=Path(c.train_data or c.data),
+            corpus=Path(c.data),
+            output=self.out / "mined.jsonl",
+            model=self.model,
             split=c.train_split,
             on_bad_row=c.on_bad_row,
-            method=m.method,
-            model=model,
-            num_negatives=m.num_negatives,
-            range_min=low,
-            range_max=high,
-            relative_margin=m.relative_margin,
-            sampling=m.sampling,
-            seed=m.seed,
-            batch_size=m.batch_size,
+            device=c.train.device,
             show_progress=c.progress,
+            mine=c.mine,
         )
+        report = mine_job(job)
         self.console.print(f"mined: {report.summary()}")
         return report.to_dict()
 
     def _train(self, fp: str) -> dict:
-        from densefit.data.readers import read_training_data
-        from densefit.models import load_model
-        from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
-        from densefit.training.evaluation import eval_data_for
-        from densefit.training.loop import train
-
         c = self.config
-        config = c.train_config()
         model_dir = self.out / "model"
         started = self.out / "stages" / "train.started.json"
         resume = False
@@ -429,36 +405,28 @@ class Pipeline:
         if not resume and model_dir.exists():
             shutil.rmtree(model_dir)  # another run's model, log and checkpoints: start over
         self._write_json(started, {"fingerprint": fp, "started_at": _stamp(time.time())})
-
-        if c.mine.method:
-            source, split = self.out / "mined.jsonl", c.train_split
-        else:
-            source, split = Path(c.train_data or c.data), c.train_split
-        examples, data_report = read_training_data(source, on_bad_row=c.on_bad_row, split=split)
-        if data_report.n_skipped:
-            warnings.warn(data_report.summary(), UserWarning, stacklevel=2)
-        model = load_model(c.model, max_seq_length=config.max_seq_length, device=config.device)
-        self.console.print(f"training on {len(examples)} rows from {source} on {config.device}")
-        result = train(
-            model,
-            examples,
-            config,
-            output_dir=model_dir,
+        source = self.out / "mined.jsonl" if c.mine is not None else Path(c.train_data or c.data)
+        job = TrainJob(
+            data=source,
+            model=self.model,
+            output=model_dir,
             resume=resume,
-            on_step=lambda record: on_train_step(record),
-            eval_data=eval_data_for(config, None, c.data),
-            data_report=data_report,
+            split=c.train_split,
+            eval_data=Path(c.data) if evaluation_asked(c.train) else None,
+            on_bad_row=c.on_bad_row,
+            train=c.train,
         )
-        if c.delete_checkpoints and (model_dir / "checkpoints").exists():
-            shutil.rmtree(model_dir / "checkpoints")
-        plan = result.plan
+        outcome = train_job(
+            job, on_step=lambda record: on_train_step(record), say=self.console.print
+        )
+        result, plan = outcome.result, outcome.result.plan
         self.console.print(
             f"{result.steps} steps, {result.examples} examples in {result.seconds:.0f}s, final "
             f"loss {result.final_loss:.4f}; memory: {plan.get('strategy')} (chunk "
             f"{plan.get('chunk_size')}); model saved to {model_dir}"
         )
         return {
-            "rows": len(examples),
+            "rows": outcome.rows,
             "source": str(source),
             "steps": result.steps,
             "examples": result.examples,
@@ -467,7 +435,7 @@ class Pipeline:
             "plan": plan,
             "skipped_nonfinite": result.skipped_nonfinite,
             "resumed_from_step": resumed_from,
-            "config": config.to_dict(),
+            "config": outcome.config.to_dict(),
             "evaluation": result.evaluation,
         }
 
@@ -479,59 +447,46 @@ class Pipeline:
             full = json.loads(cached.read_text())
             self._write_json(self.out / "eval" / "base.json", full)
             return {**_summary(full), "reused_from": str(cached)}
-        summary = self._evaluate(self.config.model, "base")
+        summary = self._evaluate(self.model, "base")
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.out / "eval" / "base.json", cached)
         return summary
 
-    def _eval_dataset(self):
-        """The eval split, its corpus cut to the seeded subsample when ``distractors`` is set."""
-        if self._beir is not None:
-            return self._beir
-        from densefit.data.corpus import load_beir
-        from densefit.evaluate import subsample_corpus
+    @property
+    def eval_split(self) -> str:
+        """The held-out split both evaluations score."""
+        return self.config.eval.split_name
 
-        c = self.config
-        beir = load_beir(c.data, c.eval.split, on_bad_row=c.on_bad_row)
-        beir, corpus_info = subsample_corpus(beir, c.eval.distractors, c.eval.sample_seed)
-        self._beir = (beir, corpus_info)
-        return self._beir
-
-    def _eval_max_seq_length(self, model) -> int:
+    def _eval_max_seq_length(self) -> int:
         """Both evaluations use the same length: eval.max_seq_length, else the base model's."""
         if self.config.eval.max_seq_length is not None:
             return self.config.eval.max_seq_length
         base = self.markers.get("eval_base")
         if base is not None:
             return base["result"]["info"]["max_seq_length"]
-        return model.max_seq_length
+        return load_model(self.model, device="cpu").max_seq_length
 
     def _evaluate(self, model_ref, name: str) -> dict:
-        from densefit.evaluate import evaluate_beir
-        from densefit.models import load_model
-
         c = self.config
-        beir, corpus_info = self._eval_dataset()
-        model = load_model(model_ref, device=c.train_config().device)
-        model.max_seq_length = self._eval_max_seq_length(model)
-        t0 = time.perf_counter()
-        result = evaluate_beir(
-            model,
-            beir,
-            c.eval.split,
-            metrics=c.eval.metrics,
-            batch_size=c.eval.batch_size,
-            show_progress=c.progress,
-            name=name,
+        settings = c.eval.replace(
+            max_seq_length=self._eval_max_seq_length(), split=self.config.eval.split_name
         )
-        result.info.update(
-            dataset=str(c.data),
+        job = EvalJob(
+            dataset=Path(c.data),
             model=str(model_ref),
-            corpus=corpus_info,
-            max_seq_length=model.max_seq_length,
-            seconds=round(time.perf_counter() - t0, 2),
+            device=c.train.device,
+            on_bad_row=c.on_bad_row,
+            show_progress=c.progress,
+            eval=settings,
         )
+        t0 = time.perf_counter()
+        (result,) = eval_job(job).results
+        result.name = name
+        result.info.update(
+            model=str(model_ref), max_seq_length=settings.max_seq_length,
+            seconds=round(time.perf_counter() - t0, 2),
+        )  # fmt: skip
         full = result.to_dict(per_query=True)
         self._write_json(self.out / "eval" / f"{name}.json", full)
         self.console.print(
@@ -565,10 +520,9 @@ def _load() -> float | None:
 
 def _check_dependencies(config: RunConfig) -> None:
     """Fail before any work when an optional dependency of a stage is missing."""
-    import importlib.util
 
     needed = [("pytrec_eval", "eval"), ("matplotlib", "report")]
-    if config.mine.method in ("bm25", "hybrid"):
+    if config.mine is not None and config.mine.method in ("bm25", "hybrid"):
         needed.append(("bm25s", "mine"))
     for module, extra in needed:
         if importlib.util.find_spec(module) is None:

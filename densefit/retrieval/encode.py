@@ -12,7 +12,8 @@ general path: ``model.preprocess`` per batch, batches still sorted by length.
 ``prompt_name="query"`` / ``"document"`` puts the model's prompt of that name before each
 text (:mod:`densefit.prompts`), as ``SentenceTransformer.encode(prompt_name=...)`` does. A
 model with ``truncate_dim`` set (``densefit index --dim``) gives its first ``truncate_dim``
-coordinates, re-normalised to unit length (:func:`truncate_vectors`).
+coordinates rescaled to the full vector's norm (:func:`densefit.losses.matryoshka.truncate`,
+the cut training used).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
+from tqdm.auto import tqdm
 
+from densefit.losses.matryoshka import truncate
 from densefit.prompts import apply_prompt, model_prompts, set_prompts
 
 __all__ = [
@@ -32,7 +35,6 @@ __all__ = [
     "encode_with_callback",
     "fast_path_tokenizer",
     "padding_aware_cuts",
-    "truncate_vectors",
 ]
 
 # Texts are tokenized in windows of this many batches: bounded memory on million-text inputs,
@@ -82,7 +84,6 @@ def encode_texts(
     (2, 32)
     """
     texts = _checked_texts(texts, batch_size)
-    from tqdm.auto import tqdm
 
     with tqdm(total=len(texts), desc="Encoding", unit="text", disable=not show_progress) as bar:
         return encode_with_callback(
@@ -165,9 +166,7 @@ def encode_with_callback(
                         for k, v in features.items()
                     }
                     embeddings = model(features)["sentence_embedding"]  # (b, full dim)
-                    if embeddings.shape[1] > dim:  # truncate_dim: cut, then re-normalise
-                        embeddings = embeddings[:, :dim]
-                        normalize = True
+                    embeddings = truncate(embeddings, dim)  # truncate_dim: the Matryoshka cut
                     if normalize:
                         embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
                     out[batch_rows] = embeddings.float().cpu().numpy()
@@ -204,23 +203,6 @@ def configure_model(
             )
         model.truncate_dim = None if dim == full else int(dim)
     return model
-
-
-def truncate_vectors(vectors: np.ndarray, dim: int | None) -> np.ndarray:
-    """The first ``dim`` coordinates of each row, re-normalised to unit length (float32);
-    ``None`` or a ``dim`` at least the vectors' own: ``vectors`` unchanged.
-
-    What a Matryoshka-trained model's vectors become at a smaller size (``densefit index
-    --dim``): the same as encoding with ``model.truncate_dim = dim``.
-
-    >>> truncate_vectors(np.array([[3.0, 4.0, 12.0]]), 2)
-    array([[0.6, 0.8]], dtype=float32)
-    """
-    if dim is None or dim >= vectors.shape[-1]:
-        return vectors
-    cut = np.asarray(vectors[..., :dim], dtype=np.float32)
-    norms = np.linalg.norm(cut, axis=-1, keepdims=True)
-    return cut / np.maximum(norms, 1e-12)
 
 
 def _checked_texts(texts: Sequence[str], batch_size: int) -> list[str]:
@@ -343,7 +325,7 @@ def fast_path_tokenizer(model: SentenceTransformer) -> object | None:
 def _check_fast_path(model: SentenceTransformer):
     """Run the model's own preprocessing on two probes (one over ``max_seq_length``), compare."""
     try:
-        from sentence_transformers.base.modules import Transformer
+        from sentence_transformers.base.modules import Transformer  # sentence-transformers >= 5.2
     except ImportError:  # pragma: no cover - older sentence-transformers
         return None
     first = model[0] if len(model) else None

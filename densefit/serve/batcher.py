@@ -26,6 +26,8 @@ import concurrent.futures
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 __all__ = ["MicroBatcher", "Query"]
 
 
@@ -224,6 +226,5 @@ def _set_torch_threads(threads: int | None) -> None:
     intra-op threads (None: leave torch's setting)."""
     if threads is None:
         return
-    import torch
 
     torch.set_num_threads(threads)

@@ -1,30 +1,86 @@
-"""The limits and knobs of ``densefit serve``, declared once (the CLI options derive from
-:class:`ServeConfig`'s defaults). Importing this module does not need FastAPI."""
+"""The options of ``densefit serve``, declared once (:mod:`densefit.config.options`): the
+service's limits and knobs (:class:`ServeConfig`, which the app reads) and what the command
+takes besides (:class:`ServeJob`). Importing this module does not need FastAPI."""
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["ServeConfig", "is_local_host", "worker_threads"]
+from densefit.config.options import Options, option, section
+from densefit.config.shared import BACKEND, DEVICE, MODEL, STORE
+
+__all__ = ["API_KEY_ENV", "DEFAULT_HOST", "DEFAULT_PORT", "ServeConfig", "ServeJob",
+           "is_local_host", "worker_threads"]  # fmt: skip
+
+API_KEY_ENV = "DENSEFIT_API_KEY"
+DEFAULT_HOST = "127.0.0.1"  # loopback: nothing outside this machine reaches it
+DEFAULT_PORT = 8000
+
+_LIMITS = "Limits"
 
 
-@dataclass(frozen=True)
-class ServeConfig:
-    """Limits and knobs of the service; the ``densefit serve`` options take their defaults
-    from here."""
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig(Options):
+    """Limits and knobs of the service (every request is checked against them).
 
-    max_k: int = 100  # results per query
-    max_queries: int = 64  # queries per /search request
-    max_documents: int = 256  # documents per upsert or delete request
-    max_text_chars: int = 100_000  # characters per query or document text
-    max_body_bytes: int = 4 * 1024 * 1024  # larger requests get 413
-    max_batch: int = 64  # queries per forward pass
-    max_wait_ms: float = 2.0  # how long a batch waits for more (idle server: no wait)
-    query_workers: int = 2  # batches encoded at the same time (one forward pass each)
-    threads_per_worker: int = 0  # torch threads of each query worker; 0: torch's / workers
-    api_key: str | None = None  # required on every request when set
-    allow_writes: bool = True  # False: upserts and deletes get 403
+    >>> ServeConfig(max_k=0)
+    Traceback (most recent call last):
+    ...
+    densefit.errors.OptionError: max_k must be >= 1, got 0
+    """
+
+    max_k: int = option(100, "Largest k a search may ask for.", ge=1, group=_LIMITS)
+    max_queries: int = option(64, "Queries per request.", ge=1, group=_LIMITS)
+    max_documents: int = option(256, "Documents per upsert or delete request.", ge=1, group=_LIMITS)
+    max_text_chars: int = option(
+        100_000, "Characters per query or document text.", ge=1, group=_LIMITS
+    )
+    max_body_bytes: int = option(
+        4 * 1024 * 1024, "Larger request bodies get 413.", ge=1, group=_LIMITS
+    )
+    max_batch: int = option(64, "Queries per forward pass.", ge=1, group=_LIMITS)
+    max_wait_ms: float = option(
+        2.0,
+        "How long a batch waits for more queries (not on an idle server with none coming).",
+        ge=0,
+    )
+    query_workers: int = option(
+        2,
+        "Query batches encoded at the same time, each with its share of the torch threads.",
+        ge=1,
+    )
+    threads_per_worker: int = option(
+        0,
+        "Torch threads per query worker (0: torch's threads, i.e. the cores or "
+        "OMP_NUM_THREADS, divided among the workers).",
+        ge=0,
+    )
+    api_key: str | None = option(
+        None,
+        f"Required on every request when set (header X-API-Key); or ${API_KEY_ENV}. Without "
+        "it a server on a non-local address is read-only.",
+        flag="--api-key",
+        envvar=API_KEY_ENV,
+    )
+    allow_writes: bool = option(
+        True, "Upserts and deletes allowed (else 403); set from the address and key.", cli=False
+    )
+
+
+@dataclass(kw_only=True)
+class ServeJob(Options):
+    """``densefit serve``: what to serve, where, and the service's limits."""
+
+    store: Path = STORE(required=True)
+    model: str | None = MODEL()
+    device: str | None = DEVICE()
+    host: str = option(DEFAULT_HOST, "Address to bind (loopback by default).")
+    port: int = option(DEFAULT_PORT, "TCP port.", ge=0, le=65535)
+    create: bool = option(False, "Create an empty store for --model when --store holds none.")
+    backend: str = BACKEND()
+    serve: ServeConfig = section(ServeConfig, "The service's limits and knobs.")
 
 
 def worker_threads(config: ServeConfig, available: int) -> int:

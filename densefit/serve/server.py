@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import signal
 import sys
+import warnings
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "run_server"]
+from densefit.config.shared import model_or_default
+from densefit.models import load_model, resolve_device
+from densefit.retrieval.index.documents import DB_NAME
+from densefit.retrieval.index.searching import model_for_store
+from densefit.retrieval.index.store import LocalDocumentStore, open_store
+from densefit.serve.app import create_app
+from densefit.serve.config import DEFAULT_HOST, DEFAULT_PORT, is_local_host
 
-DEFAULT_HOST = "127.0.0.1"  # loopback: nothing outside this machine reaches the server
-DEFAULT_PORT = 8000
+__all__ = ["run_server"]
 
 
 def run_server(
@@ -25,7 +31,7 @@ def run_server(
     log_level: str = "warning",
 ) -> None:
     """Serve ``app`` on ``host:port`` until SIGTERM or SIGINT."""
-    import uvicorn
+    import uvicorn  # the optional extra `serve`
 
     config = uvicorn.Config(
         app,
@@ -53,3 +59,28 @@ def run_server(
 def _exit_cleanly(signum, frame) -> None:
     print("densefit serve: stopped (SIGTERM); the store is closed", file=sys.stderr, flush=True)
     raise SystemExit(0)
+
+
+def serve_job(job) -> None:  # noqa: ANN001 - a densefit.serve.config.ServeJob
+    """Open ``job.store`` (or create it for ``job.model`` with ``job.create``) with the model
+    that searches it, and serve it until SIGTERM or Ctrl-C. A non-local address without an
+    API key serves read-only (writes get 403) and says so."""
+
+    job = job.replace(device=resolve_device(job.device))
+    if not job.create or (job.store / DB_NAME).is_file():
+        # the store's model (or --model), embedding as the store was indexed, as search does
+        with LocalDocumentStore(job.store) as probe:  # StoreError (one line) when not a store
+            model = model_for_store(probe, job.model, device=job.device)
+    else:
+        model = load_model(model_or_default(job.model), device=job.device)
+    store = open_store(job.store, model, backend=job.backend, create=job.create)
+    local = is_local_host(job.host)
+    if not local and not job.serve.api_key:
+        warnings.warn(
+            f"{job.host} is not a local address and no --api-key is set: serving read-only "
+            "(writes get 403)",
+            UserWarning,
+            stacklevel=2,
+        )
+    config = job.serve.replace(allow_writes=local or bool(job.serve.api_key))
+    run_server(create_app(store, model, config), host=job.host, port=job.port)

@@ -6,6 +6,7 @@ temporary folder and the weights are random from a config.
 
 from __future__ import annotations
 
+import inspect
 import string
 import tempfile
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+from transformers import BertConfig, BertModel, BertTokenizerFast
 
 __all__ = ["tiny_model", "write_tiny_vocab", "WORDS"]
 
@@ -59,11 +61,9 @@ def tiny_model(
     >>> model.encode(["hello world"]).shape
     (1, 32)
     """
-    from transformers import BertConfig, BertModel, BertTokenizerFast
 
     folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="densefit-tiny-"))
     vocab = write_tiny_vocab(folder)
-    import inspect
 
     # transformers 5 takes the vocabulary as `vocab`, 4.x as `vocab_file`.
     key = (

@@ -22,16 +22,22 @@ from __future__ import annotations
 import os
 import signal
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from densefit.data.types import Document
+from densefit.models import load_model, model_name_of
 from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.index import vectors
 from densefit.retrieval.index.base import ModelMismatchError
 from densefit.retrieval.index.indexing import index_documents
+from densefit.retrieval.index.searching import search
 from densefit.retrieval.index.store import LocalDocumentStore, open_store
+from densefit.testing import WORDS, tiny_model
 
 __all__ = ["StoreConformance", "make_corpus", "reference_match", "with_meta"]
 
@@ -41,7 +47,6 @@ _TOPICS = ["cells", "genes", "python", "search", "cancer", "memory", "vaccine", 
 def make_corpus(n: int, *, seed: int = 0, prefix: str = "doc") -> list[Document]:
     """``n`` small distinct documents built from the tiny model's vocabulary."""
     rng = np.random.default_rng(seed)
-    from densefit.testing import WORDS
 
     docs = []
     for i in range(n):
@@ -107,7 +112,6 @@ class StoreConformance:
 
     @pytest.fixture(scope="class")
     def model_dir(self, tmp_path_factory) -> Path:
-        from densefit.testing import tiny_model
 
         folder = tmp_path_factory.mktemp("tiny-model")
         tiny_model(folder / "build").save(str(folder / "model"))
@@ -115,7 +119,6 @@ class StoreConformance:
 
     @pytest.fixture(scope="class")
     def model(self, model_dir):
-        from densefit.models import load_model
 
         return load_model(model_dir)
 
@@ -322,25 +325,20 @@ class StoreConformance:
     # -- the model -------------------------------------------------------------------------
 
     def test_records_model(self, store, model):
-        from densefit.models import model_name_of
 
         assert store.dim == 32 and store.similarity == "cosine"
         assert store.model_name == str(Path(model_name_of(model)).resolve())
         store.check_model(model)  # no error
 
     def test_other_dimension_is_an_error(self, store, tmp_path):
-        from densefit.testing import tiny_model
 
         wider = tiny_model(tmp_path / "wide", hidden_size=48, num_heads=2)
         with pytest.raises(ModelMismatchError, match="32-d.*48-d"):
             store.check_model(wider)
         with pytest.raises(ModelMismatchError):
-            from densefit.retrieval.index.searching import search
-
             search(store, wider, "cells")
 
     def test_other_weights_same_dimension_is_an_error(self, store, store_dir, backend, tmp_path):
-        from densefit.testing import tiny_model
 
         other = tiny_model(tmp_path / "other", seed=123)
         with pytest.raises(ModelMismatchError, match="does not reproduce"):
@@ -349,10 +347,6 @@ class StoreConformance:
             open_store(store_dir, other, backend=backend)
 
     def test_weights_changed_in_place_is_an_error(self, store, model_dir, docs):
-        import torch
-
-        from densefit.models import load_model
-        from densefit.retrieval.index.searching import search
 
         model = load_model(model_dir)
         assert search(store, model, docs[0].text, top_k=1)[0].id == docs[0].id
@@ -364,7 +358,6 @@ class StoreConformance:
             search(store, model, docs[0].text)
 
     def test_same_weights_under_another_name_is_accepted(self, store, model_dir):
-        from densefit.models import load_model, model_name_of
 
         model = load_model(model_dir)
         model._densefit_name = "my-copy-of-the-model"
@@ -390,10 +383,8 @@ class StoreConformance:
             return pid, read_end
         try:  # the child: never returns into pytest
             os.close(read_end)
-            import torch
 
             torch.set_num_threads(1)
-            from densefit.retrieval.index import vectors
 
             store = open_store(store_dir, model, backend=backend)
             if mode == "mid-write":
@@ -420,8 +411,6 @@ class StoreConformance:
             os.write(write_end, b"f")
             os._exit(0)
         except BaseException:  # noqa: BLE001 - report and leave without running pytest code
-            import traceback
-
             traceback.print_exc()
             os._exit(1)
 

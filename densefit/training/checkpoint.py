@@ -39,6 +39,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
+from densefit.config.options import declared_options
 from densefit.memory.plan import MemoryPlan
 
 __all__ = [
@@ -50,7 +51,8 @@ __all__ = [
     "resume_checkpoint",
     "truncate_log",
     "data_fingerprint",
-    "MAY_DIFFER",
+    "changed_weight_options",
+    "memory_options",
     "write_part",
 ]
 
@@ -59,23 +61,24 @@ FILES = ("model.pt", "trainer.pt", "state.json")
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"step-(\d{6,})")
 _SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
-# Options that may change between two runs of the same training (a resume, a rerun into
-# the same folder): they do not change the weights (on resume the memory options are taken
-# from the checkpoint's plan anyway).
-MAY_DIFFER = frozenset(
-    {"show_progress", "log_every", "device", "checkpoint_every", "keep_checkpoints",
-     "max_nonfinite", "memory", "memory_budget", "chunk_size", "token_budget",
-     "loss_chunk_size", "sort_by_length", "gradient_checkpointing", "keep_graphs",
-     "release_cpu_memory"}
-)  # fmt: skip
-_MEMORY = (
-    "memory",
-    "memory_budget",
-    "chunk_size",
-    "token_budget",
-    "keep_graphs",
-    "gradient_checkpointing",
-)
+
+
+def changed_weight_options(saved: dict, config) -> list[str]:
+    """The options of ``config`` that change the trained weights (declared
+    ``affects_weights``) and differ from ``saved`` (a saved config's fields): what refuses a
+    resume or a rerun into the same folder. A ``similarity`` left to the model (None) is
+    compared once the run has resolved it (:func:`densefit.training.setup.setup_run`)."""
+    return [
+        k
+        for k, v in config.weight_options().items()
+        if k in saved and saved[k] != v and not (k == "similarity" and v is None)
+    ]
+
+
+def memory_options(config) -> list[str]:
+    """The fields of ``config`` that are part of the memory plan (declared ``memory``): a
+    resumed run takes them from the checkpoint's plan."""
+    return [f.name for f, opt in declared_options(type(config)) if opt.memory]
 
 
 class CheckpointError(ValueError):
@@ -203,22 +206,20 @@ class Checkpoint:
             sort_by_length=saved["sort_by_length"],
             oom_retries=int(saved.get("oom_retries", 0)),
             keep_graphs=int(saved.get("keep_graphs", planned.get("keep_graphs") or 1)),
-            loss_chunk_size=planned.get("loss_chunk_size"),
+            loss_block_size=planned.get("loss_block_size"),
         )
 
     def check_matches(self, config, examples: Sequence) -> None:
         """Refuse a resume whose options would change the run; warn about other differences."""
         saved, current = self.state.get("config", {}), config.to_dict()
-        differ = [
-            k for k in current if k in saved and k not in MAY_DIFFER and saved[k] != current[k]
-        ]
+        differ = changed_weight_options(saved, config)
         if differ:
             shown = ", ".join(f"{k}={saved[k]!r} (now {current[k]!r})" for k in differ)
             raise CheckpointError(
                 f"{self.path}: this checkpoint was written with {shown}; pass the same "
                 "options to resume it, or train into a new output folder to start over"
             )
-        memory = [k for k in _MEMORY if k in saved and saved[k] != current[k]]
+        memory = [k for k in memory_options(config) if k in saved and saved[k] != current[k]]
         if memory:
             warnings.warn(
                 f"resuming with the checkpoint's memory plan ({self.plan().summary()}); "

@@ -49,6 +49,7 @@ from densefit.data.batching import planned_batches
 from densefit.data.types import TrainingExample
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.planner import plan_for_run
+from densefit.retrieval.encode import embedding_dimension
 from densefit.training.objective import LossFn, make_loss_fn
 
 __all__ = [
@@ -395,7 +396,6 @@ class DistributedRun:
         """The run's distributed view, or None in a single process."""
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return None
-        from densefit.retrieval.encode import embedding_dimension
 
         if config.gather not in GATHER_MODES:
             raise ValueError(

@@ -1,7 +1,7 @@
 """Evaluation during training: a BEIR split scored at step 0, every N steps and at epoch ends.
 
 The loop asks :meth:`Evaluator.due`, then calls :meth:`Evaluator.run`, which scores the model
-through :func:`densefit.evaluate.evaluate_beir` (the same code as ``densefit eval`` and
+through :func:`densefit.evaluate.evaluate` (the same code as ``densefit eval`` and
 ``densefit run``), keeps the best step (``keep_best``: its model is saved to ``OUTPUT/best/``)
 and counts evaluations without improvement (``early_stopping_patience``). Its state (history,
 best step and value, patience count) goes into every checkpoint, so a resumed run makes the
@@ -34,15 +34,17 @@ import json
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from sentence_transformers import SentenceTransformer
+from transformers.utils import logging as hf_logging
 
-from densefit.config import TrainConfig
-from densefit.data.corpus import BeirDataset
-from densefit.evaluate import DEFAULT_METRICS, evaluate_beir, subsample_corpus
+from densefit.config.train import TrainConfig
+from densefit.data.corpus import BeirDataset, load_beir
+from densefit.evaluate import DEFAULT_METRICS, evaluate, subsample_corpus
 
 __all__ = [
     "BEST",
@@ -141,8 +143,6 @@ class Evaluator:
         *,
         output_dir: str | os.PathLike | None = None,
     ):
-        from densefit.data.corpus import load_beir
-
         self.config = config
         self.metric = config.eval_metric
         self.metrics = tuple(dict.fromkeys((config.eval_metric, *DEFAULT_METRICS)))
@@ -189,8 +189,8 @@ class Evaluator:
         with torch.random.fork_rng(devices=devices):
             model.eval()
             try:
-                result = evaluate_beir(
-                    model, self.dataset, self.config.eval_split, metrics=self.metrics,
+                result = evaluate(
+                    model, self.dataset, split=self.config.eval_split, metrics=self.metrics,
                     name=f"step {step}",
                 )  # fmt: skip
             finally:
@@ -266,7 +266,6 @@ class Evaluator:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict`; warns when the evaluation data differs."""
-        import warnings
 
         if (state.get("source"), state.get("documents")) != (
             self.source,
@@ -304,7 +303,6 @@ class Evaluator:
 @contextlib.contextmanager
 def _no_library_progress() -> Iterator[None]:
     """Hide transformers' own progress bars (saving, loading weights) for a moment."""
-    from transformers.utils import logging as hf_logging
 
     shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()

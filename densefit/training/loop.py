@@ -21,7 +21,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit._version import __version__
-from densefit.config import TrainConfig
+from densefit.config.train import TrainConfig
 from densefit.data.batching import step_groups
 from densefit.data.corpus import BeirDataset
 from densefit.data.types import ReadReport, TrainingExample

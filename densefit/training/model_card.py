@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from densefit._version import __version__
-from densefit.config import TrainConfig, config_options
+from densefit.config.options import declared_options
+from densefit.config.train import TrainConfig
+from densefit.models import resolve_device
 
 __all__ = ["CARD_NAME", "model_card", "write_model_card"]
 
 CARD_NAME = "README.md"
 # The fields that configure the loss, shown beside its name.
-_LOSS_FIELDS = ("scale", "symmetric", "similarity", "mask_false_negatives")
 
 
 def write_model_card(
@@ -87,9 +88,13 @@ def _data(result: Any) -> list[str]:
 
 
 def _training(config: TrainConfig, result: Any) -> list[str]:
-    options = ", ".join(f"{k}={getattr(config, k)}" for k in _LOSS_FIELDS)
+    options = ", ".join(  # the options declared in the loss's group, beside the loss
+        f"{f.name}={getattr(config, f.name)}"
+        for f, opt in declared_options(TrainConfig)
+        if opt.group == "Loss" and f.name != "loss"
+    )
     plan = result.plan or {}
-    shown = ("strategy", "chunk_size", "token_budget", "keep_graphs", "loss_chunk_size")
+    shown = ("strategy", "chunk_size", "token_budget", "keep_graphs", "loss_block_size")
     memory = ", ".join(f"{k} {plan[k]}" for k in shown if plan.get(k) is not None)
     return [
         "## Training",
@@ -118,10 +123,10 @@ def _options(config: TrainConfig, result: Any = None) -> list[str]:
     """Every field that differs from its default, with its declared help. A default that
     resolves on this machine (``device="auto"``) or from the run (``learning_rate="auto"``,
     which the run records) counts as the default."""
-    defaults = TrainConfig()  # device "auto" as resolved here
+    defaults = TrainConfig(device=resolve_device("auto"))  # device "auto" as resolved here
     auto_lr = ((getattr(result, "plan", None) or {}).get("learning_rate_from")) == "auto"
     rows = []
-    for f, opt in config_options():
+    for f, opt in declared_options(TrainConfig):
         value = getattr(config, f.name)
         if not opt.cli or f.default is dataclasses.MISSING:
             continue
@@ -199,10 +204,10 @@ def _usage(model: Any, location: str) -> list[str]:
         f'embeddings = model.encode(["how do cells divide?"]{query})',
         "```",
         "",
-        "Haystack 2.x:",
+        "Haystack 3 (`pip install sentence-transformers-haystack`):",
         "",
         "```python",
-        "from haystack.components.embedders import (",
+        "from haystack_integrations.components.embedders.sentence_transformers import (",
         "    SentenceTransformersDocumentEmbedder,",
         "    SentenceTransformersTextEmbedder,",
         ")",

@@ -15,12 +15,12 @@ from typing import Protocol
 
 import torch
 
-from densefit.config import TrainConfig
+from densefit.config.train import TrainConfig
 from densefit.data.types import TrainingExample
 from densefit.losses import margin_mse, mnrl
 from densefit.losses.masking import false_negative_mask
 from densefit.losses.matryoshka import matryoshka
-from densefit.memory.planner import auto_loss_chunk
+from densefit.memory.planner import loss_block_size
 from densefit.training.telemetry import in_batch_accuracy, score_health
 
 __all__ = ["LossFn", "Share", "make_loss_fn", "matryoshka_of"]
@@ -81,7 +81,7 @@ def make_loss_fn(
     health.update(found.telemetry())
     n_candidates = len(rows) + sum(len(r.negatives) for r in rows)
     queries = len(rows) if share is None else share.queries
-    loss_chunk = config.loss_chunk_size or auto_loss_chunk(queries, n_candidates - queries)
+    loss_block = loss_block_size(config.loss_block_size, queries, n_candidates - queries)
     local_rows = rows if share is None else rows[share.rows]
 
     def loss_fn(emb: list[torch.Tensor]) -> torch.Tensor:
@@ -92,7 +92,7 @@ def make_loss_fn(
                 scale=config.scale,
                 symmetric=config.symmetric,
                 similarity=config.similarity,
-                chunk_size=loss_chunk,
+                chunk_size=loss_block,
                 mask=None if mask is None else mask.to(device),
             )
         )

@@ -23,22 +23,25 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit.choices import SIMILARITIES
-from densefit.config import AUTO_LR_BATCH, TrainConfig
+from densefit.config.options import default_of
+from densefit.config.train import AUTO_LR_BATCH, TrainConfig
 from densefit.data.batching import total_steps
 from densefit.data.corpus import BeirDataset
 from densefit.data.types import TrainingExample
+from densefit.errors import OptionError
 from densefit.memory.allocator import allocator_in_use, release_freed_memory_promptly
 from densefit.memory.dropout import enable_invariant_dropout
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.planner import plan_for_run
 from densefit.memory.strategies import MemoryStrategy, make_strategy
-from densefit.models import apply_lora, model_similarity
+from densefit.models import apply_lora, model_similarity, resolve_device
 from densefit.prompts import set_prompts
+from densefit.retrieval.encode import embedding_dimension
 from densefit.training.checkpoint import (
     CHECKPOINTS,
-    MAY_DIFFER,
     Checkpoint,
     Checkpointer,
+    changed_weight_options,
     resume_checkpoint,
     truncate_log,
 )
@@ -166,6 +169,21 @@ def resolve_similarity(config: TrainConfig, model: SentenceTransformer) -> Train
     return dataclasses.replace(config, similarity=own)
 
 
+def check_matryoshka_dims(config: TrainConfig, model: SentenceTransformer) -> None:
+    """Refuse ``--matryoshka-dims`` above the model's embedding size (an OptionError)."""
+    if not config.matryoshka_dims:
+        return
+    full = embedding_dimension(model)
+    above = [d for d in config.matryoshka_dims if d > full]
+    if above:
+        raise OptionError(
+            "matryoshka_dims",
+            f"{{option}} {', '.join(map(str, above))}: above the model's embedding size "
+            f"{full}; give sizes up to {full}",
+            flag="--matryoshka-dims",
+        )
+
+
 def check_output_dir(
     output_dir: str | os.PathLike | None,
     config: TrainConfig,
@@ -176,7 +194,7 @@ def check_output_dir(
     """Refuse to train into a folder that holds anything but a densefit run of this config.
 
     Allowed: no folder, an empty one, a finished run with the same options (those in
-    :data:`~densefit.training.checkpoint.MAY_DIFFER` may differ; its log is kept, renamed),
+    :func:`~densefit.training.checkpoint.changed_weight_options` may differ; its log is kept, renamed),
     an interrupted run (only a log and checkpoints), any folder with ``resume`` (the
     checkpoint decides) or ``overwrite``.
     """
@@ -194,15 +212,12 @@ def check_output_dir(
         except (ValueError, UnicodeDecodeError):
             previous = None
         if isinstance(previous, dict):
-            current = resolve_learning_rate(config).to_dict()  # auto: the value it gives
-            differ = [
-                k
-                for k, v in current.items()
-                if k not in MAY_DIFFER and k in previous and previous[k] != v
-            ]
+            current = resolve_learning_rate(config)  # auto: the value it gives
+            differ = changed_weight_options(previous, current)
             if not differ:
                 return
-            shown = ", ".join(f"{k}={previous[k]!r} (now {current[k]!r})" for k in differ[:3])
+            now = current.to_dict()
+            shown = ", ".join(f"{k}={previous[k]!r} (now {now[k]!r})" for k in differ[:3])
             raise ValueError(
                 f"{folder}: holds a densefit run with other options ({shown}); choose a new "
                 "--output, or pass --overwrite to train into it anyway"
@@ -359,13 +374,19 @@ def setup_run(
     config = config or TrainConfig()
     auto_lr = config.learning_rate == "auto"  # the rule's value from here on (and in checkpoints)
     config = resolve_similarity(resolve_learning_rate(config), model)
+    if config.device is not None:  # "auto" -> the device it names on this machine
+        config = dataclasses.replace(config, device=resolve_device(config.device))
     check_examples(examples, config)
     check_output_dir(output_dir, config, resume=bool(resume), overwrite=overwrite)
-    if config.checkpoint_every and output_dir is None:
-        raise ValueError("checkpoint_every needs output_dir (checkpoints go to OUTPUT/checkpoints)")
+    if output_dir is None and config.checkpoint_every != default_of(TrainConfig, "checkpoint_every"):
+        raise ValueError(
+            f"checkpoint_every={config.checkpoint_every} needs output_dir (checkpoints go to "
+            "OUTPUT/checkpoints; without an output folder a run writes none)"
+        )
     # Rank 0 evaluates; every rank checks the options, so all refuse the same ones.
     evaluator = make_evaluator(config, eval_data, output_dir=output_dir, main=is_main_process())
     device = _prepare_model(model, config)
+    check_matryoshka_dims(config, model)  # before any file is written
     dist = DistributedRun.detect(model, config)
     if dist is not None and resume:
         raise ValueError(
@@ -378,8 +399,8 @@ def setup_run(
         enable_invariant_dropout(model)
     resumed = resume_checkpoint(resume, output_dir) if resume else None
     plan = _agree_on_plan(model, examples, config, dist, resumed, batches)
-    if plan.loss_chunk_size and config.loss_chunk_size is None:
-        config = dataclasses.replace(config, loss_chunk_size=plan.loss_chunk_size)
+    if plan.loss_block_size and config.loss_block_size is None:
+        config = dataclasses.replace(config, loss_block_size=plan.loss_block_size)
     total = total_steps(examples, config)
     warn_few_steps(len(examples), total, config)
     warmup = config.warmup_steps if config.warmup_steps is not None else int(0.1 * total)

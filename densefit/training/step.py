@@ -39,6 +39,7 @@ def train_step(run: TrainRun, group: Sequence[Sequence[int]]) -> dict:
     skips the optimizer step (:mod:`densefit.training.guards`) and is counted by the guard.
     """
     started = time.perf_counter()
+    lr = run.optimizer.param_groups[0]["lr"]  # this step's rate (the scheduler moves it after)
     while True:
         # Zeroed in place, not freed: the gradient buffers are allocated once and reused.
         # Freeing them each step lets the next backward allocate them again in a heap the
@@ -59,7 +60,7 @@ def train_step(run: TrainRun, group: Sequence[Sequence[int]]) -> dict:
         examples=rows,
         step_time_s=round(seconds, 4),
         examples_per_s=round(rows / seconds, 2) if seconds > 0 else None,
-        lr=run.scheduler.get_last_lr()[0],
+        lr=lr,
         peak_rss_mb=round(peak_rss_bytes() / 2**20, 1),
         strategy=run.plan.strategy,
         chunk_size=run.plan.chunk_size,

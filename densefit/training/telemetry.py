@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from densefit.data.types import TrainingExample
 
@@ -121,16 +122,19 @@ def merge_health(parts: Sequence[dict]) -> dict:
 
 
 def health_postfix(record: dict) -> dict:
-    """The batch health fields of a step record, short, for the progress bar.
+    """The batch health fields of a step record, short, for the progress bar: ``uniq``
+    distinct candidate texts of all, ``masked`` candidate pairs masked out of the loss
+    (duplicate texts and known positives: not false negatives found, but ones prevented),
+    ``pos/neg`` the mean similarity of anchors to their positive and hard negatives.
 
     >>> health_postfix({"candidates": 8, "unique_candidates": 7, "masked_duplicates": 2,
     ...                 "masked_known_positives": 1, "pos_score": 0.8, "hard_neg_score": 0.5})
-    {'uniq': '7/8', 'fn': 3, 'pos/neg': '0.80/0.50'}
+    {'uniq': '7/8', 'masked': 3, 'pos/neg': '0.80/0.50'}
     """
     out: dict = {}
     if "candidates" in record:
         out["uniq"] = f"{record['unique_candidates']}/{record['candidates']}"
-        out["fn"] = record["masked_duplicates"] + record["masked_known_positives"]
+        out["masked"] = record["masked_duplicates"] + record["masked_known_positives"]
     if record.get("pos_score") is not None:
         neg = record.get("hard_neg_score")
         out["pos/neg"] = f"{record['pos_score']:.2f}/" + ("-" if neg is None else f"{neg:.2f}")
@@ -172,8 +176,6 @@ class StepLog:
         self.file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
         self.bar = None
         if progress:
-            from tqdm.auto import tqdm
-
             self.bar = tqdm(
                 total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True
             )
@@ -188,7 +190,7 @@ class StepLog:
             self.bar.set_postfix(
                 loss=f"{record['loss']:.4f}",
                 ex_s=f"{speed or 0:.1f}",
-                pad=f"{record['padding_efficiency']:.2f}",
+                fill=f"{record['padding_efficiency']:.2f}",  # real tokens / padded tokens
                 **health_postfix(record),
                 **self.shown,
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -63,7 +64,6 @@ def parts(items: list, size: int = SQL_VARS) -> Iterator[list]:
 def write_new_database(path: Path, meta: dict[str, str]) -> None:
     """Create ``path`` with the schema and ``meta``, built in a side file and renamed into
     place, so that a crash during creation leaves no half-made database."""
-    import os
 
     tmp_db = path.with_name(path.name + ".creating")
     tmp_db.unlink(missing_ok=True)

@@ -180,7 +180,7 @@ def _faiss_chunk_top_k(faiss, queries, block, block_alive, k):
 
 def _faiss_module():
     try:
-        import faiss
+        import faiss  # the optional extra `index`
     except ImportError:
         return None
     return faiss

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 __all__ = ["FaissBackend", "import_faiss"]
 
@@ -27,7 +28,7 @@ _ADD_CHUNK = 1 << 16
 def import_faiss():
     """``import faiss``, or an ImportError that says what to install."""
     try:
-        import faiss
+        import faiss  # the optional extra `index`
     except ImportError:
         raise ImportError(
             "the FAISS backend needs faiss: pip install 'densefit[index]' (or faiss-cpu); "
@@ -136,7 +137,6 @@ class FaissBackend:
         if index.ntotal < n_rows:
             if not index.is_trained:
                 self._train(index)
-            from tqdm.auto import tqdm
 
             todo = n_rows - index.ntotal
             with tqdm(

@@ -47,6 +47,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 __all__ = [
+    "parse_filter_text",
     "COMPARISON_OPERATORS",
     "LOGICAL_OPERATORS",
     "compile_filters",
@@ -90,6 +91,31 @@ def validate_filters(filters: dict | None) -> None:
     if filters is None or (isinstance(filters, dict) and not filters):
         return
     compile_filters(filters)
+
+
+def parse_filter_text(text: str | None) -> dict | None:
+    """A filter given as text (``--filter``): JSON, or ``@PATH`` of a JSON file; checked
+    (:func:`validate_filters`), or a ``ValueError`` saying what to write.
+
+    >>> parse_filter_text('{"field": "meta.lang", "operator": "==", "value": "en"}')
+    {'field': 'meta.lang', 'operator': '==', 'value': 'en'}
+    """
+    if text is None:
+        return None
+    source = "--filter"
+    if text.startswith("@"):
+        source = text[1:]
+        with open(source, encoding="utf-8") as fh:
+            text = fh.read()
+    try:
+        filters = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{source} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
+            'pass e.g. \'{"field": "meta.lang", "operator": "==", "value": "en"}\''
+        ) from None
+    validate_filters(filters)
+    return filters
 
 
 def compile_filters(filters: dict) -> tuple[str, list]:

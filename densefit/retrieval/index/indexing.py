@@ -14,8 +14,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from densefit.data.types import Document
+from densefit.models import model_name_of
+from densefit.retrieval.encode import embedding_dimension, encode_with_callback
 from densefit.retrieval.index.locking import writer_lock
 from densefit.retrieval.index.store import LocalDocumentStore, meta_hash, text_hash
 
@@ -122,7 +125,6 @@ def index_documents(
     >>> index_documents(store, model, docs).unchanged  # a second run skips them
     2
     """
-    from densefit.models import model_name_of
 
     if commit_every < 1:
         raise ValueError(f"commit_every must be at least 1, got {commit_every}")
@@ -149,7 +151,6 @@ def index_documents(
 
 
 def _progress(total: int | None, show: bool):
-    from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="Indexing", unit="doc", disable=not show, smoothing=0.1)
 
@@ -205,7 +206,6 @@ def _embeddings(store, model, docs: list[Document], batch_size: int, bar, report
     Copies keep duplicate documents' vectors identical (their scores tie exactly, as when a
     whole corpus is encoded in one call), and skip the forward pass.
     """
-    from densefit.retrieval.encode import embedding_dimension, encode_with_callback
 
     hashes = [text_hash(d.text) for d in docs]
     known = store.vectors_for_texts(hashes)

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from densefit.models import load_model
+from densefit.retrieval.encode import configure_model, encode_texts
 from densefit.retrieval.index.base import DocumentStore, SearchHit, StoreError
 from densefit.retrieval.index.filters import validate_filters
 from densefit.retrieval.index.settings import check_search_settings, search_options
@@ -30,8 +32,6 @@ def model_for_store(
     that cannot be loaded here is a :class:`~densefit.retrieval.index.base.StoreError`
     saying to pass one.
     """
-    from densefit.models import load_model
-    from densefit.retrieval.encode import configure_model
 
     name = model or store.model_name
     try:
@@ -122,7 +122,6 @@ def search_batch(
     >>> search_batch(store, tiny_model(), ["a", "b"])  # an empty store finds nothing
     [[], []]
     """
-    from densefit.retrieval.encode import encode_texts
 
     if isinstance(queries, str):
         raise TypeError("search_batch takes a list of queries; use search for one string")

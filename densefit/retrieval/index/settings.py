@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from sentence_transformers.models import Normalize
 
+from densefit.models import model_name_of
+from densefit.prompts import model_prompts
+from densefit.retrieval.encode import embedding_dimension, encode_texts
 from densefit.retrieval.index.base import ModelMismatchError, StoreError
 
 __all__ = [
@@ -67,7 +71,6 @@ def model_fingerprint(model) -> np.ndarray:
     fingerprint identifies the weights, and a store re-embedded with another truncation
     length (``--reembed``) must still recognise its model.
     """
-    from densefit.retrieval.encode import encode_texts
 
     length = getattr(model, "max_seq_length", None)
     model.max_seq_length = PROBE_LENGTH
@@ -93,8 +96,6 @@ def model_truncate_dim(model) -> int | None:
         return None
     model.truncate_dim = None
     try:
-        from densefit.retrieval.encode import embedding_dimension
-
         full = embedding_dimension(model)
     finally:
         model.truncate_dim = dim
@@ -120,9 +121,6 @@ class VectorSettings:
     @classmethod
     def of(cls, model) -> VectorSettings:
         """The settings ``model`` embeds documents with now."""
-        from sentence_transformers.models import Normalize
-
-        from densefit.prompts import model_prompts
 
         length = getattr(model, "max_seq_length", None)
         return cls(
@@ -176,7 +174,6 @@ def check_search_settings(settings: VectorSettings | None, model, where: Path) -
     """
     if settings is None:
         return
-    from densefit.prompts import model_prompts
 
     given = model_prompts(model)
     if given != settings.prompts:
@@ -240,11 +237,15 @@ class StoreRecord:
         a model of the same name whose weights changed (trained in place) is refused too, and
         the same weights under another name (a hub name vs its local folder) are accepted.
         """
-        from densefit.models import model_name_of
-        from densefit.retrieval.encode import embedding_dimension
 
         given = model_name_of(model)
         dim = embedding_dimension(model)
+        if dim != self.dim and getattr(model, "truncate_dim", None) is not None:
+            raise ModelMismatchError(
+                f"{where}: the store holds {self.dim}-d vectors, but the queries are cut to "
+                f"{dim} (--dim {dim}): drop --dim (a search uses the store's size) or pass "
+                f"--dim {self.dim}"
+            )
         if dim != self.dim:
             cut = (
                 f"search with --dim {self.dim} (Python: model.truncate_dim = {self.dim}) if "

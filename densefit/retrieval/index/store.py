@@ -45,6 +45,8 @@ import numpy as np
 
 from densefit.choices import SIMILARITIES
 from densefit.data.types import Document
+from densefit.models import model_name_of, model_similarity
+from densefit.retrieval.encode import embedding_dimension
 from densefit.retrieval.index.base import ModelMismatchError, SearchHit, StoreError, WriteResult
 from densefit.retrieval.index.documents import (
     DB_NAME,
@@ -692,8 +694,6 @@ def open_store(
 
 def _create_for(path, model, *, backend, dtype: str) -> LocalDocumentStore:
     """A new store recording ``model``: its name, dimension, fingerprint and settings."""
-    from densefit.models import model_name_of, model_similarity
-    from densefit.retrieval.encode import embedding_dimension
 
     name = model_name_of(model)
     if Path(name).expanduser().is_dir():

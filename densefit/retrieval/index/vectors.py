@@ -17,6 +17,7 @@ import numpy as np
 
 from densefit.retrieval.index.base import VectorBackend
 from densefit.retrieval.index.exact import ExactBackend, exact_search
+from densefit.retrieval.index.faiss_backend import FaissBackend
 
 __all__ = ["CommittedVectors", "VectorFile", "make_backend", "search_rows"]
 
@@ -90,8 +91,6 @@ def make_backend(
     if name == "exact":
         return ExactBackend()
     if name == "faiss":
-        from densefit.retrieval.index.faiss_backend import FaissBackend
-
         factory = option or "HNSW32"
         slug = "".join(c if c.isalnum() else "_" for c in factory)
         path = cache_path.with_name(f"{cache_path.name}-{slug}.index") if cache_path else None

@@ -1,0 +1,253 @@
+"""What each job takes besides its settings: its inputs, its outputs and how it reports.
+
+One :class:`~densefit.config.options.Options` class per job; the command of the same name
+offers every field as a flag (an argument where declared ``positional``) and its section's
+fields too (:class:`TrainJob` holds a :class:`~densefit.config.train.TrainConfig`), the jobs
+layer (:mod:`densefit.jobs`) runs it, and ``densefit run``'s stages and the
+:class:`~densefit.api.Retriever` build the same objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from densefit.config.evaluation import EvalConfig
+from densefit.config.mine import MineConfig
+from densefit.config.options import Options, option, section
+from densefit.config.shared import (
+    BACKEND,
+    DEVICE,
+    DIM,
+    DOCUMENT_PROMPT,
+    ENCODE_BATCH_SIZE,
+    JSON,
+    MAX_SEQ_LENGTH,
+    MODEL,
+    ON_BAD_ROW_OPTION,
+    OUTPUT,
+    PROGRESS,
+    QUERY_PROMPT,
+    SPLIT,
+    STORE,
+    TOP_K,
+)
+from densefit.config.train import TrainConfig, check_dims
+
+__all__ = ["EvalJob", "IndexJob", "MineJob", "PlanJob", "SearchJob", "TrainJob"]
+
+_DATA_HELP = "Training data: JSONL, CSV/TSV, Parquet or a BEIR folder."
+
+
+@dataclass(kw_only=True)
+class TrainJob(Options):
+    """``densefit train``: data in, a fine-tuned model folder out."""
+
+    data: Path = option(help=_DATA_HELP, positional=True)
+    model: str | None = MODEL()
+    output: Path = OUTPUT(required=True)
+    overwrite: bool = option(
+        False, "Train into an --output folder that holds something else.", flag="--overwrite"
+    )
+    resume: bool = option(
+        False,
+        "Continue an interrupted run from the newest good checkpoint in OUTPUT/checkpoints.",
+        flag="--resume",
+    )
+    resume_from: Path | None = option(
+        None, "Continue from this checkpoint folder (OUTPUT/checkpoints/step-...)."
+    )
+    split: str | None = SPLIT()
+    eval_data: Path | None = option(
+        None,
+        "BEIR folder to evaluate on during training (split --eval-split); default: DATA when "
+        "it is a BEIR folder and --eval-every, --keep-best or --early-stopping-patience is "
+        "given.",
+        group="Evaluation during training",
+    )
+    on_bad_row: str = ON_BAD_ROW_OPTION()
+    nproc: int | None = option(
+        None,
+        "Train with N processes on this machine (launches torchrun; one GPU each when the "
+        "device is cuda, as auto picks on a GPU machine).",
+        ge=1,
+        group="Several processes",
+    )
+    train: TrainConfig = section(TrainConfig, "The training options.")
+
+
+@dataclass(kw_only=True)
+class PlanJob(Options):
+    """``densefit plan``: the memory plan of a batch size within a budget, and its peak."""
+
+    data: Path = option(help="Training data (the planner reads its real lengths).", positional=True)
+    model: str | None = MODEL()
+    split: str | None = SPLIT()
+    on_bad_row: str = ON_BAD_ROW_OPTION()
+    json: bool = JSON()
+    train: TrainConfig = section(
+        TrainConfig, "The training options that shape the plan.", flags="plan"
+    )
+
+
+@dataclass(kw_only=True)
+class MineJob(Options):
+    """``densefit mine``: hard negatives for (query, positive) pairs, written as JSON Lines."""
+
+    pairs: Path = option(
+        help="(query, positive) pairs: a BEIR folder (its --split) or a training file.",
+        positional=True,
+    )
+    corpus: Path = option(
+        help="Documents to mine from: a corpus file or a BEIR folder.", flag="--corpus", short="-c"
+    )
+    output: Path = OUTPUT(required=True)
+    model: str | None = MODEL()
+    split: str | None = SPLIT()
+    on_bad_row: str = ON_BAD_ROW_OPTION()
+    device: str | None = DEVICE()
+    query_prompt: str | None = QUERY_PROMPT()
+    document_prompt: str | None = DOCUMENT_PROMPT()
+    show_progress: bool = PROGRESS()
+    mine: MineConfig = section(MineConfig, "How negatives are mined.")
+
+
+@dataclass(kw_only=True)
+class IndexJob(Options):
+    """``densefit index``: embed a corpus into a store (created if new, resumed if not)."""
+
+    corpus: Path = option(help="JSONL(.gz), CSV, TSV, Parquet, or a BEIR folder.", positional=True)
+    store: Path = STORE(required=True)
+    model: str | None = MODEL()
+    device: str | None = DEVICE()
+    max_seq_length: int | None = MAX_SEQ_LENGTH()
+    query_prompt: str | None = QUERY_PROMPT()
+    document_prompt: str | None = DOCUMENT_PROMPT()
+    dim: int | None = DIM()
+    encode_batch_size: int = ENCODE_BATCH_SIZE()
+    backend: str = BACKEND()
+    dtype: str = option(
+        "float32", "Vector precision of a new store.", choices=("float32", "float16")
+    )
+    commit_every: int = option(
+        1024, "Documents per transaction: a crash loses at most this many.", ge=1
+    )
+    reembed: bool = option(
+        False,
+        "Re-embed every stored document with this run's settings (e.g. a new "
+        "--max-seq-length) instead of refusing to mix vectors made two ways.",
+    )
+    lock_timeout: float = option(
+        3600.0, "Seconds to wait for another process writing to the same store.", ge=0
+    )
+    prune: bool = option(False, "Delete stored documents that are not in CORPUS.")
+    index_fields: list[str] = option(
+        help="Add an SQLite index on a metadata field (meta.NAME) that search --filter "
+        "compares often; repeatable.",
+        flag="--index-field",
+        factory=list,
+    )
+    on_bad_row: str = ON_BAD_ROW_OPTION()
+    show_progress: bool = PROGRESS()
+    json: bool = JSON()
+
+
+@dataclass(kw_only=True)
+class SearchJob(Options):
+    """``densefit search``: the best documents of a store for each query."""
+
+    queries: list[str] = option(help="One or more queries.", positional=True)
+    store: Path = STORE(required=True)
+    top_k: int | None = TOP_K()
+    model: str | None = MODEL()
+    device: str | None = DEVICE()
+    query_prompt: str | None = QUERY_PROMPT()
+    document_prompt: str | None = DOCUMENT_PROMPT()
+    dim: int | None = DIM()
+    encode_batch_size: int = ENCODE_BATCH_SIZE()
+    backend: str = BACKEND()
+    filter: str | None = option(
+        None,
+        "Metadata filter, Haystack syntax as JSON (or @FILE.json), e.g. "
+        '\'{"field": "meta.lang", "operator": "==", "value": "en"}\': the best k that match.',
+    )
+    scale_score: bool = option(
+        False, "Scores in [0, 1]: cosine (s+1)/2, dot expit(s/100).", flag="--scale-score"
+    )
+    width: int = option(160, "Snippet length in characters.", ge=1)
+    json: bool = JSON()
+
+
+@dataclass(kw_only=True)
+class EvalJob(Options):
+    """``densefit eval``: metrics of a model (or two) on a BEIR split, or of a store.
+
+    ``--store`` with ``--queries``/``--qrels`` is the store to search; with ``--dataset``, the
+    folder where the corpus's index is kept (and reused by the next evaluation)."""
+
+    dataset: Path | None = option(
+        None, "BEIR folder to index and evaluate.", flag="--dataset", short="-d"
+    )
+    model: str | None = MODEL()
+    compare: str | None = option(
+        None,
+        "A second model (e.g. the base model) evaluated on the same queries, after --model; "
+        "delta = --model minus --compare (positive: --model is better).",
+    )
+    store: Path | None = STORE()
+    queries: Path | None = option(None, "queries.jsonl (_id, text).")
+    qrels: Path | None = option(None, "qrels TSV (query-id, corpus-id, score).")
+    dims: list[int] | str | None = option(
+        None,
+        "Matryoshka: report the metrics at each of these sizes (every vector cut to its "
+        "first D coordinates, re-normalised), e.g. 384,256,128,64; the corpus is embedded once.",
+        check=check_dims,
+        metavar="D1,D2,...",
+        group="Embedding",
+    )
+    device: str | None = DEVICE()
+    query_prompt: str | None = QUERY_PROMPT()
+    document_prompt: str | None = DOCUMENT_PROMPT()
+    backend: str = BACKEND()
+    on_bad_row: str = ON_BAD_ROW_OPTION()
+    output: Path | None = OUTPUT()
+    per_query: bool = option(False, "Include per-query scores in the JSON.")
+    show_progress: bool = PROGRESS()
+    json: bool = JSON()
+    eval: EvalConfig = section(EvalConfig, "How queries are searched and scored.")
+
+    def check(self) -> None:
+        """--dataset, or --store with --queries and --qrels; --compare needs --dataset."""
+        if self.dataset is not None:
+            if self.queries is not None or self.qrels is not None:
+                raise self.error(
+                    "dataset", "brings its own queries and qrels: drop --queries/--qrels"
+                )
+            if self.compare is not None and self.compare == self.model:
+                raise self.error("compare", "names the same model as --model; give the other model")
+            if self.compare is not None and self.store is not None:
+                raise self.error(
+                    "store", "keeps the index of one model; drop it when using --compare"
+                )
+            return
+        if self.store is None or self.queries is None or self.qrels is None:
+            raise self.error(
+                "dataset",
+                "is not given: give either --dataset BEIR_DIR [--model M], or --store DIR "
+                "--queries FILE --qrels FILE",
+            )
+        if self.compare is not None:
+            raise self.error(
+                "compare",
+                "needs --dataset (each model needs its own index); or run eval once per store",
+            )
+        if self.eval.max_seq_length is not None:
+            raise self.eval.error(
+                "max_seq_length",
+                "applies to a --dataset's index; a store's documents were embedded at its own "
+                "length (re-index with densefit index --max-seq-length --reembed)",
+            )
+        if self.eval.distractors is not None:
+            raise self.eval.error(
+                "distractors", "subsamples a --dataset corpus; a store is searched whole"
+            )

@@ -1,0 +1,170 @@
+"""Options several commands take, each declared once (:func:`~densefit.config.options.shared`).
+
+``model: str | None = MODEL()`` in a class gives it the one ``--model`` declaration: the same
+flag, help and default in ``train``, ``index``, ``search``, ``eval``, ``serve``... The checks
+these options run live here too (:func:`check_device`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from densefit.choices import ON_BAD_ROW
+from densefit.config.options import shared
+
+__all__ = [
+    "BACKEND",
+    "DEFAULT_MODEL",
+    "DEVICE",
+    "DEVICES",
+    "DIM",
+    "DOCUMENT_PROMPT",
+    "ENCODE_BATCH_SIZE",
+    "JSON",
+    "MAX_SEQ_LENGTH",
+    "MODEL",
+    "ON_BAD_ROW_OPTION",
+    "OUTPUT",
+    "PROGRESS",
+    "QUERY_PROMPT",
+    "SPLIT",
+    "SEARCH_TOP_K",
+    "SEED",
+    "STORE",
+    "TOP_K",
+    "check_device",
+    "model_or_default",
+]
+
+# The model a command uses when none is given and no store names one: packaged, no download.
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+
+def model_or_default(model: str | None, store_model: str | None = None) -> str:
+    """The model a command runs: the one given, else the store's, else :data:`DEFAULT_MODEL`.
+
+    >>> model_or_default(None), model_or_default(None, "runs/m"), model_or_default("x", "y")
+    ('all-MiniLM-L6-v2', 'runs/m', 'x')
+    """
+    return model or store_model or DEFAULT_MODEL
+
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+
+
+def check_device(device: str | None) -> str | None:
+    """``device`` as a device name (``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``),
+    lower-cased; ``ValueError`` naming the choices. Whether the device is present is asked
+    when a model is loaded (:func:`densefit.models.resolve_device`), not here: building an
+    option object never imports torch.
+
+    >>> check_device("CPU"), check_device(None), check_device("cuda:1")
+    ('cpu', None, 'cuda:1')
+    """
+    if device is None:
+        return None
+    text = str(device).strip().lower()
+    if not _DEVICE.fullmatch(text):
+        raise ValueError(f"must be one of {', '.join(DEVICES)}, got {device!r}")
+    return text
+
+
+MODEL = shared(
+    None,
+    "Model: a sentence-transformers folder or name. Default: the store's model when the "
+    f"command reads a store, else {DEFAULT_MODEL} (packaged: no download).",
+    flag="--model",
+    short="-m",
+    metavar="NAME|DIR",
+)
+DEVICE = shared(
+    "auto",
+    "auto: the GPU (cuda) when torch sees one, else the CPU; or cpu, cuda, cuda:N, mps.",
+    check=check_device,
+    metavar="|".join(DEVICES),
+    group="Device",
+    affects_weights=False,
+    run_flag=True,
+)
+MAX_SEQ_LENGTH = shared(
+    None,
+    "Truncate texts to this many tokens; default: the model's own. Above the model's limit "
+    "(its position embeddings) is an error.",
+    ge=1,
+    group="Embedding",
+    run_flag=True,
+)
+QUERY_PROMPT = shared(
+    None,
+    'Text put before every query (in training: the anchors), e.g. "query: "; a trained model '
+    'saves it as its "query" prompt, a store records it. Default: the model\'s own, else '
+    'none; "" for none.',
+    metavar="TEXT",
+    group="Embedding",
+)
+DOCUMENT_PROMPT = shared(
+    None,
+    'Text put before every document (in training: positives, negatives), e.g. "passage: "; '
+    'a trained model saves it as its "document" prompt, a store records it. Default: the '
+    'model\'s own, else none; "" for none.',
+    metavar="TEXT",
+    group="Embedding",
+)
+DIM = shared(
+    None,
+    "Matryoshka: cut every vector to its first DIM coordinates, re-normalised (for a model "
+    "trained with --matryoshka-dims); a store records it. Default: the full size (reading "
+    "a store: the store's).",
+    ge=1,
+    group="Embedding",
+)
+ENCODE_BATCH_SIZE = shared(
+    64,
+    "Texts per forward pass when embedding (not training).",
+    ge=1,
+    group="Embedding",
+)
+BACKEND = shared(
+    "exact",
+    "Vector search: exact, faiss (HNSW32) or faiss:FACTORY, e.g. faiss:IVF4096,Flat.",
+    metavar="exact|faiss|faiss:FACTORY",
+)
+PROGRESS = shared(
+    True,
+    "Show progress bars (on a terminal; --progress also when writing to a file).",
+    flag="--progress/--no-progress",
+    affects_weights=False,
+    plan=False,
+)
+ON_BAD_ROW_OPTION = shared(
+    "error",
+    "error: stop at the first bad data row (file:line); skip: skip and report each.",
+    choices=ON_BAD_ROW,
+)
+JSON = shared(False, "Print JSON instead of a table.", flag="--json")
+STORE = shared(None, "Store folder (densefit index creates it).", flag="--store", short="-s")
+OUTPUT = shared(
+    None,
+    "Where the command writes its result (train: the model folder; mine: a JSON Lines "
+    "file; eval: a copy of the JSON; run: the run folder, default runs/<config name>).",
+    flag="--output",
+    short="-o",
+)
+SEARCH_TOP_K = 10  # results of a search that names no --top-k
+TOP_K = shared(
+    None,
+    f"Documents retrieved per query; default: {SEARCH_TOP_K} for a search, the largest "
+    "metric cutoff for an evaluation (100 for recall@100).",
+    flag="--top-k",
+    short="-k",
+    ge=1,
+)
+SEED = shared(
+    42,
+    "Seed of the randomness (training: the data order and dropout; mining: --sampling random).",
+)
+SPLIT = shared(
+    None,
+    "qrels split of a BEIR folder; default: train when training or mining, test when evaluating.",
+)

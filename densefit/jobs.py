@@ -1,0 +1,494 @@
+"""The jobs, each assembled once: train, plan, mine, index, search, evaluate.
+
+The command line (:mod:`densefit.cli`), ``densefit run``'s stages (:mod:`densefit.pipeline`)
+and the :class:`~densefit.api.Retriever` all run a job through these functions, so reading
+the data, warning about skipped rows, loading the model, checking the options and saying
+what happens is written once. Each takes the job's options object
+(:mod:`densefit.config.commands`), whose fields may also hold objects already in memory: a
+loaded ``SentenceTransformer`` as ``model``, a list of rows (or ``TrainingExample``) as
+training ``data``.
+
+Status lines go to ``say`` (the command line prints them on stderr, the pipeline on its
+console, the Python API drops them); results are returned, never printed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from densefit.config.commands import EvalJob, IndexJob, MineJob, PlanJob, SearchJob, TrainJob
+from densefit.config.shared import SEARCH_TOP_K, model_or_default
+from densefit.config.train import TrainConfig
+from densefit.data.batching import planned_batches
+from densefit.data.corpus import find_corpus_file, iter_corpus, load_beir
+from densefit.data.readers import examples_from_records, read_training_data
+from densefit.data.types import ReadReport, TrainingExample
+from densefit.evaluate import EvalResult, evaluate, load_queries_and_qrels
+from densefit.memory.planner import plan_memory
+from densefit.mine import MiningReport, mine_files
+from densefit.models import apply_lora, load_model, resolve_device
+from densefit.prompts import set_prompts
+from densefit.retrieval.encode import configure_model
+from densefit.retrieval.index.base import SearchHit
+from densefit.retrieval.index.documents import DB_NAME
+from densefit.retrieval.index.filters import meta_index_sql, parse_filter_text
+from densefit.retrieval.index.indexing import IndexReport, index_documents, prune_documents
+from densefit.retrieval.index.searching import model_for_store, search_batch
+from densefit.retrieval.index.store import LocalDocumentStore, open_store
+from densefit.training import distributed
+from densefit.training.checkpoint import CHECKPOINTS, list_checkpoints
+from densefit.training.evaluation import eval_data_for
+from densefit.training.loop import TrainResult, train
+from densefit.training.setup import check_output_dir
+
+__all__ = [
+    "EvalOutcome",
+    "IndexOutcome",
+    "TrainOutcome",
+    "eval_job",
+    "index_job",
+    "mine_job",
+    "plan_job",
+    "read_training",
+    "search_job",
+    "train_job",
+]
+
+Say = Callable[[str], Any] | None
+
+
+def _say(say: Say, message: str) -> None:
+    if say is not None:
+        say(message)
+
+
+def _warn_skipped(report: ReadReport) -> None:
+    """Skipped bad rows are never dropped silently: one warning listing them."""
+    if report.n_skipped:
+        warnings.warn(report.summary(), UserWarning, stacklevel=3)
+
+
+def read_training(data: Any, *, on_bad_row: str, split: str) -> tuple[list, ReadReport]:
+    """Training rows from a path (file or BEIR folder), a list of dicts or of
+    ``TrainingExample``; skipped rows are warned about. Returns (examples, report)."""
+    if isinstance(data, (str, os.PathLike)):
+        examples, report = read_training_data(data, on_bad_row=on_bad_row, split=split)
+    else:
+        records = list(data)
+        if records and all(isinstance(r, TrainingExample) for r in records):
+            return records, ReadReport("<examples>")
+        examples, report = examples_from_records(records, on_bad_row=on_bad_row)
+    _warn_skipped(report)
+    return examples, report
+
+
+def _source_name(data: Any) -> str:
+    return str(data) if isinstance(data, (str, os.PathLike)) else "<in memory>"
+
+
+# ----------------------------------------------------------------------------- train
+
+
+@dataclass
+class TrainOutcome:
+    """What :func:`train_job` did: the run's result and where things are."""
+
+    result: TrainResult
+    config: TrainConfig  # as run: the device resolved
+    rows: int
+    source: str
+    output: Path | None
+    world: int = 1  # processes
+    main: bool = True  # this process logs and saves
+    checkpoints: dict = field(default_factory=dict)  # what is left on disk: count, bytes
+
+
+def _start_processes(config: TrainConfig) -> tuple[TrainConfig, int, bool]:
+    """Join torchrun's process group when launched by it: (config, world size, main)."""
+    if distributed.launched_by_torchrun() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        device = str(distributed.init_distributed(resolve_device(config.device)))
+        return (
+            config.replace(device=device),
+            distributed.world_size(),
+            distributed.is_main_process(),
+        )
+    return config, 1, True
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def train_job(
+    job: TrainJob,
+    *,
+    on_step: Callable[[dict], None] | None = None,
+    say: Say = None,
+) -> TrainOutcome:
+    """Read the data, load the model, train, save into ``job.output`` (when given), and
+    delete the checkpoints once done unless ``delete_checkpoints`` is off.
+
+    Everything that can be refused is checked before anything slow: the options (when
+    ``job`` was built), the output folder, the evaluation data, LoRA on the model.
+    """
+    config = job.train.replace(device=resolve_device(job.train.device))
+    resume = job.resume_from or job.resume
+    if job.output is not None:
+        check_output_dir(job.output, config, resume=bool(resume), overwrite=job.overwrite)
+    evaluate_on = eval_data_for(config, job.eval_data, job.data if _is_path(job.data) else None)
+    config, world, main = _start_processes(config)
+    examples, report = read_training(
+        job.data, on_bad_row=job.on_bad_row, split=job.split or "train"
+    )
+    model = load_model(
+        model_or_default(job.model), max_seq_length=config.max_seq_length, device=config.device
+    )
+    apply_lora(model, config)  # its errors before any line of output
+    if main:
+        _say(say, _start_line(job, config, len(examples), world))
+    result = train(
+        model,
+        examples,
+        config,
+        output_dir=job.output,
+        resume=resume,
+        overwrite=job.overwrite,
+        eval_data=evaluate_on,
+        data_report=report,
+        on_step=on_step,
+    )
+    if world > 1:
+        distributed.teardown_distributed()
+    outcome = TrainOutcome(
+        result, config, len(examples), _source_name(job.data), job.output, world, main
+    )
+    if job.output is not None and main:
+        outcome.checkpoints = _finish_checkpoints(Path(job.output), config)
+    return outcome
+
+
+def _is_path(data: Any) -> bool:
+    return isinstance(data, (str, os.PathLike))
+
+
+def _start_line(job: TrainJob, config: TrainConfig, rows: int, world: int) -> str:
+    scale_out = ""
+    if world > 1:
+        share = -(-config.batch_size // world)
+        scale_out = (
+            f"; global batch {config.batch_size} = {world} processes x {share} rows at most, "
+            f"gather {config.gather}"
+        )
+    to = f" -> {job.output}" if job.output is not None else ""
+    return (
+        f"training on {rows} rows from {_source_name(job.data)}{to} on {config.device}"
+        f"{lora_words(config)}{scale_out}; {learning_rate_words(config)}"
+    )
+
+
+def learning_rate_words(config: TrainConfig, plan: dict | None = None) -> str:
+    """``lr 8e-05 (auto, from the batch size)``: the peak learning rate and its origin."""
+    auto = config.learning_rate == "auto" or (plan or {}).get("learning_rate_from") == "auto"
+    return f"lr {config.peak_learning_rate:.3g}" + (" (auto, from the batch size)" if auto else "")
+
+
+def lora_words(config: TrainConfig) -> str:
+    """``, LoRA r=16 alpha=32 (saved merged)``; empty without LoRA."""
+    if config.lora_r is None:
+        return ""
+    saved = "adapter" if config.save_adapter else "merged"
+    return f", LoRA r={config.lora_r} alpha={config.effective_lora_alpha:g} (saved {saved})"
+
+
+def _finish_checkpoints(output: Path, config: TrainConfig) -> dict:
+    """Delete the finished run's checkpoints (``delete_checkpoints``), or say what they hold."""
+    folder = output / CHECKPOINTS
+    if not folder.is_dir():
+        return {"kept": 0, "bytes": 0, "folder": None}
+    size, count = _folder_bytes(folder), len(list_checkpoints(folder))
+    if config.delete_checkpoints:
+        shutil.rmtree(folder)
+        return {"kept": 0, "bytes": 0, "deleted": count, "freed_bytes": size, "folder": None}
+    return {"kept": count, "bytes": size, "folder": str(folder)}
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+def plan_job(job: PlanJob):
+    """The memory plan ``job.train`` gets on ``job.data``: (plan, the device planned for)."""
+    config = job.train.replace(memory="auto", device=resolve_device(job.train.device))
+    examples, _ = read_training(job.data, on_bad_row=job.on_bad_row, split=job.split or "train")
+    model = load_model(
+        model_or_default(job.model), max_seq_length=config.max_seq_length, device=config.device
+    )
+    apply_lora(model, config)  # the planner counts the frozen weights once
+    if config.batch_size > len(examples):
+        warnings.warn(
+            f"--batch-size {config.batch_size:,} is larger than the data ({len(examples):,} "
+            f"rows): each step has {len(examples):,} rows, and the plan is for that",
+            UserWarning,
+            stacklevel=2,
+        )
+    plan = plan_memory(model, examples, config, batches=planned_batches(examples, config))
+    return plan, config
+
+
+# ----------------------------------------------------------------------------- mine
+
+
+def mine_job(job: MineJob, *, say: Say = None) -> MiningReport:
+    """Mine hard negatives for ``job.pairs`` from ``job.corpus`` into ``job.output``."""
+    device = resolve_device(job.device)  # a device that is not here: refused, even for bm25
+    settings = job.mine
+    low, high = settings.bounds
+    model = None
+    if settings.method != "bm25":  # dense and hybrid embed the corpus
+        model = load_model(
+            model_or_default(job.model), max_seq_length=settings.max_seq_length, device=device
+        )
+        set_prompts(model, query=job.query_prompt, document=job.document_prompt)
+    report = mine_files(
+        job.pairs,
+        job.corpus,
+        job.output,
+        split=job.split or "train",
+        on_bad_row=job.on_bad_row,
+        method=settings.method,
+        model=model,
+        num_negatives=settings.num_negatives,
+        range_min=low,
+        range_max=high,
+        relative_margin=settings.relative_margin,
+        sampling=settings.sampling,
+        seed=settings.seed,
+        query_block=settings.query_block,
+        batch_size=settings.encode_batch_size,
+        show_progress=job.show_progress,
+    )
+    _say(say, f"wrote {job.output}: {report.summary()}")
+    return report
+
+
+# ----------------------------------------------------------------------------- index
+
+
+@dataclass
+class IndexOutcome:
+    """What :func:`index_job` did: the indexing report, what the reader skipped, the store."""
+
+    report: IndexReport
+    read: ReadReport
+    store: dict  # LocalDocumentStore.info()
+
+
+def recorded_model(store: str | os.PathLike | None) -> str | None:
+    """The model a store at ``store`` was indexed with, or None when there is no store."""
+    if store is None or not (Path(store) / DB_NAME).is_file():
+        return None
+    with LocalDocumentStore(store) as existing:
+        return existing.model_name
+
+
+def count_rows(path: Path) -> int | None:
+    """Rows in a corpus file, cheaply, for the progress bar's total (None when unknown)."""
+
+    try:
+        path = find_corpus_file(path)
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq  # only to read the row count
+
+            return pq.ParquetFile(path).metadata.num_rows
+        opener = gzip.open if path.name.endswith(".jsonl.gz") else open
+        if path.name.endswith((".jsonl", ".jsonl.gz")):
+            with opener(path, "rb") as fh:
+                return sum(1 for line in fh if line.strip())
+    except OSError:
+        return None
+    return None
+
+
+def index_job(job: IndexJob) -> IndexOutcome:
+    """Embed ``job.corpus`` into ``job.store`` (created for the model when new; resumed, and
+    unchanged documents skipped, when not). ``prune`` deletes stored documents that are not
+    in the corpus. The model defaults to the store's own."""
+    device = resolve_device(job.device)
+    if not Path(job.corpus).exists():
+        raise FileNotFoundError(f"{job.corpus}: no such file or folder")
+    for name in job.index_fields:
+        meta_index_sql(name)  # a bad field name fails before any work
+    name = model_or_default(job.model, recorded_model(job.store))
+    model = load_model(name, max_seq_length=job.max_seq_length, device=device)
+    configure_model(
+        model, query_prompt=job.query_prompt, document_prompt=job.document_prompt, dim=job.dim
+    )
+    store = open_store(
+        job.store, model, backend=job.backend, dtype=job.dtype, lock_timeout=job.lock_timeout
+    )
+    if store.dtype != job.dtype and job.dtype != "float32":
+        warnings.warn(
+            f"{job.store} stores {store.dtype} vectors; --dtype applies to new stores only",
+            UserWarning,
+            stacklevel=2,
+        )
+    read = ReadReport(str(job.corpus))
+    documents = iter_corpus(job.corpus, on_bad_row=job.on_bad_row, report=read)
+    seen: set[str] = set()
+
+    def remembered(docs: Iterator) -> Iterator:
+        for doc in docs:
+            seen.add(doc.id)
+            yield doc
+
+    with store:
+        report = index_documents(
+            store,
+            model,
+            remembered(documents) if job.prune else documents,
+            batch_size=job.encode_batch_size,
+            commit_every=job.commit_every,
+            show_progress=job.show_progress,
+            total=count_rows(Path(job.corpus)),
+            reembed=job.reembed,
+            lock_timeout=job.lock_timeout,
+        )
+        if job.prune:
+            report.pruned = prune_documents(store, seen)
+        for name in job.index_fields:
+            store.index_meta_field(name)
+        info = store.info()
+    return IndexOutcome(report, read, info)
+
+
+# ----------------------------------------------------------------------------- search
+
+
+def search_job(job: SearchJob) -> list[list[SearchHit]]:
+    """The best ``job.top_k`` documents of ``job.store`` for each query (``job.filter``:
+    Haystack's filter syntax as JSON text or ``@FILE``)."""
+    device = resolve_device(job.device)
+    filters = parse_filter_text(job.filter)
+    with LocalDocumentStore(job.store, backend=job.backend) as store:
+        model = model_for_store(
+            store,
+            job.model,
+            device=device,
+            query_prompt=job.query_prompt,
+            document_prompt=job.document_prompt,
+            dim=job.dim,
+        )
+        return search_batch(
+            store,
+            model,
+            list(job.queries),
+            top_k=job.top_k or SEARCH_TOP_K,
+            filters=filters,
+            scale_score=job.scale_score,
+            batch_size=job.encode_batch_size,
+        )
+
+
+# ----------------------------------------------------------------------------- eval
+
+
+@dataclass
+class EvalOutcome:
+    """What :func:`eval_job` measured: the results (with ``--compare``: the compared model
+    first, then ``--model``, so a delta is ``--model`` minus ``--compare``), a title, notes."""
+
+    results: list[EvalResult]
+    title: str
+    notes: list[str] = field(default_factory=list)
+
+
+def eval_job(job: EvalJob, *, say: Say = None) -> EvalOutcome:
+    """Evaluate ``job.model`` (and ``job.compare``) on a BEIR split or a store."""
+    job = job.replace(device=resolve_device(job.device))
+    settings = job.eval
+    options = dict(
+        metrics=settings.metric_list,
+        top_k=settings.top_k,
+        batch_size=settings.encode_batch_size,
+        dims=job.dims,
+        show_progress=job.show_progress,
+    )
+    prompts = {"query_prompt": job.query_prompt, "document_prompt": job.document_prompt}
+    if job.dataset is None:
+        return _eval_store(job, options, prompts)
+    split = settings.split_name
+    beir = load_beir(job.dataset, split, on_bad_row=job.on_bad_row)
+    names = [model_or_default(job.model)] + ([job.compare] if job.compare else [])
+    labels = _labels(names)
+    results: list[EvalResult] = []
+    lengths = {}
+    for name in names[::-1]:  # --compare first: the delta is --model minus --compare
+        _say(say, f"evaluating {name} on {job.dataset} ({split})")
+        model = configure_model(
+            load_model(name, device=job.device, max_seq_length=settings.max_seq_length), **prompts
+        )
+        lengths[labels[name]] = model.max_seq_length
+        found = evaluate(
+            model,
+            beir,
+            split=split,
+            distractors=settings.distractors,
+            sample_seed=settings.sample_seed,
+            store_dir=job.store,
+            backend=job.backend,
+            name=labels[name],
+            **options,
+        )
+        for result in found if isinstance(found, list) else [found]:
+            result.info["dataset"] = str(job.dataset)
+            results.append(result)
+    notes = []
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{label} {n}" for label, n in lengths.items())
+        notes.append(
+            f"the models truncate at their own lengths ({shown} tokens): pass "
+            "--max-seq-length N to compare them at one length"
+        )
+    corpus = results[0].info.get("corpus", {})
+    if corpus.get("kind") == "subsample":
+        notes.append(
+            f"searched {corpus['documents']} of {corpus['corpus_documents']} documents "
+            f"(judged + {corpus['distractors']} random, seed {corpus['sample_seed']}): higher "
+            "than full-corpus scores"
+        )
+    return EvalOutcome(results, f"{job.dataset} ({split})", notes)
+
+
+def _eval_store(job: EvalJob, options: dict, prompts: dict) -> EvalOutcome:
+    report = ReadReport(f"{job.queries}, {job.qrels}")
+    queries, qrels = load_queries_and_qrels(
+        job.queries, job.qrels, on_bad_row=job.on_bad_row, report=report
+    )
+    with LocalDocumentStore(job.store, backend=job.backend) as store:
+        model = model_for_store(store, job.model, device=job.device, **prompts)
+        found = evaluate(
+            model,
+            store,
+            queries=queries,
+            qrels=qrels,
+            name=job.model or store.model_name,
+            **options,
+        )
+    results = found if isinstance(found, list) else [found]
+    for result in results:
+        result.skipped_rows = list(report.skipped)
+    return EvalOutcome(results, f"{job.store} ({Path(job.qrels).name})")
+
+
+def _labels(names: Sequence[str]) -> dict[str, str]:
+    """Short column labels: a model folder's name, unless two models would share it."""
+    short = {name: Path(name).name or name for name in names}
+    if len(set(short.values())) < len(names):
+        return {name: name for name in names}
+    return short
