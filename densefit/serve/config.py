@@ -6,6 +6,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from densefit.choices import EMBED_PROMPTS
+
 __all__ = ["ServeConfig", "is_local_host", "worker_threads"]
 
 
@@ -25,6 +27,17 @@ class ServeConfig:
     threads_per_worker: int = 0  # torch threads of each query worker; 0: torch's / workers
     api_key: str | None = None  # required on every request when set
     allow_writes: bool = True  # False: upserts and deletes get 403
+    max_embed_inputs: int = 2048  # texts per /v1/embeddings or /embed request (OpenAI's limit)
+    embed_prompt: str = "query"  # the prompt an embeddings input gets unless it names one
+    matryoshka: bool | None = None  # `dimensions` below the model's size; None: if trained so
+
+    def __post_init__(self) -> None:
+        if self.embed_prompt not in EMBED_PROMPTS:
+            raise ValueError(
+                f"embed_prompt must be one of {', '.join(EMBED_PROMPTS)}, got {self.embed_prompt!r}"
+            )
+        if self.max_embed_inputs < 1:
+            raise ValueError(f"max_embed_inputs must be at least 1, got {self.max_embed_inputs}")
 
 
 def worker_threads(config: ServeConfig, available: int) -> int:
