@@ -776,6 +776,12 @@ def hostile_requests(n: int, seed: int = 0) -> list[tuple[str, str, str, bytes, 
         lambda: ("PUT", "/search", b"{}", js),
         lambda: ("POST", "/search", (b"a" * 65536 for _ in range(100)), js),  # 6.5 MB, chunked
         lambda: ("POST", "/search", b'{"query": "x"}', {"content-type": "text/plain"}),
+        lambda: ("POST", "/search", b'{"query": ["x", "bad \\udcff"]}', js),  # not text
+        lambda: ("POST", "/documents", b'{"documents": [{"id": "n", "text": "a\\u0000b"}]}', js),
+        lambda: ("POST", "/v1/embeddings", b'{"input": [[101, 2023, 102]]}', js),  # token ids
+        lambda: ("POST", "/v1/embeddings", b'{"input": "x", "dimensions": 4096}', js),
+        lambda: ("POST", "/embed", b'{"inputs": ["\\ud800", "x"]}', js),
+        lambda: ("POST", "/embed", json.dumps({"inputs": "y" * 120_000}).encode(), js),
     ]
     out = []
     for _ in range(n):
