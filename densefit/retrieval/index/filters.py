@@ -127,7 +127,7 @@ def meta_field_sql(field: str) -> tuple[str, str]:
     nested ``"meta.a.b"``), its name checked as filters check theirs; ValueError otherwise.
 
     >>> meta_field_sql("meta.lang")
-    ('json_extract(meta, \'$."lang"\')', 'json_type(meta, \'$."lang"\')')
+    ('json_extract(meta, \\'$."lang"\\')', 'json_type(meta, \\'$."lang"\\')')
     """
     if not isinstance(field, str) or not field.startswith("meta."):
         raise ValueError(f"metadata fields are named meta.NAME, got {field!r}")
