@@ -13,8 +13,9 @@ Routes: ``POST /search``, ``POST /documents`` (upsert), ``DELETE /documents``,
   JSON-typed body to another site without the server's consent, so a page cannot write to a
   local server that needs no key), and the metrics. Bad requests get a 4xx saying what is
   wrong (:mod:`densefit.serve.errors`: the statuses, and each API's error shape); every text
-  is checked as the data readers check theirs; the server keeps serving. No request value is used as a filesystem path: the store is the one
-  given at start, ids and texts only reach SQLite as bound parameters.
+  is checked as the data readers check theirs; the server keeps serving. No request value is
+  used as a filesystem path: the store is the one given at start, ids and texts only reach
+  SQLite as bound parameters.
 """
 
 from __future__ import annotations

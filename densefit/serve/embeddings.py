@@ -287,9 +287,9 @@ def add_embedding_routes(app, store, model, config, batcher, arrival_key: str) -
             raise ClientError(
                 422,
                 f"dimensions {dims}: {name} was not trained with --matryoshka-dims, so its "
-                f"embeddings cut below {served_dim} dimensions retrieve poorly; omit "
-                "dimensions (or start the server with matryoshka=True if the model is "
-                "Matryoshka-trained)",
+                f"embeddings cut below {served_dim} dimensions retrieve poorly: omit "
+                "dimensions (a Matryoshka model trained elsewhere: serve it with "
+                "ServeConfig(matryoshka=True))",
                 "dimensions",
             )
         vectors, tokens = await embed(texts, request.input_type or config.embed_prompt, True, http)
@@ -318,7 +318,9 @@ def add_embedding_routes(app, store, model, config, batcher, arrival_key: str) -
         texts = _texts(request.inputs, "inputs", config)
         if request.truncation_direction.lower() != "right":
             raise ClientError(
-                422, "truncation_direction: only right truncation is supported", "inputs"
+                422,
+                "truncation_direction: only right truncation is supported",
+                "truncation_direction",
             )
         truncate = bool(request.truncate)
         vectors, _ = await embed(texts, request.prompt_name or config.embed_prompt, truncate, http)
