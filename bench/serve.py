@@ -1,8 +1,9 @@
 """``densefit serve`` against two peers on the same documents and model, plus fault scripts.
 
-    OMP_NUM_THREADS=1 python bench/serve.py              # everything (~30 min on a shared CPU)
+    OMP_NUM_THREADS=1 python bench/serve.py              # everything (~35 min on a shared CPU)
     python bench/serve.py --prepare                       # only embed and cache the corpus
-    python bench/serve.py --skip-load --skip-scale        # only the fault scripts
+    python bench/serve.py --skip-load --skip-scale --skip-embeddings   # only the fault scripts
+    python bench/serve.py --skip-load --skip-faults --skip-scale       # only /v1/embeddings
     python bench/serve.py --systems densefit,handwritten --writer off --seconds 10 \
         --skip-faults --skip-scale                        # a short load run (~5 min)
 
@@ -30,6 +31,14 @@ Load: 1, 4 and 16 concurrent clients (asyncio + httpx, one process), each sendin
 every system, as far as it keeps up), waiting for each acknowledgement. Recorded:
 queries/s, p50/p99 latency, writes acknowledged. Search results of the densefit server
 (under 16 concurrent clients, so micro-batched) are compared with the exact in-process search.
+
+Embeddings (``/v1/embeddings``, OpenAI's shape): densefit's endpoint (inputs micro-batched
+with each other, as with search queries) against the hand-written server's, which calls
+``SentenceTransformer.encode`` on each request's inputs (and counts no tokens); 1, 4 and 16
+clients each send one request at a time of ``--embed-inputs`` texts (1: queries; 32:
+documents, Haystack's document-embedder batch), base64 as OpenAI's client asks, for
+``--seconds``. Recorded: texts/s, requests/s, p50/p99 latency, errors, server CPU, and the
+largest difference of each server's vectors from in-process ``encode_texts`` on 64 documents.
 
 Faults (on the densefit server): SIGKILL while clients stream acknowledged writes, then
 restart: every acknowledged document must be found (GET, and search for a sample); 1,000
@@ -210,6 +219,20 @@ class PeerUpsertIn(BaseModel):
     documents: list[PeerDocIn]
 
 
+class PeerEmbeddingsIn(BaseModel):
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: str = "float"
+
+
+def peer_embedding(vector: np.ndarray, encoding_format: str):
+    import base64
+
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return vector.tolist()
+
+
 def serve_handwritten(port: int, docs: list, vectors: np.ndarray) -> None:
     """What a user writes by hand: encode per request, faiss.IndexFlatIP, a lock for writes."""
     import threading
@@ -249,6 +272,19 @@ def serve_handwritten(port: int, docs: list, vectors: np.ndarray) -> None:
                 texts.append(d.text)
                 metas.append(d.meta)
         return {"added": len(req.documents)}
+
+    @app.post("/v1/embeddings")
+    def embeddings(req: PeerEmbeddingsIn):
+        from fastapi.responses import JSONResponse
+
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        emb = model.encode(texts, normalize_embeddings=True, batch_size=32)
+        data = [
+            {"object": "embedding", "index": i, "embedding": peer_embedding(v, req.encoding_format)}
+            for i, v in enumerate(emb)
+        ]
+        usage = {"prompt_tokens": 0, "total_tokens": 0}
+        return JSONResponse({"object": "list", "data": data, "model": MODEL, "usage": usage})
 
     @app.get("/health")
     def health():
@@ -477,6 +513,96 @@ def load_cell(
     )
 
 
+async def _embed_cell(
+    url: str, texts: list[str], clients: int, seconds: float, inputs: int
+) -> dict:
+    import httpx
+
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + seconds
+    counter = iter(range(10**9))
+    limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=clients + 2)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+        async def embedder():
+            nonlocal errors
+            while time.perf_counter() < stop_at:
+                batch = [texts[next(counter) % len(texts)] for _ in range(inputs)]
+                body = {"input": batch, "model": MODEL, "encoding_format": "base64"}
+                t0 = time.perf_counter()
+                r = await client.post("/v1/embeddings", json=body)
+                if r.status_code == 200 and len(r.json()["data"]) == inputs:
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    errors += 1
+
+        import asyncio
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(embedder() for _ in range(clients)))
+        elapsed = time.perf_counter() - t0
+    lat = np.array(latencies) * 1000
+    return {
+        "requests": len(latencies),
+        "texts": len(latencies) * inputs,
+        "requests_per_s": len(latencies) / elapsed,
+        "texts_per_s": len(latencies) * inputs / elapsed,
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
+        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
+        "errors": errors,
+        "seconds": elapsed,
+    }
+
+
+def embed_cell(url: str, texts: list[str], clients: int, seconds: float, inputs: int) -> dict:
+    import asyncio
+
+    return asyncio.run(_embed_cell(url, texts, clients, seconds, inputs))
+
+
+def embedding_check(url: str, model, texts: list[str]) -> dict:
+    """The server's /v1/embeddings vectors against in-process ``encode_texts`` (normalised)."""
+    import base64
+
+    import httpx
+
+    from densefit.retrieval.encode import encode_texts
+
+    body = {"input": texts, "model": MODEL, "encoding_format": "base64"}
+    data = httpx.post(f"{url}/v1/embeddings", json=body, timeout=300).json()["data"]
+    got = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in data])
+    want = encode_texts(model, texts, normalize=True)
+    return {"texts": len(texts), "max_abs_diff": float(np.abs(got - want).max())}
+
+
+def embedding_ratios(rows: list[dict]) -> list[dict]:
+    """densefit / handwritten texts per second and p99 at each (inputs, clients) point."""
+    out = []
+    for d in (r for r in rows if r["system"] == "densefit"):
+        h = next(
+            (
+                r
+                for r in rows
+                if r["system"] == "handwritten"
+                and r["clients"] == d["clients"]
+                and r["inputs_per_request"] == d["inputs_per_request"]
+            ),
+            None,
+        )
+        if h is None or not h["texts_per_s"]:
+            continue
+        out.append(
+            {
+                "clients": d["clients"],
+                "inputs_per_request": d["inputs_per_request"],
+                "texts_per_s_ratio": d["texts_per_s"] / h["texts_per_s"],
+                "p99_ratio": (d["p99_ms"] / h["p99_ms"]) if d["p99_ms"] and h["p99_ms"] else None,
+            }
+        )
+    return out
+
+
 def server_cpu(server: Server) -> float:
     """CPU seconds (user + system) the server process used so far: on a shared machine
     queries per CPU second is the steadier measure of efficiency."""
@@ -650,6 +776,12 @@ def hostile_requests(n: int, seed: int = 0) -> list[tuple[str, str, str, bytes, 
         lambda: ("PUT", "/search", b"{}", js),
         lambda: ("POST", "/search", (b"a" * 65536 for _ in range(100)), js),  # 6.5 MB, chunked
         lambda: ("POST", "/search", b'{"query": "x"}', {"content-type": "text/plain"}),
+        lambda: ("POST", "/search", b'{"query": ["x", "bad \\udcff"]}', js),  # not text
+        lambda: ("POST", "/documents", b'{"documents": [{"id": "n", "text": "a\\u0000b"}]}', js),
+        lambda: ("POST", "/v1/embeddings", b'{"input": [[101, 2023, 102]]}', js),  # token ids
+        lambda: ("POST", "/v1/embeddings", b'{"input": "x", "dimensions": 4096}', js),
+        lambda: ("POST", "/embed", b'{"inputs": ["\\ud800", "x"]}', js),
+        lambda: ("POST", "/embed", json.dumps({"inputs": "y" * 120_000}).encode(), js),
     ]
     out = []
     for _ in range(n):
@@ -946,12 +1078,13 @@ def write_results(result: dict) -> None:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "serve.json").write_text(json.dumps(result, indent=2))
-    rows = result.get("load", [])
-    if rows:
-        with open(RESULTS / "serve.csv", "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    for name, rows in (("serve.csv", result.get("load", [])),
+                       ("serve_embeddings.csv", result.get("embeddings", []))):  # fmt: skip
+        if rows:
+            with open(RESULTS / name, "w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
     plot(result)
 
 
@@ -963,7 +1096,7 @@ def plot(result: dict) -> None:
 
     rows = result.get("load", [])
     scale = result.get("scale", [])
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
+    fig, axes = plt.subplots(1, 5, figsize=(26, 4.5))
     systems = sorted({r["system"] for r in rows}, key=["densefit", "handwritten", "haystack"].index)
     for ax, metric, title in (
         (axes[0], "qps", "queries/s (higher is better)"),
@@ -1010,6 +1143,33 @@ def plot(result: dict) -> None:
         axes[2].set_xlabel("vectors in the store")
         axes[2].set_title("in-process search p50 ms (1 query)")
         axes[2].legend(fontsize=7)
+    embeds = result.get("embeddings", [])
+    if embeds:
+        points = sorted({(r["inputs_per_request"], r["clients"]) for r in embeds})
+        names = sorted({r["system"] for r in embeds})
+        width = 0.8 / len(names)
+        for i, system in enumerate(names):
+            vals = [
+                next(
+                    (
+                        r["texts_per_s"]
+                        for r in embeds
+                        if r["system"] == system and (r["inputs_per_request"], r["clients"]) == p
+                    ),
+                    0,
+                )
+                for p in points
+            ]
+            axes[4].bar(
+                np.arange(len(points)) + i * width, vals, width, label=system, color=f"C{i}"
+            )
+        axes[4].set_xticks(
+            np.arange(len(points)) + 0.4 - width / 2,
+            [f"{n} in/req\n{c} clients" for n, c in points],
+            fontsize=7,
+        )
+        axes[4].set_title("/v1/embeddings texts/s (higher is better)")
+        axes[4].legend(fontsize=7)
     load_run = (result.get("load_settings") or {}).get("run")
     run = next((r for r in result.get("runs", []) if r["id"] == load_run), {})
     m = run.get("machine", {})
@@ -1063,6 +1223,11 @@ def main() -> None:
     parser.add_argument("--skip-load", action="store_true")
     parser.add_argument("--skip-faults", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
+    parser.add_argument("--skip-embeddings", action="store_true")
+    parser.add_argument(
+        "--embed-inputs", default="1,32", help="texts per /v1/embeddings request, one cell each"
+    )
+    parser.add_argument("--embed-systems", default="densefit,handwritten")
     parser.add_argument("--equality-only", action="store_true", help="only the equality check")
     parser.add_argument("--plot-only", action="store_true", help="redraw serve.png from serve.json")
     args = parser.parse_args()
@@ -1115,14 +1280,23 @@ def main() -> None:
         "agreement_with_densefit": previous.get("agreement_with_densefit"),
         "faults": previous.get("faults"),
         "scale": previous.get("scale", []),
+        "embeddings_settings": previous.get("embeddings_settings"),
+        "embeddings": previous.get("embeddings", []),
+        "embedding_vectors": previous.get("embedding_vectors"),
+        "ratios_embeddings_densefit_over_handwritten": previous.get(
+            "ratios_embeddings_densefit_over_handwritten"
+        ),
         "runs": previous.get("runs", []) + [run],
     }
 
     def save() -> None:
         run["loadavg_end"] = loadavg()
         run["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-        used = {r.get("run") for r in result["load"] + result["scale"]}
-        used |= {(result[k] or {}).get("run") for k in ("equality", "faults", "load_settings")}
+        used = {r.get("run") for r in result["load"] + result["scale"] + result["embeddings"]}
+        used |= {
+            (result[k] or {}).get("run")
+            for k in ("equality", "faults", "load_settings", "embeddings_settings")
+        }
         result["runs"] = [r for r in result["runs"] if r["id"] in used or r is run]
         write_results(result)
 
@@ -1236,6 +1410,53 @@ def main() -> None:
         print("sigkill:", kill, flush=True)
         result["faults"] = {"run": run_id, "hostile": hostile, "sigkill": kill}
         save()
+    if not args.skip_embeddings:
+        run["parts"].append("embeddings")
+        inputs = [int(n) for n in args.embed_inputs.split(",")]
+        systems = args.embed_systems.split(",")
+        result["embeddings_settings"] = {
+            "run": run_id,
+            "systems": systems,
+            "clients": clients,
+            "inputs_per_request": inputs,
+            "seconds_per_cell": args.seconds,
+            "encoding_format": "base64",
+        }
+        doc_texts = [d.text for d in documents[:: max(1, len(documents) // 2000)]]
+        result["embeddings"], result["embedding_vectors"] = [], {"run": run_id}
+        for system in systems:
+            if system == "densefit":
+                build_store(args.store, model, documents, vectors)
+            server = Server(system, args.store, threads)
+            try:
+                embed_cell(server.url, doc_texts, 4, 2.0, 8)  # warm up
+                result["embedding_vectors"][system] = embedding_check(
+                    server.url, model, doc_texts[:64]
+                )
+                for n in inputs:
+                    texts = qs if n == 1 else doc_texts
+                    for c in clients:
+                        before, cpu_before = loadavg(), server_cpu(server)
+                        cell = embed_cell(server.url, texts, c, args.seconds, n)
+                        cell["server_cpu_s"] = server_cpu(server) - cpu_before
+                        row = {
+                            "run": run_id,
+                            "system": system,
+                            "clients": c,
+                            "inputs_per_request": n,
+                            **cell,
+                            "loadavg_before": before,
+                            "loadavg_after": loadavg(),
+                        }
+                        result["embeddings"].append(row)
+                        print(json.dumps(row), flush=True)
+                        save()
+            finally:
+                server.stop()
+        result["ratios_embeddings_densefit_over_handwritten"] = embedding_ratios(
+            result["embeddings"]
+        )
+        save()
     if not args.skip_scale:
         run["parts"].append("scale")
         result["scale"] = [
@@ -1284,6 +1505,12 @@ def summary(result: dict) -> str:
             f"{r['system']:12s} clients={r['clients']:2d} writer={r['writer']!s:5s} "
             f"qps={r['qps']:7.1f} p50={r['p50_ms'] or 0:8.1f} ms p99={r['p99_ms'] or 0:8.1f} ms "
             f"writes_acked={r['writes_acked']}"
+        )
+    for r in result.get("embeddings", []):
+        lines.append(
+            f"{r['system']:12s} clients={r['clients']:2d} /v1/embeddings x{r['inputs_per_request']:<3d}"
+            f" texts/s={r['texts_per_s']:7.1f} p50={r['p50_ms'] or 0:8.1f} ms "
+            f"p99={r['p99_ms'] or 0:8.1f} ms errors={r['errors']}"
         )
     return "\n".join(lines)
 

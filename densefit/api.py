@@ -24,6 +24,7 @@ from densefit.choices import DEFAULT_METRICS
 from densefit.config.commands import TrainJob
 from densefit.config.shared import DEFAULT_MODEL, ENCODE_BATCH_SIZE
 from densefit.config.train import TrainConfig
+from densefit.data.text import checked_text
 from densefit.data.types import Document, TrainingExample
 from densefit.evaluate import EvalResult, evaluate
 from densefit.jobs import train_job
@@ -52,6 +53,7 @@ def as_document(item, position: int = 0) -> Document:
     if isinstance(item, Document):
         return item
     if isinstance(item, str):
+        checked_text(item, f"documents[{position}]")
         return Document(id=_hash_id(item), text=item)
     if isinstance(item, Mapping):
         body = item.get("content", item.get("text"))
@@ -60,9 +62,10 @@ def as_document(item, position: int = 0) -> Document:
                 f"documents[{position}] has no text: a dict needs 'content' (or 'text') "
                 f"holding a string, got keys {sorted(item)}"
             )
-        title = item.get("title") or ""
+        checked_text(body, f"documents[{position}].content", empty_ok=True)
+        title = checked_text(item.get("title") or "", f"documents[{position}].title", empty_ok=True)
         doc_id = item.get("id", item.get("_id"))
-        text = f"{title} {body}".strip() if title else body
+        text = checked_text(f"{title} {body}".strip() if title else body, f"documents[{position}]")
         return Document(
             id=str(doc_id) if doc_id is not None else _hash_id(text),
             text=text,

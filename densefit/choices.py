@@ -14,6 +14,7 @@ import re
 __all__ = [
     "AMP",
     "DEFAULT_METRICS",
+    "EMBED_PROMPTS",
     "GATHER_MODES",
     "LOSSES",
     "MEMORY_STRATEGIES",
@@ -40,6 +41,9 @@ MINE_METHODS = ("bm25", "dense", "hybrid")
 MINE_SAMPLING = ("top", "random")
 ON_BAD_ROW = ("error", "skip")
 VECTOR_DTYPES = ("float32", "float16")
+# Which of a store's prompts a text embedded by `densefit serve`'s embeddings endpoints gets
+# (densefit.prompts: the model's query and document prompts).
+EMBED_PROMPTS = ("query", "document")
 
 # Metrics: KIND@K, computed by pytrec_eval (densefit.evaluate).
 METRIC_KINDS = ("ndcg", "mrr", "recall", "map", "precision")

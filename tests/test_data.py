@@ -223,6 +223,7 @@ BAD_ROWS = [
     (b'{"anchor": "q", "positive": "p", "score": true}\n', "score", "expected a number"),
     (b'{"anchor": "q\xff", "positive": "p"}\n', None, "invalid UTF-8 at byte 14"),
     (b'{"anchor": "q\\ud800", "positive": "p"}\n', "anchor", "broken \\u escape"),
+    (b'{"anchor": "q\\u0000", "positive": "p"}\n', "anchor", "NUL character"),
     (b"[" * 100_000 + b"]" * 100_000 + b"\n", None, "nested too deeply"),
     (b'{"anchor": "q", "positive": "p', None, "truncated last line"),
 ]
@@ -259,7 +260,7 @@ def test_a_json_array_file_gets_a_conversion_hint(tmp_path):
     "content, line, field, fragment",
     [
         ("anchor,positive\nq,p\nq,p,extra\n", 3, None, "3 fields, but the header has 2"),
-        (b"anchor,positive\nq,p\nq\xff,p\n", 3, "anchor", "invalid UTF-8 bytes"),
+        (b"anchor,positive\nq,p\nq\xff,p\n", 3, "anchor", "invalid UTF-8"),
         ("anchor,positive\nq,p\n,p\n", 3, None, "missing 'anchor'"),
         ("anchor,positive\nq,p\n\n  ,p\n", 4, "anchor", "is empty"),
     ],

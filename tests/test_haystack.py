@@ -15,9 +15,29 @@ from haystack import Document, Pipeline  # noqa: E402
 from haystack.document_stores.errors import DuplicateDocumentError  # noqa: E402
 from haystack.document_stores.types import DuplicatePolicy  # noqa: E402
 from haystack.errors import FilterError  # noqa: E402
+from haystack.testing import document_store as sync_suites  # noqa: E402
+from haystack.testing import document_store_async as async_suites  # noqa: E402
 from haystack.testing.document_store import (  # noqa: E402
     CountDocumentsByFilterTest,
+    CountUniqueMetadataByFilterTest,
     DocumentStoreBaseExtendedTests,
+    GetMetadataFieldMinMaxTest,
+    GetMetadataFieldsInfoTest,
+    GetMetadataFieldUniqueValuesTest,
+)
+from haystack.testing.document_store_async import (  # noqa: E402
+    CountDocumentsAsyncTest,
+    CountDocumentsByFilterAsyncTest,
+    CountUniqueMetadataByFilterAsyncTest,
+    DeleteAllAsyncTest,
+    DeleteByFilterAsyncTest,
+    DeleteDocumentsAsyncTest,
+    FilterDocumentsAsyncTest,
+    GetMetadataFieldMinMaxAsyncTest,
+    GetMetadataFieldsInfoAsyncTest,
+    GetMetadataFieldUniqueValuesAsyncTest,
+    UpdateByFilterAsyncTest,
+    WriteDocumentsAsyncTest,
 )
 
 from densefit.integrations.haystack import (  # noqa: E402
@@ -31,14 +51,26 @@ needs_faiss = pytest.mark.skipif(
 )
 
 
-class TestHaystackSuite(DocumentStoreBaseExtendedTests, CountDocumentsByFilterTest):
-    """Haystack's document-store tests (count, write, delete, filter, delete all, delete /
-    update / count by filter), run on both vector backends."""
+def _new_store(tmp_path, backend: str) -> DensefitDocumentStore:
+    # The suites' documents carry 768-d embeddings, and some carry none.
+    return DensefitDocumentStore(tmp_path / "store", embedding_dim=768, backend=backend)
+
+
+class TestHaystackSuite(
+    DocumentStoreBaseExtendedTests,
+    CountDocumentsByFilterTest,
+    CountUniqueMetadataByFilterTest,
+    GetMetadataFieldsInfoTest,
+    GetMetadataFieldMinMaxTest,
+    GetMetadataFieldUniqueValuesTest,
+):
+    """Every suite of ``haystack.testing.document_store`` (count, write, delete, filter,
+    delete all, delete / update / count by filter, the metadata methods), on both vector
+    backends."""
 
     @pytest.fixture(params=["exact", pytest.param("faiss", marks=needs_faiss)])
     def document_store(self, request, tmp_path):
-        # The suite's documents carry 768-d embeddings, and some carry none.
-        store = DensefitDocumentStore(tmp_path / "store", embedding_dim=768, backend=request.param)
+        store = _new_store(tmp_path, request.param)
         yield store
         if store.store is not None:
             store.store.close()
@@ -50,6 +82,61 @@ class TestHaystackSuite(DocumentStoreBaseExtendedTests, CountDocumentsByFilterTe
         with pytest.raises(DuplicateDocumentError):
             document_store.write_documents([doc])
         self.assert_documents_are_equal(document_store.filter_documents(), [doc])
+
+
+class TestHaystackAsyncSuite(
+    CountDocumentsAsyncTest,
+    CountDocumentsByFilterAsyncTest,
+    CountUniqueMetadataByFilterAsyncTest,
+    DeleteAllAsyncTest,
+    DeleteByFilterAsyncTest,
+    DeleteDocumentsAsyncTest,
+    FilterDocumentsAsyncTest,
+    GetMetadataFieldMinMaxAsyncTest,
+    GetMetadataFieldsInfoAsyncTest,
+    GetMetadataFieldUniqueValuesAsyncTest,
+    UpdateByFilterAsyncTest,
+    WriteDocumentsAsyncTest,
+):
+    """Every suite of ``haystack.testing.document_store_async`` (the ``*_async`` methods run
+    their sync twin in a worker thread; the backend is the sync suite's business)."""
+
+    @pytest.fixture
+    def document_store(self, tmp_path):
+        store = _new_store(tmp_path, "exact")
+        yield store
+        if store.store is not None:
+            store.store.close()
+
+    @pytest.mark.asyncio
+    async def test_write_documents_async(self, document_store):
+        """The default policy (NONE) is FAIL, as in the sync suite."""
+        doc = Document(content="test doc", meta={"a": 1})
+        assert await document_store.write_documents_async([doc]) == 1
+        with pytest.raises(DuplicateDocumentError):
+            await document_store.write_documents_async([doc])
+        self.assert_documents_are_equal(await document_store.filter_documents_async(), [doc])
+
+
+def _suite_classes(module) -> set[type]:
+    """The test-suite classes a module of ``haystack.testing`` defines (``...Test``)."""
+    return {
+        value
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and value.__module__ == module.__name__
+        and name.endswith("Test")
+        and any(attr.startswith("test_") for attr in dir(value))
+    }
+
+
+def test_every_haystack_suite_is_run():
+    """The installed Haystack's suites, listed from its modules: each one is a base of ours
+    (a Haystack release that adds a suite fails here until it is run too)."""
+    sync, asynchronous = _suite_classes(sync_suites), _suite_classes(async_suites)
+    assert len(sync) >= 12 and len(asynchronous) >= 12, (sync, asynchronous)
+    assert not {c for c in sync if not issubclass(TestHaystackSuite, c)}
+    assert not {c for c in asynchronous if not issubclass(TestHaystackAsyncSuite, c)}
 
 
 # -- the store beyond the suite --------------------------------------------------------------
@@ -105,6 +192,123 @@ def test_store_errors(tmp_path):
         DensefitDocumentStore(similarity="l2")
 
 
+def test_texts_are_checked_like_every_other_text(tmp_path):
+    store = DensefitDocumentStore(tmp_path / "s", embedding_dim=2)
+    for bad, field in [("bad \udcff", "content"), ("a\x00b", "content")]:
+        with pytest.raises(ValueError, match=rf"document 'd1': {field}: .*(UTF-8|NUL)"):
+            store.write_documents([Document(id="d1", content=bad)])
+    with pytest.raises(ValueError, match="id: invalid UTF-8"):
+        store.write_documents([Document(id="\udcff", content="fine")])
+    assert store.count_documents() == 0
+
+
+def _meta_corpus(n: int = 80, seed: int = 3) -> list[Document]:
+    rng = np.random.default_rng(seed)
+    docs = []
+    for i in range(n):
+        meta = {
+            "lang": str(rng.choice(["en", "de", "fr", "En"])),
+            "year": int(rng.integers(1990, 2030)),
+            "score": float(np.round(rng.normal(), 3)),
+            "flag": bool(rng.integers(2)),
+        }
+        if i % 7 == 0:
+            del meta["year"]  # a missing field
+        if i % 11 == 0:
+            meta["lang"] = None  # a null
+        docs.append(Document(content=f"doc {i}", meta=meta))
+    return docs
+
+
+def test_metadata_methods_agree_with_haystacks_in_memory_store(tmp_path):
+    """Against Haystack's reference implementation, on fields of one type each (where
+    their min/max rules coincide), with and without filters, paging and a search term."""
+    from haystack.document_stores.in_memory import InMemoryDocumentStore
+
+    docs = _meta_corpus()
+    ours, theirs = DensefitDocumentStore(tmp_path / "s", embedding_dim=4), InMemoryDocumentStore()
+    ours.write_documents(docs)
+    theirs.write_documents(docs)
+    fields = ["lang", "meta.year", "score", "flag"]
+    for filters in [{}, {"field": "meta.lang", "operator": "in", "value": ["en", "de"]}]:
+        got = ours.count_unique_metadata_by_filter(filters, fields)
+        assert got == theirs.count_unique_metadata_by_filter(filters, fields)
+        assert got["lang"] == (4 if not filters else 2) and got["flag"] == 2
+        for field in fields:
+            for page in [dict(), dict(from_=3, size=5), dict(search_term="E", size=100)]:
+                assert ours.get_metadata_field_unique_values(
+                    field, filters=filters or None, **page
+                ) == theirs.get_metadata_field_unique_values(field, filters=filters or None, **page)
+    assert ours.get_metadata_fields_info() == theirs.get_metadata_fields_info()
+    for field in ["year", "meta.score", "lang"]:
+        assert ours.get_metadata_field_min_max(field) == theirs.get_metadata_field_min_max(field)
+    assert ours.get_metadata_field_min_max("nowhere") == {"min": None, "max": None}
+
+
+def test_min_max_of_mixed_fields_prefers_numbers_and_ignores_booleans(tmp_path):
+    store = DensefitDocumentStore(tmp_path / "s", embedding_dim=2)
+    store.write_documents(
+        [Document(content="a", meta={"v": x}) for x in [3, "zz", True, 2.5, "aa", None, [9]]]
+    )
+    assert store.get_metadata_field_min_max("v") == {"min": 2.5, "max": 3}
+    store.write_documents(
+        [Document(content="b", meta={"w": w}) for w in ["2021-05-01", "1999-12-31"]]
+    )
+    assert store.get_metadata_field_min_max("w") == {"min": "1999-12-31", "max": "2021-05-01"}
+    assert store.get_metadata_fields_info()["v"] == {"type": "keyword"}  # most values: text...
+    values, total = store.get_metadata_field_unique_values("v", size=100)
+    assert total == 6 and [9] in values and True in values  # lists and bools keep their type
+
+
+# -- async: the event loop keeps running -------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_async_methods_do_not_block_the_event_loop(tmp_path):
+    import asyncio
+    import threading
+
+    store = DensefitDocumentStore(tmp_path / "s", embedding_dim=2)
+    await store.write_documents_async([Document(content="x", embedding=[1.0, 0.0])])
+    released, ticks = threading.Event(), []
+    slow = store.store.filter_documents
+
+    def blocked(filters=None):
+        assert released.wait(10), "the event loop was blocked while the store worked"
+        return slow(filters)
+
+    store.store.filter_documents = blocked
+    pending = asyncio.ensure_future(store.filter_documents_async())
+    for _ in range(3):  # the loop runs other tasks while the call waits in its thread
+        await asyncio.sleep(0.01)
+        ticks.append(pending.done())
+    released.set()
+    assert [d.content for d in await pending] == ["x"]
+    assert ticks == [False, False, False]
+
+
+@pytest.mark.asyncio
+async def test_concurrent_async_writes_are_not_interleaved(tmp_path):
+    """DuplicatePolicy.FAIL checks, then writes: under the store's lock, of eight
+    concurrent writes of one id exactly one succeeds and seven raise, even when the time
+    between check and write is long enough for all of them to check before any writes."""
+    import asyncio
+    import time
+
+    store = DensefitDocumentStore(tmp_path / "s", embedding_dim=2)
+    await store.write_documents_async([Document(id="seed", content="s")])
+    hashes = store.store.hashes
+    store.store.hashes = lambda ids: (hashes(ids), time.sleep(0.05))[0]  # a stale answer
+    doc = Document(id="same", content="one")
+    outcomes = await asyncio.gather(
+        *(store.write_documents_async([doc], DuplicatePolicy.FAIL) for _ in range(8)),
+        return_exceptions=True,
+    )
+    assert outcomes.count(1) == 1
+    assert sum(isinstance(o, DuplicateDocumentError) for o in outcomes) == 7
+    assert await store.count_documents_async() == 2
+
+
 # -- the retriever ----------------------------------------------------------------------------
 
 
@@ -142,6 +346,27 @@ def test_retriever_matches_haystacks_in_memory_retriever(similarity):
     with_embedding = DensefitEmbeddingRetriever(ours, top_k=1, return_embedding=True)
     top = with_embedding.run(query_embedding=query)["documents"][0]
     assert top.embedding == next(d.embedding for d in docs if d.id == top.id)
+
+
+@pytest.mark.asyncio
+async def test_retriever_run_async_equals_run_and_works_in_an_async_pipeline(tmp_path):
+    store = DensefitDocumentStore(tmp_path / "s")
+    await store.write_documents_async(_embedded_docs())
+    query = _embedded_docs(seed=5)[0].embedding
+    retriever = DensefitEmbeddingRetriever(store, top_k=4, scale_score=True)
+    recent = {"field": "meta.year", "operator": ">=", "value": 2030}
+    for kwargs in [{}, {"filters": recent, "top_k": 2, "return_embedding": True}]:
+        want = retriever.run(query_embedding=query, **kwargs)
+        got = await retriever.run_async(query_embedding=query, **kwargs)
+        assert got == want and got["documents"]
+    calls = []
+    searched = store.embedding_retrieval_async
+    store.embedding_retrieval_async = lambda **kw: (calls.append(kw), searched(**kw))[1]
+    pipeline = Pipeline()
+    pipeline.add_component("retrieve", retriever)
+    result = await pipeline.run_async({"retrieve": {"query_embedding": query, "filters": recent}})
+    assert result["retrieve"] == retriever.run(query_embedding=query, filters=recent)
+    assert len(calls) == 1  # the pipeline awaited run_async, which awaited the async search
 
 
 def test_retriever_filter_policy_and_serialisation(tmp_path):

@@ -161,7 +161,7 @@ def test_refusals_are_4xx_with_a_message_and_the_server_keeps_serving(store_dir,
         assert statuses["huge body"] == 413 and statuses["too many queries"] == 413
         assert statuses["bad json"] == 400 and "not valid JSON" in cases["bad json"].json()["error"]
         assert "k must be between 1 and 20" in cases["k limit"].json()["error"]
-        assert "body.top" in cases["unknown field"].json()["error"]
+        assert cases["unknown field"].json()["error"].startswith("top: ")
         assert all(400 <= s < 500 for s in statuses.values()), statuses
         assert all(r.json()["error"] for r in cases.values())
         assert client.get("/health").status_code == 200

@@ -14,13 +14,13 @@ import csv
 import gzip
 import json
 import os
-import re
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from densefit.data.text import text_problem, type_name
 from densefit.data.types import BadRowError, ReadReport
 
 OnBadRow = Literal["error", "skip"]
@@ -30,7 +30,6 @@ Rows = Iterator[tuple[str, "Record | BadRowError"]]  # (origin, the row or why i
 SKIP_HINT = "fix the row, or pass --on-bad-row skip to skip bad rows"
 SUPPORTED = ".jsonl, .json, .jsonl.gz, .csv, .tsv, .parquet, or a BEIR folder"
 
-_SURROGATE = re.compile("[\ud800-\udfff]")  # invalid UTF-8 (surrogateescape) or a bad \u escape
 _ASCII_SPACE = " \t\n\r\x0b\x0c"  # what bytes.isspace() calls blank
 
 
@@ -63,17 +62,11 @@ def require_text(record: Mapping[str, Any], keys: tuple[str, ...], origin: str) 
 
 
 def check_text(value: Any, origin: str, key: str, *, also: str = "", empty_ok: bool = False) -> str:
-    """``value`` if it is a (non-empty, valid Unicode) string, else :class:`BadRowError`."""
-    if not isinstance(value, str):
-        wanted = f"text {also}".strip()
-        raise BadRowError(origin, key, f"expected {wanted}, got {type_name(value)}", SKIP_HINT)
-    if not empty_ok and not value.strip():
-        raise BadRowError(origin, key, "is empty", SKIP_HINT)
-    if bad := _SURROGATE.search(value):
-        problem = (
-            f"invalid UTF-8 or a broken \\u escape ({ascii(bad[0])} at character {bad.start()})"
-        )
-        raise BadRowError(origin, key, problem, SKIP_HINT)
+    """``value`` if it is a (non-empty) valid text, else :class:`BadRowError`: the checks of
+    :func:`densefit.data.text.text_problem`, shared with every other text densefit reads."""
+    problem = text_problem(value, expected=f"text {also}".strip(), empty_ok=empty_ok)
+    if problem is not None:
+        raise BadRowError(origin, key, problem.message, SKIP_HINT)
     return value
 
 
@@ -87,13 +80,6 @@ def check_columns(
     raise ValueError(
         f"{where}: found the columns {list(record)!r} but none of the expected ones ({expected});"
         " rename the columns or check that this is the right file"
-    )
-
-
-def type_name(value: Any) -> str:
-    """How a value's type reads in a message: "an object", "a list", "null", "int"..."""
-    return {dict: "an object", list: "a list", type(None): "null"}.get(
-        type(value), type(value).__name__
     )
 
 
@@ -253,16 +239,25 @@ def _delimited_rows(path: Path, delimiter: str) -> Rows:
             yield origin, BadRowError(origin, None, problem, SKIP_HINT)
             continue
         row = dict(zip(header, cells, strict=True))
-        if bad := next((name for name, cell in row.items() if _SURROGATE.search(cell)), None):
-            yield origin, BadRowError(origin, bad, "invalid UTF-8 bytes", SKIP_HINT)
+        if bad := _undecodable_cell(row):
+            yield origin, BadRowError(origin, bad[0], bad[1], SKIP_HINT)
         else:
             yield origin, {name: cell or None for name, cell in row.items()}
+
+
+def _undecodable_cell(row: dict[str, str]) -> tuple[str, str] | None:
+    """The first cell holding undecodable bytes (any column, read or not) and the problem."""
+    for name, cell in row.items():
+        problem = text_problem(cell, empty_ok=True)
+        if problem is not None and problem.kind == "unicode":
+            return name, problem.message
+    return None
 
 
 def _header(cells: list[str], origin: str) -> list[str]:
     names = [cell.strip() for cell in cells]
     names[0] = names[0].removeprefix("\ufeff")
-    if any(_SURROGATE.search(name) for name in names):
+    if any(getattr(text_problem(name, empty_ok=True), "kind", "") == "unicode" for name in names):
         raise ValueError(f"{origin}: the header row is not valid UTF-8; save the file as UTF-8")
     if duplicates := sorted(name for name, n in Counter(names).items() if n > 1):
         raise ValueError(

@@ -2,11 +2,16 @@
 
 :class:`DensefitDocumentStore` implements Haystack's ``DocumentStore`` protocol
 (``count_documents``, ``filter_documents``, ``write_documents`` with ``DuplicatePolicy``,
-``delete_documents``, ``to_dict``/``from_dict``, plus ``delete_all_documents``,
-``delete_by_filter``, ``update_by_filter`` and ``count_documents_by_filter``) and passes
-Haystack's own document-store test suite (``tests/test_haystack.py``).
+``delete_documents``, ``to_dict``/``from_dict``), the extended methods
+(``delete_all_documents``, ``delete_by_filter``, ``update_by_filter``,
+``count_documents_by_filter``), the metadata methods (``count_unique_metadata_by_filter``,
+``get_metadata_fields_info``, ``get_metadata_field_min_max``,
+``get_metadata_field_unique_values``, computed in SQLite) and an ``*_async`` twin of each,
+and passes every suite of Haystack's ``haystack.testing.document_store`` and
+``haystack.testing.document_store_async`` (``tests/test_haystack.py``).
 :class:`DensefitEmbeddingRetriever` is the component that searches it with a query
-embedding (``filters``, ``top_k``, ``scale_score``), like ``InMemoryEmbeddingRetriever``::
+embedding (``filters``, ``top_k``, ``scale_score``; ``run`` and ``run_async``), like
+``InMemoryEmbeddingRetriever``::
 
     from haystack import Document, Pipeline
     from haystack_integrations.components.embedders.sentence_transformers import (
@@ -28,6 +33,11 @@ like ``densefit index`` does (name, fingerprint, settings), and ``densefit searc
 it; without, the store records the model as ``"external"`` and takes its dimension from
 ``embedding_dim=`` or the first document written with an embedding.
 
+The ``*_async`` methods run their sync twin in a worker thread (``asyncio.to_thread``), so a
+slow SQLite query, a large write or a search never blocks the event loop; every method holds
+the store object's lock, so concurrent calls (async tasks, threads) run one at a time and a
+check-then-write such as ``DuplicatePolicy.FAIL`` is never interleaved with another write.
+
 Haystack fields densefit's documents do not have (``content=None``, ``blob``,
 ``sparse_embedding``, an embedding the vector file cannot reproduce exactly, e.g. one a cosine
 store normalised, and whether the document has an embedding at all) are kept in the metadata
@@ -37,8 +47,11 @@ embedding get a zero vector and are never returned by embedding retrieval.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import functools
 import os
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +69,7 @@ except ImportError:  # pragma: no cover - depends on the environment
         "densefit.integrations.haystack needs Haystack 3: pip install 'densefit[haystack]'"
     ) from None
 
+from densefit.data.text import InvalidText, checked_text
 from densefit.data.types import Document as DensefitDocument
 from densefit.models import load_model
 from densefit.retrieval.index.documents import DB_NAME
@@ -70,6 +84,50 @@ EXTERNAL_MODEL = "external"
 HAYSTACK_SIMILARITIES = {"cosine": "cosine", "dot_product": "dot", "dot": "dot"}
 _HAS_EMBEDDING = {"field": f"meta.{RESERVED_KEY}.embedded", "operator": "!=", "value": False}
 _NO_EMBEDDING = {**_HAS_EMBEDDING, "operator": "=="}
+
+
+# Haystack's metadata type names (as its InMemoryDocumentStore reports them) by SQLite's
+# json_type: lists and objects count as keywords there too.
+_FIELD_TYPES = {
+    "text": "keyword",
+    "integer": "int",
+    "real": "float",
+    "true": "boolean",
+    "false": "boolean",
+    "array": "keyword",
+    "object": "keyword",
+}
+
+
+def _locked(method):
+    """Run a store method under the object's lock: one call at a time, whichever thread."""
+
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
+def _in_thread(method):
+    """The ``*_async`` twin of a sync method: the same call, run in a worker thread."""
+
+    @functools.wraps(method)
+    async def run(self, *args, **kwargs):
+        return await asyncio.to_thread(method, self, *args, **kwargs)
+
+    run.__name__ = f"{method.__name__}_async"
+    run.__qualname__ = f"{method.__qualname__}_async"
+    run.__doc__ = f"``await`` :meth:`{method.__name__}` (run in a worker thread)."
+    return run
+
+
+def _meta_field(name: str) -> str:
+    """``"meta.NAME"`` for a metadata field given with or without the prefix."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a metadata field name must be a non-empty string, got {name!r}")
+    return name if name.startswith("meta.") else f"meta.{name}"
 
 
 def _checked_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -114,6 +172,7 @@ class DensefitDocumentStore:
         self.backend = backend
         self._store: LocalDocumentStore | None = None
         self._indexed = False  # the "has no embedding" field has its index
+        self._lock = threading.RLock()  # see _locked: one call at a time
         if self.path is not None and (Path(self.path) / DB_NAME).is_file():
             self._store = LocalDocumentStore(self.path, backend=backend)
 
@@ -163,15 +222,18 @@ class DensefitDocumentStore:
 
     # -- the protocol ----------------------------------------------------------------------
 
+    @_locked
     def count_documents(self) -> int:
         """The number of documents."""
         return 0 if self._store is None else self._store.count()
 
+    @_locked
     def count_documents_by_filter(self, filters: dict[str, Any]) -> int:
         """The number of documents matching ``filters``."""
         filters = _checked_filters(filters)
         return 0 if self._store is None else self._store.count_matching(filters)
 
+    @_locked
     def filter_documents(self, filters: dict[str, Any] | None = None) -> list[Document]:
         """The documents matching ``filters`` (Haystack's syntax), in the order written.
 
@@ -184,6 +246,7 @@ class DensefitDocumentStore:
         found = self._store.filter_documents(filters)
         return self._to_haystack(found, with_embedding=True)
 
+    @_locked
     def write_documents(
         self, documents: list[Document], policy: DuplicatePolicy = DuplicatePolicy.NONE
     ) -> int:
@@ -193,6 +256,8 @@ class DensefitDocumentStore:
             not isinstance(d, Document) for d in documents
         ):
             raise ValueError("write_documents takes a list of haystack Documents")
+        for doc in documents:
+            _check_texts(doc)  # before any id reaches SQLite
         if policy == DuplicatePolicy.NONE:
             policy = DuplicatePolicy.FAIL
         documents = _one_per_id(documents, policy)
@@ -211,17 +276,20 @@ class DensefitDocumentStore:
             self._store.write(converted, vectors)
         return len(documents)
 
+    @_locked
     def delete_documents(self, document_ids: list[str]) -> None:
         """Delete documents by id; unknown ids are ignored."""
         if self._store is not None:
             self._store.delete(document_ids)
 
+    @_locked
     def delete_all_documents(self, recreate_index: bool = False) -> None:
         """Delete every document (``recreate_index`` has nothing to recreate here)."""
         del recreate_index
         if self._store is not None:
             self._store.delete(list(self._store.ids()))
 
+    @_locked
     def delete_by_filter(self, filters: dict[str, Any]) -> int:
         """Delete the documents matching ``filters``; returns how many."""
         filters = _checked_filters(filters)
@@ -230,6 +298,7 @@ class DensefitDocumentStore:
         ids = [d.id for d in self._store.filter_documents(filters)]
         return self._store.delete(ids)
 
+    @_locked
     def update_by_filter(self, filters: dict[str, Any], meta: dict[str, Any]) -> int:
         """Merge ``meta`` into the metadata of the documents matching ``filters`` (their
         text and embedding stay); returns how many were updated."""
@@ -242,8 +311,85 @@ class DensefitDocumentStore:
         updated = [DensefitDocument(d.id, d.text, d.title, {**d.meta, **meta}) for d in found]
         return self._store.write_metadata(updated) if updated else 0
 
+    # -- metadata --------------------------------------------------------------------------
+
+    @_locked
+    def count_unique_metadata_by_filter(
+        self, filters: dict[str, Any], metadata_fields: list[str]
+    ) -> dict[str, int]:
+        """How many distinct values each of ``metadata_fields`` (with or without ``meta.``)
+        takes among the documents matching ``filters``: ``{field without "meta.": count}``.
+        Values keep their type (``1``, ``1.0``, ``True``, ``"1"`` are four); missing and null
+        values do not count."""
+        filters = _checked_filters(filters)
+        counts = {}
+        for name in metadata_fields:
+            field = _meta_field(name)
+            values = [] if self._store is None else self._store.meta_values(field, filters)
+            counts[field.removeprefix("meta.")] = len(values)
+        return counts
+
+    @_locked
+    def get_metadata_fields_info(self) -> dict[str, dict[str, str]]:
+        """The top-level metadata fields of the stored documents and their type:
+        ``{"year": {"type": "int"}, ...}`` with Haystack's names ``keyword``, ``int``,
+        ``float``, ``boolean``; a field holding ints and floats is ``float``, otherwise the
+        type most of its values have."""
+        if self._store is None:
+            return {}
+        info = {}
+        for key, kinds in self._store.meta_fields().items():
+            if key == RESERVED_KEY:
+                continue
+            names: dict[str, int] = {}
+            for kind, n in kinds.items():
+                name = _FIELD_TYPES.get(kind, "keyword")
+                names[name] = names.get(name, 0) + n
+            if set(names) == {"int", "float"}:
+                info[key] = {"type": "float"}
+            else:
+                info[key] = {"type": max(names, key=lambda k: (names[k], k))}
+        return info
+
+    @_locked
+    def get_metadata_field_min_max(self, metadata_field: str) -> dict[str, Any]:
+        """``{"min": ..., "max": ...}`` of a metadata field (with or without ``meta.``) over
+        all documents: of its numbers, or of its strings when it holds no number (ISO dates
+        order as dates); ``None`` for both when it has neither."""
+        if self._store is None:
+            return {"min": None, "max": None}
+        low, high = self._store.meta_range(_meta_field(metadata_field))
+        return {"min": low, "max": high}
+
+    @_locked
+    def get_metadata_field_unique_values(
+        self,
+        metadata_field: str,
+        search_term: str | None = None,
+        from_: int = 0,
+        size: int = 10,
+        filters: dict[str, Any] | None = None,
+    ) -> tuple[list[Any], int]:
+        """One page of the distinct values of a metadata field (with or without ``meta.``)
+        among the documents matching ``filters``, and how many there are in all:
+        ``(values[from_ : from_ + size], total)``. ``search_term`` keeps the values whose
+        text contains it (case-insensitive). Values are ordered by their text, then their
+        type, so pages are stable; they keep their type (``1`` and ``"1"`` are two)."""
+        filters = _checked_filters(filters)
+        if from_ < 0 or size < 0:
+            raise ValueError(f"from_ and size must be >= 0, got {from_} and {size}")
+        if self._store is None:
+            return [], 0
+        values = [v for v, _ in self._store.meta_values(_meta_field(metadata_field), filters)]
+        if search_term:
+            wanted = search_term.lower()
+            values = [v for v in values if wanted in str(v).lower()]
+        values.sort(key=lambda v: (str(v), type(v).__name__))
+        return values[from_ : from_ + size], len(values)
+
     # -- retrieval -------------------------------------------------------------------------
 
+    @_locked
     def embedding_retrieval(
         self,
         query_embedding: list[float],
@@ -280,6 +426,22 @@ class DensefitDocumentStore:
             self._store.index_meta_field(_NO_EMBEDDING["field"])
             self._indexed = True
         return self._store.count_matching(_NO_EMBEDDING) > 0
+
+    # -- async: each method's twin, run in a worker thread -----------------------------------
+
+    count_documents_async = _in_thread(count_documents)
+    count_documents_by_filter_async = _in_thread(count_documents_by_filter)
+    filter_documents_async = _in_thread(filter_documents)
+    write_documents_async = _in_thread(write_documents)
+    delete_documents_async = _in_thread(delete_documents)
+    delete_all_documents_async = _in_thread(delete_all_documents)
+    delete_by_filter_async = _in_thread(delete_by_filter)
+    update_by_filter_async = _in_thread(update_by_filter)
+    count_unique_metadata_by_filter_async = _in_thread(count_unique_metadata_by_filter)
+    get_metadata_fields_info_async = _in_thread(get_metadata_fields_info)
+    get_metadata_field_min_max_async = _in_thread(get_metadata_field_min_max)
+    get_metadata_field_unique_values_async = _in_thread(get_metadata_field_unique_values)
+    embedding_retrieval_async = _in_thread(embedding_retrieval)
 
     # -- conversion ------------------------------------------------------------------------
 
@@ -356,6 +518,17 @@ class DensefitDocumentStore:
                 )
             )
         return out
+
+
+def _check_texts(doc: Document) -> None:
+    """The document's id and content checked as every text densefit reads is
+    (:func:`densefit.data.text.text_problem`): ValueError naming the document and field."""
+    try:
+        checked_text(doc.id, "id")
+        if doc.content is not None:
+            checked_text(doc.content, "content", empty_ok=True)
+    except InvalidText as error:
+        raise ValueError(f"document {doc.id!r}: {error}") from None
 
 
 def _one_per_id(documents: list[Document], policy: DuplicatePolicy) -> list[Document]:
@@ -453,17 +626,34 @@ class DensefitEmbeddingRetriever:
     ) -> dict[str, list[Document]]:
         """The best ``top_k`` documents for ``query_embedding`` among those matching the
         filters: ``{"documents": [...]}``, best first, each with ``score``."""
-        filters = apply_filter_policy(self.filter_policy, self.filters, filters)
+        arguments = self._arguments(query_embedding, filters, top_k, scale_score, return_embedding)
+        return {"documents": self.document_store.embedding_retrieval(**arguments)}
+
+    @component.output_types(documents=list[Document])
+    async def run_async(
+        self,
+        query_embedding: list[float],
+        filters: dict[str, Any] | None = None,
+        top_k: int | None = None,
+        scale_score: bool | None = None,
+        return_embedding: bool | None = None,
+    ) -> dict[str, list[Document]]:
+        """:meth:`run` for ``AsyncPipeline``: the search runs in a worker thread, so it
+        does not block the event loop."""
+        arguments = self._arguments(query_embedding, filters, top_k, scale_score, return_embedding)
+        return {"documents": await self.document_store.embedding_retrieval_async(**arguments)}
+
+    def _arguments(self, query_embedding, filters, top_k, scale_score, return_embedding) -> dict:
+        """The store's ``embedding_retrieval`` arguments: run-time values over the defaults."""
         top_k = self.top_k if top_k is None else top_k
         if top_k < 0:
             raise ValueError(f"top_k must be at least 0, got {top_k}")
-        documents = self.document_store.embedding_retrieval(
-            query_embedding=query_embedding,
-            filters=filters,
-            top_k=top_k,
-            scale_score=self.scale_score if scale_score is None else scale_score,
-            return_embedding=self.return_embedding
+        return {
+            "query_embedding": query_embedding,
+            "filters": apply_filter_policy(self.filter_policy, self.filters, filters),
+            "top_k": top_k,
+            "scale_score": self.scale_score if scale_score is None else scale_score,
+            "return_embedding": self.return_embedding
             if return_embedding is None
             else return_embedding,
-        )
-        return {"documents": documents}
+        }

@@ -1,15 +1,21 @@
 """The HTTP service of ``densefit serve``: a FastAPI app over one store and one model.
 
 Routes: ``POST /search``, ``POST /documents`` (upsert), ``DELETE /documents``,
-``GET /documents/{id}``, ``GET /health``, ``GET /metrics`` and the OpenAPI docs at ``/docs``.
+``GET /documents/{id}``, ``POST /v1/embeddings`` and ``POST /embed``
+(:mod:`densefit.serve.embeddings`), ``GET /health``, ``GET /metrics`` and the OpenAPI docs at
+``/docs``.
 
 - Searches go through the :class:`~densefit.serve.batcher.MicroBatcher` (one forward pass
   for the queries of concurrent requests), writes through the
   :class:`~densefit.serve.writer.DocumentWriter` (one writer, acknowledged after commit).
 - Every request passes :class:`Guard` first: the API key (when set), a body-size limit
-  (413), and the metrics. Bad requests get a 4xx with ``{"error": "what is wrong"}``; the
-  server keeps serving. No request value is used as a filesystem path: the store is the one
-  given at start, ids and texts only reach SQLite as bound parameters.
+  (413), a JSON body (415 for any other declared type: a browser page cannot send a
+  JSON-typed body to another site without the server's consent, so a page cannot write to a
+  local server that needs no key), and the metrics. Bad requests get a 4xx saying what is
+  wrong (:mod:`densefit.serve.errors`: the statuses, and each API's error shape); every text
+  is checked as the data readers check theirs; the server keeps serving. No request value is
+  used as a filesystem path: the store is the one given at start, ids and texts only reach
+  SQLite as bound parameters.
 """
 
 from __future__ import annotations
@@ -30,6 +36,15 @@ from densefit.retrieval.index.filters import validate_filters
 from densefit.retrieval.index.settings import check_search_settings
 from densefit.serve.batcher import MicroBatcher, Query
 from densefit.serve.config import ServeConfig, is_local_host, worker_threads
+from densefit.serve.embeddings import add_embedding_routes, run_batch
+from densefit.serve.errors import (
+    JSON_BODY_HINT,
+    ClientError,
+    checked_request_json,
+    checked_request_text,
+    error_body,
+    validation_message,
+)
 from densefit.serve.metrics import Metrics
 from densefit.serve.writer import DocumentWriter
 
@@ -44,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "pip install 'densefit[serve]'"
     ) from None
 
-__all__ = ["ServeConfig", "create_app", "is_local_host", "search_queries"]
+__all__ = ["ClientError", "ServeConfig", "create_app", "is_local_host", "search_queries"]
 
 
 # The fixed cost of a query batch's forward pass (tokenising, the Python of each layer,
@@ -55,17 +70,19 @@ __all__ = ["ServeConfig", "create_app", "is_local_host", "search_queries"]
 PASS_COST_TOKENS = 24
 
 
-def search_queries(store, model, queries: list[Query]) -> list[object]:
+def search_queries(store, model, queries: list[Query], embeddings=None) -> list[object]:
     """Embed all ``queries`` (one forward pass, or a few of similar lengths:
     :func:`~densefit.retrieval.encode.padding_aware_cuts`), then search the store once per
-    (k, filters, scale_score) group; one hit list (or exception) per query, in order."""
-    embeddings = encode_texts(
-        model,
-        [q.text for q in queries],
-        batch_size=max(len(queries), 1),
-        prompt_name="query",
-        pass_cost_tokens=PASS_COST_TOKENS,
-    )
+    (k, filters, scale_score) group; one hit list (or exception) per query, in order.
+    ``embeddings``: the queries' embeddings, when the batch embedded them already."""
+    if embeddings is None:
+        embeddings = encode_texts(
+            model,
+            [q.text for q in queries],
+            batch_size=max(len(queries), 1),
+            prompt_name="query",
+            pass_cost_tokens=PASS_COST_TOKENS,
+        )
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, q in enumerate(queries):
         key = (q.k, json.dumps(q.filters, sort_keys=True), q.scale_score)
@@ -103,11 +120,15 @@ class SearchRequest(_Strict):
     scale_score: StrictBool = Field(False, description="Scores scaled to [0, 1].")
 
 
+MAX_ID_CHARS = 512
+
+
 class DocumentIn(_Strict):
     """A document to add or replace (by id)."""
 
-    id: StrictStr = Field(..., min_length=1, max_length=512)
-    text: StrictStr = Field(..., min_length=1)
+    # Lengths and contents are checked by the server's one text check (checked_request_text).
+    id: StrictStr = Field(..., description=f"Non-empty, at most {MAX_ID_CHARS} characters.")
+    text: StrictStr = Field(...)
     title: StrictStr = ""
     meta: dict[str, Any] = Field(default_factory=dict)
 
@@ -124,46 +145,31 @@ class DeleteRequest(_Strict):
     ids: list[StrictStr]
 
 
-class ClientError(Exception):
-    """A request the service refuses: ``status`` and a message saying what is wrong."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-def _error(status: int, message: str, **extra) -> JSONResponse:
-    return JSONResponse({"error": message, **extra}, status_code=status)
-
-
-def _validation_message(errors: list[dict]) -> tuple[int, str, list[dict]]:
-    """400 for unparseable JSON, 422 otherwise; one line naming each field at fault."""
-    parts, detail = [], []
-    for e in errors[:10]:
-        loc = ".".join(str(p) for p in e.get("loc", ()))
-        if e.get("type") == "json_invalid":
-            reason = (e.get("ctx") or {}).get("error", "")
-            parts.append(f"the body is not valid JSON ({reason or 'decode error'})")
-        else:
-            parts.append(f"{loc}: {e.get('msg', 'invalid')}")
-        detail.append({"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")})
-    status = 400 if any(e.get("type") == "json_invalid" for e in errors) else 422
-    return status, "; ".join(parts) or "invalid request", detail
+def _error(path: str, status: int, message: str, **extra) -> JSONResponse:
+    return JSONResponse(error_body(path, status, message, **extra), status_code=status)
 
 
 # -- the guard: API key, body size, metrics ----------------------------------------------------
 
 _WRITE_METHODS = {"POST", "DELETE", "PUT", "PATCH"}
 _ARRIVAL = "densefit.search_arrival"  # scope key: the batcher's "arrived" callback
+_BATCHED = {"/search", "/v1/embeddings", "/embed"}  # routes whose texts go through the batcher
+_ROUTES = {*_BATCHED, "/documents", "/health", "/metrics", "/docs", "/openapi.json"}
 
 
 def _route_label(path: str) -> str:
     """A bounded set of metric labels: ids in paths are not labels."""
     if path.startswith("/documents/"):
         return "/documents/{id}"
-    if path in {"/search", "/documents", "/health", "/metrics", "/docs", "/openapi.json"}:
-        return path
-    return "other"
+    return path if path in _ROUTES else "other"
+
+
+def _is_json(content_type: bytes | None) -> bool:
+    """``application/json`` or a ``+json`` type, whatever its parameters (charset)."""
+    media = (content_type or b"").split(b";")[0].strip().lower()
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
 
 
 class Guard:
@@ -186,7 +192,7 @@ class Guard:
         start = time.perf_counter()
         status = {"code": 500}
         arrived = None
-        if self.batcher is not None and scope["method"] == "POST" and scope["path"] == "/search":
+        if self.batcher is not None and scope["method"] == "POST" and scope["path"] in _BATCHED:
             # Announced before the body is read: a batch being collected waits for its queries.
             arrived = scope[_ARRIVAL] = self.batcher.announce()
 
@@ -215,16 +221,23 @@ class Guard:
 
     def _refusal(self, scope) -> JSONResponse | None:
         headers = dict(scope["headers"])
+        path = scope["path"]
         if self.key is not None:
             given = headers.get(b"x-api-key")
             auth = headers.get(b"authorization", b"")
             if given is None and auth[:7].lower() == b"bearer ":
                 given = auth[7:].strip()
             if given is None or not hmac.compare_digest(given, self.key):
-                return _error(401, "missing or wrong API key: send the header X-API-Key: KEY")
-        if scope["method"] in _WRITE_METHODS and scope["path"].startswith("/documents"):
+                return _error(
+                    path,
+                    401,
+                    "missing or wrong API key: send the header X-API-Key: KEY "
+                    "(or Authorization: Bearer KEY)",
+                )
+        if scope["method"] in _WRITE_METHODS and path.startswith("/documents"):
             if not self.config.allow_writes:
                 return _error(
+                    path,
                     403,
                     "writes are disabled: a server bound to a non-local address accepts "
                     "writes only with --api-key (or DENSEFIT_API_KEY)",
@@ -233,24 +246,31 @@ class Guard:
         if length is not None:
             try:
                 if int(length) > self.config.max_body_bytes:
-                    return self._too_large()
+                    return self._too_large(path)
             except ValueError:
-                return _error(400, "the Content-Length header is not a number")
+                return _error(path, 400, "the Content-Length header is not a number")
+        if scope["method"] in _WRITE_METHODS and not _is_json(headers.get(b"content-type")):
+            declared = headers.get(b"content-type", b"").decode("latin-1") or "none"
+            return _error(
+                path, 415, f"the request body is declared {declared!r}, not JSON: {JSON_BODY_HINT}"
+            )
         return None
 
-    def _too_large(self) -> JSONResponse:
-        return _error(413, f"request body larger than {self.config.max_body_bytes} bytes: split it")
+    def _too_large(self, path: str) -> JSONResponse:
+        return _error(
+            path, 413, f"request body larger than {self.config.max_body_bytes} bytes: split it"
+        )
 
     async def _read_body(self, scope, receive) -> tuple[bytes, JSONResponse | None]:
         chunks, size = [], 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return b"", _error(400, "the client disconnected")
+                return b"", _error(scope["path"], 400, "the client disconnected")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.config.max_body_bytes:
-                return b"", self._too_large()
+                return b"", self._too_large(scope["path"])
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks), None
@@ -290,7 +310,10 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
     metrics = Metrics(documents=store.count)
     batcher = MicroBatcher(
-        lambda queries: search_queries(store, model, queries),
+        # Search queries and embeddings inputs share batches (densefit.serve.embeddings).
+        lambda items: run_batch(
+            store, model, items, search_queries, pass_cost_tokens=PASS_COST_TOKENS
+        ),
         max_batch=config.max_batch,
         max_wait=config.max_wait_ms / 1000,
         workers=config.query_workers,
@@ -325,6 +348,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     app.state.store, app.state.config = store, config
     _add_error_handlers(app, metrics)
     _add_routes(app, store, config, batcher, writer, metrics)
+    add_embedding_routes(app, store, model, config, batcher, _ARRIVAL)
     app.add_middleware(Guard, config=config, metrics=metrics, batcher=batcher)
     return app
 
@@ -332,37 +356,54 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
 def _add_error_handlers(app, metrics: Metrics) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
-        status, message, detail = _validation_message(list(exc.errors()))
-        return _error(status, message, detail=detail)
+        status, message, detail = validation_message(list(exc.errors()))
+        path = request.url.path
+        if path.startswith("/v1/") or path == "/embed":
+            return _error(path, status, message)
+        return _error(path, status, message, detail=detail)
 
     @app.exception_handler(ClientError)
     async def refused(request: Request, exc: ClientError):
-        return _error(exc.status, str(exc))
+        return _error(request.url.path, exc.status, str(exc), param=exc.param)
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError):
-        return _error(400, str(exc))
+        return _error(request.url.path, 400, str(exc))
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception):  # pragma: no cover - a bug
-        return _error(500, f"internal error: {exc.__class__.__name__}")
+        return _error(request.url.path, 500, f"internal error: {exc.__class__.__name__}")
 
 
-def _check_texts(texts: list[str], what: str, config: ServeConfig) -> None:
-    for i, text in enumerate(texts):
-        if not text.strip():
-            raise ClientError(422, f"{what}[{i}] is empty")
-        if len(text) > config.max_text_chars:
-            raise ClientError(
-                413, f"{what}[{i}] has {len(text)} characters; the limit is {config.max_text_chars}"
-            )
+def _check_texts(texts: str | list[str], what: str, config: ServeConfig) -> None:
+    """Each text checked (:func:`~densefit.serve.errors.checked_request_text`), named
+    ``what`` for a single text and ``what[i]`` in a list."""
+    if isinstance(texts, str):
+        checked_request_text(texts, what, max_chars=config.max_text_chars)
+    for i, text in enumerate([] if isinstance(texts, str) else texts):
+        checked_request_text(text, f"{what}[{i}]", max_chars=config.max_text_chars)
 
 
 def _check_filters(filters: dict | None) -> dict | None:
     if not filters:
         return None
+    checked_request_json(filters, "filters")
     validate_filters(filters)  # ValueError -> 400 saying what is wrong
     return filters
+
+
+def _check_document(doc: DocumentIn, i: int, config: ServeConfig) -> None:
+    where = f"documents[{i}]"
+    checked_request_text(doc.id, f"{where}.id", max_chars=config.max_text_chars)
+    if len(doc.id) > MAX_ID_CHARS:
+        raise ClientError(
+            422, f"{where}.id: has {len(doc.id):,} characters; ids have at most {MAX_ID_CHARS}"
+        )
+    checked_request_text(doc.text, f"{where}.text", max_chars=config.max_text_chars)
+    checked_request_text(
+        doc.title, f"{where}.title", max_chars=config.max_text_chars, empty_ok=True
+    )
+    checked_request_json(doc.meta, f"{where}.meta")
 
 
 def _add_routes(app, store, config, batcher, writer, metrics) -> None:
@@ -379,7 +420,7 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
             )
         if not 1 <= request.k <= config.max_k:
             raise ClientError(422, f"k must be between 1 and {config.max_k}, got {request.k}")
-        _check_texts(texts, "query", config)
+        _check_texts(request.query, "query", config)
         filters = _check_filters(request.filters)
         queries = [Query(t, request.k, filters, request.scale_score) for t in texts]
         found = await batcher.search(queries, http.scope.get(_ARRIVAL))
@@ -406,7 +447,8 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
         if len(set(ids)) != len(ids):
             twice = next(i for i in ids if ids.count(i) > 1)
             raise ClientError(422, f"document id {twice!r} appears twice in one request")
-        _check_texts([d.text for d in docs], "documents.text", config)
+        for i, doc in enumerate(docs):
+            _check_document(doc, i, config)
         batch = [Document(d.id, d.text, d.title, d.meta) for d in docs]
         ack = await asyncio.wrap_future(writer.upsert(batch))
         return {"added": ack.added, "updated": ack.updated, "committed": True}
@@ -417,6 +459,8 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
             raise ClientError(
                 413, f"{len(request.ids)} ids in one request; the limit is {config.max_documents}"
             )
+        for i, doc_id in enumerate(request.ids):
+            checked_request_text(doc_id, f"ids[{i}]", max_chars=config.max_text_chars)
         ack = await asyncio.wrap_future(writer.delete(request.ids))
         return {"deleted": ack.deleted, "committed": True}
 

@@ -8,6 +8,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+from densefit.choices import EMBED_PROMPTS
 from densefit.config.options import Options, option, section
 from densefit.config.shared import BACKEND, DEVICE, MODEL, STORE
 
@@ -66,6 +67,24 @@ class ServeConfig(Options):
     )
     allow_writes: bool = option(
         True, "Upserts and deletes allowed (else 403); set from the address and key.", cli=False
+    )
+    max_embed_inputs: int = option(
+        2048,
+        "Texts per /v1/embeddings or /embed request (OpenAI's own limit); more get 413.",
+        ge=1,
+        group=_LIMITS,
+    )
+    embed_prompt: str = option(
+        "query",
+        "The store's prompt an embeddings input gets when the request names none "
+        "(input_type / prompt_name).",
+        choices=EMBED_PROMPTS,
+    )
+    matryoshka: bool | None = option(
+        None,
+        "Accept /v1/embeddings `dimensions` below the model's size; default: only when the "
+        "model's densefit_config.json records --matryoshka-dims.",
+        flag="--matryoshka/--no-matryoshka",
     )
 
 

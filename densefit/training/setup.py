@@ -378,7 +378,9 @@ def setup_run(
         config = dataclasses.replace(config, device=resolve_device(config.device))
     check_examples(examples, config)
     check_output_dir(output_dir, config, resume=bool(resume), overwrite=overwrite)
-    if output_dir is None and config.checkpoint_every != default_of(TrainConfig, "checkpoint_every"):
+    if output_dir is None and config.checkpoint_every != default_of(
+        TrainConfig, "checkpoint_every"
+    ):
         raise ValueError(
             f"checkpoint_every={config.checkpoint_every} needs output_dir (checkpoints go to "
             "OUTPUT/checkpoints; without an output folder a run writes none)"

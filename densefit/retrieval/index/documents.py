@@ -215,6 +215,44 @@ class DocumentTable:
         query = f"SELECT COUNT(*) FROM documents WHERE {where}"
         return int(self.conn.execute(query, list(params)).fetchone()[0])
 
+    # -- metadata statistics ----------------------------------------------------------------
+    # ``field_sql`` and ``type_sql`` come from filters.meta_field_sql (a checked JSON path);
+    # ``where`` from compile_filters (bound parameters).
+
+    def meta_values(
+        self, field_sql: str, type_sql: str, where: str, params: Sequence
+    ) -> list[tuple[str, object, int]]:
+        """``(JSON type, SQL value, documents)`` of each distinct non-null value of a
+        metadata field among the documents satisfying ``where``."""
+        query = (
+            f"SELECT t, v, COUNT(*) FROM (SELECT {type_sql} AS t, {field_sql} AS v "
+            f"FROM documents WHERE {where}) WHERE t IS NOT NULL AND t != 'null' "
+            "GROUP BY t, v ORDER BY t, v"
+        )
+        return list(self.conn.execute(query, list(params)))
+
+    def meta_range(
+        self, field_sql: str, type_sql: str, types: tuple[str, ...], where: str, params: Sequence
+    ) -> tuple[object, object]:
+        """``(MIN, MAX)`` of a metadata field's values of the JSON ``types`` among the
+        documents satisfying ``where`` (``(None, None)`` when there are none)."""
+        marks = ",".join("?" * len(types))
+        query = (
+            f"SELECT MIN(v), MAX(v) FROM (SELECT {type_sql} AS t, {field_sql} AS v "
+            f"FROM documents WHERE {where}) WHERE t IN ({marks})"
+        )
+        low, high = self.conn.execute(query, [*params, *types]).fetchone()
+        return low, high
+
+    def meta_keys(self) -> list[tuple[str, str, int]]:
+        """``(key, JSON type, documents)`` of the top-level metadata keys (null values left
+        out)."""
+        query = (
+            "SELECT j.key, j.type, COUNT(*) FROM documents, json_each(documents.meta) AS j "
+            "WHERE j.type != 'null' GROUP BY j.key, j.type ORDER BY j.key, j.type"
+        )
+        return list(self.conn.execute(query))
+
     def upsert(self, documents: Sequence[Document], *, start: int) -> None:
         """Insert or replace ``documents``, the i-th at vector row ``start + i``."""
         self.conn.executemany(

@@ -51,6 +51,7 @@ __all__ = [
     "COMPARISON_OPERATORS",
     "LOGICAL_OPERATORS",
     "compile_filters",
+    "meta_field_sql",
     "meta_index_sql",
     "normalise_filters",
     "validate_filters",
@@ -145,6 +146,18 @@ def meta_index_sql(field: str) -> tuple[str, str]:
         raise ValueError(f"only meta.* fields need an index ({field} is a column), got {field!r}")
     name = f"filter_{field}"
     return name, f'CREATE INDEX IF NOT EXISTS "{name}" ON documents({value_sql})'
+
+
+def meta_field_sql(field: str) -> tuple[str, str]:
+    """``(value SQL, JSON type SQL)`` of the metadata field ``field`` (``"meta.lang"``,
+    nested ``"meta.a.b"``), its name checked as filters check theirs; ValueError otherwise.
+
+    >>> meta_field_sql("meta.lang")
+    ('json_extract(meta, \\'$."lang"\\')', 'json_type(meta, \\'$."lang"\\')')
+    """
+    if not isinstance(field, str) or not field.startswith("meta."):
+        raise ValueError(f"metadata fields are named meta.NAME, got {field!r}")
+    return _field_sql(field)
 
 
 # -- compilation ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from densefit.data.text import checked_texts
 from densefit.models import load_model
 from densefit.retrieval.encode import configure_model, encode_texts
 from densefit.retrieval.index.base import DocumentStore, SearchHit, StoreError
@@ -125,6 +126,7 @@ def search_batch(
 
     if isinstance(queries, str):
         raise TypeError("search_batch takes a list of queries; use search for one string")
+    queries = checked_texts(list(queries), "queries")  # InvalidText (a ValueError) names it
     validate_filters(filters)  # before the model runs: a typo fails fast
     store.check_model(model)
     check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))

@@ -31,6 +31,7 @@ together behind :class:`LocalDocumentStore` and :func:`open_store`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -55,7 +56,12 @@ from densefit.retrieval.index.documents import (
     text_hash,
     write_new_database,
 )
-from densefit.retrieval.index.filters import compile_filters, meta_index_sql, normalise_filters
+from densefit.retrieval.index.filters import (
+    compile_filters,
+    meta_field_sql,
+    meta_index_sql,
+    normalise_filters,
+)
 from densefit.retrieval.index.locking import LOCK_NAME, writer_lock
 from densefit.retrieval.index.searching import scaled_scores
 from densefit.retrieval.index.settings import (
@@ -78,6 +84,15 @@ def _locked(method):
             return method(self, *args, **kwargs)
 
     return locked
+
+
+def _json_value(kind: str, value):
+    """A metadata value from SQLite's ``json_extract`` back to its Python type."""
+    if kind in ("true", "false"):
+        return kind == "true"
+    if kind in ("array", "object"):
+        return json.loads(value)
+    return value
 
 
 def _normalise_rows(vectors: np.ndarray) -> np.ndarray:
@@ -420,6 +435,44 @@ class LocalDocumentStore:
         where = compiled_filters(filters) or ("1", [])
         self._refresh()
         return self._table.count_matching(*where)
+
+    @_locked
+    def meta_values(self, field: str, filters: dict | None = None) -> list[tuple[object, int]]:
+        """Each distinct value of the metadata field ``field`` (``"meta.lang"``, nested
+        ``"meta.a.b"``) among the documents matching ``filters``, with how many documents
+        hold it, computed in SQLite. Documents without the field (or with null) are left
+        out; values keep their JSON type, so ``1``, ``1.0``, ``True`` and ``"1"`` are four
+        values; lists and objects come back as lists and dicts."""
+        field_sql, type_sql = meta_field_sql(field)
+        where = compiled_filters(filters) or ("1", [])
+        self._refresh()
+        rows = self._table.meta_values(field_sql, type_sql, *where)
+        return [(_json_value(kind, value), n) for kind, value, n in rows]
+
+    @_locked
+    def meta_range(self, field: str, filters: dict | None = None) -> tuple[object, object]:
+        """``(min, max)`` of the metadata field ``field`` among the documents matching
+        ``filters``: of its numbers (booleans are not numbers here), or, when it holds no
+        number, of its strings (ISO dates order as dates); ``(None, None)`` when neither."""
+        field_sql, type_sql = meta_field_sql(field)
+        where = compiled_filters(filters) or ("1", [])
+        self._refresh()
+        for types in (("integer", "real"), ("text",)):
+            low, high = self._table.meta_range(field_sql, type_sql, types, *where)
+            if low is not None:
+                return low, high
+        return None, None
+
+    @_locked
+    def meta_fields(self) -> dict[str, dict[str, int]]:
+        """The top-level metadata keys of the stored documents: ``{key: {JSON type:
+        documents}}`` (SQLite's ``json_type`` names: ``text``, ``integer``, ``real``,
+        ``true``, ``false``, ``array``, ``object``; null values left out)."""
+        self._refresh()
+        fields: dict[str, dict[str, int]] = {}
+        for key, kind, n in self._table.meta_keys():
+            fields.setdefault(key, {})[kind] = n
+        return fields
 
     @_locked
     def index_meta_field(self, field: str) -> None:
