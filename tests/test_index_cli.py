@@ -58,7 +58,7 @@ def test_round_trip_index_search_eval(app, tiny_models, data, tmp_path):
             model,
             "--store",
             store,
-            "--batch-size",
+            "--encode-batch-size",
             8,
             "--commit-every",
             10,
@@ -253,12 +253,12 @@ def test_search_uses_the_recorded_model_or_explains(app, tmp_path, data):
 
 
 def test_interrupted_index_says_how_to_resume(app, tiny_models, data, tmp_path, monkeypatch):
-    import densefit.retrieval.index.indexing as indexing
+    import densefit.jobs
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(indexing, "index_documents", interrupted)
+    monkeypatch.setattr(densefit.jobs, "index_documents", interrupted)
     result = invoke(
         app, ["index", data, "--model", tiny_models / "tiny", "--store", tmp_path / "s"]
     )

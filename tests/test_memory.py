@@ -283,5 +283,5 @@ def test_the_users_plan_keeps_kept_graphs_and_token_budget():
         64,
         None,
     )
-    plain = plan_for_run(None, [], TrainConfig(gradient_checkpointing=True))
+    plain = plan_for_run(None, [], TrainConfig(memory="plain", gradient_checkpointing=True))
     assert (plain.strategy, plain.chunk_size, plain.chosen_by) == ("checkpoint", 16, "user")

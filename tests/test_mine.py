@@ -176,16 +176,16 @@ def test_query_blocks_do_not_change_the_result(tiny):
 
 
 def test_dense_search_is_blocked_over_queries(tiny, monkeypatch):
-    import densefit.retrieval.index.exact as exact
+    import densefit.mine
 
     seen = []
-    original = exact.exact_search
+    original = densefit.mine.exact_search
 
     def spy(vectors, queries, k, **kw):
         seen.append(len(queries))
         return original(vectors, queries, k, **kw)
 
-    monkeypatch.setattr(exact, "exact_search", spy)
+    monkeypatch.setattr(densefit.mine, "exact_search", spy)
     mine_hard_negatives(
         PAIRS,
         CORPUS,
@@ -303,8 +303,8 @@ def test_cli_errors_are_clear(tmp_path):
     write_beir(folder)
     runner = CliRunner()
     base = ["mine", str(folder), "--corpus", str(folder), "--output", str(tmp_path / "o.jsonl")]
-    result = runner.invoke(app, [*base, "--method", "dense"])
-    assert result.exit_code == 2 and "--model" in result.output
+    result = runner.invoke(app, [*base, "--num-negatives", "0"])
+    assert result.exit_code == 2 and "--num-negatives must be >= 1" in result.output
     result = runner.invoke(app, [*base, "--range", "abc"])
     assert result.exit_code == 2 and "MIN:MAX" in result.output
     result = runner.invoke(

@@ -115,17 +115,17 @@ def test_set_prompts_keeps_none_and_clears_with_empty(tiny):
 
 
 def test_mining_embeds_queries_and_documents_with_their_prompts(tiny, monkeypatch):
-    import densefit.retrieval.encode as encode
+    import densefit.mine as mine
     from densefit.mine import mine_hard_negatives
 
     calls = []
-    real = encode.encode_texts
+    real = mine.encode_texts
 
     def spy(model, texts, **kwargs):
         calls.append(kwargs.get("prompt_name"))
         return real(model, texts, **kwargs)
 
-    monkeypatch.setattr(encode, "encode_texts", spy)
+    monkeypatch.setattr(mine, "encode_texts", spy)
     model = configure_model(copy.deepcopy(tiny), **PROMPTS)
     pairs = [TrainingExample(f"cells {i}", DOCS[i].text) for i in range(3)]
     mine_hard_negatives(
@@ -149,11 +149,13 @@ def test_planner_counts_the_prompt_tokens(tiny):
 
 @pytest.fixture
 def cli(tmp_path):
-    from densefit.cli.index import register
+    from densefit.cli import eval as eval_command
+    from densefit.cli import index as index_command
     from densefit.testing import tiny_model
 
     app = typer.Typer()
-    register(app)
+    index_command.register(app)
+    eval_command.register(app)
     tiny_model(tmp_path / "build").save(str(tmp_path / "tiny"))
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"_id": d.id, "text": d.text}) + "\n" for d in DOCS))

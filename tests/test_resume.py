@@ -250,7 +250,8 @@ def test_cli_checkpoint_every_resume_and_resume_from(run, tmp_path, monkeypatch)
     from densefit.cli import app
 
     args = ["train", str(run.data), "-m", str(run.base), "--batch-size", "4", "--epochs", "2",
-            "--lr", "1e-3", "--checkpoint-every", "3", "--keep-checkpoints", "3", "--no-progress"]  # fmt: skip
+            "--lr", "1e-3", "--checkpoint-every", "3", "--keep-checkpoints", "3", "--no-delete-checkpoints",
+            "--no-progress"]  # fmt: skip
     runner = CliRunner()
     done = runner.invoke(app, [*args, "-o", str(tmp_path / "ref")])
     assert done.exit_code == 0, done.output

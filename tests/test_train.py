@@ -23,7 +23,9 @@ ROWS = [
 
 
 def cfg(**kw):
-    return TrainConfig(**{"batch_size": 8, "show_progress": False, **kw})
+    """The tests' config: plain memory (these tests are about one strategy; the planner has its
+    own tests), no progress bars."""
+    return TrainConfig(**{"batch_size": 8, "memory": "plain", "show_progress": False, **kw})
 
 
 def weights(model):

@@ -32,6 +32,7 @@ from densefit.config.shared import (
     QUERY_PROMPT,
     SEED,
 )
+from densefit.errors import OptionError
 
 __all__ = [
     "AUTO_LR_BASE",
@@ -388,7 +389,8 @@ class TrainConfig(Options):
     )
     gradient_checkpointing: bool = option(
         False,
-        "Recompute activations in backward (with memory plain).",
+        "Recompute activations in backward: memory plain becomes checkpoint, and memory auto "
+        "plans with the strategies that recompute only.",
         flag="--gradient-checkpointing",
         memory=True,
         affects_weights=False,
@@ -598,10 +600,11 @@ class TrainConfig(Options):
                 if getattr(self, name) != default_of(TrainConfig, name)
             ]
             if stray:
-                raise self.error(
+                raise OptionError(
                     "lora_r",
-                    f"is not given, but {', '.join(stray)} configure LoRA, which is off: add "
-                    "--lora-r R (e.g. 16), or drop them",
+                    f"{', '.join(stray)} configure LoRA, which is off: add {{option}} R "
+                    "(e.g. 16), or drop them",
+                    flag="--lora-r",
                 )
 
     @property

@@ -686,6 +686,8 @@ def plan_memory(
     """
     shape = probe_run(model, examples, config, batches, exact_limit, activation_model, held_bytes)
     candidates = plain_candidates(shape) + cached_candidates(shape)
+    if config.gradient_checkpointing:  # asked for: only the strategies that recompute
+        candidates = [c for c in candidates if "checkpoint" in c["strategy"]]
     return choose(shape, candidates, config.sort_by_length)
 
 
