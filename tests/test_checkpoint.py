@@ -3,6 +3,7 @@ disk full, nothing outside the output folder. (Kill-and-resume runs: tests/test_
 
 from __future__ import annotations
 
+import copy
 import errno
 import hashlib
 import importlib
@@ -38,6 +39,10 @@ ROWS = [
 def cfg(**kw) -> TrainConfig:
     # 8 rows, 4 per step: 2 steps per epoch
     return TrainConfig(**{"batch_size": 4, "epochs": 2, "show_progress": False, **kw})
+
+
+def weights(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 def names(folder) -> list[str]:
@@ -208,17 +213,22 @@ def test_resume_refuses_other_options_and_warns_about_other_data(tiny, tmp_path)
 
 
 def test_the_strategy_after_out_of_memory_halving_is_restored(tiny, tmp_path, monkeypatch):
+    """Out of memory in step 1, each time after the attempt had accumulated gradients; the run
+    is killed after step 1 and resumed: it ends with the weights of a run that used chunk 2
+    from the start (the halved plan is restored, and the redone step was that run's step)."""
     from densefit.memory.strategies import CachedStrategy
 
     original = CachedStrategy.forward_backward
 
     def flaky(self, *args, **kwargs):
+        stats = original(self, *args, **kwargs)  # gradients accumulated, then the error
         if self.chunk_size > 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return original(self, *args, **kwargs)
+        return stats
 
+    reference = copy.deepcopy(tiny)
     out = tmp_path / "out"
-    config = cfg(memory="cache", chunk_size=8, max_steps=3, checkpoint_every=1)
+    config = cfg(memory="cache", chunk_size=8, max_steps=3, checkpoint_every=1, learning_rate=1e-3)
     monkeypatch.setattr(CachedStrategy, "forward_backward", flaky)
 
     def crash(record):
@@ -237,3 +247,5 @@ def test_the_strategy_after_out_of_memory_halving_is_restored(tiny, tmp_path, mo
         (2, 2, 2),
         (3, 2, 2),
     ]
+    train(reference, ROWS, cfg(memory="cache", chunk_size=2, max_steps=3, learning_rate=1e-3))
+    assert torch.equal(weights(tiny), weights(reference))
