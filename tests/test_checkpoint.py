@@ -3,13 +3,19 @@ disk full, nothing outside the output folder. (Kill-and-resume runs: tests/test_
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import hashlib
 import importlib
 import json
+import os
 import random
+import sys
+import tempfile
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,12 +165,91 @@ def test_disk_full_during_a_checkpoint_warns_cleans_up_and_training_goes_on(
     assert verify_checkpoint(out / "checkpoints" / "step-000002").step == 2
 
 
-def test_nothing_is_written_outside_the_output_folder(tiny, tmp_path):
-    before = set(tmp_path.iterdir())
+# Paths Python opened for writing, created, renamed, copied or removed while a test watches
+# (None: nobody watches). sys.addaudithook cannot be undone, so the hook is added once and
+# does nothing unless a test sets this list.
+_WRITTEN: list[str] | None = None
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+# audit event: (argument that is the written path, arguments that are directory descriptors)
+_DESTINATION = {"os.rename": (1, (2, 3)), "os.link": (1, (2, 3)), "os.symlink": (1, (2,)),
+                "os.remove": (0, (1,)), "os.rmdir": (0, (1,)), "os.mkdir": (0, (2,)),
+                "os.truncate": (0, ()), "shutil.copyfile": (1, ()), "shutil.copytree": (1, ()),
+                "shutil.rmtree": (0, ())}  # fmt: skip
+_AUDIT_ADDED = False
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _WRITTEN is None:
+        return
+    if event == "open":
+        path, _, flags = args
+        if not flags & _WRITE_FLAGS:
+            return
+    elif event in _DESTINATION:
+        where, descriptors = _DESTINATION[event]
+        if any(args[i] not in (None, -1) for i in descriptors if i < len(args)):
+            return  # relative to a directory descriptor: shutil.rmtree's walk (audited above)
+        path = args[where]
+    else:
+        return
+    if not isinstance(path, int):
+        _WRITTEN.append(os.path.abspath(os.fsdecode(path)))
+
+
+@contextlib.contextmanager
+def watched_writes() -> Iterator[list[str]]:
+    """Record every path Python writes (see :data:`_WRITTEN`) inside the block."""
+    global _WRITTEN, _AUDIT_ADDED
+    if not _AUDIT_ADDED:
+        sys.addaudithook(_audit)
+        _AUDIT_ADDED = True
+    _WRITTEN = written = []
+    try:
+        yield written
+    finally:
+        _WRITTEN = None
+
+
+def test_nothing_is_written_outside_the_output_folder(tiny, tmp_path, monkeypatch):
+    """Train with checkpoints, resume, train again with overwrite: every path Python writes,
+    creates, renames or removes, and every path given to torch.save, is inside the output
+    folder (an audit hook sees them wherever they are), and the working directory, HOME and
+    TMPDIR, pointed at watched folders, stay empty (that shows writes of native code, such as
+    safetensors', there too).
+    """
+    for name in ("cwd", "home", "tmp"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for variable in ("TMPDIR", "TEMP", "TMP"):
+        monkeypatch.setenv(variable, str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    assert tempfile.gettempdir() == str(tmp_path / "tmp")
+
+    def everything() -> set:
+        return {p.relative_to(tmp_path) for p in tmp_path.rglob("*")}
+
+    before = everything()
     out = tmp_path / "out"
-    train(tiny, ROWS, cfg(checkpoint_every=1), output_dir=out)
-    train(tiny, ROWS, cfg(checkpoint_every=1), output_dir=out, resume=True)
-    assert set(tmp_path.iterdir()) == before | {out}
+    save = torch.save  # a path given to torch.save is written by native code: record it
+
+    def recorded_save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)) and _WRITTEN is not None:
+            _WRITTEN.append(os.path.abspath(os.fsdecode(f)))
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", recorded_save)
+    with watched_writes() as written:
+        train(tiny, ROWS, cfg(checkpoint_every=1), output_dir=out)
+        train(tiny, ROWS, cfg(checkpoint_every=1), output_dir=out, resume=True)
+        with pytest.warns(UserWarning, match="checkpoints of an earlier run"):
+            train(tiny, ROWS, cfg(checkpoint_every=1, epochs=1), output_dir=out, overwrite=True)
+    outside = sorted({p for p in written if "__pycache__" not in p and not _inside(Path(p), out)})
+    assert not outside, outside
+    assert any(p.endswith("trainer.pt") for p in written)  # the hook saw the checkpoints
+    new = everything() - before
+    assert new and all(p.parts[0] == "out" for p in new), sorted(map(str, new))
+
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     linked = tmp_path / "linked"
@@ -173,6 +258,10 @@ def test_nothing_is_written_outside_the_output_folder(tiny, tmp_path):
     with pytest.raises(CheckpointError, match="not a link elsewhere"):
         train(tiny, ROWS, cfg(), output_dir=linked)
     assert not any(elsewhere.iterdir())
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
 
 
 def test_truncate_log_drops_later_steps_and_a_half_written_line(tmp_path):
