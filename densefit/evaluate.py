@@ -28,11 +28,13 @@ import numpy as np
 
 from densefit.choices import DEFAULT_METRICS, parse_metric
 from densefit.data.types import ReadReport
+from densefit.errors import OptionError
 
 __all__ = [
     "DEFAULT_METRICS",
     "parse_metric",
     "EvalResult",
+    "checked_top_k",
     "compare_results",
     "evaluate_beir",
     "evaluate_dims",
@@ -185,6 +187,24 @@ def retrieve_run(
     return run
 
 
+def checked_top_k(top_k: int | None, metrics: Sequence[str]) -> int:
+    """The documents to retrieve per query: ``top_k``, or (None) the largest metric cutoff;
+    :class:`~densefit.errors.OptionError` for a ``top_k`` below 1.
+
+    >>> checked_top_k(None, ["ndcg@10", "recall@100"]), checked_top_k(5, ["ndcg@10"])
+    (100, 5)
+    """
+    if top_k is None:
+        return max(parse_metric(m)[1] for m in metrics)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise OptionError(
+            "top_k",
+            f"{{option}} must be an integer >= 1 (or unset: the largest metric "
+            f"cutoff), got {top_k!r}",
+        )
+    return top_k
+
+
 def evaluate_store(
     store,
     model,
@@ -215,7 +235,7 @@ def evaluate_store(
     """
     from densefit.models import model_name_of
 
-    top_k = top_k or max(parse_metric(m)[1] for m in metrics)
+    top_k = checked_top_k(top_k, metrics)
     judged = {q: queries[q] for q in qrels if q in queries}
     started = time.perf_counter()
     run = retrieve_run(
@@ -266,6 +286,7 @@ def evaluate_beir(
     from densefit.retrieval.index.indexing import index_documents
     from densefit.retrieval.index.store import open_store
 
+    checked_top_k(top_k, metrics)  # before the corpus is embedded
     model = load_model(model)
     beir = (
         dataset

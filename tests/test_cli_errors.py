@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -312,3 +313,200 @@ def test_a_missing_extra_says_what_to_install(capsys):
     )
     assert error_exit_code(ModuleNotFoundError("No module named 'nope'", name="nope")) == 1
     assert capsys.readouterr().err.startswith("unexpected error: ModuleNotFoundError")
+
+
+# ----------------------------------------------------------------------------- every bounded option
+# One bad value for each bounded option of each command, and one for each option with a
+# choice list or a check. TrainConfig's options are generated from their declarations
+# (config_options(): ge, gt, choices, check); the other commands' bounded options come from
+# OTHER_BOUNDS until they are declared the same way: then generate them from those
+# declarations here (declared_cases) and drop the table.
+# test_every_number_option_has_a_bad_value_case fails when a command gains a number option
+# that neither covers.
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The allowed range of a number option: ``ge``/``gt`` below, ``le``/``lt`` above."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    integer: bool = True
+    named: str | None = None  # what the error calls it, when not the flag (a run key)
+
+    def bad_values(self) -> list:
+        """Just outside each side of the range."""
+        step = 1 if self.integer else 0.5
+        values = []
+        if self.ge is not None:
+            values.append(self.ge - step)
+        if self.gt is not None:
+            values.append(self.gt)
+        if self.le is not None:
+            values.append(self.le + step)
+        if self.lt is not None:
+            values.append(self.lt)
+        return [int(v) if self.integer else v for v in values]
+
+
+# A bad value for each TrainConfig option with a check function (its domain is in the code).
+CHECKED_BAD = {
+    "learning_rate": "0",
+    "memory_budget": "bogus",
+    "device": "gpu",
+    "eval_metric": "ndcg@ten",
+    "matryoshka_dims": "0",
+    "matryoshka_weights": "1,x",
+    "lora_dropout": "1",
+}
+
+# The bounded number options of the other commands (their flag, their range), by command.
+OTHER_BOUNDS: dict[str, dict[str, Bound]] = {
+    "mine": {"--num-negatives": Bound(ge=1), "--relative-margin": Bound(ge=0, lt=1, integer=False),
+             "--query-block": Bound(ge=1), "--batch-size": Bound(ge=1)},
+    "dense-mine": {"--max-seq-length": Bound(ge=1), "--batch-size": Bound(ge=1)},
+    "index": {"--batch-size": Bound(ge=1), "--commit-every": Bound(ge=1),
+              "--max-seq-length": Bound(ge=1), "--lock-timeout": Bound(ge=0, integer=False),
+              "--dim": Bound(ge=1)},
+    "store-search": {"--top-k": Bound(ge=1), "--width": Bound(ge=1), "--dim": Bound(ge=1)},
+    "eval": {"--top-k": Bound(ge=1), "--batch-size": Bound(ge=1)},
+    "run": {"--eval-max-seq-length": Bound(ge=1, named="eval.max_seq_length"),
+            "--distractors": Bound(ge=-1, named="eval.distractors")},  # -1: the full corpus
+    "store-serve": {"--port": Bound(ge=0, le=65535), "--max-k": Bound(ge=1),
+                    "--max-queries": Bound(ge=1), "--max-documents": Bound(ge=1),
+                    "--max-body-bytes": Bound(ge=1), "--max-batch": Bound(ge=1),
+                    "--query-workers": Bound(ge=1), "--threads-per-worker": Bound(ge=0),
+                    "--max-wait-ms": Bound(ge=0, integer=False)},
+    "train": {"--nproc": Bound(ge=1)},
+}  # fmt: skip
+# `densefit run`'s own keys with a range (--set KEY=VALUE), by key.
+RUN_KEY_BOUNDS = {
+    "threads": Bound(ge=1),
+    "mine.num_negatives": Bound(ge=1),
+    "mine.relative_margin": Bound(ge=0, lt=1, integer=False),
+    "mine.batch_size": Bound(ge=1),
+    "mine.max_seq_length": Bound(ge=1),
+    "eval.max_seq_length": Bound(ge=1),
+    "eval.batch_size": Bound(ge=1),
+    "eval.distractors": Bound(ge=0),
+}
+# Number options with no range: any value is meaningful.
+UNBOUNDED = {("mine", "--seed")}
+
+
+def declared_cases() -> list[tuple[str, list[str], str]]:
+    """(command, extra arguments, a piece of the error line) for every TrainConfig option
+    with a range, a choice list or a check, in every command that takes it."""
+    from densefit.config import field_types, flag_of
+
+    cases = []
+    for f, opt in config_options():
+        hint = field_types()[f.name]
+        integer = int in (hint, *getattr(hint, "__args__", ()))
+        bad = []
+        if opt.ge is not None or opt.gt is not None:
+            bound = Bound(ge=opt.ge, gt=opt.gt, integer=integer)
+            bad += [(v, " must be") for v in bound.bad_values()]
+        if opt.choice_list():
+            bad.append(("bogus", " must be one of"))
+        if opt.check is not None:  # the check's own words follow the name
+            bad.append((CHECKED_BAD[f.name], ""))
+        flag = flag_of(f.name)
+        for value, words in bad:
+            if opt.cli:
+                cases.append(("train", [flag, str(value)], flag + words))
+            if opt.cli and opt.plan and f.name != "device":  # plan: a device it can plan for
+                cases.append(("plan", [flag, str(value)], flag + words))
+            if f.name != "show_progress":  # not a train key: the top-level `progress`
+                key = f"train.{f.name}"
+                cases.append(("run", ["--set", f"{key}={value}"], key + words))
+    return cases
+
+
+def table_cases() -> list[tuple[str, list[str], str]]:
+    """The same for OTHER_BOUNDS and RUN_KEY_BOUNDS."""
+    cases = []
+    for name, bounds in OTHER_BOUNDS.items():
+        for flag, bound in bounds.items():
+            cases += [(name, [flag, str(v)], bound.named or flag) for v in bound.bad_values()]
+    for key, bound in RUN_KEY_BOUNDS.items():
+        cases += [("run", ["--set", f"{key}={v}"], key) for v in bound.bad_values()]
+    return cases
+
+
+def case_id(case) -> str:
+    name, extra, _ = case
+    return f"{name} {' '.join(extra)}"
+
+
+@pytest.fixture(scope="module")
+def store_ws(ws):
+    """The workspace with a store of the BEIR corpus (search and serve need a real one)."""
+    if not (ws / "store").exists():
+        result = runner.invoke(app, command(ws, "index"))
+        assert result.exit_code == 0, result.output
+    return ws
+
+
+@pytest.fixture
+def no_server(monkeypatch):
+    """A serve command that got through its checks must not start a server here."""
+    uvicorn = pytest.importorskip("uvicorn")
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("the server started: the bad option was accepted")
+
+    monkeypatch.setattr(uvicorn.Server, "run", refuse)
+
+
+@pytest.mark.parametrize("case", declared_cases() + table_cases(), ids=case_id)
+def test_every_bounded_option_refuses_a_bad_value(store_ws, no_server, case):
+    name, extra, expected = case
+    base = {
+        "store-search": ["search", "cell", "--store", str(store_ws / "store")],
+        "store-serve": ["serve", "--store", str(store_ws / "store")],
+    }.get(name) or command(store_ws, name)
+    args = base + extra
+    result = runner.invoke(app, args)
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 2, (args, result.output)
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    # named by its flag, or by the argument name of the library function that checks it
+    argument = expected.lstrip("-").replace("-", "_") + " "
+    assert expected in lines[0] or argument in lines[0], lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_every_number_option_has_a_bad_value_case():
+    """Each int or float option of each command is generated from TrainConfig, in the
+    tables above, or known to take any value: a new one without a case fails here."""
+    import inspect
+    import typing
+
+    import typer
+
+    from densefit.config import flag_of
+
+    declared = {flag_of(f.name) for f, opt in config_options() if opt.cli}
+    run_flags = {"--batch-size", "--epochs", "--max-steps", "--max-seq-length"}  # train.* keys
+    covered = {(n.removeprefix("store-").removeprefix("dense-"), flag)
+               for n, bounds in OTHER_BOUNDS.items() for flag in bounds} | UNBOUNDED  # fmt: skip
+    missing = []
+    for info in app.registered_commands:
+        name = info.name or info.callback.__name__
+        for param in inspect.signature(info.callback, eval_str=True).parameters.values():
+            option = param.default
+            types = set(typing.get_args(param.annotation)) | {param.annotation}
+            if not isinstance(option, typer.models.OptionInfo) or not types & {int, float}:
+                continue
+            flag = next((d for d in option.param_decls if d.startswith("--")), None)
+            flag = flag or "--" + param.name.replace("_", "-")
+            if name in ("train", "plan") and flag in declared:
+                continue
+            if name == "run" and flag in run_flags:
+                continue
+            if (name, flag) not in covered:
+                missing.append(f"{name} {flag}")
+    assert not missing, f"add a bad-value case (OTHER_BOUNDS) or UNBOUNDED: {missing}"

@@ -539,3 +539,19 @@ def test_sigterm_finishes_in_flight_requests_and_closes_the_store(store_dir, tin
     assert all(status == 200 or isinstance(status, str) for _, status in results), results
     with LocalDocumentStore(store_dir) as store:  # opens cleanly, acknowledged writes are in
         assert all(store.get([f"t{i}-0"])[0] is not None for i in acked)
+
+
+def test_serve_config_refuses_limits_below_their_smallest_value():
+    """Every numeric limit has a smallest value; below it, ServeConfig names the field."""
+    import dataclasses
+
+    from densefit.errors import OptionError
+
+    lowest = {"max_wait_ms": 0, "threads_per_worker": 0}
+    numbers = [f.name for f in dataclasses.fields(ServeConfig) if f.type in ("int", "float")]
+    assert len(numbers) == 9, numbers
+    for name in numbers:
+        low = lowest.get(name, 1)
+        ServeConfig(**{name: low})  # the smallest value is fine
+        with pytest.raises(OptionError, match=rf"^{name} must be >= {low}, got -?[\d.]+$"):
+            ServeConfig(**{name: low - 0.5 if name == "max_wait_ms" else low - 1})

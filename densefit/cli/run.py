@@ -55,7 +55,7 @@ def _overrides(flags: dict, train: dict, mine: str | None, distractors: int | No
     if mine is not None:
         overrides["mine.method"] = None if mine.lower() in ("none", "off", "null") else mine
     if distractors is not None:
-        overrides["eval.distractors"] = None if distractors < 0 else distractors
+        overrides["eval.distractors"] = None if distractors == -1 else distractors
     overrides.update(_parse_set(set_))
     return overrides
 

@@ -366,6 +366,12 @@ def check_run_config(config: RunConfig) -> None:
     )
     need(m.num_negatives >= 1, "mine.num_negatives must be >= 1")
     need(
+        m.relative_margin is None or 0 <= m.relative_margin < 1,
+        "mine.relative_margin must be in [0, 1) or null",
+    )
+    need(m.batch_size >= 1, "mine.batch_size must be >= 1")
+    need(m.max_seq_length is None or m.max_seq_length >= 1, "mine.max_seq_length must be >= 1")
+    need(
         m.sampling in ("top", "random"), f"mine.sampling must be top or random, not {m.sampling!r}"
     )
     from densefit.mine import parse_range
@@ -383,6 +389,7 @@ def check_run_config(config: RunConfig) -> None:
             need(False, f"eval.metrics: {exc}")
     need(e.distractors is None or e.distractors >= 0, "eval.distractors must be >= 0 or null")
     need(e.batch_size >= 1, "eval.batch_size must be >= 1")
+    need(e.max_seq_length is None or e.max_seq_length >= 1, "eval.max_seq_length must be >= 1")
     if config.train_data is None:
         need(
             config.train_split != e.split,

@@ -6,13 +6,21 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from densefit.errors import OptionError
+
 __all__ = ["ServeConfig", "is_local_host", "worker_threads"]
 
 
 @dataclass(frozen=True)
 class ServeConfig:
     """Limits and knobs of the service; the ``densefit serve`` options take their defaults
-    from here."""
+    from here. A limit below its smallest value is an :class:`~densefit.errors.OptionError`.
+
+    >>> ServeConfig(max_k=0)
+    Traceback (most recent call last):
+    ...
+    densefit.errors.OptionError: max_k must be >= 1, got 0
+    """
 
     max_k: int = 100  # results per query
     max_queries: int = 64  # queries per /search request
@@ -25,6 +33,18 @@ class ServeConfig:
     threads_per_worker: int = 0  # torch threads of each query worker; 0: torch's / workers
     api_key: str | None = None  # required on every request when set
     allow_writes: bool = True  # False: upserts and deletes get 403
+
+    def __post_init__(self) -> None:
+        for name, low in _LOWEST.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low:
+                raise OptionError(name, f"{{option}} must be >= {low}, got {value!r}")
+
+
+# The smallest allowed value of each numeric ServeConfig field.
+_LOWEST = {"max_k": 1, "max_queries": 1, "max_documents": 1, "max_text_chars": 1,
+           "max_body_bytes": 1, "max_batch": 1, "max_wait_ms": 0, "query_workers": 1,
+           "threads_per_worker": 0}  # fmt: skip
 
 
 def worker_threads(config: ServeConfig, available: int) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import signal
 import sys
 
+from densefit.errors import OptionError
+
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "run_server"]
 
 DEFAULT_HOST = "127.0.0.1"  # loopback: nothing outside this machine reaches the server
@@ -24,7 +26,9 @@ def run_server(
     graceful_seconds: float = 30.0,
     log_level: str = "warning",
 ) -> None:
-    """Serve ``app`` on ``host:port`` until SIGTERM or SIGINT."""
+    """Serve ``app`` on ``host:port`` until SIGTERM or SIGINT (port 0: any free port)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise OptionError("port", f"{{option}} must be a TCP port, 0 to 65535, got {port!r}")
     import uvicorn
 
     config = uvicorn.Config(
