@@ -295,10 +295,68 @@ def test_a_fresh_run_into_an_old_output_warns_and_its_checkpoints_win(tiny, tmp_
 def test_resume_refuses_other_options_and_warns_about_other_data(tiny, tmp_path):
     out = tmp_path / "out"
     train(tiny, ROWS, cfg(max_steps=2), output_dir=out)
-    with pytest.raises(CheckpointError, match=r"batch_size=4 \(now 2\).*pass the same options"):
-        train(tiny, ROWS, cfg(max_steps=2, batch_size=2), output_dir=out, resume=True)
+    changed = dict(batch_size=2, learning_rate=1e-3, scale=10.0, seed=3, symmetric=True)
+    with pytest.raises(CheckpointError, match="pass the same options") as refused:
+        train(tiny, ROWS, cfg(max_steps=2, **changed), output_dir=out, resume=True)
+    for shown in (
+        "batch_size=4 (now 2)",
+        "learning_rate=2.5e-06 (now 0.001)",
+        "scale=20.0 (now 10.0)",
+        "seed=42 (now 3)",
+        "symmetric=False (now True)",
+    ):
+        assert shown in str(refused.value), shown  # every changed option is named
     with pytest.warns(UserWarning, match="training data differs"):
         train(tiny, ROWS[::-1], cfg(max_steps=2), output_dir=out, resume=True)
+
+
+# Another valid value of every option that changes the weights (a resume with it is refused);
+# the others are MAY_DIFFER (accepted). A new TrainConfig field must be added to one or the
+# other: test_each_option_is_refused_or_accepted_on_resume fails until it is.
+OTHER_VALUE = {
+    "batch_size": 2, "epochs": 3, "max_steps": 3, "learning_rate": 1e-3, "warmup_steps": 1,
+    "weight_decay": 0.1, "max_grad_norm": None, "seed": 3, "loss": "margin_mse", "scale": 10.0,
+    "symmetric": True, "similarity": "dot", "matryoshka_dims": [16, 8],
+    "matryoshka_weights": [1.0, 0.5], "query_prompt": "query: ", "document_prompt": "passage: ",
+    "amp": "bf16", "invariant_dropout": False, "mask_false_negatives": False,
+    "no_duplicates": True, "max_seq_length": 16, "gradient_accumulation_steps": 2,
+    "drop_last": True, "lora_r": 4, "lora_alpha": 8.0, "lora_dropout": 0.1,
+    "lora_target_modules": "query", "save_adapter": True, "gather": "both", "eval_every": 2,
+    "eval_split": "test", "eval_metric": "mrr@10", "eval_max_docs": 10, "keep_best": True,
+    "early_stopping_patience": 2,
+}  # fmt: skip
+NEUTRAL_VALUE = {
+    "show_progress": True, "log_every": 2, "device": "cpu", "checkpoint_every": 3,
+    "keep_checkpoints": 5, "max_nonfinite": 2, "memory": "cache", "memory_budget": "1GiB",
+    "chunk_size": 2, "token_budget": 64, "loss_chunk_size": 2, "sort_by_length": False,
+    "gradient_checkpointing": True, "keep_graphs": 2, "release_cpu_memory": True,
+}  # fmt: skip
+
+
+def test_each_option_is_refused_or_accepted_on_resume(tiny, tmp_path):
+    """Each TrainConfig field changed alone: refused, named, when it changes the weights;
+    accepted (at most a warning) when it does not."""
+    from densefit.config import config_options
+    from densefit.training.checkpoint import MAY_DIFFER
+
+    names = {f.name for f, _ in config_options()}
+    assert set(OTHER_VALUE) | set(NEUTRAL_VALUE) == names
+    assert set(NEUTRAL_VALUE) == MAY_DIFFER
+    out = tmp_path / "out"
+    train(tiny, ROWS, cfg(max_steps=2), output_dir=out)
+    checkpoint = latest_checkpoint(out / "checkpoints")
+    saved = checkpoint.state["config"]  # as the run resolved it (learning rate, similarity)
+    checkpoint.check_matches(TrainConfig.from_dict(saved), ROWS)  # the same: accepted
+    for name, value in OTHER_VALUE.items():
+        config = TrainConfig.from_dict({**saved, name: value})
+        with pytest.raises(CheckpointError, match=rf"written with {name}=") as refused:
+            checkpoint.check_matches(config, ROWS)
+        assert str(refused.value).count("(now ") == 1, refused.value  # that option alone
+    for name, value in NEUTRAL_VALUE.items():
+        config = TrainConfig.from_dict({**saved, name: value})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # the memory plan's warning
+            checkpoint.check_matches(config, ROWS)
 
 
 def test_the_strategy_after_out_of_memory_halving_is_restored(tiny, tmp_path, monkeypatch):
