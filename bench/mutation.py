@@ -1,0 +1,226 @@
+"""Mutation testing of the core modules with mutmut: how many deliberate bugs the fast tests
+catch, per module, and the mutants that survive.
+
+Each module is mutated alone, in a scratch copy of the repository (``mutmut run`` writes its
+``mutants/`` folder there, never into the checkout), with only the fast tests that cover it
+(:data:`MODULES`); mutmut then runs, for each mutant, the tests that reach the mutated
+function. One worker, under ``nice -n 19``: the machine is shared, and this runs the tests
+hundreds of times (a benchmark, not CI). torch is imported by a fork server once
+(mutmut's ``process_isolation = "forkserver"``), not forked from a process that ran tests.
+
+Writes bench/results/mutation.json (per module: killed, survived, timeouts, score, the
+command, the environment; every surviving mutant's diff) and bench/results/mutation.md;
+modules not run this time keep their earlier results.
+
+    nice -n 19 .venv/bin/python bench/mutation.py --module densefit/retrieval/index/filters.py
+    nice -n 19 .venv/bin/python bench/mutation.py            # every module (hours)
+    .venv/bin/python bench/mutation.py --list                 # the modules and their tests
+
+Needs ``pip install 'densefit[mutation]'`` (mutmut).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _runner import command_line, environment, loadavg  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+TARGET = 0.80  # killed / (killed + survived + timeouts) per module
+
+# Each core module and the fast tests that cover it (pytest arguments, from the repo root).
+MODULES: dict[str, list[str]] = {
+    "densefit/losses/contrastive.py": ["tests/test_losses.py", "tests/test_matryoshka.py"],
+    "densefit/losses/masking.py": ["tests/test_masking.py", "tests/test_losses.py"],
+    "densefit/losses/matryoshka.py": ["tests/test_matryoshka.py"],
+    "densefit/memory/strategies.py": ["tests/test_memory.py", "tests/test_dropout.py",
+                                      "tests/test_train.py"],
+    "densefit/memory/chunking.py": ["tests/test_chunking.py", "tests/test_memory.py"],
+    "densefit/data/readers.py": ["tests/test_data.py", "tests/test_data_fuzz.py"],
+    "densefit/data/rows.py": ["tests/test_data.py", "tests/test_data_fuzz.py"],
+    "densefit/data/batching.py": ["tests/test_sampler.py", "tests/test_train.py",
+                                  "tests/test_masking.py"],
+    "densefit/mine.py": ["tests/test_mine.py"],
+    "densefit/retrieval/index/filters.py": ["tests/test_filters.py", "-k", "not 100k"],
+    "densefit/training/checkpoint.py": ["tests/test_checkpoint.py"],
+}  # fmt: skip
+# What the scratch copy needs besides the package and the tests (mutmut copies tests/).
+COPY = ["densefit", "tests", "pyproject.toml", "examples"]
+# mutmut's exit codes (mutmut.stats.status_by_exit_code), as counted here.
+KILLED = {1, 3}
+SURVIVED = {0}
+TIMEOUT = {24, -24, 36, 152, 255}
+
+
+def mutmut_config(module: str, tests: list[str]) -> str:
+    """The [tool.mutmut] section for mutating ``module`` alone with ``tests``."""
+    quoted = lambda items: "[" + ", ".join(json.dumps(i) for i in items) + "]"  # noqa: E731
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["densefit"]\n'
+        f"only_mutate = {quoted([module])}\n"
+        f"pytest_add_cli_args_test_selection = {quoted(tests)}\n"
+        f"pytest_add_cli_args = {quoted(['-q', '-p', 'no:cacheprovider', '-m', 'not slow'])}\n"
+        'process_isolation = "forkserver"\n'
+        "mutate_only_covered_lines = true\n"
+    )
+
+
+def prepare(work: Path, module: str, tests: list[str]) -> None:
+    """A scratch copy of the repository configured to mutate ``module``."""
+    for name in COPY:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif source.exists():
+            shutil.copy2(source, work / name)
+    pyproject = (work / "pyproject.toml").read_text()
+    pyproject = re.sub(r"\n\[tool\.mutmut\][^\[]*", "\n", pyproject)  # ours replaces any
+    (work / "pyproject.toml").write_text(pyproject + mutmut_config(module, tests))
+
+
+def mutmut_env(work: Path) -> dict:
+    """One thread per test process; children (the resume and serve tests' subprocesses)
+    import the mutated package from mutants/, with the mutant chosen by mutmut's variable."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               DENSEFIT_ALLOCATOR="system")  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join([str(work / "mutants"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def mutmut_binary() -> str:
+    found = shutil.which("mutmut", path=str(Path(sys.executable).parent))
+    if found is None:
+        sys.exit("mutmut is not installed: pip install 'densefit[mutation]'")
+    return found
+
+
+def run_module(module: str, tests: list[str], *, keep: bool) -> dict:
+    """Mutate ``module``, run its tests against every mutant; the counts and survivors."""
+    work = Path(tempfile.mkdtemp(prefix="densefit-mutation-"))
+    started, load_before = time.time(), loadavg()
+    try:
+        prepare(work, module, tests)
+        env = mutmut_env(work)
+        command = [mutmut_binary(), "run", "--max-children", "1"]
+        print(f"{module}: mutmut run in {work} with {' '.join(tests)}", flush=True)
+        proc = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
+        log = proc.stdout[-4000:] + proc.stderr[-4000:]
+        meta = work / "mutants" / (module + ".meta")
+        if not meta.exists():
+            return {"module": module, "tests": tests, "status": "failed", "log": log}
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        survivors = []
+        for name, code in sorted(codes.items()):
+            if code in SURVIVED:
+                shown = subprocess.run(
+                    [mutmut_binary(), "show", name], cwd=work, env=env, capture_output=True,
+                    text=True,
+                )  # fmt: skip
+                survivors.append({"mutant": name, "diff": shown.stdout.strip()})
+        counted = {
+            "killed": sum(c in KILLED for c in codes.values()),
+            "survived": len(survivors),
+            "timeout": sum(c in TIMEOUT for c in codes.values()),
+        }
+        other = len(codes) - sum(counted.values())  # no tests, not checked, suspicious...
+        decided = sum(counted.values())
+        return {
+            "module": module,
+            "tests": tests,
+            "status": "ok" if proc.returncode == 0 else f"mutmut exit {proc.returncode}",
+            "mutants": len(codes),
+            **counted,
+            "other": other,
+            # a timeout counts as killed: the mutant made the tests hang or crawl
+            "score": round((counted["killed"] + counted["timeout"]) / decided, 4)
+            if decided
+            else None,
+            "survivors": survivors,
+            "seconds": round(time.time() - started, 1),
+            "loadavg_before": load_before,
+            "loadavg_after": loadavg(),
+            "log_tail": log[-2000:] if proc.returncode else "",
+        }
+    finally:
+        if keep:
+            print(f"kept {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def write_results(runs: list[dict], argv: list[str]) -> None:
+    """Merge ``runs`` into bench/results/mutation.json (by module) and write the table."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "mutation.json"
+    old = json.loads(path.read_text()) if path.exists() else {"modules": {}}
+    modules = old.get("modules", {})
+    command = "nice -n 19 " + command_line("mutation.py", argv)
+    for run in runs:
+        modules[run["module"]] = {**run, "command": command, "environment": environment()}
+    payload = {"target": TARGET, "modules": dict(sorted(modules.items()))}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    lines = [
+        "# Mutation testing (mutmut)",
+        "",
+        f"Mutants killed per module by its fast tests (target {TARGET:.0%}); a timeout counts",
+        "as killed. Command and environment per module: `mutation.json`, with the diff of",
+        "every surviving mutant.",
+        "",
+        "| module | tests | mutants | killed | timeout | survived | score |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, run in payload["modules"].items():
+        if run.get("status") == "failed":
+            lines.append(f"| `{name}` | {' '.join(run['tests'])} | failed | | | | |")
+            continue
+        score = "-" if run["score"] is None else f"{run['score']:.1%}"
+        lines.append(
+            f"| `{name}` | {' '.join(run['tests'])} | {run['mutants']} | {run['killed']} | "
+            f"{run['timeout']} | {run['survived']} | {score} |"
+        )
+    for name, run in payload["modules"].items():
+        if run.get("survivors"):
+            lines += ["", f"## Survivors: `{name}`", ""]
+            for survivor in run["survivors"]:
+                lines += [f"`{survivor['mutant']}`", "", "```diff", survivor["diff"], "```", ""]
+    (RESULTS / "mutation.md").write_text("\n".join(lines).rstrip() + "\n")
+    print(f"wrote {path} and {RESULTS / 'mutation.md'}", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--module", action="append", choices=sorted(MODULES),
+                        help="Module to mutate (repeatable); default: every one.")  # fmt: skip
+    parser.add_argument("--list", action="store_true", help="Print the modules and exit.")
+    parser.add_argument("--keep", action="store_true", help="Keep the scratch folders.")
+    args = parser.parse_args(argv)
+    if args.list:
+        for module, tests in MODULES.items():
+            print(f"{module}: {' '.join(tests)}")
+        return
+    runs = []
+    for module in args.module or list(MODULES):
+        run = run_module(module, MODULES[module], keep=args.keep)
+        score = run.get("score")
+        shown = "failed" if score is None else f"{score:.1%}"
+        print(f"{module}: {shown} ({run.get('killed')} killed, {run.get('survived')} "
+              f"survived, {run.get('timeout')} timeouts)", flush=True)  # fmt: skip
+        runs.append(run)
+        write_results(runs, argv)  # after each module: an interrupted run keeps what it did
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
