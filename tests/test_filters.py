@@ -505,3 +505,97 @@ def test_cli_search_filter(model_dir, tmp_path):
         result = runner.invoke(app, ["search", "--store", str(store), "cells", "--filter", bad])
         assert result.exit_code == 2 and message in result.output
         assert "Traceback" not in result.output
+
+
+# -- what mutation testing found untested (bench/results/mutation.md) ------------------------
+
+
+def test_non_ascii_values_match_as_written():
+    conn = _table([{"city": "München", "tags": ["Straße", "日本"]}, {"city": "Munchen"}])
+    assert _matching(conn, {"field": "meta.city", "operator": "==", "value": "München"}) == [0]
+    assert _matching(conn, {"field": "meta.city", "operator": "in", "value": ["München"]}) == [0]
+    tags = {"field": "meta.tags", "operator": "==", "value": ["Straße", "日本"]}
+    assert _matching(conn, tags) == [0]
+    assert _matching(
+        conn, {"field": "meta.tags", "operator": "in", "value": [["Straße", "日本"]]}
+    ) == [0]
+
+
+def _nested(levels: int) -> dict:
+    node = {"field": "meta.n", "operator": "==", "value": 2}
+    for _ in range(levels):
+        node = {"operator": "AND", "conditions": [node]}
+    return node
+
+
+def test_nesting_is_allowed_to_the_limit_and_refused_past_it():
+    from densefit.retrieval.index.filters import _MAX_DEPTH
+
+    assert _matching(_table(METAS), _nested(_MAX_DEPTH)) == [0, 2]
+    with pytest.raises(ValueError, match=f"^filters nest deeper than {_MAX_DEPTH} levels$"):
+        compile_filters(_nested(_MAX_DEPTH + 1))
+
+
+def test_naive_dates_are_utc_whatever_the_machine_timezone(monkeypatch):
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # UTC+05:30
+    time.tzset()
+    try:
+        conn = _table(METAS)
+        # 17:53+01:00 is 16:53 UTC; 18:00+02:00 is 16:00 UTC, 21:00+05:30 is 15:30 UTC
+        for value, expected in [("1989-11-09T17:00:00", [0, 1, 2]),
+                                ("1989-11-09T18:00:00+02:00", [0, 1]),
+                                ("1989-11-09T21:00:00+05:30", [0, 1]),
+                                ("1989-11-09T16:55:00", [0, 1, 2])]:  # fmt: skip
+            filters = {"field": "meta.date", "operator": "<", "value": value}
+            assert _matching(conn, filters) == expected, value
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
+def test_error_messages_show_the_filter_cut_to_120_characters():
+    node = {"junk": "x" * 300}
+    shown = json.dumps(node)[:117] + "..."
+    with pytest.raises(ValueError) as error:
+        compile_filters(node)
+    assert str(error.value) == (
+        f"filter {shown} has neither 'field' nor 'operator': a comparison needs "
+        "field/operator/value, a logical filter operator (AND, OR, NOT) and conditions"
+    )
+    short = {"operator": "XOR", "conditions": []}
+    with pytest.raises(ValueError) as error:
+        compile_filters(short)
+    assert str(error.value) == (
+        f"unknown logical operator 'XOR' in {json.dumps(short)}: use AND, OR or NOT "
+        "(a comparison needs a 'field')"
+    )
+
+
+def test_empty_filters_are_no_filter_and_bad_ones_are_refused_when_normalised():
+    from densefit.retrieval.index.filters import normalise_filters
+
+    assert normalise_filters(None) is None and normalise_filters({}) is None
+    kept = {"field": "meta.n", "operator": "==", "value": 2}
+    assert normalise_filters(kept) == kept
+    with pytest.raises(ValueError, match="has neither 'field' nor 'operator'"):
+        normalise_filters({"junk": 1})
+
+
+def test_a_stored_list_of_non_ascii_texts_matches_in_a_real_store(tmp_path):
+    """The store's own metadata encoding and the compiled filter agree (list equality
+    compares JSON text: both sides must escape alike)."""
+    store = LocalDocumentStore.create(
+        tmp_path / "s", model_name="random", dim=4, fingerprint=np.zeros((3, 4))
+    )
+    try:
+        docs = [Document("a", "x", meta={"tags": ["Straße", "日本"], "city": "München"}),
+                Document("b", "y", meta={"tags": ["Strasse"], "city": "Munchen"})]  # fmt: skip
+        store.write(docs, np.eye(2, 4, dtype=np.float32))
+        for filters in (
+            {"field": "meta.tags", "operator": "==", "value": ["Straße", "日本"]},
+            {"field": "meta.tags", "operator": "in", "value": [["Straße", "日本"]]},
+            {"field": "meta.city", "operator": "==", "value": "München"},
+        ):
+            assert [d.id for d in store.filter_documents(filters)] == ["a"], filters
+    finally:
+        store.close()
