@@ -62,6 +62,22 @@ MODULES: dict[str, list[str]] = {
 }  # fmt: skip
 # What the scratch copy needs besides the package and the tests (mutmut copies tests/).
 COPY = ["densefit", "tests", "pyproject.toml", "examples"]
+# Surviving mutants explained, per module: (a regular expression matched against the
+# mutant's added line, why it survives). "equivalent": no test can tell it from the code;
+# "message": it changes only the wording of an error (tests check the words that name the
+# field and the fix, not every character).
+EXPLAINED: dict[str, list[tuple[str, str]]] = {
+    "densefit/retrieval/index/filters.py": [
+        (r'" (or|and) "\.join', "equivalent: SQL keywords are case-insensitive"),
+        (r"\"'TEXT'\"|\"XX'text'XX\"",
+         "equivalent: a shortcut for text columns; without it SQLite's typeof() check gives "
+         "the same no-match"),
+        (r"raise ValueError\(None\)|XX.*XX|_short\(None\)|type\(None\)\.__name__|"
+         r"[A-Z]{4,} [A-Z]{4,}|\(a comparison needs|\(and, or, not\)|\biso dates\b|"
+         r"ISO DATES|\(A COMPARISON|'XX, XX'\.join|^\s+None$",
+         "message"),
+    ],
+}  # fmt: skip
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), as counted here.
 KILLED = {1, 3}
 SURVIVED = {0}
@@ -152,7 +168,9 @@ def run_module(module: str, tests: list[str], *, keep: bool) -> dict:
                     text=True,
                 )  # fmt: skip
                 why = "survived" if code in SURVIVED else "no test reaches it"
-                survivors.append({"mutant": name, "status": why, "diff": shown.stdout.strip()})
+                diff = shown.stdout.strip()
+                survivors.append({"mutant": name, "status": why, "diff": diff,
+                                  "explained": explain(module, diff)})  # fmt: skip
         counted = {
             "killed": sum(c in KILLED for c in codes.values()),
             "survived": sum(c in SURVIVED for c in codes.values()),
@@ -185,6 +203,16 @@ def run_module(module: str, tests: list[str], *, keep: bool) -> dict:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def explain(module: str, diff: str) -> str:
+    """Why a surviving mutant survives, from :data:`EXPLAINED` ("" when nobody said)."""
+    added = [line[1:] for line in diff.splitlines() if line.startswith("+") and
+             not line.startswith("+++")]  # fmt: skip
+    for pattern, reason in EXPLAINED.get(module, []):
+        if any(re.search(pattern, line) for line in added):
+            return reason
+    return ""
+
+
 def write_results(runs: list[dict], argv: list[str]) -> None:
     """Merge ``runs`` into bench/results/mutation.json (by module) and write the table."""
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -194,6 +222,9 @@ def write_results(runs: list[dict], argv: list[str]) -> None:
     command = "nice -n 19 " + command_line("mutation.py", argv)
     for run in runs:
         modules[run["module"]] = {**run, "command": command, "environment": environment()}
+    for name, run in modules.items():  # the explanations as EXPLAINED says now
+        for survivor in run.get("survivors", []):
+            survivor["explained"] = explain(name, survivor["diff"])
     payload = {"target": TARGET, "modules": dict(sorted(modules.items()))}
     path.write_text(json.dumps(payload, indent=2) + "\n")
     lines = [
@@ -203,24 +234,28 @@ def write_results(runs: list[dict], argv: list[str]) -> None:
         "as killed, a mutant no selected test reaches as not killed. Command and environment",
         "per module: `mutation.json`, with the diff of every mutant not killed.",
         "",
-        "| module | tests | mutants | killed | timeout | survived | no test | score |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| module | tests | mutants | killed | timeout | survived | no test | score | "
+        "survivors equivalent / message only |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, run in payload["modules"].items():
         if run.get("status") == "failed":
-            lines.append(f"| `{name}` | {' '.join(run['tests'])} | failed | | | | | |")
+            lines.append(f"| `{name}` | {' '.join(run['tests'])} | failed | | | | | | |")
             continue
         score = "-" if run["score"] is None else f"{run['score']:.1%}"
         lines.append(
             f"| `{name}` | {' '.join(run['tests'])} | {run['mutants']} | {run['killed']} | "
-            f"{run['timeout']} | {run['survived']} | {run['no_tests']} | {score} |"
+            f"{run['timeout']} | {run['survived']} | {run['no_tests']} | {score} | "
+            f"{sum(s['explained'].startswith('equivalent') for s in run['survivors'])} / "
+            f"{sum(s['explained'] == 'message' for s in run['survivors'])} |"
         )
     for name, run in payload["modules"].items():
         if run.get("survivors"):
             lines += ["", f"## Survivors: `{name}`", ""]
             for survivor in run["survivors"]:
-                lines += [f"`{survivor['mutant']}` ({survivor['status']})", "", "```diff",
-                          survivor["diff"], "```", ""]  # fmt: skip
+                why = survivor.get("explained") or "not explained yet"
+                lines += [f"`{survivor['mutant']}` ({survivor['status']}; {why})", "",
+                          "```diff", survivor["diff"], "```", ""]  # fmt: skip
     (RESULTS / "mutation.md").write_text("\n".join(lines).rstrip() + "\n")
     print(f"wrote {path} and {RESULTS / 'mutation.md'}", flush=True)
 
@@ -231,10 +266,15 @@ def main(argv: list[str]) -> None:
                         help="Module to mutate (repeatable); default: every one.")  # fmt: skip
     parser.add_argument("--list", action="store_true", help="Print the modules and exit.")
     parser.add_argument("--keep", action="store_true", help="Keep the scratch folders.")
+    parser.add_argument("--report", action="store_true",
+                        help="Rewrite mutation.md from mutation.json (explanations), run nothing.")  # fmt: skip
     args = parser.parse_args(argv)
     if args.list:
         for module, tests in MODULES.items():
             print(f"{module}: {' '.join(tests)}")
+        return
+    if args.report:
+        write_results([], argv)
         return
     runs = []
     for module in args.module or list(MODULES):
