@@ -76,6 +76,13 @@ EXPLAINED: dict[str, list[tuple[str, str]]] = {
          r"[A-Z]{4,} [A-Z]{4,}|\(a comparison needs|\(and, or, not\)|\biso dates\b|"
          r"ISO DATES|\(A COMPARISON|'XX, XX'\.join|^\s+None$",
          "message"),
+        (r"json\.dumps\(strings, ",
+         "equivalent: json_each() decodes the strings, escaped or not"),
+        (r"if numbers or type_sql", "equivalent: adds an IN over an empty list, always false"),
+        (r"where = None|, None\)+$|AND SPACES|len\(text\) < width|json\.dumps\(node, default=repr, "
+         r"(\)|ensure_ascii=(None|True))", "message"),
+        (r"json\.dumps\(node, (default=None, )?ensure_ascii=False\)",
+         "killed since this run by test_a_filter_holding_what_json_cannot_write_is_still_a_one_line_error"),
     ],
 }  # fmt: skip
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), as counted here.

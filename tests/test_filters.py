@@ -599,3 +599,8 @@ def test_a_stored_list_of_non_ascii_texts_matches_in_a_real_store(tmp_path):
             assert [d.id for d in store.filter_documents(filters)] == ["a"], filters
     finally:
         store.close()
+
+
+def test_a_filter_holding_what_json_cannot_write_is_still_a_one_line_error():
+    with pytest.raises(ValueError, match=r'^filter \{"junk": "\{1, 2\}"\} has neither'):
+        compile_filters({"junk": {1, 2}})
