@@ -84,6 +84,10 @@ EXPLAINED: dict[str, list[tuple[str, str]]] = {
         (r"json\.dumps\(node, (default=None, )?ensure_ascii=False\)",
          "killed since this run by test_a_filter_holding_what_json_cannot_write_is_still_a_one_line_error"),
     ],
+    "densefit/losses/matryoshka.py": [
+        (r"dim=\+1|shape\[\+1\]", "equivalent: embeddings are (rows, d), so axis 1 is axis -1"),
+        (r"raise ValueError\(None\)|^\s+None$|XX.*XX|--MATRYOSHKA", "message"),
+    ],
 }  # fmt: skip
 # mutmut's exit codes (mutmut.stats.status_by_exit_code), as counted here.
 KILLED = {1, 3}
