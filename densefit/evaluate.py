@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from densefit.choices import DEFAULT_METRICS, parse_metric
 from densefit.data.corpus import BeirDataset, load_beir, read_qrels, read_queries
 from densefit.data.types import ReadReport
+from densefit.errors import OptionError
 from densefit.losses.matryoshka import truncate
 from densefit.models import load_model, model_name_of
 from densefit.retrieval.encode import encode_texts
@@ -46,6 +47,7 @@ __all__ = [
     "DEFAULT_METRICS",
     "parse_metric",
     "EvalResult",
+    "checked_top_k",
     "compare_results",
     "evaluate",
     "evaluate_run",
@@ -191,6 +193,25 @@ def retrieve_run(
     return run
 
 
+def checked_top_k(top_k: int | None, metrics: Sequence[str]) -> int:
+    """The documents to retrieve per query: ``top_k``, or (None) the largest metric cutoff;
+    :class:`~densefit.errors.OptionError` for a ``top_k`` below 1.
+
+    >>> checked_top_k(None, ["ndcg@10", "recall@100"]), checked_top_k(5, ["ndcg@10"])
+    (100, 5)
+    """
+    if top_k is None:
+        return max(parse_metric(m)[1] for m in metrics)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise OptionError(
+            "top_k",
+            f"{{option}} must be an integer >= 1 (or unset: the largest metric cutoff), "
+            f"got {top_k!r}",
+            flag="--top-k",
+        )
+    return top_k
+
+
 def evaluate(
     model,
     source,
@@ -231,6 +252,7 @@ def evaluate(
     >>> round(result.metrics["ndcg@10"], 3)  # doctest: +SKIP
     0.645
     """
+    checked_top_k(top_k, metrics)  # before the corpus is embedded
     model = load_model(model)
     name = name or model_name_of(model)
     options = dict(metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=show_progress)
@@ -329,7 +351,7 @@ def _score_store(
         result.name = f"{name} @{dim}"
         result.info.update(dim=dim, store=str(getattr(store, "path", "")))
         return result
-    top_k = top_k or max(parse_metric(m)[1] for m in metrics)
+    top_k = checked_top_k(top_k, metrics)
     judged = {q: queries[q] for q in qrels if q in queries}
     started = time.perf_counter()
     run = retrieve_run(

@@ -157,6 +157,8 @@ def mine_hard_negatives(
         :class:`MiningReport`.
     """
     _check_arguments(method, model, num_negatives, range_min, range_max, relative_margin, sampling)
+    if query_block < 1:
+        raise ValueError(f"query_block must be >= 1, got {query_block}")
     if not pairs:
         raise ValueError("no pairs to mine negatives for")
     if not corpus:
@@ -267,7 +269,7 @@ def _check_arguments(method, model, num_negatives, range_min, range_max, margin,
             "widen the range or ask for fewer negatives"
         )
     if margin is not None and not 0 <= margin < 1:
-        raise ValueError(f"relative margin must be in [0, 1), e.g. 0.05; got {margin}")
+        raise ValueError(f"relative_margin must be in [0, 1), e.g. 0.05; got {margin}")
     if sampling not in ("top", "random"):
         raise ValueError(f"sampling must be 'top' or 'random', not {sampling!r}")
 

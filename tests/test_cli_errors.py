@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -134,7 +135,7 @@ CASES = [
     ("search", [], "no-store"),
     ("eval", ["--metrics", "ndcg@ten"], "ndcg@ten"),
     ("eval", ["--dataset", "{ws}/missing"], "missing"),
-    ("run", ["--lr", "0"], "train.learning_rate must be auto or a number > 0"),
+    ("run", ["--lr", "0"], "--lr must be auto or a number > 0"),
     ("run", ["--set", "train.warmup_steps=-5"], "train.warmup_steps must be >= 0, got -5"),
     ("run", ["--set", "train.device=gpu"], "train.device must be one of"),
     ("run", ["--set", "warmup"], "KEY=VALUE"),
@@ -373,3 +374,125 @@ def test_a_missing_extra_says_what_to_install(capsys):
     )
     assert error_exit_code(ModuleNotFoundError("No module named 'nope'", name="nope")) == 1
     assert capsys.readouterr().err.startswith("unexpected error: ModuleNotFoundError")
+
+
+# ----------------------------------------------------------------------------- every bounded option
+# One bad value for each option of each command that has a range, a choice list or a check,
+# generated from the declarations the commands are built from (densefit/config/): a new
+# bounded option gets its case without anyone adding it here. `densefit run` gets each of its
+# flags and, through --set, each key of its configuration file.
+
+
+def bad_values(opt, hint) -> list[tuple[str, str]]:
+    """(a value just outside what ``opt`` allows, the words after the name in the error)."""
+    integer = int in (hint, *typing.get_args(hint)) and float not in typing.get_args(hint)
+    step = 1 if integer else 0.5
+    out = []
+    if opt.ge is not None:
+        out.append((opt.ge - step, " must be"))
+    if opt.gt is not None:
+        out.append((opt.gt, " must be"))
+    if opt.le is not None:
+        out.append((opt.le + step, " must be"))
+    if [c for c in opt.choice_list() if c is not None]:
+        out.append(("bogus", " must be one of"))
+    if opt.check is not None:
+        out.append((CHECKED_BAD[opt.help], ""))
+    return [(str(int(v) if integer and not isinstance(v, str) else v), words) for v, words in out]
+
+
+def _checked_bad() -> dict[str, str]:
+    """A bad value for each option with a check function, by its help (one declaration)."""
+    from densefit.config.commands import EvalJob
+    from densefit.config.evaluation import EvalConfig
+    from densefit.config.mine import MineConfig
+    from densefit.config.options import option_of
+
+    by_field = {
+        (TrainConfig, "learning_rate"): "0",
+        (TrainConfig, "memory_budget"): "bogus",
+        (TrainConfig, "device"): "gpu",
+        (TrainConfig, "eval_metric"): "ndcg@ten",
+        (TrainConfig, "matryoshka_dims"): "0",
+        (TrainConfig, "matryoshka_weights"): "1,x",
+        (TrainConfig, "lora_dropout"): "1",
+        (EvalConfig, "metrics"): "ndcg@ten",
+        (MineConfig, "range"): "100:10",
+        (EvalJob, "dims"): "0",
+    }
+    return {option_of(cls, name).help: value for (cls, name), value in by_field.items()}
+
+
+CHECKED_BAD = _checked_bad()
+
+
+def bounded_cases() -> list[tuple[str, list[str], str]]:
+    """(command, extra arguments, a piece of the one error line) for every bounded option."""
+    from densefit.cli.options import command_flags
+    from densefit.config.options import field_types, iter_rows, option_of, sections_of
+    from densefit.config.run import RunConfig
+
+    cases = []
+    for name, _, classes in _commands():
+        if name == "options":
+            continue
+        for cls in classes:
+            for flag in command_flags(cls):
+                if flag.opt.positional:
+                    continue
+                for value, words in bad_values(flag.opt, field_types(flag.cls)[flag.name]):
+                    cases.append((name, [flag.flag, value], flag.flag + words))
+    holders = {f.name: sec.cls for f, sec in sections_of(RunConfig)}
+    for row in iter_rows(RunConfig, yaml=True):
+        section, _, key = row["key"].rpartition(".")
+        cls = holders.get(section, RunConfig)
+        for value, words in bad_values(option_of(cls, key), field_types(cls)[key]):
+            cases.append(("run", ["--set", f"{row['key']}={value}"], row["key"] + words))
+    return cases
+
+
+def case_id(case) -> str:
+    name, extra, _ = case
+    return f"{name} {' '.join(extra)}"
+
+
+@pytest.fixture(scope="module")
+def store_ws(ws):
+    """The workspace with a store of the BEIR corpus (search and serve need a real one)."""
+    if not (ws / "store").exists():
+        result = runner.invoke(app, command(ws, "index"))
+        assert result.exit_code == 0, result.output
+    return ws
+
+
+@pytest.fixture
+def no_server(monkeypatch):
+    """A serve command that got through its checks must not start a server here."""
+    uvicorn = pytest.importorskip("uvicorn")
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("the server started: the bad option was accepted")
+
+    monkeypatch.setattr(uvicorn.Server, "run", refuse)
+
+
+@pytest.mark.parametrize("case", bounded_cases(), ids=case_id)
+def test_every_bounded_option_refuses_a_bad_value(store_ws, no_server, case):
+    name, extra, expected = case
+    base = {
+        "search": ["search", "cell", "--store", str(store_ws / "store")],
+        "serve": ["serve", "--store", str(store_ws / "store")],
+    }.get(name) or command(store_ws, name)
+    args = base + extra
+    result = runner.invoke(app, args)
+    lines = result.stderr.splitlines()
+    assert result.exit_code == 2, (args, result.output)
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert expected in lines[0], lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_the_generated_cases_cover_every_command():
+    covered = {name for name, _, _ in bounded_cases()}
+    assert covered >= {"train", "plan", "mine", "index", "search", "eval", "serve", "run"}
+    assert len(bounded_cases()) > 150

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
 from pathlib import Path
@@ -573,3 +574,131 @@ def test_find_corpus_file(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no corpus.jsonl"):
         find_corpus_file(tmp_path / "empty")
+
+
+# ----------------------------------------------------------------------------- kept rows == input
+
+# Mixed case, accents, other scripts, emoji, combining marks, quotes, commas and spaces at the
+# ends: a reader that lower-cases, strips, normalises or re-encodes any of them is wrong.
+TEXTS = [
+    "Straße in MÜNCHEN",
+    "  Naïve Café, “quoted” and 'single'  ",
+    "ΣΊΣΥΦΟΣ and σίσυφος",
+    "日本語のテキスト, 한국어",
+    "Emoji 🙂 and İstanbul",
+    "e\u0301 (combining) vs \u00e9, Ǆ ǅ ǆ",
+    'He said "Hi", then LEFT',
+    "NaN",
+]
+
+
+def rows_of(texts: list[str]) -> list[dict]:
+    """Training rows whose every field is one of ``texts``; negatives, ids and scores too."""
+    n = len(texts)
+    return [
+        {
+            "anchor": texts[i],
+            "positive": texts[(i + 1) % n],
+            "negative": [texts[(i + 2) % n], texts[(i + 3) % n].upper()],
+            "score": i / 4 - 1,
+            "positive_id": f"Doc-{texts[(i + 1) % n][:4].strip()}-{i}",
+        }
+        for i in range(n)
+    ]
+
+
+def write_delimited(path: Path, rows: list[dict]) -> None:
+    """A CSV file (quoted where needed), or a TSV file (no quoting: no tab or newline here)."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        if path.suffix == ".csv":
+            writer = csv.DictWriter(f, list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        else:
+            for cells in [list(rows[0]), *(list(r.values()) for r in rows)]:
+                assert not any("\t" in c or "\n" in c for c in cells)
+                f.write("\t".join(cells) + "\n")
+
+
+def assert_kept_as_written(examples, rows) -> None:
+    assert len(examples) == len(rows)
+    for example, row in zip(examples, rows, strict=True):
+        assert example.query == row["anchor"]
+        assert example.positive == row["positive"]
+        assert example.negatives == tuple(row["negative"])
+        assert example.score == row["score"]
+        if "positive_id" in row:
+            assert example.positive_id == row["positive_id"]
+
+
+@pytest.mark.parametrize("name", ["t.jsonl", "t.jsonl.gz", "t.csv", "t.tsv", "t.parquet"])
+def test_every_format_keeps_texts_exactly_as_written(tmp_path, name):
+    rows = rows_of(TEXTS)
+    path = tmp_path / name
+    if name.endswith(".parquet"):
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif name.endswith((".csv", ".tsv")):
+        flat = [
+            {"anchor": r["anchor"], "positive": r["positive"], "negative_1": r["negative"][0],
+             "negative_2": r["negative"][1], "score": repr(r["score"]),
+             "positive_id": r["positive_id"]}
+            for r in rows
+        ]  # fmt: skip
+        write_delimited(path, flat)
+    else:
+        write(
+            path, "".join(json.dumps(r, ensure_ascii=i % 2 == 0) + "\n" for i, r in enumerate(rows))
+        )
+    examples, _ = read_training_data(path)
+    assert_kept_as_written(examples, rows)
+    # in skip mode, with a bad row among them, the others are still kept as written
+    if name.endswith((".jsonl", ".gz")):
+        lines = [json.dumps(r, ensure_ascii=False) for r in rows]
+        lines.insert(3, '{"anchor": "Bad ROW", "positive": 7}')
+        write(path, "\n".join(lines) + "\n")
+        kept, report = read_training_data(path, on_bad_row="skip")
+        assert_kept_as_written(kept, rows)
+        assert report.n_skipped == 1
+
+
+def test_records_and_haystack_keys_keep_texts_exactly_as_given():
+    rows = rows_of(TEXTS)
+    examples, _ = examples_from_records(rows)
+    assert_kept_as_written(examples, rows)
+    haystack = [{"question": r["anchor"], "pos_doc": r["positive"], "neg_doc": r["negative"],
+                 "label": r["score"]} for r in rows]  # fmt: skip
+    examples, _ = examples_from_records(haystack)
+    assert_kept_as_written(examples, [{k: r[k] for k in r if k != "positive_id"} for r in rows])
+
+
+@pytest.mark.parametrize("name", ["c.jsonl", "c.csv", "c.tsv", "c.parquet"])
+def test_corpus_queries_and_beir_pairs_keep_texts_exactly_as_written(tmp_path, name):
+    docs = [{"_id": f"Doc-{i}-{t[:3].strip()}", "title": TEXTS[-1 - i] if i % 2 else "",
+             "text": t} for i, t in enumerate(TEXTS)]  # fmt: skip
+    path = tmp_path / name
+    if name.endswith(".jsonl"):
+        write(path, jsonl(*docs))
+    elif name.endswith(".parquet"):
+        pq.write_table(pa.Table.from_pylist(docs), path)
+    else:
+        write_delimited(path, docs)
+    read, _ = read_corpus(path)
+    want = [
+        Document(d["_id"], f"{d['title']} {d['text']}".strip() if d["title"] else d["text"],
+                 d["title"])
+        for d in docs
+    ]  # fmt: skip
+    assert read == want
+    # a BEIR folder: queries and the pairs built from them
+    beir = tmp_path / "beir"
+    write(beir / "corpus.jsonl", jsonl(*docs))
+    write(
+        beir / "queries.jsonl", jsonl(*({"_id": f"Q-{i}", "text": t} for i, t in enumerate(TEXTS)))
+    )
+    qrels = "".join(f"Q-{i}\t{d['_id']}\t1\n" for i, d in enumerate(docs[::-1]))
+    write(beir / "qrels" / "train.tsv", "query-id\tcorpus-id\tscore\n" + qrels)
+    assert read_queries(beir / "queries.jsonl") == {f"Q-{i}": t for i, t in enumerate(TEXTS)}
+    pairs, _ = read_training_data(beir)
+    assert [(p.query, p.positive, p.positive_id) for p in pairs] == [
+        (TEXTS[i], want[-1 - i].text, docs[-1 - i]["_id"]) for i in range(len(TEXTS))
+    ]

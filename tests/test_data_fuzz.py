@@ -114,6 +114,16 @@ def assert_valid_example(example: TrainingExample) -> None:
     )
 
 
+def first_text(record: dict, keys: tuple[str, ...]) -> str:
+    return next(record[k] for k in keys if record.get(k) is not None)
+
+
+def assert_equals_its_record(example: TrainingExample, record: dict) -> None:
+    """The example holds its record's texts unchanged (case, accents, spaces: as written)."""
+    assert example.query == first_text(record, ("anchor", "query", "question"))
+    assert example.positive == first_text(record, ("positive", "pos_doc"))
+
+
 def assert_valid_document(doc: Document) -> None:
     assert isinstance(doc.id, str) and doc.id.strip()
     assert isinstance(doc.text, str) and doc.text.strip()
@@ -144,8 +154,10 @@ def test_jsonl_rows_are_kept_or_reported(lines, final_newline, gz):
         dropped = [line_of(origin) for origin, _ in report.skipped]
         assert sorted(kept + dropped) == sorted(rows)  # each row exactly once
         assert report.rows == len(examples)
+        physical = data.removeprefix(b"\xef\xbb\xbf").split(b"\n")
         for example in examples:
             assert_valid_example(example)
+            assert_equals_its_record(example, json.loads(physical[line_of(example.origin) - 1]))
 
 
 csv_cells = st.one_of(text, good_text, st.just(""), st.just(" "), st.just("x" * 200_000))
@@ -255,6 +267,7 @@ def test_python_records_are_kept_or_reported(records):
         assert len(examples) + report.n_skipped == len(records)
         for example in examples:
             assert_valid_example(example)
+            assert_equals_its_record(example, records[line_of(example.origin)])
 
 
 readers = {

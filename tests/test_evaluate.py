@@ -223,3 +223,57 @@ def test_evaluate_beir_names_a_missing_split(tiny, beir_folder):
 def test_eval_result_json_roundtrip():
     result = EvalResult("m", {"ndcg@10": 0.5}, {"q": {"ndcg@10": 0.5}}, n_queries=1)
     assert json.loads(json.dumps(result.to_dict()))["metrics"] == {"ndcg@10": 0.5}
+
+
+def reference_metrics(ranking: dict[str, float], judged: dict[str, int], k: int) -> dict:
+    """nDCG, recall, precision, MAP and MRR at ``k`` of one query, from their definitions
+    (numpy, no pytrec_eval): documents in trec_eval's order (score, then id, descending),
+    linear gains (the relevance grade), the ideal ranking from every judged document, AP
+    divided by all relevant documents, P by k."""
+    ranked = [d for d, _ in sorted(ranking.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)]
+    grades = np.array([max(judged.get(d, 0), 0) for d in ranked[:k]], dtype=float)
+    hits = grades > 0
+    relevant = sum(g > 0 for g in judged.values())
+    discount = 1 / np.log2(np.arange(2, k + 2))
+    ideal = np.sort([g for g in judged.values() if g > 0])[::-1][:k]
+    dcg, idcg = (grades * discount[: len(grades)]).sum(), (ideal * discount[: len(ideal)]).sum()
+    precision_at = np.cumsum(hits) / np.arange(1, len(hits) + 1)
+    first = np.flatnonzero(hits)
+    return {
+        f"ndcg@{k}": dcg / idcg if idcg else 0.0,
+        f"recall@{k}": hits.sum() / relevant if relevant else 0.0,
+        f"precision@{k}": hits.sum() / k,
+        f"map@{k}": precision_at[hits].sum() / relevant if relevant else 0.0,
+        f"mrr@{k}": 1 / (first[0] + 1) if len(first) else 0.0,
+    }
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**20),
+    n_docs=st.integers(0, 30),
+    k=st.sampled_from([1, 3, 5, 10, 100]),
+)
+def test_random_runs_agree_with_the_metric_definitions(seed, n_docs, k):
+    """evaluate_run against an independent reference: every query of the qrels (judged
+    grades 0-3, some without a relevant or any retrieved document), per query and mean."""
+    rng = np.random.default_rng(seed)
+    docs = [f"d{i}" for i in range(40)]
+    qrels, run = {}, {}
+    for q in range(6):
+        judged = rng.choice(docs, size=int(rng.integers(1, 8)), replace=False)
+        qrels[f"q{q}"] = {d: int(rng.integers(0, 4)) for d in judged}
+        if q < 5:  # q5 retrieves nothing
+            retrieved = rng.choice(docs, size=n_docs, replace=False)
+            run[f"q{q}"] = {d: float(np.round(rng.random(), 1)) for d in retrieved}
+    metrics = [f"ndcg@{k}", f"recall@{k}", f"precision@{k}", f"map@{k}", f"mrr@{k}"]
+    ours = evaluate_run(run, qrels, metrics)
+    reference = {q: reference_metrics(run.get(q, {}), qrels[q], k) for q in qrels}
+    for q in qrels:
+        for metric in metrics:
+            assert ours.per_query[q][metric] == pytest.approx(reference[q][metric], abs=1e-6), (
+                q, metric
+            )  # fmt: skip
+    for metric in metrics:
+        mean = np.mean([reference[q][metric] for q in qrels])
+        assert ours.metrics[metric] == pytest.approx(mean, abs=1e-6)

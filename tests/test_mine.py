@@ -200,14 +200,32 @@ def test_dense_search_is_blocked_over_queries(tiny, monkeypatch):
     assert max(seen) <= 4 and sum(seen) == len({p.query for p in PAIRS})
 
 
-def test_random_sampling_stays_in_range_and_is_seeded():
+def test_random_sampling_stays_in_range_and_is_seeded(tiny):
+    """sampling="random" draws from ranks range_min+1 .. range_max of the full ranking (the
+    positives removed), keeps them hardest first, repeats with the same seed and changes
+    with another one; the draw reaches past the hardest candidates."""
     kwargs = dict(
-        num_negatives=2, range_min=0, range_max=30, sampling="random", show_progress=False
-    )
+        method="dense", model=tiny, num_negatives=3, range_min=5, range_max=30,
+        sampling="random", show_progress=False,
+    )  # fmt: skip
     a, _ = mine_hard_negatives(PAIRS, CORPUS, seed=1, **kwargs)
-    b, _ = mine_hard_negatives(PAIRS, CORPUS, seed=1, **kwargs)
-    assert [r.negative_ids for r in a] == [r.negative_ids for r in b]
+    again, _ = mine_hard_negatives(PAIRS, CORPUS, seed=1, **kwargs)
+    other, _ = mine_hard_negatives(PAIRS, CORPUS, seed=2, **kwargs)
+    assert [r.negative_ids for r in a] == [r.negative_ids for r in again]
+    changed = sum(x.negative_ids != y.negative_ids for x, y in zip(a, other, strict=True))
+    assert changed >= len(a) // 2, changed
     check_no_positive(a)
+    check_no_positive(other)
+    docs = encode_texts(tiny, [d.text for d in CORPUS], normalize=True)
+    drawn = []
+    for row in a + other:
+        ids, _ = positives_of(row.query)
+        ranking, _ = dense_ranking(tiny, docs, row.query, ids)
+        ranks = [ranking.index(i) + 1 for i in row.negative_ids]
+        assert len(ranks) == 3 and all(5 < r <= 30 for r in ranks), ranks
+        assert ranks == sorted(ranks)  # hardest first
+        drawn += ranks
+    assert max(drawn) > 20 and sum(r > 8 for r in drawn) > len(drawn) // 2  # not the top 3
 
 
 def test_clear_errors(tiny):

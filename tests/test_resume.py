@@ -135,6 +135,26 @@ def test_resume_after_a_crash_ends_with_identical_weights(run, tmp_path, crash_a
     assert logged_steps(output) == list(range(1, steps + 1))  # each step once, in order
 
 
+def test_a_resume_with_other_weight_neutral_options_ends_with_identical_weights(run, tmp_path):
+    """Logging, checkpointing, guard and memory options may change on resume (the memory
+    plan is the checkpoint's, with a warning): the run still ends bit for bit identical."""
+    output = tmp_path / "out"
+
+    def crash(record):
+        if record["step"] == 11:
+            raise Crash
+
+    with pytest.raises(Crash):
+        resume(run, output, CONFIG, on_step=crash)
+    neutral = {**CONFIG, "log_every": 2, "checkpoint_every": 3, "keep_checkpoints": 4,
+               "max_nonfinite": 2, "memory": "cache", "chunk_size": 2, "sort_by_length": False}  # fmt: skip
+    with pytest.warns(UserWarning, match="resuming with the checkpoint's memory plan"):
+        model, result = resume(run, output, neutral, resume=True)
+    reference = run.reference(**CONFIG)
+    assert_same_weights(state(model), reference.weights)
+    assert result.losses == reference.losses and result.steps == 24
+
+
 def test_a_resumed_run_keeps_the_planned_kept_graphs_and_token_budget(run, tmp_path, monkeypatch):
     """The strategy that runs after --resume is the checkpoint's plan, kept graphs included
     (they used to fall back to 1 while the plan still said 3), and the run ends identical."""

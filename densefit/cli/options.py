@@ -40,6 +40,7 @@ from densefit.config.options import (
     REQUIRED,
     Option,
     Section,
+    check_value,
     declared_options,
     default_of,
     field_types,
@@ -237,6 +238,15 @@ def _renamed(exc: OptionError, section: str | None, by_field: dict) -> OptionErr
     return OptionError(exc.name, exc.template, flag=flag.flag)
 
 
+def _checked(flag: Flag, value: Any) -> Any:
+    """An override flag's value checked against its declaration, so that its error names
+    the flag (``--threads must be >= 1``), not the key of the merged configuration."""
+    try:
+        return check_value(flag.cls, flag.name, value)
+    except OptionError as exc:
+        raise OptionError(exc.name, exc.template, flag=flag.flag) from None
+
+
 def options_command(
     cls: type, *, overrides: type | None = None
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -269,7 +279,7 @@ def options_command(
             options = build(cls, {flag.parameter: v for flag, v in given.items()}, flags)
             if overrides is None:
                 return func(**kwargs, options=options)
-            keys = {flag.key: v for flag, v in _values(extra, kwargs, unset=True)}
+            keys = {flag.key: _checked(flag, v) for flag, v in _values(extra, kwargs, unset=True)}
             return func(**kwargs, options=options, overrides=keys)
 
         params = generated + own

@@ -2,7 +2,9 @@
 
 :func:`train_step` is the whole step the training loop, the benchmarks and the tests run.
 On an out-of-memory error it switches the run to the halved memory plan
-(:meth:`~densefit.memory.plan.MemoryPlan.halved`) and redoes the step: no step is lost.
+(:meth:`~densefit.memory.plan.MemoryPlan.halved`) and redoes the step from zeroed gradients
+with the same random stream: no step is lost, and the redone step is the one a run started
+with the halved plan takes.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def train_step(run: TrainRun, group: Sequence[Sequence[int]]) -> dict:
     """
     started = time.perf_counter()
     lr = run.optimizer.param_groups[0]["lr"]  # this step's rate (the scheduler moves it after)
+    # A redone step replays the random stream of the failed attempt: the same dropout key,
+    # so it is the step a run started with the halved plan takes (tests/test_train.py).
+    random_state = _torch_random_state(run.device)
     while True:
         # Zeroed in place, not freed: the gradient buffers are allocated once and reused.
         # Freeing them each step lets the next backward allocate them again in a heap the
@@ -53,6 +58,7 @@ def train_step(run: TrainRun, group: Sequence[Sequence[int]]) -> dict:
             if not is_oom(exc):
                 raise
             _shrink_after_oom(run, exc)
+            _set_torch_random_state(random_state)
     record = _sync_and_step(run, group, stats, health)
     seconds = time.perf_counter() - started
     rows = sum(len(b) for b in group)
@@ -119,6 +125,19 @@ def _shrink_after_oom(run: TrainRun, exc: RuntimeError) -> None:
         RuntimeWarning,
         stacklevel=3,
     )
+
+
+def _torch_random_state(device: torch.device) -> tuple:
+    """torch's CPU generator state, and the CUDA device's when the step runs on one."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda, device
+
+
+def _set_torch_random_state(state: tuple) -> None:
+    cpu, cuda, device = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
 
 
 def _sync_and_step(run: TrainRun, group, stats: list[StepStats], health: list[dict]) -> dict:

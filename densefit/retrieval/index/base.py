@@ -54,6 +54,8 @@ class SearchHit:
         >>> SearchHit("d1", 0.5, 1, text="Cells   divide.\\nOften.").snippet()
         'Cells divide. Often.'
         """
+        if width < 1:
+            raise ValueError(f"width must be at least 1 character, got {width}")
         text = " ".join(self.text.split())
         if len(text) <= width:
             return text

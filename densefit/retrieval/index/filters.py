@@ -258,7 +258,9 @@ def _scalar_equal(value_sql: str, type_sql: str, value: Any, params: list) -> st
     if value is None:
         return f"{value_sql} IS NULL"
     if isinstance(value, (list, dict)):
-        params.append(json.dumps(value, ensure_ascii=False))
+        # ASCII escapes, as the store writes metadata (json.dumps' default): SQLite compares
+        # a list or dict as JSON text, and keeps a string's escapes in it ("Stra\u00dfe")
+        params.append(json.dumps(value))
         return f"({value_sql} = json(?) AND {type_sql} IN ('array', 'object'))"
     if isinstance(value, (bool, int, float)):
         if type_sql == "'text'":

@@ -49,6 +49,8 @@ def writer_lock(
     >>> with writer_lock(tempfile.mkdtemp()):
     ...     pass
     """
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"lock_timeout must be >= 0 seconds (None: no limit), got {timeout!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
