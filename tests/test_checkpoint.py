@@ -73,7 +73,7 @@ def test_only_the_newest_k_are_kept_and_zero_writes_none(tiny, tmp_path):
     assert names(tmp_path / "two" / "checkpoints") == ["step-000006", "step-000005"]
     train(tiny, ROWS, cfg(keep_checkpoints=0), output_dir=tmp_path / "none")
     assert not (tmp_path / "none" / "checkpoints").exists()
-    with pytest.raises(ValueError, match="checkpoint_every needs output_dir"):
+    with pytest.raises(ValueError, match="checkpoint_every=2 needs output_dir"):
         train(tiny, ROWS, cfg(checkpoint_every=2))
 
 
