@@ -57,6 +57,7 @@ from densefit.memory.process import peak_rss_bytes
 from densefit.models import load_model
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index.exact import exact_search
+from densefit.wording import plural
 
 __all__ = ["MiningReport", "mine_hard_negatives", "mine_files", "write_mined", "parse_range"]
 
@@ -78,10 +79,11 @@ class MiningReport:
 
     def summary(self) -> str:
         return (
-            f"{self.method}: {self.rows} rows ({self.queries} queries), {self.negatives} "
-            f"negatives; {self.rows_short} rows short of negatives; skipped "
-            f"{self.skipped_positives} known positives and {self.skipped_margin} above the "
-            f"margin; {sum(self.seconds.values()):.1f}s, peak RSS {self.peak_rss_mb:.0f} MiB"
+            f"{self.method}: {plural(self.rows, 'row')} ({plural(self.queries, 'query', 'queries')}"
+            f"), {plural(self.negatives, 'negative')}; {plural(self.rows_short, 'row')} short of "
+            f"negatives; skipped {plural(self.skipped_positives, 'known positive')} and "
+            f"{self.skipped_margin:,} above the margin; {sum(self.seconds.values()):.1f}s, "
+            f"peak RSS {self.peak_rss_mb:.0f} MiB"
         )
 
     def to_dict(self) -> dict:

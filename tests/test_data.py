@@ -276,6 +276,17 @@ def test_csv_bad_rows(tmp_path, content, line, field, fragment):
     assert (len(examples), report.skipped[0][0]) == (1, f"{path}:{line}")
 
 
+def test_an_empty_negative_cell_is_no_negative_and_an_empty_positive_a_bad_row(tmp_path):
+    """As the README says: a CSV row cannot leave a column out, so an empty neg_doc cell
+    means that row has no negative; an empty positive cell is a bad row."""
+    path = write(tmp_path / "n.csv", "question,pos_doc,neg_doc\nq1,p1,\nq2,p2,n2\n")
+    examples, _ = read_training_data(path)
+    assert [e.negatives for e in examples] == [(), ("n2",)]
+    bad = write(tmp_path / "p.csv", "question,pos_doc,neg_doc\nq1,,n1\nq2,p2,n2\n")
+    with pytest.raises(BadRowError, match="missing"):
+        read_training_data(bad)
+
+
 def test_csv_header_problems_are_errors_even_when_skipping(tmp_path):
     duplicate = write(tmp_path / "d.csv", "anchor,positive,anchor\nq,p,q\n")
     with pytest.raises(ValueError, match=rf"^{duplicate}:1: duplicate column names \['anchor'\]"):

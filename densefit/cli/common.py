@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from densefit.memory.allocator import rerun_with_mimalloc
+from densefit.wording import plural
 
 __all__ = [
     "err",
@@ -74,15 +75,6 @@ def warn(message: str) -> None:
 def say(message: str) -> None:
     """A status line on stderr (the jobs' ``say``)."""
     err.print(escape(str(message)))
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """``1 step``, ``2 steps``, ``1,024 rows``: a count with its noun.
-
-    >>> plural(1, "step"), plural(2048, "row"), plural(2, "query", "queries")
-    ('1 step', '2,048 rows', '2 queries')
-    """
-    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
