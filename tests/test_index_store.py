@@ -85,11 +85,11 @@ def test_float16_store_ranks_like_float32(model, tmp_path):
     queries = encode_texts(model, ["cells genes", "python search", "banana apple"])
     with (
         open_store(tmp_path / "f32", model) as f32,
-        open_store(tmp_path / "f16", model, dtype="float16") as f16,
+        open_store(tmp_path / "f16", model, vectors="float16") as f16,
     ):
         f32.write(docs, embeddings)
         f16.write(docs, embeddings)
-        assert f16.dtype == "float16" and next(f16.path.glob("vectors-*")).suffix == ".f16"
+        assert f16.vector_kind == "float16" and next(f16.path.glob("vectors-*")).suffix == ".f16"
         for a, b in zip(f32.search(queries, top_k=5), f16.search(queries, top_k=5), strict=True):
             assert a[0].id == b[0].id
             np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=2e-3)

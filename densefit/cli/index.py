@@ -113,10 +113,13 @@ def index(
     st_model = load_model(model, max_seq_length=max_seq_length, device=device)
     configure_model(st_model, query_prompt=query_prompt, document_prompt=document_prompt, dim=dim)
     document_store = open_store(
-        store, st_model, backend=backend, dtype=dtype.value, lock_timeout=lock_timeout
+        store, st_model, backend=backend, vectors=dtype.value, lock_timeout=lock_timeout
     )
-    if document_store.dtype != dtype.value and dtype != Dtype.float32:
-        warn(f"{store} stores {document_store.dtype} vectors; --dtype applies to new stores only")
+    if document_store.vector_kind != dtype.value and dtype != Dtype.float32:
+        warn(
+            f"{store} stores {document_store.vector_kind} vectors; --dtype applies to new "
+            "stores only"
+        )
     read_report = ReadReport(str(corpus))
     documents = iter_corpus(corpus, on_bad_row=on_bad_row.value, report=read_report)
     with document_store:

@@ -196,6 +196,16 @@ class DocumentTable:
                 docs[row] = (doc_id, text, title, json.loads(meta))
         return docs
 
+    def texts_at(self, rows: Sequence[int]) -> list[str]:
+        """The texts of the documents at these vector rows, in that order (each must exist)."""
+        found: dict[int, str] = {}
+        for part in parts([int(r) for r in rows]):
+            marks = ",".join("?" * len(part))
+            found.update(
+                self.conn.execute(f"SELECT row, text FROM documents WHERE row IN ({marks})", part)
+            )
+        return [found[int(r)] for r in rows]
+
     def rows_matching(self, where: str, params: Sequence) -> list[int]:
         """The vector rows of the documents satisfying the SQL clause ``where`` (a compiled
         filter, :func:`~densefit.retrieval.index.filters.compile_filters`), in row order."""
