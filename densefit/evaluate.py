@@ -18,6 +18,7 @@ out of the average, as pytrec_eval alone would do.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -155,8 +156,12 @@ def retrieve_run(
     top_k: int = 100,
     batch_size: int = 64,
     show_progress: bool = False,
+    mode: str = "dense",
+    fusion=None,
 ) -> dict[str, dict[str, float]]:
-    """Search ``store`` for every query: ``{query_id: {doc_id: score}}`` with ``top_k`` each.
+    """Search ``store`` for every query: ``{query_id: {doc_id: score}}`` with ``top_k`` each,
+    by ``mode`` (``dense``, ``bm25`` or ``hybrid``, fused by ``fusion``:
+    :meth:`LocalDocumentStore.search <densefit.retrieval.index.store.LocalDocumentStore.search>`).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.index import open_store
@@ -165,21 +170,24 @@ def retrieve_run(
     """
     from tqdm.auto import tqdm
 
-    from densefit.retrieval.encode import encode_texts
-    from densefit.retrieval.index.settings import check_search_settings
+    from densefit.retrieval.index.searching import search_batch
 
-    store.check_model(model)
-    check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
     ids = list(queries)
     run: dict[str, dict[str, float]] = {}
     block = 256  # queries searched together: one matrix product per store chunk
     with tqdm(total=len(ids), desc="Searching", unit="query", disable=not show_progress) as bar:
         for start in range(0, len(ids), block):
             part = ids[start : start + block]
-            embeddings = encode_texts(
-                model, [queries[q] for q in part], batch_size=batch_size, prompt_name="query"
+            found = search_batch(
+                store,
+                model,
+                [queries[q] for q in part],
+                top_k=top_k,
+                batch_size=batch_size,
+                mode=mode,
+                fusion=fusion,
             )
-            for query_id, hits in zip(part, store.search(embeddings, top_k=top_k), strict=True):
+            for query_id, hits in zip(part, found, strict=True):
                 run[query_id] = {hit.id: hit.score for hit in hits}
             bar.update(len(part))
     return run
@@ -196,11 +204,16 @@ def evaluate_store(
     batch_size: int = 64,
     show_progress: bool = False,
     name: str | None = None,
+    mode: str = "dense",
+    fusion=None,
 ) -> EvalResult:
     """Search ``store`` with the judged queries and score the run against ``qrels``.
 
     Judged queries without text in ``queries`` score 0 and are listed in
-    ``missing_queries``. ``top_k`` defaults to the largest metric cutoff.
+    ``missing_queries``. ``top_k`` defaults to the largest metric cutoff. ``mode``
+    (``dense``, ``bm25``, ``hybrid``) and ``fusion`` choose how the store ranks
+    (:meth:`LocalDocumentStore.search <densefit.retrieval.index.store.LocalDocumentStore.
+    search>`); ``mode="bm25"`` does not run ``model``.
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data.types import Document
@@ -219,13 +232,26 @@ def evaluate_store(
     judged = {q: queries[q] for q in qrels if q in queries}
     started = time.perf_counter()
     run = retrieve_run(
-        store, model, judged, top_k=top_k, batch_size=batch_size, show_progress=show_progress
+        store,
+        model,
+        judged,
+        top_k=top_k,
+        batch_size=batch_size,
+        show_progress=show_progress,
+        mode=mode,
+        fusion=fusion,
     )
     search_seconds = time.perf_counter() - started
-    result = evaluate_run(run, qrels, metrics, name=name or model_name_of(model))
+    model_name = model_name_of(model) if model is not None else store.model_name
+    result = evaluate_run(run, qrels, metrics, name=name or model_name)
     result.info.update(
         {
-            "model": model_name_of(model),
+            "model": model_name,
+            "mode": mode,
+            "fusion": dataclasses.asdict(fusion)
+            if fusion is not None and mode == "hybrid"
+            else None,
+            "vectors": getattr(store, "vector_kind", None),
             "store": str(getattr(store, "path", "")),
             "documents": store.count(),
             "top_k": top_k,
@@ -250,12 +276,18 @@ def evaluate_beir(
     show_progress: bool = False,
     on_bad_row: str = "error",
     name: str | None = None,
+    mode: str = "dense",
+    fusion=None,
+    vectors: str = "float32",
+    rescore: int | None = None,
 ) -> EvalResult:
     """Index a BEIR folder's corpus with ``model``, search its ``split`` queries, score them.
 
     ``dataset`` is a BEIR folder or a loaded :class:`~densefit.data.corpus.BeirDataset`.
     The index goes to a temporary store unless ``store_dir`` is given, in which case it is
-    kept and reused (documents already embedded are skipped).
+    kept and reused (documents already embedded are skipped). ``mode`` and ``fusion`` as in
+    :func:`evaluate_store`; ``vectors`` and ``rescore``: the store's vector kind and
+    rescoring (:func:`~densefit.retrieval.index.store.open_store`).
 
     >>> result = evaluate_beir("all-MiniLM-L6-v2", "datasets/scifact")  # doctest: +SKIP
     >>> round(result.metrics["ndcg@10"], 3)  # doctest: +SKIP
@@ -272,7 +304,7 @@ def evaluate_beir(
         if isinstance(dataset, BeirDataset)
         else load_beir(dataset, split, on_bad_row=on_bad_row)
     )
-    store = open_store(store_dir, model, backend=backend)
+    store = open_store(store_dir, model, backend=backend, vectors=vectors, rescore=rescore)
     try:
         report = index_documents(
             store,
@@ -292,6 +324,8 @@ def evaluate_beir(
             batch_size=batch_size,
             show_progress=show_progress,
             name=name or model_name_of(model),
+            mode=mode,
+            fusion=fusion,
         )
     finally:
         store.close()

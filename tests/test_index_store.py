@@ -1,4 +1,5 @@
-"""The store conformance suite, run against every backend (FAISS skipped when absent)."""
+"""The store conformance suite, run against every backend (FAISS skipped when absent) and
+every vector kind."""
 
 from __future__ import annotations
 
@@ -28,6 +29,35 @@ class TestFaissBackend(StoreConformance):
     @pytest.fixture
     def backend(self):
         return "faiss"  # HNSW32: approximate, but exact on stores this small
+
+
+class TestFloat16Vectors(StoreConformance):
+    vectors = "float16"
+    vector_atol = 2e-3  # float16 keeps about 3 significant digits
+
+    @pytest.fixture
+    def backend(self):
+        return "exact"
+
+
+class TestInt8Vectors(StoreConformance):
+    """int8 codes in memory, float32 on disk; every document a candidate (``rescore x k``
+    covers the store), so results are exact: rescoring with fewer candidates is
+    tests/test_vectors.py's."""
+
+    vectors, rescore = "int8", 64
+
+    @pytest.fixture
+    def backend(self):
+        return "exact"
+
+
+class TestBinaryVectors(StoreConformance):
+    vectors, rescore = "binary", 64
+
+    @pytest.fixture
+    def backend(self):
+        return "exact"
 
 
 # -- store behaviour that does not depend on the backend ------------------------------------

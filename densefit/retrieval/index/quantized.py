@@ -223,7 +223,7 @@ class QuantizedBackend:
             return _hamming_numpy(self.codes, bits, m, alive)
         faiss = self._faiss
         index = self._binary_index
-        k = min(m, index.ntotal)
+        k = 0 if index is None else min(m, index.ntotal)
         if k == 0:
             return np.full((len(queries), m), -1, dtype=np.int64)
         params = None

@@ -423,6 +423,7 @@ class LocalDocumentStore:
         mode: str = "dense",
         query_texts: Sequence[str] | None = None,
         fusion: Fusion | None = None,
+        dense_filters: dict | None = None,
     ) -> list[list[SearchHit]]:
         """The ``top_k`` best documents for each query, best first.
 
@@ -439,7 +440,9 @@ class LocalDocumentStore:
         ``scale_score`` maps scores to [0, 1]: dense as
         :func:`~densefit.retrieval.index.searching.scaled_scores`, BM25 as
         ``expit(score / 8)`` (Haystack's in-memory BM25), fused scores by
-        :meth:`Fusion.scaled <densefit.retrieval.fusion.Fusion.scaled>`.
+        :meth:`Fusion.scaled <densefit.retrieval.fusion.Fusion.scaled>`. ``dense_filters``
+        are further conditions for the dense side only (the Haystack store leaves documents
+        without an embedding out of it, not out of BM25).
         """
         if mode not in SEARCH_MODES:
             raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
@@ -455,10 +458,17 @@ class LocalDocumentStore:
             )
         fusion = fusion or Fusion()
         where = compiled_filters(filters)
+        dense_where = where
+        if normalise_filters(dense_filters) is not None:
+            both = [f for f in (filters, dense_filters) if f]
+            dense_where = compiled_filters({"operator": "AND", "conditions": both})
         self._refresh()
         subset = None if where is None else np.asarray(self._table.rows_matching(*where))
+        dense_subset = subset
+        if dense_where is not where:
+            dense_subset = np.asarray(self._table.rows_matching(*dense_where))
         if mode == "dense":
-            ranked = _ranked(*self._vectors.search(queries, top_k, subset))
+            ranked = _ranked(*self._vectors.search(queries, top_k, dense_subset))
             if scale_score:
                 ranked = [(r, scaled_scores(s, self.similarity)) for r, s in ranked]
         elif mode == "bm25":
@@ -467,7 +477,7 @@ class LocalDocumentStore:
                 ranked = [(r, scaled_scores(s, "bm25")) for r, s in ranked]
         else:
             depth = max(top_k, fusion.depth)
-            dense = _ranked(*self._vectors.search(queries, depth, subset))
+            dense = _ranked(*self._vectors.search(queries, depth, dense_subset))
             lexical = self._bm25_search(texts, depth, subset)
             ranked = []
             for (dense_rows, dense_scores), (bm25_rows, bm25_scores) in zip(
