@@ -18,14 +18,17 @@ vectors to its vector file like a float32 store, and searches them through a
   installed, numpy's ``bitwise_count`` otherwise).
 
 Each search takes ``rescore x top_k`` candidates from the codes (:data:`DEFAULT_RESCORE`),
-reads their float32 vectors from the memory-mapped vector file (only those rows: the file is
-never loaded) and returns the best ``top_k`` by their exact float32 scores. What it changes:
+reads their float32 vectors from the vector file on disk (only those rows, by positioned
+reads: the file is never loaded nor mapped whole) and returns the best ``top_k`` by their
+exact float32 scores. What it changes:
 a document that the codes do not rank among the candidates is missed; every score returned is
 the exact float32 score, and the result equals exact float32 search over the candidates
 (``tests/test_vectors.py``). The ranking cost on full test corpora: ``bench/results/vectors.json``.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -118,7 +121,7 @@ class QuantizedBackend:
         self.ranges: np.ndarray | None = None
         self.recalibrations = 0
         self.rows_rescored = 0  # float32 rows read for rescoring (counted: never the whole file)
-        self._vectors = np.zeros((0, dim), dtype=np.float32)
+        self._vectors = self._source = np.zeros((0, dim), dtype=np.float32)
         self._alive = np.zeros(0, dtype=bool)
         self._faiss = _faiss_module() if use_faiss is not False and kind == "binary" else None
         if use_faiss and self._faiss is None:
@@ -132,7 +135,8 @@ class QuantizedBackend:
         n = len(vectors)
         if n < self.n_coded:  # another history of the store: start again
             self._reset()
-        self._vectors, self._alive = vectors, alive
+        # Codes are made from the file by reads; rescoring reads rows through a random map.
+        self._source, self._vectors, self._alive = vectors, _random_access(vectors), alive
         if n == self.n_coded:
             return
         if self.kind == "int8" and (self.ranges is None or n >= 2 * self.calibrated_rows):
@@ -252,7 +256,7 @@ class QuantizedBackend:
         """Ranges from all ``n`` rows, then every row coded again with them."""
         low = np.full(self.dim, np.inf, dtype=np.float32)
         high = np.full(self.dim, -np.inf, dtype=np.float32)
-        for block in _read_rows(self._vectors, 0, n):
+        for block in _read_rows(self._source, 0, n):
             ranges = int8_ranges(block)
             low, high = np.minimum(low, ranges[0]), np.maximum(high, ranges[1])
         self.ranges = np.vstack([low, high])
@@ -264,7 +268,7 @@ class QuantizedBackend:
     def _code_rows(self, start: int, end: int) -> None:
         self._reserve(end)
         for offset, block in zip(
-            range(start, end, _READ_CHUNK), _read_rows(self._vectors, start, end), strict=True
+            range(start, end, _READ_CHUNK), _read_rows(self._source, start, end), strict=True
         ):
             if self.kind == "int8":
                 codes = quantize_int8(block, self.ranges)
@@ -323,6 +327,49 @@ def rescore_candidates(
     return best_scores, best_rows
 
 
+class _RowReader:
+    """Rows of a vector file read on demand with positioned reads (``os.pread``), never
+    through a memory map: Linux maps the cached pages around each faulted page into the
+    process too (fault-around, 64 KiB), so rescoring scattered rows through a map would soon
+    count the whole file in the process's memory. ``reader[rows]`` takes sorted unique rows.
+    """
+
+    def __init__(self, vectors: np.memmap):
+        self.path = vectors.filename
+        self.dtype, self.shape, self.offset = vectors.dtype, vectors.shape, vectors.offset
+        self.row_bytes = self.shape[1] * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), self.shape[1]), dtype=self.dtype)
+        if not len(rows):
+            return out
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(rows) != 1) + 1])  # runs of rows
+        ends = np.concatenate([starts[1:], [len(rows)]])
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for first, last in zip(starts.tolist(), ends.tolist(), strict=True):
+                size = (last - first) * self.row_bytes
+                data = os.pread(fd, size, self.offset + int(rows[first]) * self.row_bytes)
+                if len(data) != size:
+                    raise OSError(f"{self.path}: short read at row {rows[first]}")
+                out[first:last] = np.frombuffer(data, dtype=self.dtype).reshape(last - first, -1)
+        finally:
+            os.close(fd)
+        return out
+
+
+def _random_access(vectors: np.ndarray):
+    """What rescoring reads rows from: a :class:`_RowReader` for a memory-mapped file, the
+    array itself otherwise."""
+    if isinstance(vectors, np.memmap) and getattr(vectors, "filename", None):
+        return _RowReader(vectors)
+    return vectors
+
+
 def _read_rows(vectors: np.ndarray, start: int, end: int):
     """Rows ``[start, end)`` of ``vectors`` as float32 blocks of :data:`_READ_CHUNK` rows.
 
@@ -330,7 +377,7 @@ def _read_rows(vectors: np.ndarray, start: int, end: int):
     pass over the whole file (coding it) then leaves no page of it mapped in this process.
     """
     path = getattr(vectors, "filename", None)
-    if path is None or not isinstance(vectors, np.memmap):
+    if path is None or not isinstance(vectors, np.memmap):  # an array (or our own mapping)
         for offset in range(start, end, _READ_CHUNK):
             yield np.asarray(vectors[offset : min(offset + _READ_CHUNK, end)], dtype=np.float32)
         return
