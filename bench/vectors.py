@@ -255,8 +255,13 @@ def main() -> int:
     started, before = time.perf_counter(), loadavg()
     path = args.out / "vectors.json"
     payload = json.loads(path.read_text()) if path.exists() else {}
-    payload.update(command=command_line("vectors.py", sys.argv[1:]), environment=environment())
     payload.setdefault("ranking", {})
+    command = command_line("vectors.py", sys.argv[1:])
+    commands = payload.setdefault("commands", {})  # the runs that made each part
+    environments = payload.setdefault("environments", {})
+    for part, skipped in (("ranking", args.no_ranking), ("memory", args.no_memory)):
+        if not skipped:
+            commands[part], environments[part] = command, environment()
     if not args.no_ranking:
         for dataset in args.datasets:
             spec = {
@@ -278,6 +283,13 @@ def main() -> int:
             }
     if not args.no_memory:
         payload["memory"] = memory(args)
+        payload["memory_settings"] = {
+            "rows": args.rows,
+            "dim": args.dim,
+            "vectors": "random unit vectors (seeded); 100 random unit queries, top 10",
+            "rss": "/proc/self/status of a fresh search process: after its imports, and after "
+            "opening the store and searching; store_* is the difference",
+        }
     payload["settings"] = {
         "model": "all-MiniLM-L6-v2 (packaged)",
         "corpus": "the whole corpus, BEIR test split queries"
@@ -287,8 +299,11 @@ def main() -> int:
         "then the store reopened",
         "rescore": "candidates per result read back as float32 and ranked exactly",
     }
-    payload["loadavg_before"], payload["loadavg_after"] = before, loadavg()
-    payload["wall_s"] = round(time.perf_counter() - started, 1)
+    runs = payload.setdefault("runs", [])
+    runs.append(
+        {"command": command, "loadavg": [before, loadavg()],
+         "wall_s": round(time.perf_counter() - started, 1)}
+    )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
     with open(args.out / "vectors.csv", "w", newline="") as f:

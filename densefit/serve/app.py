@@ -454,6 +454,7 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
             "documents": store.count(),
             "model": store.model_name,
             "dim": store.dim,
+            "vectors": getattr(store, "vector_kind", None),
             "pending_writes": writer.pending,
         }
 

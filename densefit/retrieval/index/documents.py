@@ -14,6 +14,8 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from densefit.data.types import Document
 
 __all__ = ["DB_NAME", "DocumentTable", "Transaction", "meta_hash", "parts", "text_hash"]
@@ -169,9 +171,9 @@ class DocumentTable:
             )
         return out
 
-    def all_rows(self) -> list[int]:
-        """The vector row of every document."""
-        return [r for (r,) in self.conn.execute("SELECT row FROM documents")]
+    def all_rows(self) -> np.ndarray:
+        """The vector row of every document (int64; no Python list of a million ints)."""
+        return np.fromiter((r for (r,) in self.conn.execute("SELECT row FROM documents")), np.int64)
 
     def first_rows_of_texts(self, hashes: list[str]) -> dict[str, int]:
         """``{text_hash: the lowest row holding that text}`` for the hashes that are stored."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import zipfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -75,27 +76,41 @@ class StoreBm25:
         show_progress: bool = False,
     ) -> Bm25Index:
         """The index of exactly ``live_rows`` (sorted), brought up to date if it is not."""
+        update = self.plan(generation, live_rows, texts_of)
+        if update is not None:
+            self.install(update.build(show_progress=show_progress))
+        return self.index
+
+    def plan(
+        self, generation: int, live_rows: np.ndarray, texts_of: Callable[[np.ndarray], list[str]]
+    ) -> _Update | None:
+        """What bringing the index up to date to ``live_rows`` takes (None: it is current):
+        the token ids kept and the texts of the rows it lacks. Cheap; the caller holds the
+        store's lock. :meth:`_Update.build` does the work and needs no lock."""
         live_rows = np.asarray(live_rows, dtype=np.int64)
         if self.is_current(generation, live_rows):
-            return self.index
+            return None
         if self.index is None or self.generation != generation:
             self._load(generation)
-        if self.is_current(generation, live_rows):
-            return self.index
+            if self.is_current(generation, live_rows):
+                return None
         keep = np.isin(self.rows, live_rows, assume_unique=True)
         new_rows = np.setdiff1d(live_rows, self.rows[keep], assume_unique=True)
-        tokens = (self.index.tokens if self.index is not None else Tokens.empty()).select(
-            np.flatnonzero(keep)
-        )
-        tokens = tokens.extended(texts_of(new_rows), show_progress=show_progress)
-        rows = np.concatenate([self.rows[keep], new_rows])
-        order = np.argsort(rows, kind="stable")
-        self.index = Bm25Index(tokens.select(order))
-        self.rows, self.generation = rows[order], generation
+        kept = self.index.tokens if self.index is not None else Tokens.empty()
+        return _Update(generation, self.rows[keep], kept, np.flatnonzero(keep), new_rows,
+                       texts_of(new_rows))  # fmt: skip
+
+    def install(self, built: tuple[int, np.ndarray, Bm25Index, int]) -> None:
+        """Take an index :meth:`_Update.build` made (unless the store was compacted since:
+        then its rows mean other documents). An index of an older state is still exact for
+        the rows it records; the next :meth:`current` brings it further."""
+        generation, rows, index, tokenised = built
+        if self.index is not None and generation != self.generation:
+            return
+        self.index, self.rows, self.generation = index, rows, generation
         self.saved = False
         self.updates += 1
-        self.tokenised += len(new_rows)
-        return self.index
+        self.tokenised += tokenised
 
     def search(
         self, queries: Sequence[str], k: int, mask: np.ndarray | None = None
@@ -169,6 +184,27 @@ class StoreBm25:
             return
         self.index, self.rows = index, rows
         self.saved = True
+
+
+@dataclass
+class _Update:
+    """An update planned under the store's lock (:meth:`StoreBm25.plan`), built without it."""
+
+    generation: int
+    kept_rows: np.ndarray
+    tokens: Tokens  # the current index's tokens, of which ``keep`` are kept
+    keep: np.ndarray
+    new_rows: np.ndarray
+    new_texts: list[str]
+
+    def build(self, *, show_progress: bool = False) -> tuple[int, np.ndarray, Bm25Index, int]:
+        """``(generation, rows, index, texts tokenised)``: the kept token ids, the new texts
+        tokenised, in row order, and the score matrix over them."""
+        tokens = self.tokens.select(self.keep).extended(self.new_texts, show_progress=show_progress)
+        rows = np.concatenate([self.kept_rows, self.new_rows])
+        order = np.argsort(rows, kind="stable")
+        index = Bm25Index(tokens.select(order))
+        return self.generation, rows[order], index, len(self.new_rows)
 
 
 def _running(pid: str) -> bool:

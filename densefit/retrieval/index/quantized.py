@@ -47,7 +47,9 @@ __all__ = [
 QUANTIZED_KINDS = ("int8", "binary")  # the kinds of densefit.choices.VECTOR_KINDS with codes
 # Candidates per result: ``rescore x top_k`` are rescored against the float32 vectors.
 DEFAULT_RESCORE = 4
-_READ_CHUNK = 1 << 14  # rows read from the vector file at a time while (re)quantizing
+# Rows read from the vector file at a time while (re)quantizing: 3 MiB at 384-d, so that the
+# read buffers stay small beside the codes (binary codes of 1M vectors are 46 MiB).
+_READ_CHUNK = 1 << 11
 _HAMMING_BYTES = 1 << 24  # XOR bytes the numpy Hamming scan holds at a time
 _RESCORE_QUERIES = 32  # queries rescored together (bounds the candidate block)
 

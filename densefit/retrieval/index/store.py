@@ -517,16 +517,21 @@ class LocalDocumentStore:
         live = np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
         return self._bm25.current(self._vectors.generation, live, self._table.texts_at)
 
-    @_locked
     def update_bm25(self) -> bool:
         """Bring the BM25 index up to date with the committed documents now (searches do it
-        when they need it); returns whether it had to change. ``densefit serve``'s writer
-        calls it after each commit, once BM25 has been used, so that searches do not pay."""
-        self._refresh()
-        live = np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
-        if self._bm25.is_current(self._vectors.generation, live):
+        when they need it); returns whether it had to change. The texts are read under the
+        store's lock, but tokenised and indexed outside it, so searches go on meanwhile.
+        ``densefit serve``'s writer calls it after each commit, once BM25 has been used, so
+        that BM25 searches do not pay for it."""
+        with self._lock:
+            self._refresh()
+            live = np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
+            update = self._bm25.plan(self._vectors.generation, live, self._table.texts_at)
+        if update is None:
             return False
-        self._bm25_current()
+        built = update.build()
+        with self._lock:
+            self._bm25.install(built)
         return True
 
     @property
