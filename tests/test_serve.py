@@ -149,6 +149,28 @@ def test_search_modes_equal_the_store_search(store_dir, model, mode):
     assert [h["id"] for h in by_mode[mode]] == [h.id for h in want[0]]
 
 
+@pytest.mark.parametrize("vectors", ["float16", "int8", "binary"])
+def test_every_vector_kind_serves_searches_and_writes(tmp_path, model, vectors):
+    path = tmp_path / vectors
+    with open_store(path, model, vectors=vectors) as store:
+        index_documents(store, model, corpus(40))
+    queries = ["python functions", "rivers mountains"]
+    # Every document a candidate: the tiny model's sign bits hardly tell its documents apart.
+    rescore = None if vectors == "float16" else 64
+    with LocalDocumentStore(path, rescore=rescore) as store:
+        want = store.search(encode_texts(model, queries), 5)
+    app = create_app(LocalDocumentStore(path, rescore=rescore), model, ServeConfig())
+    with TestClient(app) as client:
+        assert client.get("/health").json()["vectors"] == vectors
+        got = client.post("/search", json={"query": queries, "k": 5}).json()["results"]
+        for hits, expected in zip(got, want, strict=True):
+            assert [h["id"] for h in hits["hits"]] == [h.id for h in expected]
+        new = {"id": "n1", "text": "bread music kernel socket rivers"}
+        assert client.post("/documents", json={"documents": [new]}).status_code == 200
+        top = client.post("/search", json={"query": new["text"], "k": 1}).json()
+        assert top["results"][0]["hits"][0]["id"] == "n1"
+
+
 def test_bm25_search_sees_writes_and_deletes_at_once(store_dir, model):
     with client_for(store_dir, model) as client:
         search = {"query": "zebra", "k": 3, "mode": "bm25"}
