@@ -9,7 +9,8 @@ whole corpus) and each model -- the packaged all-MiniLM-L6-v2 as it is, and the 
 fine-tuned inside this run with ``densefit.training.loop.train`` on the dataset's train split
 (batch 64, one epoch, 64 tokens, ``--lr auto``, MNRL with in-batch negatives, seed 42;
 NFCorpus's 110,575 training pairs are a seeded sample of ``--max-train-pairs``) -- the corpus
-is indexed into a densefit store at ``--max-seq-length`` tokens and searched by every mode:
+is indexed into a densefit store at ``--max-seq-length`` tokens (manpages without its titles,
+as bench/batch_size.py reads it) and searched by every mode:
 ``dense``, ``bm25`` (the store's BM25 index; the same for both models), ``hybrid-rrf``
 (reciprocal rank fusion, k=60) and ``hybrid-weighted@A`` (min-max normalised scores, A x dense
 + (1 - A) x BM25) for A in ``--alphas``; each side of a hybrid search ranks 100 documents.
@@ -53,13 +54,38 @@ def modes(alphas: list[float]) -> dict[str, tuple[str, dict | None]]:
 # ----------------------------------------------------------------------------- one dataset
 
 
+def folder_of(dataset: str) -> Path:
+    """The BEIR folder of ``dataset``; manpages without its titles, as bench/batch_size.py
+    reads it (its README: the gcloud pages' titles spell out the command the query asks for),
+    in a plain-JSONL copy made once under bench/.cache."""
+    import gzip
+    import shutil
+
+    source = DATASETS / dataset
+    if dataset != "manpages":
+        return source
+    target = ROOT / "bench" / ".cache" / "manpages-notitle"
+    if not (target / "corpus.jsonl").is_file():
+        (target / "qrels").mkdir(parents=True, exist_ok=True)
+        with gzip.open(source / "corpus.jsonl.gz", "rt") as f, open(target / "c.tmp", "w") as g:
+            for line in f:
+                row = json.loads(line)
+                g.write(json.dumps({"_id": row["_id"], "title": "", "text": row["text"]}) + "\n")
+        with gzip.open(source / "queries.jsonl.gz", "rt") as f:
+            (target / "queries.jsonl").write_text(f.read())
+        for split in source.glob("qrels/*.tsv"):
+            shutil.copy(split, target / "qrels" / split.name)
+        os.replace(target / "c.tmp", target / "corpus.jsonl")
+    return target
+
+
 def test_split(dataset: str, sample: int):
     """``dataset``'s test split over its whole corpus (``sample``: judged + that many others,
     for smoke runs)."""
     from densefit.data.corpus import load_beir
     from densefit.evaluate import subsample_corpus
 
-    test = load_beir(DATASETS / dataset, "test")
+    test = load_beir(folder_of(dataset), "test")
     return subsample_corpus(test, sample or None, seed=0)[0]
 
 
@@ -147,7 +173,7 @@ def point(spec: dict) -> dict:
     if spec["model"] == "base":
         model, store = base_store(spec["dataset"], test, spec["max_seq_length"], spec["sample"])
     else:
-        train_split = load_beir(DATASETS / spec["dataset"], "train")
+        train_split = load_beir(folder_of(spec["dataset"]), "train")
         model, out["train"] = fine_tuned(train_split, spec)
         store = open_store(None, model)
         index_documents(store, model, list(test.corpus.values()))

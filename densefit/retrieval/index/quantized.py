@@ -133,11 +133,12 @@ class QuantizedBackend:
     # -- the VectorBackend protocol ----------------------------------------------------------
 
     def update(self, vectors: np.ndarray, alive: np.ndarray) -> None:
-        """See the committed float32 rows (a memory map) and code the rows not coded yet."""
+        """See the committed float32 rows (a memory map, never read through) and code the rows
+        not coded yet."""
         n = len(vectors)
         if n < self.n_coded:  # another history of the store: start again
             self._reset()
-        # Codes are made from the file by reads; rescoring reads rows through a random map.
+        # Codes are made from the file by reads, and rescoring reads its rows by pread: no map.
         self._source, self._vectors, self._alive = vectors, _random_access(vectors), alive
         if n == self.n_coded:
             return
