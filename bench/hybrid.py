@@ -104,17 +104,17 @@ def base_store(dataset: str, beir, max_seq_length: int, sample: int = 0):
 
 def evaluate_modes(store, model, beir, alphas, name: str) -> dict:
     """Every mode's metrics and per-query scores on ``store``."""
-    from densefit.evaluate import evaluate_store
+    from densefit.evaluate import evaluate
     from densefit.retrieval.fusion import Fusion
 
     out = {}
     for label, (mode, fusion) in modes(alphas).items():
         started = time.perf_counter()
-        result = evaluate_store(
-            store,
+        result = evaluate(
             model,
-            beir.queries,
-            beir.qrels,
+            store,
+            queries=beir.queries,
+            qrels=beir.qrels,
             metrics=METRICS,
             mode=mode,
             fusion=None if fusion is None else Fusion(**fusion),

@@ -40,6 +40,7 @@ from haystack.testing.document_store_async import (  # noqa: E402
     WriteDocumentsAsyncTest,
 )
 
+from densefit.data.text import InvalidText
 from densefit.integrations.haystack import (  # noqa: E402
     RESERVED_KEY,
     DensefitDocumentStore,
@@ -487,6 +488,34 @@ def test_hybrid_retriever_contract(tmp_path):
         DensefitHybridRetriever(store, mode="sparse")
     with pytest.raises(ValueError, match="fusion must be one of"):
         DensefitHybridRetriever(store, fusion="max")
+
+
+@pytest.mark.asyncio
+async def test_hybrid_retriever_run_async_equals_run_in_every_mode(tmp_path):
+    store = DensefitDocumentStore(tmp_path / "s")
+    await store.write_documents_async(_worded_docs())
+    embedding = _worded_docs()[7].embedding
+    filters = {"field": "meta.lang", "operator": "==", "value": "en"}
+    for mode in ("dense", "bm25", "hybrid"):
+        retriever = DensefitHybridRetriever(store, mode=mode, top_k=4)
+        for kwargs in [{}, {"filters": filters, "top_k": 2, "scale_score": True}]:
+            want = retriever.run(query="python kernel", query_embedding=embedding, **kwargs)
+            got = await retriever.run_async(
+                query="python kernel", query_embedding=embedding, **kwargs
+            )
+            assert got == want and got["documents"], (mode, kwargs)
+    calls = []
+    searched = store.hybrid_retrieval_async
+    store.hybrid_retrieval_async = lambda **kw: (calls.append(kw), searched(**kw))[1]
+    pipeline = Pipeline()
+    pipeline.add_component("retrieve", DensefitHybridRetriever(store, top_k=3))
+    result = await pipeline.run_async(
+        {"retrieve": {"query": "python kernel", "query_embedding": embedding}}
+    )
+    assert len(result["retrieve"]["documents"]) == 3
+    assert len(calls) == 1  # the pipeline awaited run_async, which awaited the async search
+    with pytest.raises(InvalidText, match="query"):
+        await store.bm25_retrieval_async(query="bad \udcff text")
 
 
 # -- end to end: a densefit-trained model in a Haystack pipeline -----------------------------
