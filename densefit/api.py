@@ -30,6 +30,7 @@ from densefit.evaluate import EvalResult, evaluate
 from densefit.jobs import train_job
 from densefit.models import load_model
 from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.base import SearchHit, StoreError
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search_batch
@@ -198,6 +199,8 @@ class Retriever:
         backend: str | None = None,
         show_progress: bool = False,
         reembed: bool = False,
+        vectors: str = "float32",
+        rescore: int | None = None,
     ):
         """Embed ``documents`` and write them to ``store`` (which becomes ``self.store``).
 
@@ -205,17 +208,19 @@ class Retriever:
         ``self.store`` if set, else a temporary store deleted when the retriever is. Documents
         already stored with the same text are skipped, so calling ``index`` again with a grown
         corpus only embeds the new documents. A store made with other settings (e.g. another
-        ``max_seq_length``) is refused unless ``reembed`` re-embeds all of it. Returns an
+        ``max_seq_length``) is refused unless ``reembed`` re-embeds all of it. ``vectors`` is
+        a new store's vector kind (``float32``, ``float16``, ``int8``, ``binary``; int8 and
+        binary search codes in memory and rescore ``rescore x top_k`` candidates against
+        float32 vectors on disk: :mod:`densefit.retrieval.index.quantized`). Returns an
         :class:`~densefit.retrieval.index.indexing.IndexReport`.
         """
+        opening = {"backend": backend, "vectors": vectors, "rescore": rescore}
         if store is None:
             store = (
-                self.store
-                if self.store is not None
-                else open_store(None, self.model, backend=backend)
+                self.store if self.store is not None else open_store(None, self.model, **opening)
             )
         elif isinstance(store, (str, os.PathLike)):
-            store = open_store(store, self.model, backend=backend)
+            store = open_store(store, self.model, **opening)
         store.check_model(self.model)
         self.store = store
         docs = (as_document(d, i) for i, d in enumerate(documents))
@@ -237,18 +242,31 @@ class Retriever:
         *,
         filters: dict | None = None,
         scale_score: bool = False,
+        mode: str = "dense",
+        fusion: Fusion | None = None,
     ) -> list[SearchHit]:
         """The ``top_k`` documents best matching ``query``, best first.
 
         Each :class:`~densefit.retrieval.index.base.SearchHit` has ``id``, ``score``, ``rank``,
-        ``text``, ``title`` and ``meta``. ``filters`` takes Haystack's filter syntax, e.g.
-        ``{"field": "meta.lang", "operator": "==", "value": "en"}``: the best ``top_k`` of the
-        matching documents. ``scale_score=True`` maps scores to [0, 1] as Haystack 1.x did
-        (cosine: ``(score + 1) / 2``).
+        ``text``, ``title`` and ``meta``. ``mode`` is ``"dense"`` (embeddings), ``"bm25"``
+        (BM25 over the texts) or ``"hybrid"`` (both, fused by ``fusion``:
+        :class:`~densefit.retrieval.fusion.Fusion`, reciprocal rank by default). ``filters``
+        takes Haystack's filter syntax, e.g. ``{"field": "meta.lang", "operator": "==",
+        "value": "en"}``: the best ``top_k`` of the matching documents (both sides of a
+        hybrid search are filtered before fusion). ``scale_score=True`` maps scores to
+        [0, 1] as Haystack does (cosine: ``(score + 1) / 2``; BM25: ``expit(score / 8)``).
+
+        >>> from densefit.testing import tiny_model
+        >>> retriever = Retriever(tiny_model())
+        >>> _ = retriever.index(["cells divide", "python functions"])
+        >>> [hit.text for hit in retriever.retrieve("python", top_k=1, mode="bm25")]
+        ['python functions']
         """
         if not isinstance(query, str):
             raise TypeError("retrieve takes one query string; use retrieve_batch for a list")
-        hits = self.retrieve_batch([query], top_k=top_k, filters=filters, scale_score=scale_score)
+        hits = self.retrieve_batch(
+            [query], top_k=top_k, filters=filters, scale_score=scale_score, mode=mode, fusion=fusion
+        )
         return hits[0]
 
     def retrieve_batch(
@@ -258,6 +276,8 @@ class Retriever:
         *,
         filters: dict | None = None,
         scale_score: bool = False,
+        mode: str = "dense",
+        fusion: Fusion | None = None,
     ) -> list[list[SearchHit]]:
         """:meth:`retrieve` for many queries, embedded and searched together."""
         return search_batch(
@@ -268,6 +288,8 @@ class Retriever:
             filters=filters,
             scale_score=scale_score,
             batch_size=self.batch_size,
+            mode=mode,
+            fusion=fusion,
         )
 
     def evaluate(
@@ -279,15 +301,22 @@ class Retriever:
         split: str = "test",
         metrics: Sequence[str] | None = None,
         top_k: int | None = None,
+        mode: str = "dense",
+        fusion: Fusion | None = None,
     ) -> EvalResult:
         """nDCG@10, MRR@10, Recall@10/100 and MAP@100 (pytrec_eval) of this retriever.
 
         Either ``queries`` + ``qrels`` (files or mappings) scored against ``self.store``, or
         ``dataset=BEIR_FOLDER`` which indexes that corpus into a temporary store (leaving
         ``self.store`` alone): :func:`densefit.evaluate.evaluate`, the one evaluation entry.
+        ``mode`` and ``fusion`` as in :meth:`retrieve`.
         """
         options = dict(
-            metrics=tuple(metrics or DEFAULT_METRICS), top_k=top_k, batch_size=self.batch_size
+            metrics=tuple(metrics or DEFAULT_METRICS),
+            top_k=top_k,
+            batch_size=self.batch_size,
+            mode=mode,
+            fusion=fusion,
         )
         if dataset is not None:
             if queries is not None or qrels is not None:

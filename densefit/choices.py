@@ -15,6 +15,7 @@ __all__ = [
     "AMP",
     "DEFAULT_METRICS",
     "EMBED_PROMPTS",
+    "FUSIONS",
     "GATHER_MODES",
     "LOSSES",
     "MEMORY_STRATEGIES",
@@ -22,8 +23,9 @@ __all__ = [
     "MINE_METHODS",
     "MINE_SAMPLING",
     "ON_BAD_ROW",
+    "SEARCH_MODES",
     "SIMILARITIES",
-    "VECTOR_DTYPES",
+    "VECTOR_KINDS",
     "parse_metric",
 ]
 
@@ -40,7 +42,15 @@ AMP = (None, "bf16", "fp16")
 MINE_METHODS = ("bm25", "dense", "hybrid")
 MINE_SAMPLING = ("top", "random")
 ON_BAD_ROW = ("error", "skip")
-VECTOR_DTYPES = ("float32", "float16")
+# How a store keeps its vectors (densefit.retrieval.index.vectors): float32 and float16 are
+# searched as they are; int8 (4x smaller than float32) and binary (sign bits, 32x smaller)
+# are searched in memory for candidates that are then rescored against float32 vectors kept
+# on disk (densefit.retrieval.index.quantized).
+VECTOR_KINDS = ("float32", "float16", "int8", "binary")
+# What a search ranks by: the embeddings, BM25 over the texts, or both fused
+# (densefit.retrieval.fusion), by reciprocal rank ("rrf") or by normalised scores ("weighted").
+SEARCH_MODES = ("dense", "bm25", "hybrid")
+FUSIONS = ("rrf", "weighted")
 # Which of a store's prompts a text embedded by `densefit serve`'s embeddings endpoints gets
 # (densefit.prompts: the model's query and document prompts).
 EMBED_PROMPTS = ("query", "document")

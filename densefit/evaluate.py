@@ -18,6 +18,7 @@ out of the average, as pytrec_eval alone would do.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import tempfile
@@ -37,10 +38,9 @@ from densefit.data.types import ReadReport
 from densefit.errors import OptionError
 from densefit.losses.matryoshka import truncate
 from densefit.models import load_model, model_name_of
-from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index.documents import DB_NAME
 from densefit.retrieval.index.indexing import index_documents
-from densefit.retrieval.index.settings import check_search_settings
+from densefit.retrieval.index.searching import search_batch
 from densefit.retrieval.index.store import LocalDocumentStore, open_store
 
 __all__ = [
@@ -168,26 +168,34 @@ def retrieve_run(
     top_k: int = 100,
     batch_size: int = 64,
     show_progress: bool = False,
+    mode: str = "dense",
+    fusion=None,
 ) -> dict[str, dict[str, float]]:
-    """Search ``store`` for every query: ``{query_id: {doc_id: score}}`` with ``top_k`` each.
+    """Search ``store`` for every query: ``{query_id: {doc_id: score}}`` with ``top_k`` each,
+    by ``mode`` (``dense``, ``bm25`` or ``hybrid``, fused by ``fusion``:
+    :meth:`LocalDocumentStore.search <densefit.retrieval.index.store.LocalDocumentStore.search>`).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.index import open_store
     >>> retrieve_run(open_store(None, tiny_model()), tiny_model(), {"q1": "cells"})
     {'q1': {}}
     """
-    store.check_model(model)
-    check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
     ids = list(queries)
     run: dict[str, dict[str, float]] = {}
     block = 256  # queries searched together: one matrix product per store chunk
     with tqdm(total=len(ids), desc="Searching", unit="query", disable=not show_progress) as bar:
         for start in range(0, len(ids), block):
             part = ids[start : start + block]
-            embeddings = encode_texts(
-                model, [queries[q] for q in part], batch_size=batch_size, prompt_name="query"
+            found = search_batch(
+                store,
+                model,
+                [queries[q] for q in part],
+                top_k=top_k,
+                batch_size=batch_size,
+                mode=mode,
+                fusion=fusion,
             )
-            for query_id, hits in zip(part, store.search(embeddings, top_k=top_k), strict=True):
+            for query_id, hits in zip(part, found, strict=True):
                 run[query_id] = {hit.id: hit.score for hit in hits}
             bar.update(len(part))
     return run
@@ -230,6 +238,10 @@ def evaluate(
     on_bad_row: str = "error",
     show_progress: bool = False,
     name: str | None = None,
+    mode: str = "dense",
+    fusion=None,
+    vectors: str = "float32",
+    rescore: int | None = None,
 ) -> EvalResult | list[EvalResult]:
     """nDCG, MRR, Recall, MAP of ``model`` on ``source``: the one evaluation entry.
 
@@ -248,14 +260,27 @@ def evaluate(
     queries without text or results score 0 and are listed in ``missing_queries``; rows
     skipped with ``on_bad_row="skip"`` are listed in ``skipped_rows``.
 
+    ``mode`` ranks by the embeddings (``dense``), by BM25 over the texts (``bm25``: the model
+    is not run, and may be None for a store) or by both fused (``hybrid``, by ``fusion``, a
+    :class:`~densefit.retrieval.fusion.Fusion`; default reciprocal rank). ``vectors`` and
+    ``rescore``: the vector kind of the store a BEIR folder is indexed into (a kept
+    ``store_dir`` keeps its own) and the candidates an int8 or binary store rescores per
+    result (:func:`~densefit.retrieval.index.store.open_store`).
+
     >>> result = evaluate("all-MiniLM-L6-v2", "datasets/scifact")  # doctest: +SKIP
     >>> round(result.metrics["ndcg@10"], 3)  # doctest: +SKIP
     0.645
     """
     checked_top_k(top_k, metrics)  # before the corpus is embedded
-    model = load_model(model)
-    name = name or model_name_of(model)
-    options = dict(metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=show_progress)
+    if dims and mode == "bm25":
+        raise ValueError("dims cut the embeddings, which mode='bm25' does not use: drop one")
+    bm25_store = mode == "bm25" and model is None and is_store(source)
+    model = None if bm25_store else load_model(model)
+    name = name or (model_name_of(model) if model is not None else None)
+    options = dict(
+        metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=show_progress,
+        mode=mode, fusion=fusion,
+    )  # fmt: skip
     if is_store(source):
         if queries is None or qrels is None:
             raise ValueError("evaluating a store needs queries and qrels (files or mappings)")
@@ -264,10 +289,22 @@ def evaluate(
             queries, qrels, on_bad_row=on_bad_row, report=report
         )
         given = not isinstance(source, (str, os.PathLike))  # the caller's: left open
-        opening = nullcontext(source) if given else LocalDocumentStore(source, backend=backend)
+        opening = (
+            nullcontext(source)
+            if given
+            else LocalDocumentStore(source, backend=backend, rescore=rescore)
+        )
         with opening as opened:
             results = [
-                _score_store(opened, model, texts, judgments, dim=dim, name=name, **options)
+                _score_store(
+                    opened,
+                    model,
+                    texts,
+                    judgments,
+                    dim=dim,
+                    name=name or opened.model_name,
+                    **options,
+                )
                 for dim in (dims or [None])
             ]
         for result in results:
@@ -283,7 +320,8 @@ def evaluate(
     beir, corpus = subsample_corpus(beir, distractors, sample_seed)
     with tempfile.TemporaryDirectory(prefix="densefit-eval-") as temporary:
         folder = temporary if store_dir is None else store_dir
-        with open_store(folder, model, backend=backend) as store:
+        opening = open_store(folder, model, backend=backend, vectors=vectors, rescore=rescore)
+        with opening as store:
             started = time.perf_counter()
             indexed = index_documents(
                 store, model, beir.corpus.values(), batch_size=batch_size,
@@ -329,22 +367,29 @@ def _score_store(
     batch_size: int = 64,
     show_progress: bool = False,
     name: str,
+    mode: str = "dense",
+    fusion=None,
 ) -> EvalResult:
     """Search ``store`` with the judged queries and score the run; at ``dim`` (a Matryoshka
     size below the store's) the store's vectors are cut, re-normalised, into a temporary
-    store and the queries embedded with ``model.truncate_dim = dim``."""
+    store and the queries embedded with ``model.truncate_dim = dim``. ``mode`` (``dense``,
+    ``bm25``, ``hybrid``) and ``fusion`` choose how the store ranks
+    (:meth:`LocalDocumentStore.search <densefit.retrieval.index.store.LocalDocumentStore.
+    search>`); ``mode="bm25"`` does not run ``model``."""
     if dim is not None and dim < store.dim:
         before = getattr(model, "truncate_dim", None)
         model.truncate_dim = dim
         try:
-            with open_store(None, model) as cut:
+            kind = getattr(store, "vector_kind", "float32")
+            with open_store(None, model, vectors=kind) as cut:
                 ids = list(store.ids())
                 for start in range(0, len(ids), 4096):
                     part = ids[start : start + 4096]
                     cut.write(store.get(part), truncate(store.vectors(part), dim))
                 result = _score_store(
                     cut, model, queries, qrels, metrics=metrics, top_k=top_k,
-                    batch_size=batch_size, show_progress=show_progress, name=name,
+                    batch_size=batch_size, show_progress=show_progress, name=name, mode=mode,
+                    fusion=fusion,
                 )  # fmt: skip
         finally:
             model.truncate_dim = before
@@ -355,14 +400,27 @@ def _score_store(
     judged = {q: queries[q] for q in qrels if q in queries}
     started = time.perf_counter()
     run = retrieve_run(
-        store, model, judged, top_k=top_k, batch_size=batch_size, show_progress=show_progress
+        store,
+        model,
+        judged,
+        top_k=top_k,
+        batch_size=batch_size,
+        show_progress=show_progress,
+        mode=mode,
+        fusion=fusion,
     )
     search_seconds = time.perf_counter() - started
     label = name if dim is None else f"{name} @{store.dim}"
     result = evaluate_run(run, qrels, metrics, name=label)
+    model_name = model_name_of(model) if model is not None else store.model_name
     result.info.update(
         {
-            "model": model_name_of(model),
+            "model": model_name,
+            "mode": mode,
+            "fusion": dataclasses.asdict(fusion)
+            if fusion is not None and mode == "hybrid"
+            else None,
+            "vectors": getattr(store, "vector_kind", None),
             "store": str(getattr(store, "path", "")),
             "documents": store.count(),
             "dim": store.dim,

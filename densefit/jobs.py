@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from densefit.config.commands import EvalJob, IndexJob, MineJob, PlanJob, SearchJob, TrainJob
-from densefit.config.shared import SEARCH_TOP_K, model_or_default
+from densefit.config.evaluation import EvalConfig
+from densefit.config.shared import SEARCH_TOP_K, VECTORS, model_or_default
 from densefit.config.train import TrainConfig
 from densefit.data.batching import planned_batches
 from densefit.data.corpus import find_corpus_file, iter_corpus, load_beir
@@ -36,6 +37,7 @@ from densefit.mine import MiningReport, mine_files
 from densefit.models import apply_lora, load_model, resolve_device
 from densefit.prompts import set_prompts
 from densefit.retrieval.encode import configure_model
+from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.base import SearchHit
 from densefit.retrieval.index.documents import DB_NAME
 from densefit.retrieval.index.filters import meta_index_sql, parse_filter_text
@@ -53,6 +55,7 @@ __all__ = [
     "IndexOutcome",
     "TrainOutcome",
     "eval_job",
+    "fusion_of",
     "index_job",
     "mine_job",
     "plan_job",
@@ -330,11 +333,12 @@ def index_job(job: IndexJob) -> IndexOutcome:
         model, query_prompt=job.query_prompt, document_prompt=job.document_prompt, dim=job.dim
     )
     store = open_store(
-        job.store, model, backend=job.backend, dtype=job.dtype, lock_timeout=job.lock_timeout
+        job.store, model, backend=job.backend, vectors=job.vectors, lock_timeout=job.lock_timeout
     )
-    if store.dtype != job.dtype and job.dtype != "float32":
+    if store.vector_kind != job.vectors and job.vectors != VECTORS.default:
         warnings.warn(
-            f"{job.store} stores {store.dtype} vectors; --dtype applies to new stores only",
+            f"{job.store} stores {store.vector_kind} vectors; --vectors {job.vectors} applies "
+            "to new stores only (index into a new --store to change the kind)",
             UserWarning,
             stacklevel=2,
         )
@@ -370,20 +374,34 @@ def index_job(job: IndexJob) -> IndexOutcome:
 # ----------------------------------------------------------------------------- search
 
 
+def fusion_of(settings: SearchJob | EvalConfig) -> Fusion:
+    """The fusion of a hybrid search, from the options that declare it (``--fusion``,
+    ``--rrf-k``, ``--dense-weight``, ``--fusion-depth``)."""
+    return Fusion(
+        method=settings.fusion,
+        rrf_k=settings.rrf_k,
+        alpha=settings.dense_weight,
+        depth=settings.fusion_depth,
+    )
+
+
 def search_job(job: SearchJob) -> list[list[SearchHit]]:
     """The best ``job.top_k`` documents of ``job.store`` for each query (``job.filter``:
-    Haystack's filter syntax as JSON text or ``@FILE``)."""
+    Haystack's filter syntax as JSON text or ``@FILE``), ranked by ``job.mode``; a BM25
+    search loads no model."""
     device = resolve_device(job.device)
     filters = parse_filter_text(job.filter)
-    with LocalDocumentStore(job.store, backend=job.backend) as store:
-        model = model_for_store(
-            store,
-            job.model,
-            device=device,
-            query_prompt=job.query_prompt,
-            document_prompt=job.document_prompt,
-            dim=job.dim,
-        )
+    with LocalDocumentStore(job.store, backend=job.backend, rescore=job.rescore) as store:
+        model = None
+        if job.mode != "bm25":
+            model = model_for_store(
+                store,
+                job.model,
+                device=device,
+                query_prompt=job.query_prompt,
+                document_prompt=job.document_prompt,
+                dim=job.dim,
+            )
         return search_batch(
             store,
             model,
@@ -392,6 +410,8 @@ def search_job(job: SearchJob) -> list[list[SearchHit]]:
             filters=filters,
             scale_score=job.scale_score,
             batch_size=job.encode_batch_size,
+            mode=job.mode,
+            fusion=fusion_of(job),
         )
 
 
@@ -418,6 +438,8 @@ def eval_job(job: EvalJob, *, say: Say = None) -> EvalOutcome:
         batch_size=settings.encode_batch_size,
         dims=job.dims,
         show_progress=job.show_progress,
+        mode=settings.mode,
+        fusion=fusion_of(settings),
     )
     prompts = {"query_prompt": job.query_prompt, "document_prompt": job.document_prompt}
     if job.dataset is None:
@@ -442,6 +464,8 @@ def eval_job(job: EvalJob, *, say: Say = None) -> EvalOutcome:
             sample_seed=settings.sample_seed,
             store_dir=job.store,
             backend=job.backend,
+            vectors=job.vectors,
+            rescore=job.rescore,
             name=labels[name],
             **options,
         )
@@ -470,8 +494,10 @@ def _eval_store(job: EvalJob, options: dict, prompts: dict) -> EvalOutcome:
     queries, qrels = load_queries_and_qrels(
         job.queries, job.qrels, on_bad_row=job.on_bad_row, report=report
     )
-    with LocalDocumentStore(job.store, backend=job.backend) as store:
-        model = model_for_store(store, job.model, device=job.device, **prompts)
+    with LocalDocumentStore(job.store, backend=job.backend, rescore=job.rescore) as store:
+        model = None  # BM25 ranks by the texts alone: no model to load
+        if job.eval.mode != "bm25":
+            model = model_for_store(store, job.model, device=job.device, **prompts)
         found = evaluate(
             model,
             store,

@@ -13,14 +13,16 @@ would be a false negative:
 Ranks count only the documents that are not known positives (rank 1 = the best-scoring
 non-positive), so ``range_min=10`` always skips the ten nearest candidates. Methods:
 
-- ``bm25``: bm25s over the corpus (English stop words). Positives that are not in the corpus
-  are indexed beside it (never returned) so that their score is comparable; documents
-  sharing no term with the query (score 0) are never negatives.
+- ``bm25``: BM25 over the corpus (:mod:`densefit.retrieval.bm25`: bm25s's tokens and
+  scores). Positives that are not in the corpus are indexed beside it (never returned) so
+  that their score is comparable; documents sharing no term with the query (score 0) are
+  never negatives.
 - ``dense``: cosine similarity of the model's embeddings; the corpus is embedded once and
   searched in blocks of queries with :func:`densefit.retrieval.index.exact.exact_search` (which also
   blocks over the corpus), so no queries x corpus matrix ever exists in one piece.
 - ``hybrid``: both rankings fused by reciprocal rank fusion (Cormack et al. 2009,
-  ``1 / (rrf_k + rank)``); the margin rule uses the dense cosine scores.
+  ``1 / (rrf_k + rank)``, :mod:`densefit.retrieval.fusion`); the margin rule uses the dense
+  cosine scores.
 
 Rows are written in the trainer's formats (:func:`write_mined`), with the document ids that
 let the trainer mask false negatives in the loss (:mod:`densefit.losses.masking`).
@@ -55,7 +57,9 @@ from densefit.data.readers import read_training_data
 from densefit.data.types import Document, TrainingExample
 from densefit.memory.process import peak_rss_bytes
 from densefit.models import load_model
+from densefit.retrieval.bm25 import Bm25Index, Tokens, best_positions
 from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.fusion import reciprocal_rank_fusion
 from densefit.retrieval.index.exact import exact_search
 from densefit.wording import plural
 
@@ -346,20 +350,13 @@ class _Plan:
 
 
 class _Bm25:
-    """bm25s over the corpus plus the positives that are not in it (never returned)."""
+    """BM25 (:mod:`densefit.retrieval.bm25`) over the corpus plus the positives that are not
+    in it (never returned)."""
 
     def __init__(self, plan: _Plan, show_progress: bool):
-        try:
-            import bm25s  # the optional extra `mine`
-        except ImportError:
-            raise ImportError(
-                "BM25 mining needs bm25s: pip install 'densefit[mine]' (or pip install bm25s)"
-            ) from None
-        self.plan, self.bm25s = plan, bm25s
+        self.plan = plan
         texts = [d.text for d in plan.corpus] + plan.outside
-        tokens = bm25s.tokenize(texts, stopwords="en", show_progress=show_progress)
-        self.retriever = bm25s.BM25()
-        self.retriever.index(tokens, show_progress=show_progress)
+        self.index = Bm25Index(Tokens.of(texts, show_progress=show_progress))
         self._positive_scores: dict[int, float] = {}  # row -> its positive's score
 
     def search(self, block: list[int], depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -368,19 +365,13 @@ class _Bm25:
         self._positive_scores = {}
         n = self.plan.n_docs
         out = []
-        for q in block:
-            tokens = self.bm25s.tokenize(
-                [self.plan.queries[q]], stopwords="en", return_ids=False, show_progress=False
-            )[0]
-            ids = self.retriever.get_tokens_ids(tokens)
-            full = self.retriever.get_scores_from_ids(ids)  # (n_docs + outside,)
+        query_ids = self.index.tokens.query_ids([self.plan.queries[q] for q in block])
+        for q, ids in zip(block, query_ids, strict=True):
+            full = self.index.scores(ids)  # (n_docs + outside,)
             for row in self.plan.rows_of[q]:
                 self._positive_scores[row] = float(full[self.plan.positive_doc[row]])
-            scores = full[:n]
-            top = np.argpartition(-scores, depth - 1)[:depth] if depth < n else np.arange(n)
-            top = top[scores[top] > 0]  # no shared term: not retrieved at all
-            top = top[np.lexsort((top, -scores[top]))]  # best first, ties by document order
-            out.append((top, scores[top]))
+            # no shared term (score 0): not retrieved at all; best first, ties by document
+            out.append(best_positions(full[:n], depth))
         return out
 
     def positive_score(self, q: int, row: int) -> float:
@@ -437,16 +428,10 @@ class _Dense:
 
 def _fuse(rankings, rrf_k: int, depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Reciprocal rank fusion of several rankings of each query of a block."""
-    out = []
-    for per_query in zip(*rankings, strict=True):
-        fused: dict[int, float] = {}
-        for docs, _ in per_query:
-            for rank, doc in enumerate(docs.tolist(), start=1):
-                fused[doc] = fused.get(doc, 0.0) + 1.0 / (rrf_k + rank)
-        best = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:depth]
-        docs = np.array([d for d, _ in best], dtype=np.int64)
-        out.append((docs, np.array([s for _, s in best], dtype=np.float32)))
-    return out
+    return [
+        reciprocal_rank_fusion([docs for docs, _ in per_query], depth, rrf_k=rrf_k)
+        for per_query in zip(*rankings, strict=True)
+    ]
 
 
 def _select(

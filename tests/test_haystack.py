@@ -40,10 +40,12 @@ from haystack.testing.document_store_async import (  # noqa: E402
     WriteDocumentsAsyncTest,
 )
 
+from densefit.data.text import InvalidText
 from densefit.integrations.haystack import (  # noqa: E402
     RESERVED_KEY,
     DensefitDocumentStore,
     DensefitEmbeddingRetriever,
+    DensefitHybridRetriever,
 )
 
 needs_faiss = pytest.mark.skipif(
@@ -51,9 +53,11 @@ needs_faiss = pytest.mark.skipif(
 )
 
 
-def _new_store(tmp_path, backend: str) -> DensefitDocumentStore:
+def _new_store(tmp_path, backend: str, vectors: str = "float32") -> DensefitDocumentStore:
     # The suites' documents carry 768-d embeddings, and some carry none.
-    return DensefitDocumentStore(tmp_path / "store", embedding_dim=768, backend=backend)
+    return DensefitDocumentStore(
+        tmp_path / "store", embedding_dim=768, backend=backend, vectors=vectors
+    )
 
 
 class TestHaystackSuite(
@@ -66,11 +70,20 @@ class TestHaystackSuite(
 ):
     """Every suite of ``haystack.testing.document_store`` (count, write, delete, filter,
     delete all, delete / update / count by filter, the metadata methods), on both vector
-    backends."""
+    backends and the quantized vector kinds."""
 
-    @pytest.fixture(params=["exact", pytest.param("faiss", marks=needs_faiss)])
+    @pytest.fixture(
+        params=[
+            ("exact", "float32"),
+            pytest.param(("faiss", "float32"), marks=needs_faiss),
+            ("exact", "int8"),
+            ("exact", "binary"),
+        ],
+        ids=["exact", "faiss", "int8", "binary"],
+    )
     def document_store(self, request, tmp_path):
-        store = _new_store(tmp_path, request.param)
+        backend, vectors = request.param
+        store = _new_store(tmp_path, backend, vectors)
         yield store
         if store.store is not None:
             store.store.close()
@@ -402,6 +415,107 @@ def test_retriever_filter_policy_and_serialisation(tmp_path):
         DensefitEmbeddingRetriever(store, top_k=0)
     with pytest.raises(TypeError):
         DensefitEmbeddingRetriever(object())
+
+
+def _worded_docs() -> list[Document]:
+    docs = _embedded_docs(40)
+    words = ["cells genes", "python kernel", "rivers", "bread music", "vaccine dose"]
+    worded = [
+        Document(content=f"{words[i % 5]} doc {i}", meta=d.meta, embedding=d.embedding)
+        for i, d in enumerate(docs)
+    ]
+    return worded + [Document(content="cells without an embedding", meta={"lang": "en"})]
+
+
+@pytest.mark.parametrize("vectors", ["float32", "int8", "binary"])
+def test_hybrid_retriever_modes_equal_the_store_search(tmp_path, vectors):
+    rescore = None if vectors == "float32" else 64  # every document a candidate: exact
+    store = DensefitDocumentStore(tmp_path / "s", vectors=vectors, rescore=rescore)
+    docs = _worded_docs()
+    store.write_documents(docs)
+    query, embedding = "cells genes", docs[3].embedding
+    filters = {"field": "meta.lang", "operator": "==", "value": "en"}
+    bare = store.store
+    # Documents without an embedding: in BM25, never on the dense side.
+    no_embedding = {"field": f"meta.{RESERVED_KEY}.embedded", "operator": "!=", "value": False}
+    for run_filters in (None, filters):
+        for mode in ("dense", "bm25", "hybrid"):
+            retriever = DensefitHybridRetriever(store, mode=mode, top_k=6)
+            got = retriever.run(query=query, query_embedding=embedding, filters=run_filters)
+            got = got["documents"]
+            want = bare.search(
+                np.asarray(embedding, dtype=np.float32) if mode != "bm25" else None,
+                6,
+                filters=run_filters,
+                mode=mode,
+                query_texts=[query],
+                dense_filters=no_embedding,
+            )[0]
+            if mode == "dense":
+                want_docs = store.embedding_retrieval(embedding, filters=run_filters, top_k=6)
+                assert [d.id for d in got] == [d.id for d in want_docs]
+            assert [d.id for d in got] == [h.id for h in want], (mode, run_filters)
+            np.testing.assert_allclose([d.score for d in got], [h.score for h in want])
+            assert all(d.embedding is None for d in got)
+    bm25 = DensefitHybridRetriever(store, mode="bm25", top_k=50).run(query="cells")["documents"]
+    assert "cells without an embedding" in [d.content for d in bm25]
+    assert all("cells" in d.content for d in bm25)
+
+
+def test_hybrid_retriever_contract(tmp_path):
+    store = DensefitDocumentStore(tmp_path / "s")
+    store.write_documents(_worded_docs())
+    retriever = DensefitHybridRetriever(
+        store, fusion="weighted", alpha=0.7, depth=20, top_k=3, scale_score=True
+    )
+    embedding = _worded_docs()[7].embedding
+    docs = retriever.run(query="python kernel", query_embedding=embedding)["documents"]
+    assert len(docs) == 3 and all(0 <= d.score <= 1 for d in docs)
+    data = retriever.to_dict()
+    json.dumps(data)
+    again = DensefitHybridRetriever.from_dict(data)
+    assert again.run(query="python kernel", query_embedding=embedding) == {"documents": docs}
+    pipeline = Pipeline()
+    pipeline.add_component("retrieve", retriever)
+    loaded = Pipeline.loads(pipeline.dumps(), allowed_modules=["densefit.integrations.haystack"])
+    result = loaded.run({"retrieve": {"query": "python kernel", "query_embedding": embedding}})
+    assert [d.id for d in result["retrieve"]["documents"]] == [d.id for d in docs]
+    with pytest.raises(ValueError, match="needs the query embedding"):
+        DensefitHybridRetriever(store).run(query="x")
+    with pytest.raises(ValueError, match="needs the query text"):
+        DensefitHybridRetriever(store, mode="bm25").run(query_embedding=embedding)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        DensefitHybridRetriever(store, mode="sparse")
+    with pytest.raises(ValueError, match="fusion must be one of"):
+        DensefitHybridRetriever(store, fusion="max")
+
+
+@pytest.mark.asyncio
+async def test_hybrid_retriever_run_async_equals_run_in_every_mode(tmp_path):
+    store = DensefitDocumentStore(tmp_path / "s")
+    await store.write_documents_async(_worded_docs())
+    embedding = _worded_docs()[7].embedding
+    filters = {"field": "meta.lang", "operator": "==", "value": "en"}
+    for mode in ("dense", "bm25", "hybrid"):
+        retriever = DensefitHybridRetriever(store, mode=mode, top_k=4)
+        for kwargs in [{}, {"filters": filters, "top_k": 2, "scale_score": True}]:
+            want = retriever.run(query="python kernel", query_embedding=embedding, **kwargs)
+            got = await retriever.run_async(
+                query="python kernel", query_embedding=embedding, **kwargs
+            )
+            assert got == want and got["documents"], (mode, kwargs)
+    calls = []
+    searched = store.hybrid_retrieval_async
+    store.hybrid_retrieval_async = lambda **kw: (calls.append(kw), searched(**kw))[1]
+    pipeline = Pipeline()
+    pipeline.add_component("retrieve", DensefitHybridRetriever(store, top_k=3))
+    result = await pipeline.run_async(
+        {"retrieve": {"query": "python kernel", "query_embedding": embedding}}
+    )
+    assert len(result["retrieve"]["documents"]) == 3
+    assert len(calls) == 1  # the pipeline awaited run_async, which awaited the async search
+    with pytest.raises(InvalidText, match="query"):
+        await store.bm25_retrieval_async(query="bad \udcff text")
 
 
 # -- end to end: a densefit-trained model in a Haystack pipeline -----------------------------

@@ -342,3 +342,58 @@ def test_eval_of_a_store_reports_skipped_rows_too(app, tiny_models, data, tmp_pa
     assert [origin for origin, _ in result["skipped_rows"]] == [f"{folder}/queries.jsonl:2"]
     # q3's judgment of an unknown document is no bad row here: the store is not the corpus
     assert result["n_queries"] == 10 and "q-empty" not in result["missing_queries"]
+
+
+def test_int8_store_searched_by_every_mode(app, tiny_models, data, tmp_path):
+    """`index --vectors int8`, then `search --mode dense|bm25|hybrid` (and `eval --mode`)."""
+    store = tmp_path / "int8"
+    model = tiny_models / "tiny"
+    indexed = invoke(
+        app,
+        ["index", data, "--model", model, "--store", store, "--vectors", "int8", "--json",
+         "--no-progress"],
+    )  # fmt: skip
+    assert indexed.exit_code == 0, indexed.output
+    assert json.loads(indexed.stdout)["store"]["vectors"] == "int8"
+    docs = make_corpus(30)
+    query = docs[7].text
+    found = {}
+    for mode in ("dense", "bm25", "hybrid"):
+        result = invoke(app, ["search", "--store", store, query, "--mode", mode, "-k", 5, "--json"])
+        assert result.exit_code == 0, result.output
+        (answer,) = json.loads(result.stdout)
+        found[mode] = [hit["id"] for hit in answer["hits"]]
+        assert len(found[mode]) == 5, (mode, answer)
+    assert found["bm25"][0] == docs[7].id  # its own words find it first
+    assert docs[7].id in found["hybrid"]
+    weighted = invoke(
+        app,
+        ["search", "--store", store, query, "--mode", "hybrid", "--fusion", "weighted",
+         "--dense-weight", "0", "--rescore", 2, "-k", 5, "--json"],
+    )  # fmt: skip
+    assert weighted.exit_code == 0, weighted.output
+    # all weight on BM25: the BM25 ranking (ties aside), first of all its best document
+    assert json.loads(weighted.stdout)[0]["hits"][0]["id"] == found["bm25"][0]
+    table = invoke(app, ["search", "--store", store, query, "--mode", "hybrid", "-k", 3])
+    assert table.exit_code == 0 and docs[7].id in table.stdout, table.output
+
+    scored = {}
+    for mode in ("dense", "bm25", "hybrid"):
+        result = invoke(
+            app,
+            ["eval", "--store", store, "--queries", data / "queries.jsonl", "--qrels",
+             data / "qrels" / "test.tsv", "--mode", mode, "--metrics", "recall@10", "--json",
+             "--no-progress"],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        (scored[mode],) = json.loads(result.stdout)["results"]
+        assert scored[mode]["info"]["mode"] == mode and scored[mode]["info"]["vectors"] == "int8"
+    assert scored["bm25"]["metrics"]["recall@10"] == 1.0  # each query is its document's text
+
+
+def test_bad_mode_is_one_line_exit_2(app, tiny_models, data, tmp_path):
+    store = tmp_path / "store"
+    result = runner.invoke(app, ["search", "--store", str(store), "x", "--mode", "lexical"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert lines == ["error: --mode must be one of dense, bm25, hybrid, got 'lexical'"], lines

@@ -1,4 +1,5 @@
-"""The store conformance suite, run against every backend (FAISS skipped when absent)."""
+"""The store conformance suite, run against every backend (FAISS skipped when absent) and
+every vector kind."""
 
 from __future__ import annotations
 
@@ -28,6 +29,35 @@ class TestFaissBackend(StoreConformance):
     @pytest.fixture
     def backend(self):
         return "faiss"  # HNSW32: approximate, but exact on stores this small
+
+
+class TestFloat16Vectors(StoreConformance):
+    vectors = "float16"
+    vector_atol = 2e-3  # float16 keeps about 3 significant digits
+
+    @pytest.fixture
+    def backend(self):
+        return "exact"
+
+
+class TestInt8Vectors(StoreConformance):
+    """int8 codes in memory, float32 on disk; every document a candidate (``rescore x k``
+    covers the store), so results are exact: rescoring with fewer candidates is
+    tests/test_vectors.py's."""
+
+    vectors, rescore = "int8", 64
+
+    @pytest.fixture
+    def backend(self):
+        return "exact"
+
+
+class TestBinaryVectors(StoreConformance):
+    vectors, rescore = "binary", 64
+
+    @pytest.fixture
+    def backend(self):
+        return "exact"
 
 
 # -- store behaviour that does not depend on the backend ------------------------------------
@@ -85,11 +115,11 @@ def test_float16_store_ranks_like_float32(model, tmp_path):
     queries = encode_texts(model, ["cells genes", "python search", "banana apple"])
     with (
         open_store(tmp_path / "f32", model) as f32,
-        open_store(tmp_path / "f16", model, dtype="float16") as f16,
+        open_store(tmp_path / "f16", model, vectors="float16") as f16,
     ):
         f32.write(docs, embeddings)
         f16.write(docs, embeddings)
-        assert f16.dtype == "float16" and next(f16.path.glob("vectors-*")).suffix == ".f16"
+        assert f16.vector_kind == "float16" and next(f16.path.glob("vectors-*")).suffix == ".f16"
         for a, b in zip(f32.search(queries, top_k=5), f16.search(queries, top_k=5), strict=True):
             assert a[0].id == b[0].id
             np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=2e-3)

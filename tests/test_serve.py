@@ -118,6 +118,78 @@ def test_upsert_visible_to_next_search_then_get_and_delete(store_dir, model):
         assert client.get("/health").json()["documents"] == 40
 
 
+@pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])
+def test_search_modes_equal_the_store_search(store_dir, model, mode):
+    queries = ["python functions", "rivers mountains", "zebra"]
+    flt = {"field": "meta.n", "operator": ">=", "value": 5}
+    with LocalDocumentStore(store_dir) as store:
+        want = store.search(
+            None if mode == "bm25" else encode_texts(model, queries),
+            5,
+            filters=flt,
+            mode=mode,
+            query_texts=queries,
+        )
+    with client_for(store_dir, model) as client:
+        body = {"query": queries, "k": 5, "filters": flt, "mode": mode}
+        mixed = [{"query": q, "k": 5, "filters": flt, "mode": m} for q in queries[:1]
+                 for m in ("dense", "bm25", "hybrid")]  # fmt: skip
+        got = client.post("/search", json=body)
+        assert got.status_code == 200, got.text
+        with ThreadPoolExecutor(3) as pool:  # modes mixed in one batch stay apart
+            answers = list(pool.map(lambda b: client.post("/search", json=b).json(), mixed))
+    for hits, expected in zip(got.json()["results"], want, strict=True):
+        assert [h["id"] for h in hits["hits"]] == [h.id for h in expected]
+        np.testing.assert_allclose(
+            [h["score"] for h in hits["hits"]], [h.score for h in expected], atol=1e-5
+        )
+        assert all(h["meta"]["n"] >= 5 for h in hits["hits"])
+    assert want[-1] == [] or mode != "bm25"  # no document holds the word
+    by_mode = {b["mode"]: a["results"][0]["hits"] for b, a in zip(mixed, answers, strict=True)}
+    assert [h["id"] for h in by_mode[mode]] == [h.id for h in want[0]]
+
+
+@pytest.mark.parametrize("vectors", ["float16", "int8", "binary"])
+def test_every_vector_kind_serves_searches_and_writes(tmp_path, model, vectors):
+    path = tmp_path / vectors
+    with open_store(path, model, vectors=vectors) as store:
+        index_documents(store, model, corpus(40))
+    queries = ["python functions", "rivers mountains"]
+    # Every document a candidate: the tiny model's sign bits hardly tell its documents apart.
+    rescore = None if vectors == "float16" else 64
+    with LocalDocumentStore(path, rescore=rescore) as store:
+        want = store.search(encode_texts(model, queries), 5)
+    app = create_app(LocalDocumentStore(path, rescore=rescore), model, ServeConfig())
+    with TestClient(app) as client:
+        assert client.get("/health").json()["vectors"] == vectors
+        got = client.post("/search", json={"query": queries, "k": 5}).json()["results"]
+        for hits, expected in zip(got, want, strict=True):
+            assert [h["id"] for h in hits["hits"]] == [h.id for h in expected]
+        new = {"id": "n1", "text": "bread music kernel socket rivers"}
+        assert client.post("/documents", json={"documents": [new]}).status_code == 200
+        top = client.post("/search", json={"query": new["text"], "k": 1}).json()
+        assert top["results"][0]["hits"][0]["id"] == "n1"
+
+
+def test_bm25_search_sees_writes_and_deletes_at_once(store_dir, model):
+    with client_for(store_dir, model) as client:
+        search = {"query": "zebra", "k": 3, "mode": "bm25"}
+        assert client.post("/search", json=search).json()["results"][0]["hits"] == []
+        new = {"id": "z1", "text": "a zebra crossing the rivers"}
+        assert client.post("/documents", json={"documents": [new]}).status_code == 200
+        hits = client.post("/search", json=search).json()["results"][0]["hits"]
+        assert [h["id"] for h in hits] == ["z1"]
+        client.request("DELETE", "/documents", json={"ids": ["z1"]})
+        assert client.post("/search", json=search).json()["results"][0]["hits"] == []
+        hybrid = client.post("/search", json={**search, "mode": "hybrid"}).json()
+        assert "z1" not in [h["id"] for h in hybrid["results"][0]["hits"]]
+        store = client.app.state.store
+        # Read from the file the index saved, then updated once per write: one text tokenised.
+        assert store._bm25.updates == 2 and store._bm25.tokenised == 1
+        bad = client.post("/search", json={**search, "mode": "sparse"})
+        assert bad.status_code == 422 and "mode" in bad.json()["error"]
+
+
 def test_health_metrics_and_docs(store_dir, model):
     with client_for(store_dir, model) as client:
         client.post("/search", json={"query": "cells", "k": 2})

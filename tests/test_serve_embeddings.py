@@ -302,6 +302,51 @@ def test_embeddings_and_searches_share_forward_passes(store_dir, model):
             np.testing.assert_allclose(got, want_vectors[i], atol=1e-5)
 
 
+def test_a_mixed_batch_embeds_no_bm25_query_and_each_mode_gets_its_own_hits(
+    store_dir, model, monkeypatch
+):
+    """One micro-batch of embedding inputs and dense, BM25 and hybrid queries: every result
+    equals that item searched or embedded alone, and the BM25 query is never embedded."""
+    from densefit.serve.app import search_queries
+    from densefit.serve.batcher import Query
+    from densefit.serve.embeddings import EmbedInput, run_batch
+
+    texts = [f"{WORDS[1]} {WORDS[7]}", f"{WORDS[2]} {WORDS[5]}", f"{WORDS[3]} {WORDS[8]}"]
+    items = [
+        EmbedInput(texts[0]),
+        Query(texts[1], k=4, mode="bm25"),
+        Query(texts[0], k=4, mode="dense"),
+        Query(texts[2], k=4, mode="hybrid"),
+    ]
+    with LocalDocumentStore(store_dir) as store:
+        results = run_batch(store, model, items, search_queries)
+        alone = [
+            store.search(None, top_k=4, mode="bm25", query_texts=[texts[1]])[0],
+            store.search(encode_texts(model, [texts[0]]), top_k=4)[0],
+            store.search(
+                encode_texts(model, [texts[2]]), top_k=4, mode="hybrid", query_texts=[texts[2]]
+            )[0],
+        ]
+        assert all(alone), alone  # the words are in the corpus: each mode finds documents
+        for got, want in zip(results[1:], alone, strict=True):
+            assert [h.id for h in got] == [h.id for h in want]
+        np.testing.assert_allclose(results[0].vector, encode_texts(model, [texts[0]])[0], atol=1e-5)
+        embedded: list[str] = []
+
+        def counting(model, texts, *args, **kwargs):  # records every text embedded
+            embedded.extend(texts)
+            return encode_texts(model, texts, *args, **kwargs)
+
+        monkeypatch.setattr("densefit.serve.embeddings.encode_texts", counting)
+        monkeypatch.setattr("densefit.serve.app.encode_texts", counting)
+        again = run_batch(store, model, items, search_queries)
+        assert sorted(embedded) == sorted([texts[0], texts[0], texts[2]]), embedded
+        embedded.clear()
+        alone_bm25 = run_batch(store, model, items[1:2], search_queries)  # a BM25 query alone
+        assert embedded == [], embedded
+    assert [h.id for h in again[1]] == [h.id for h in alone_bm25[0]] == [h.id for h in alone[0]]
+
+
 def test_a_failing_text_fails_only_its_own_request(store_dir, model):
     """One request's over-long text (TEI, truncate false) is refused; the request batched
     with it is answered."""

@@ -17,10 +17,13 @@ from densefit.config.mine import MineConfig
 from densefit.config.options import Options, option, section
 from densefit.config.shared import (
     BACKEND,
+    DENSE_WEIGHT,
     DEVICE,
     DIM,
     DOCUMENT_PROMPT,
     ENCODE_BATCH_SIZE,
+    FUSION,
+    FUSION_DEPTH,
     JSON,
     MAX_SEQ_LENGTH,
     MODEL,
@@ -28,9 +31,13 @@ from densefit.config.shared import (
     OUTPUT,
     PROGRESS,
     QUERY_PROMPT,
+    RESCORE,
+    RRF_K,
+    SEARCH_MODE,
     SPLIT,
     STORE,
     TOP_K,
+    VECTORS,
 )
 from densefit.config.train import TrainConfig, check_dims
 
@@ -126,9 +133,7 @@ class IndexJob(Options):
     dim: int | None = DIM()
     encode_batch_size: int = ENCODE_BATCH_SIZE()
     backend: str = BACKEND()
-    dtype: str = option(
-        "float32", "Vector precision of a new store.", choices=("float32", "float16")
-    )
+    vectors: str = VECTORS()
     commit_every: int = option(
         1024, "Documents per transaction: a crash loses at most this many.", ge=1
     )
@@ -171,8 +176,17 @@ class SearchJob(Options):
         "Metadata filter, Haystack syntax as JSON (or @FILE.json), e.g. "
         '\'{"field": "meta.lang", "operator": "==", "value": "en"}\': the best k that match.',
     )
+    mode: str = SEARCH_MODE()
+    fusion: str = FUSION()
+    rrf_k: int = RRF_K()
+    dense_weight: float = DENSE_WEIGHT()
+    fusion_depth: int = FUSION_DEPTH()
+    rescore: int | None = RESCORE()
     scale_score: bool = option(
-        False, "Scores in [0, 1]: cosine (s+1)/2, dot expit(s/100).", flag="--scale-score"
+        False,
+        "Scores in [0, 1]: cosine (s+1)/2, dot expit(s/100); bm25 expit(s/8); hybrid: the "
+        "fused score over its largest possible value.",
+        flag="--scale-score",
     )
     width: int = option(160, "Snippet length in characters.", ge=1)
     json: bool = JSON()
@@ -209,6 +223,8 @@ class EvalJob(Options):
     query_prompt: str | None = QUERY_PROMPT()
     document_prompt: str | None = DOCUMENT_PROMPT()
     backend: str = BACKEND()
+    vectors: str = VECTORS()
+    rescore: int | None = RESCORE()
     on_bad_row: str = ON_BAD_ROW_OPTION()
     output: Path | None = OUTPUT()
     per_query: bool = option(False, "Include per-query scores in the JSON.")
@@ -217,7 +233,12 @@ class EvalJob(Options):
     eval: EvalConfig = section(EvalConfig, "How queries are searched and scored.")
 
     def check(self) -> None:
-        """--dataset, or --store with --queries and --qrels; --compare needs --dataset."""
+        """--dataset, or --store with --queries and --qrels; --compare needs --dataset;
+        --dims needs embeddings to cut (not --mode bm25)."""
+        if self.dims is not None and self.eval.mode == "bm25":
+            raise self.error(
+                "dims", "cuts the embeddings, which --mode bm25 does not use: drop one of them"
+            )
         if self.dataset is not None:
             if self.queries is not None or self.qrels is not None:
                 raise self.error(

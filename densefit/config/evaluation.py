@@ -7,7 +7,17 @@ from dataclasses import dataclass
 
 from densefit.choices import DEFAULT_METRICS, parse_metric
 from densefit.config.options import Options, option
-from densefit.config.shared import ENCODE_BATCH_SIZE, MAX_SEQ_LENGTH, SPLIT, TOP_K
+from densefit.config.shared import (
+    DENSE_WEIGHT,
+    ENCODE_BATCH_SIZE,
+    FUSION,
+    FUSION_DEPTH,
+    MAX_SEQ_LENGTH,
+    RRF_K,
+    SEARCH_MODE,
+    SPLIT,
+    TOP_K,
+)
 
 __all__ = ["EvalConfig", "check_metrics"]
 
@@ -43,6 +53,11 @@ class EvalConfig(Options):
         factory=lambda: list(DEFAULT_METRICS),
     )
     top_k: int | None = TOP_K()
+    mode: str = SEARCH_MODE()
+    fusion: str = FUSION()
+    rrf_k: int = RRF_K()
+    dense_weight: float = DENSE_WEIGHT()
+    fusion_depth: int = FUSION_DEPTH()
     max_seq_length: int | None = MAX_SEQ_LENGTH()
     encode_batch_size: int = ENCODE_BATCH_SIZE()
     distractors: int | None = option(

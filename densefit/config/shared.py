@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import re
 
-from densefit.choices import ON_BAD_ROW
+from densefit.choices import FUSIONS, ON_BAD_ROW, SEARCH_MODES, VECTOR_KINDS
 from densefit.config.options import shared
 
 __all__ = [
     "BACKEND",
     "DEFAULT_MODEL",
+    "DEFAULT_RESCORE",
+    "DENSE_WEIGHT",
     "DEVICE",
     "DEVICES",
     "DIM",
     "DOCUMENT_PROMPT",
     "ENCODE_BATCH_SIZE",
+    "FUSION",
+    "FUSION_DEPTH",
     "JSON",
     "MAX_SEQ_LENGTH",
     "MODEL",
@@ -27,11 +31,15 @@ __all__ = [
     "OUTPUT",
     "PROGRESS",
     "QUERY_PROMPT",
+    "RESCORE",
+    "RRF_K",
+    "SEARCH_MODE",
     "SPLIT",
     "SEARCH_TOP_K",
     "SEED",
     "STORE",
     "TOP_K",
+    "VECTORS",
     "check_device",
     "model_or_default",
 ]
@@ -167,4 +175,56 @@ SEED = shared(
 SPLIT = shared(
     None,
     "qrels split of a BEIR folder; default: train when training or mining, test when evaluating.",
+)
+
+
+# -- how a store is searched: the mode, the fusion of a hybrid search, the vector kind ------
+
+_RANKING = "Ranking"
+SEARCH_MODE = shared(
+    "dense",
+    "How documents are ranked: dense (the model's embeddings), bm25 (BM25 over the "
+    "documents' texts: exact words, codes, names; the model does not run) or hybrid (both, "
+    "fused by --fusion; a filter applies to both sides before fusion).",
+    flag="--mode",
+    choices=SEARCH_MODES,
+    group=_RANKING,
+)
+FUSION = shared(
+    "rrf",
+    "How --mode hybrid fuses the dense and BM25 rankings: rrf (reciprocal rank, "
+    "1 / (--rrf-k + rank) summed over both) or weighted (each side's scores min-max "
+    "normalised, then --dense-weight x dense + (1 - --dense-weight) x BM25).",
+    choices=FUSIONS,
+    group=_RANKING,
+)
+RRF_K = shared(60, "Reciprocal rank fusion's constant (--fusion rrf).", ge=0, group=_RANKING)
+DENSE_WEIGHT = shared(
+    0.5,
+    "The dense side's weight in --fusion weighted (BM25 gets 1 minus it).",
+    ge=0,
+    le=1,
+    group=_RANKING,
+)
+FUSION_DEPTH = shared(
+    100,
+    "Documents each side of a hybrid search ranks before fusion (at least --top-k).",
+    ge=1,
+    group=_RANKING,
+)
+DEFAULT_RESCORE = 4  # candidates per result an int8 or binary store rescores
+RESCORE = shared(
+    None,
+    "int8 and binary stores: rescore RESCORE x top-k candidates, found by the codes in "
+    f"memory, against the float32 vectors on disk; default {DEFAULT_RESCORE} (more: closer "
+    "to an exact float32 search, slower).",
+    ge=1,
+    group=_RANKING,
+)
+VECTORS = shared(
+    "float32",
+    "Vector kind of a new store: float32, float16, int8 (4x smaller than float32) or binary "
+    "(sign bits, 32x smaller); int8 and binary search codes in memory and rescore the best "
+    "candidates against float32 vectors kept on disk (see --rescore). A store keeps its kind.",
+    choices=VECTOR_KINDS,
 )

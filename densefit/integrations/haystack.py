@@ -1,4 +1,4 @@
-"""Haystack 3: a document store over densefit's store, and an embedding retriever component.
+"""Haystack 3: a document store over densefit's store, and its retriever components.
 
 :class:`DensefitDocumentStore` implements Haystack's ``DocumentStore`` protocol
 (``count_documents``, ``filter_documents``, ``write_documents`` with ``DuplicatePolicy``,
@@ -26,6 +26,11 @@ embedding (``filters``, ``top_k``, ``scale_score``; ``run`` and ``run_async``), 
     query.add_component("retrieve", DensefitEmbeddingRetriever(store, top_k=5))
     query.connect("embed.embedding", "retrieve.query_embedding")
     query.run({"embed": {"text": "vitamin D"}, "retrieve": {"filters": {...}}})
+
+:class:`DensefitHybridRetriever` searches it by BM25 over the query text, by the query
+embedding, or by both fused (``mode="hybrid"``, the default: connect the text to ``query`` and
+the embedder's output to ``query_embedding``; ``run`` and ``run_async``); the store keeps the BM25 index of the
+documents' content itself (:mod:`densefit.retrieval.index.lexical`).
 
 Where the vectors come from: Haystack's embedders compute them, so the store takes them as
 given. With ``model=`` (the path or name the embedders load) a new store records that model
@@ -69,14 +74,22 @@ except ImportError:  # pragma: no cover - depends on the environment
         "densefit.integrations.haystack needs Haystack 3: pip install 'densefit[haystack]'"
     ) from None
 
+from densefit.choices import FUSIONS, SEARCH_MODES, VECTOR_KINDS
 from densefit.data.text import InvalidText, checked_text
 from densefit.data.types import Document as DensefitDocument
 from densefit.models import load_model
+from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.documents import DB_NAME
 from densefit.retrieval.index.filters import validate_filters
 from densefit.retrieval.index.store import LocalDocumentStore, checked_vectors, open_store
 
-__all__ = ["EXTERNAL_MODEL", "RESERVED_KEY", "DensefitDocumentStore", "DensefitEmbeddingRetriever"]
+__all__ = [
+    "EXTERNAL_MODEL",
+    "RESERVED_KEY",
+    "DensefitDocumentStore",
+    "DensefitEmbeddingRetriever",
+    "DensefitHybridRetriever",
+]
 
 RESERVED_KEY = "_haystack"
 EXTERNAL_MODEL = "external"
@@ -150,6 +163,10 @@ class DensefitDocumentStore:
         default, the length of the first embedding written.
     :param similarity: ``"cosine"`` (default) or ``"dot_product"``, for a new store.
     :param backend: ``"exact"``, ``"faiss"`` or ``"faiss:FACTORY"`` (see ``densefit index``).
+    :param vectors: the vector kind of a new store: ``"float32"`` (default), ``"float16"``,
+        ``"int8"`` or ``"binary"`` (int8 and binary keep codes in memory and rescore against
+        float32 vectors on disk: :mod:`densefit.retrieval.index.quantized`).
+    :param rescore: int8 and binary stores: candidates per result that are rescored.
     """
 
     def __init__(
@@ -160,21 +177,27 @@ class DensefitDocumentStore:
         embedding_dim: int | None = None,
         similarity: str = "cosine",
         backend: str = "exact",
+        vectors: str = "float32",
+        rescore: int | None = None,
     ) -> None:
         if similarity not in HAYSTACK_SIMILARITIES:
             raise ValueError(
                 f"similarity {similarity!r} is not supported: use 'cosine' or 'dot_product'"
             )
+        if vectors not in VECTOR_KINDS:
+            raise ValueError(f"vectors must be one of {', '.join(VECTOR_KINDS)}, not {vectors!r}")
         self.path = None if path is None else str(path)
         self.model = model
         self.embedding_dim = embedding_dim
         self.similarity = similarity
         self.backend = backend
+        self.vectors = vectors
+        self.rescore = rescore
         self._store: LocalDocumentStore | None = None
         self._indexed = False  # the "has no embedding" field has its index
         self._lock = threading.RLock()  # see _locked: one call at a time
         if self.path is not None and (Path(self.path) / DB_NAME).is_file():
-            self._store = LocalDocumentStore(self.path, backend=backend)
+            self._store = LocalDocumentStore(self.path, backend=backend, rescore=rescore)
 
     # -- the densefit store ----------------------------------------------------------------
 
@@ -186,7 +209,13 @@ class DensefitDocumentStore:
 
     def _create(self, dim_hint: int | None) -> LocalDocumentStore:
         if self.model is not None:
-            return open_store(self.path, load_model(self.model), backend=self.backend)
+            return open_store(
+                self.path,
+                load_model(self.model),
+                backend=self.backend,
+                vectors=self.vectors,
+                rescore=self.rescore,
+            )
         dim = self.embedding_dim or dim_hint
         if dim is None:
             raise ValueError(
@@ -199,7 +228,9 @@ class DensefitDocumentStore:
             dim=dim,
             fingerprint=np.zeros((3, dim), dtype=np.float32),
             similarity=HAYSTACK_SIMILARITIES[self.similarity],
+            vectors=self.vectors,
             backend=self.backend,
+            rescore=self.rescore,
         )
 
     # -- serialisation ---------------------------------------------------------------------
@@ -213,6 +244,8 @@ class DensefitDocumentStore:
             embedding_dim=self.embedding_dim,
             similarity=self.similarity,
             backend=self.backend,
+            vectors=self.vectors,
+            rescore=self.rescore,
         )
 
     @classmethod
@@ -408,13 +441,89 @@ class DensefitDocumentStore:
             combined = _HAS_EMBEDDING
             if filters:
                 combined = {"operator": "AND", "conditions": [filters, _HAS_EMBEDDING]}
+        query = self._query_vector(query_embedding)
+        hits = self._store.search(query, top_k=top_k, filters=combined, scale_score=scale_score)[0]
+        return self._scored(hits, return_embedding)
+
+    @_locked
+    def bm25_retrieval(
+        self,
+        query: str,
+        filters: dict[str, Any] | None = None,
+        top_k: int = 10,
+        scale_score: bool = False,
+        return_embedding: bool = False,
+    ) -> list[Document]:
+        """The ``top_k`` documents whose content best matches ``query`` by BM25 among those
+        matching ``filters``, best first, with ``score`` set (documents sharing no word with
+        the query are not returned; ``scale_score``: ``expit(score / 8)``, as Haystack's
+        ``InMemoryBM25Retriever``)."""
+        return self._retrieval("bm25", query, None, filters, top_k, scale_score, return_embedding)
+
+    @_locked
+    def hybrid_retrieval(
+        self,
+        query: str,
+        query_embedding: list[float],
+        filters: dict[str, Any] | None = None,
+        top_k: int = 10,
+        scale_score: bool = False,
+        return_embedding: bool = False,
+        fusion: Fusion | None = None,
+    ) -> list[Document]:
+        """The ``top_k`` best documents by BM25 over ``query`` and embedding similarity to
+        ``query_embedding``, fused (``fusion``: reciprocal rank by default,
+        :class:`~densefit.retrieval.fusion.Fusion`), among those matching ``filters`` on
+        both sides; documents without an embedding take part on the BM25 side only."""
+        return self._retrieval(
+            "hybrid", query, query_embedding, filters, top_k, scale_score, return_embedding, fusion
+        )
+
+    def _retrieval(
+        self,
+        mode,
+        query,
+        query_embedding,
+        filters,
+        top_k,
+        scale_score,
+        return_embedding,
+        fusion=None,
+    ) -> list[Document]:
+        filters = _checked_filters(filters)
+        if not isinstance(query, str):
+            raise ValueError(f"{mode} retrieval needs the query text, got {type(query).__name__}")
+        checked_text(query, "query")  # InvalidText (a ValueError) names the problem
+        if self._store is None or top_k == 0:
+            return []
+        query_vector = None
+        dense_filters = None
+        if mode == "hybrid":
+            query_vector = self._query_vector(query_embedding)
+            if self._has_documents_without_embedding():
+                dense_filters = _HAS_EMBEDDING
+        hits = self._store.search(
+            query_vector,
+            top_k=top_k,
+            filters=filters,
+            scale_score=scale_score,
+            mode=mode,
+            query_texts=[query],
+            fusion=fusion,
+            dense_filters=dense_filters,
+        )[0]
+        return self._scored(hits, return_embedding)
+
+    def _query_vector(self, query_embedding) -> np.ndarray:
         query = np.asarray(query_embedding, dtype=np.float32)
         if query.ndim != 1 or len(query) != self._store.dim:
             raise ValueError(
                 f"the query embedding has {query.size} values but the store holds "
                 f"{self._store.dim}-d embeddings"
             )
-        hits = self._store.search(query, top_k=top_k, filters=combined, scale_score=scale_score)[0]
+        return query
+
+    def _scored(self, hits, return_embedding: bool) -> list[Document]:
         found = [DensefitDocument(h.id, h.text, h.title, h.meta) for h in hits]
         documents = self._to_haystack(found, with_embedding=return_embedding)
         return [replace(d, score=h.score) for d, h in zip(documents, hits, strict=True)]
@@ -442,6 +551,8 @@ class DensefitDocumentStore:
     get_metadata_field_min_max_async = _in_thread(get_metadata_field_min_max)
     get_metadata_field_unique_values_async = _in_thread(get_metadata_field_unique_values)
     embedding_retrieval_async = _in_thread(embedding_retrieval)
+    bm25_retrieval_async = _in_thread(bm25_retrieval)
+    hybrid_retrieval_async = _in_thread(hybrid_retrieval)
 
     # -- conversion ------------------------------------------------------------------------
 
@@ -657,3 +768,158 @@ class DensefitEmbeddingRetriever:
             if return_embedding is None
             else return_embedding,
         }
+
+
+@component
+class DensefitHybridRetriever:
+    """Retrieves the documents of a :class:`DensefitDocumentStore` by BM25 over the query
+    text, by the query embedding, or by both fused (``mode``), like Haystack's
+    ``InMemoryBM25Retriever``, ``InMemoryEmbeddingRetriever`` and a ``DocumentJoiner`` with
+    ``reciprocal_rank_fusion`` in one component, with filters applied to both sides before
+    fusion.
+
+    :param document_store: the store to search.
+    :param mode: ``"hybrid"`` (default: needs ``query`` and ``query_embedding``), ``"bm25"``
+        (``query``) or ``"dense"`` (``query_embedding``).
+    :param filters: filters applied to every query (Haystack's syntax).
+    :param top_k: how many documents to return.
+    :param scale_score: scores in [0, 1] (dense: cosine ``(s + 1) / 2``; BM25
+        ``expit(s / 8)``; fused: divided by their largest possible value).
+    :param return_embedding: return the documents' embeddings too.
+    :param filter_policy: how run-time filters combine with ``filters``: ``REPLACE``
+        (default) or ``MERGE``.
+    :param fusion: ``"rrf"`` (reciprocal rank fusion, default) or ``"weighted"``
+        (min-max normalised scores, ``alpha`` x dense + (1 - ``alpha``) x BM25).
+    :param rrf_k: the reciprocal rank fusion constant (60).
+    :param alpha: the dense side's weight in weighted fusion (0.5).
+    :param depth: documents each side ranks before fusion (100).
+    """
+
+    def __init__(
+        self,
+        document_store: DensefitDocumentStore,
+        mode: str = "hybrid",
+        filters: dict[str, Any] | None = None,
+        top_k: int = 10,
+        scale_score: bool = False,
+        return_embedding: bool = False,
+        filter_policy: FilterPolicy = FilterPolicy.REPLACE,
+        fusion: str = "rrf",
+        rrf_k: int = 60,
+        alpha: float = 0.5,
+        depth: int = 100,
+    ) -> None:
+        if not isinstance(document_store, DensefitDocumentStore):
+            raise TypeError("document_store must be a DensefitDocumentStore")
+        if mode not in SEARCH_MODES:
+            raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, not {fusion!r}")
+        if top_k <= 0:
+            raise ValueError(f"top_k must be greater than 0, got {top_k}")
+        self.document_store = document_store
+        self.mode = mode
+        self.filters = _checked_filters(filters)
+        self.top_k = top_k
+        self.scale_score = scale_score
+        self.return_embedding = return_embedding
+        self.filter_policy = (
+            filter_policy
+            if isinstance(filter_policy, FilterPolicy)
+            else FilterPolicy.from_str(filter_policy)
+        )
+        self.fusion, self.rrf_k, self.alpha, self.depth = fusion, rrf_k, alpha, depth
+        self._fusion = Fusion(method=fusion, rrf_k=rrf_k, alpha=alpha, depth=depth)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialise the component (with its store's settings)."""
+        return default_to_dict(
+            self,
+            document_store=self.document_store,
+            mode=self.mode,
+            filters=self.filters,
+            top_k=self.top_k,
+            scale_score=self.scale_score,
+            return_embedding=self.return_embedding,
+            filter_policy=self.filter_policy.value,
+            fusion=self.fusion,
+            rrf_k=self.rrf_k,
+            alpha=self.alpha,
+            depth=self.depth,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DensefitHybridRetriever:
+        """The component :meth:`to_dict` described."""
+        init = dict(data.get("init_parameters", {}))
+        store = init.get("document_store")
+        if isinstance(store, dict):
+            init["document_store"] = DensefitDocumentStore.from_dict(store)
+        if "filter_policy" in init:
+            init["filter_policy"] = FilterPolicy.from_str(init["filter_policy"])
+        return default_from_dict(cls, {**data, "init_parameters": init})
+
+    @component.output_types(documents=list[Document])
+    def run(
+        self,
+        query: str | None = None,
+        query_embedding: list[float] | None = None,
+        filters: dict[str, Any] | None = None,
+        top_k: int | None = None,
+        scale_score: bool | None = None,
+        return_embedding: bool | None = None,
+    ) -> dict[str, list[Document]]:
+        """The best ``top_k`` documents for the query (its text for BM25, its embedding for
+        dense, both for hybrid) among those matching the filters: ``{"documents": [...]}``,
+        best first, each with ``score``."""
+        method, arguments = self._call(
+            query, query_embedding, filters, top_k, scale_score, return_embedding
+        )
+        return {"documents": getattr(self.document_store, method)(**arguments)}
+
+    @component.output_types(documents=list[Document])
+    async def run_async(
+        self,
+        query: str | None = None,
+        query_embedding: list[float] | None = None,
+        filters: dict[str, Any] | None = None,
+        top_k: int | None = None,
+        scale_score: bool | None = None,
+        return_embedding: bool | None = None,
+    ) -> dict[str, list[Document]]:
+        """:meth:`run` for ``AsyncPipeline``: the search runs in a worker thread, so it
+        does not block the event loop."""
+        method, arguments = self._call(
+            query, query_embedding, filters, top_k, scale_score, return_embedding
+        )
+        return {"documents": await getattr(self.document_store, f"{method}_async")(**arguments)}
+
+    def _call(
+        self, query, query_embedding, filters, top_k, scale_score, return_embedding
+    ) -> tuple[str, dict]:
+        """The store method this retriever's mode calls and its arguments (run-time values
+        over the defaults)."""
+        filters = apply_filter_policy(self.filter_policy, self.filters, filters)
+        top_k = self.top_k if top_k is None else top_k
+        if top_k < 0:
+            raise ValueError(f"top_k must be at least 0, got {top_k}")
+        if self.mode != "dense" and query is None:
+            raise ValueError(f"mode {self.mode!r} needs the query text: connect `query`")
+        if self.mode != "bm25" and query_embedding is None:
+            raise ValueError(
+                f"mode {self.mode!r} needs the query embedding: connect `query_embedding`"
+            )
+        options = {
+            "filters": filters,
+            "top_k": top_k,
+            "scale_score": self.scale_score if scale_score is None else scale_score,
+            "return_embedding": self.return_embedding
+            if return_embedding is None
+            else return_embedding,
+        }
+        if self.mode == "dense":
+            return "embedding_retrieval", {"query_embedding": query_embedding, **options}
+        if self.mode == "bm25":
+            return "bm25_retrieval", {"query": query, **options}
+        arguments = {"query": query, "query_embedding": query_embedding, **options}
+        return "hybrid_retrieval", {**arguments, "fusion": self._fusion}

@@ -26,10 +26,11 @@ import json
 import time
 from collections import defaultdict
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import torch
 
+from densefit.choices import SEARCH_MODES
 from densefit.data.types import Document
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index.filters import validate_filters
@@ -71,31 +72,37 @@ PASS_COST_TOKENS = 24
 
 
 def search_queries(store, model, queries: list[Query], embeddings=None) -> list[object]:
-    """Embed all ``queries`` (one forward pass, or a few of similar lengths:
-    :func:`~densefit.retrieval.encode.padding_aware_cuts`), then search the store once per
-    (k, filters, scale_score) group; one hit list (or exception) per query, in order.
-    ``embeddings``: the queries' embeddings, when the batch embedded them already."""
-    if embeddings is None:
-        embeddings = encode_texts(
+    """Embed the ``queries`` that need it (dense and hybrid ones; one forward pass, or a few
+    of similar lengths: :func:`~densefit.retrieval.encode.padding_aware_cuts`), then search
+    the store once per (k, filters, scale_score, mode) group; one hit list (or exception)
+    per query, in order. ``embeddings``: the embeddings of the queries that are not ``bm25``
+    (in order), when the batch embedded them already."""
+    embedded = [i for i, q in enumerate(queries) if q.mode != "bm25"]
+    vectors = embeddings
+    if vectors is None and embedded:
+        vectors = encode_texts(
             model,
-            [q.text for q in queries],
-            batch_size=max(len(queries), 1),
+            [queries[i].text for i in embedded],
+            batch_size=max(len(embedded), 1),
             prompt_name="query",
             pass_cost_tokens=PASS_COST_TOKENS,
         )
+    row_of = {query: row for row, query in enumerate(embedded)}
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, q in enumerate(queries):
-        key = (q.k, json.dumps(q.filters, sort_keys=True), q.scale_score)
+        key = (q.k, json.dumps(q.filters, sort_keys=True), q.scale_score, q.mode)
         groups[key].append(i)
     results: list[object] = [None] * len(queries)
     for indices in groups.values():
         first = queries[indices[0]]
         try:
             hits = store.search(
-                embeddings[indices],
+                vectors[[row_of[i] for i in indices]] if first.mode != "bm25" else None,
                 top_k=first.k,
                 filters=first.filters,
                 scale_score=first.scale_score,
+                mode=first.mode,
+                query_texts=[queries[i].text for i in indices],
             )
         except Exception as exc:  # noqa: BLE001 - fails only this group's queries
             hits = [exc] * len(indices)
@@ -112,12 +119,18 @@ class _Strict(BaseModel):
 
 
 class SearchRequest(_Strict):
-    """One query or a list; ``k`` results each; optional metadata filters (Haystack syntax)."""
+    """One query or a list; ``k`` results each; optional metadata filters (Haystack syntax);
+    ranked by embedding, BM25 or both fused (``mode``)."""
 
     query: StrictStr | list[StrictStr] = Field(..., description="A query or a list of queries.")
     k: StrictInt = Field(10, description="Results per query.")
     filters: dict[str, Any] | None = Field(None, description="Metadata filter (Haystack syntax).")
     scale_score: StrictBool = Field(False, description="Scores scaled to [0, 1].")
+    mode: Literal[SEARCH_MODES] = Field(
+        "dense",
+        description="dense: by embedding; bm25: by BM25 over the texts; hybrid: both, fused "
+        "by reciprocal rank (filters apply to both sides).",
+    )
 
 
 MAX_ID_CHARS = 512
@@ -325,6 +338,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
         lambda texts: encode_texts(model, texts, batch_size=32, prompt_name="document"),
         on_commit=metrics.observe_write,
         on_error=lambda: metrics.observe_error("write"),
+        after_ack=lambda: _update_bm25(store),
     )
 
     @asynccontextmanager
@@ -351,6 +365,13 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     add_embedding_routes(app, store, model, config, batcher, _ARRIVAL)
     app.add_middleware(Guard, config=config, metrics=metrics, batcher=batcher)
     return app
+
+
+def _update_bm25(store) -> None:
+    """After a write is acknowledged: bring the BM25 index up to date in the writer thread, if
+    this server searched by BM25 already, so that the next BM25 search does not wait for it."""
+    if getattr(store, "bm25_loaded", False):
+        store.update_bm25()
 
 
 def _add_error_handlers(app, metrics: Metrics) -> None:
@@ -422,7 +443,7 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
             raise ClientError(422, f"k must be between 1 and {config.max_k}, got {request.k}")
         _check_texts(request.query, "query", config)
         filters = _check_filters(request.filters)
-        queries = [Query(t, request.k, filters, request.scale_score) for t in texts]
+        queries = [Query(t, request.k, filters, request.scale_score, request.mode) for t in texts]
         found = await batcher.search(queries, http.scope.get(_ARRIVAL))
         # A ready JSONResponse skips FastAPI's recursive jsonable_encoder over every hit.
         return JSONResponse(
@@ -478,6 +499,7 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
             "documents": store.count(),
             "model": store.model_name,
             "dim": store.dim,
+            "vectors": getattr(store, "vector_kind", None),
             "pending_writes": writer.pending,
         }
 

@@ -39,6 +39,7 @@ class Query:
     k: int = 10
     filters: dict | None = None
     scale_score: bool = False
+    mode: str = "dense"  # densefit.choices.SEARCH_MODES: bm25 queries are not embedded
     future: asyncio.Future | None = field(default=None, repr=False)
 
 

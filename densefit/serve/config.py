@@ -10,7 +10,7 @@ from pathlib import Path
 
 from densefit.choices import EMBED_PROMPTS
 from densefit.config.options import Options, option, section
-from densefit.config.shared import BACKEND, DEVICE, MODEL, STORE
+from densefit.config.shared import BACKEND, DEVICE, MODEL, RESCORE, STORE, VECTORS
 
 __all__ = ["API_KEY_ENV", "DEFAULT_HOST", "DEFAULT_PORT", "ServeConfig", "ServeJob",
            "is_local_host", "worker_threads"]  # fmt: skip
@@ -99,6 +99,8 @@ class ServeJob(Options):
     port: int = option(DEFAULT_PORT, "TCP port.", ge=0, le=65535)
     create: bool = option(False, "Create an empty store for --model when --store holds none.")
     backend: str = BACKEND()
+    vectors: str = VECTORS()
+    rescore: int | None = RESCORE()
     serve: ServeConfig = section(ServeConfig, "The service's limits and knobs.")
 
 

@@ -95,7 +95,8 @@ def run_batch(
     pass_cost_tokens: int | None = None,
 ) -> list[object]:
     """Run one micro-batch: embed every text (one forward pass per prompt the batch needs),
-    then ``search(store, model, queries, embeddings=...)`` for the search queries; one result
+    then ``search(store, model, queries, embeddings=...)`` for the search queries (BM25
+    ones are not embedded: ``embeddings`` holds the others' rows, in order); one result
     (hit list, :class:`Embedded` or exception) per item, in order.
 
     A batch of search queries only is handed to ``search`` as it is (it embeds them itself).
@@ -118,7 +119,10 @@ def run_batch(
             )
         else:
             to_embed.append(i)
-    to_embed += [i for i, item in enumerate(items) if isinstance(item, Query)]
+    # BM25 queries are searched by their text alone: not embedded.
+    to_embed += [
+        i for i, item in enumerate(items) if isinstance(item, Query) and item.mode != "bm25"
+    ]
     # Texts wanting the same prompt share a pass; without such a prompt they all share one.
     groups: dict[str | None, list[int]] = {}
     for i in to_embed:
@@ -143,13 +147,18 @@ def run_batch(
     for i in inputs:
         if results[i] is None and i in vectors:
             results[i] = Embedded(vectors[i], min(counted[i], limit or counted[i]))
-    queries = [i for i, item in enumerate(items) if isinstance(item, Query) and i in vectors]
+    queries = [
+        i
+        for i, item in enumerate(items)
+        if isinstance(item, Query) and (i in vectors or item.mode == "bm25")
+    ]
+    dense = [i for i in queries if items[i].mode != "bm25"]
     if queries:
         found = search(
             store,
             model,
             [items[i] for i in queries],
-            embeddings=np.stack([vectors[i] for i in queries]),
+            embeddings=np.stack([vectors[i] for i in dense]) if dense else None,
         )
         for i, hits in zip(queries, found, strict=True):
             results[i] = hits

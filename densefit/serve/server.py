@@ -73,7 +73,14 @@ def serve_job(job) -> None:  # noqa: ANN001 - a densefit.serve.config.ServeJob
             model = model_for_store(probe, job.model, device=job.device)
     else:
         model = load_model(model_or_default(job.model), device=job.device)
-    store = open_store(job.store, model, backend=job.backend, create=job.create)
+    store = open_store(
+        job.store,
+        model,
+        backend=job.backend,
+        vectors=job.vectors,
+        rescore=job.rescore,
+        create=job.create,
+    )
     local = is_local_host(job.host)
     if not local and not job.serve.api_key:
         warnings.warn(

@@ -32,7 +32,8 @@ class WriteAck:
 class DocumentWriter:
     """A queue and one thread that embeds and commits writes to ``store``, in order.
 
-    ``embed(texts)`` returns the embeddings of document texts (a ``(n, dim)`` array).
+    ``embed(texts)`` returns the embeddings of document texts (a ``(n, dim)`` array);
+    ``after_ack()`` runs after each acknowledged write, before the next one.
 
     >>> import numpy as np
     >>> from densefit.testing import tiny_model
@@ -56,11 +57,13 @@ class DocumentWriter:
         *,
         on_commit: Callable[[], None] | None = None,
         on_error: Callable[[], None] | None = None,
+        after_ack: Callable[[], None] | None = None,
     ):
         self.store = store
         self.embed = embed
         self.on_commit = on_commit
         self.on_error = on_error
+        self.after_ack = after_ack  # work after the caller was answered (e.g. the BM25 index)
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
 
@@ -114,6 +117,12 @@ class DocumentWriter:
             if self.on_commit is not None:
                 self.on_commit()
             future.set_result(ack)
+            if self.after_ack is not None:
+                try:
+                    self.after_ack()
+                except Exception:  # noqa: BLE001 - a cache: the next search brings it up to date
+                    if self.on_error is not None:
+                        self.on_error()
 
     def _apply(self, kind: str, payload: list) -> WriteAck:
         if kind == "delete":

@@ -9,10 +9,14 @@ a backend spec (``"exact"``, ``"faiss"``, ``"faiss:Flat"``...) or a factory call
             return "faiss:Flat"
 
 The suite covers add / update / delete by id, reopening, compaction, writes made through a
-second connection (as another process makes them), model mismatch errors, and crashes: a
-child process (forked) indexing a corpus is SIGKILLed between batches and in the middle of a
-write, and the store must reopen with its last committed state, documents and vectors still
-aligned, and a rerun must resume.
+second connection (as another process makes them), model mismatch errors, filters, BM25 and
+hybrid search (BM25 equal to an index built from scratch over the current documents after
+writes, updates, deletes, compaction and reopening; hybrid equal to the fusion of the two
+rankings), and crashes: a child process (forked) indexing a corpus is SIGKILLed between
+batches and in the middle of a write, and the store must reopen with its last committed
+state, documents and vectors still aligned, and a rerun must resume; one killed after a
+commit but before its BM25 index was saved must leave a store whose BM25 search still sees
+exactly the committed documents.
 
 Needs pytest; uses :func:`densefit.testing.tiny_model` (no downloads).
 """
@@ -31,7 +35,9 @@ import torch
 
 from densefit.data.types import Document
 from densefit.models import load_model, model_name_of
+from densefit.retrieval.bm25 import Bm25Index, Tokens
 from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index import vectors
 from densefit.retrieval.index.base import ModelMismatchError
 from densefit.retrieval.index.indexing import index_documents
@@ -102,9 +108,22 @@ def _embed(model, docs) -> np.ndarray:
 
 
 class StoreConformance:
-    """Behaviour every backend must show through :class:`LocalDocumentStore`."""
+    """Behaviour every backend and vector kind must show through :class:`LocalDocumentStore`.
+
+    Subclasses set ``vectors`` (the vector kind, :data:`densefit.choices.VECTOR_KINDS`) and,
+    for int8 and binary, ``rescore``: the suite compares results with exact search, which a
+    quantized store gives when it rescores every document (``rescore x k >= n_docs``).
+    """
 
     n_docs = 40
+    vectors = "float32"
+    rescore: int | None = None
+    vector_atol = 1e-5  # how far a stored vector may be from its float32 embedding
+
+    @property
+    def options(self) -> dict:
+        """What :func:`open_store` takes besides the backend: the vector kind and rescoring."""
+        return {"vectors": self.vectors, "rescore": self.rescore}
 
     @pytest.fixture
     def backend(self):
@@ -132,7 +151,7 @@ class StoreConformance:
 
     @pytest.fixture
     def store(self, store_dir, model, backend, docs):
-        store = open_store(store_dir, model, backend=backend)
+        store = open_store(store_dir, model, backend=backend, **self.options)
         store.write(docs, _embed(model, docs))
         yield store
         store.close()
@@ -148,7 +167,8 @@ class StoreConformance:
     def test_each_document_finds_itself_first(self, store, model, docs):
         hits = store.search(_embed(model, docs), top_k=3)
         assert [h[0].id for h in hits] == [d.id for d in docs]
-        assert all(abs(h[0].score - 1.0) < 1e-4 for h in hits)  # cosine store: unit vectors
+        # cosine store: unit vectors
+        assert all(abs(h[0].score - 1.0) < max(1e-4, self.vector_atol) for h in hits)
         assert all(h[0].rank == 1 and h[1].rank == 2 for h in hits)
         assert all(h[0].score >= h[1].score >= h[2].score for h in hits)
 
@@ -166,7 +186,7 @@ class StoreConformance:
         assert len(hits) == len(docs) and len({h.id for h in hits}) == len(docs)
 
     def test_empty_store_finds_nothing(self, store_dir, model, backend):
-        with open_store(store_dir, model, backend=backend) as store:
+        with open_store(store_dir, model, backend=backend, **self.options) as store:
             assert store.search(encode_texts(model, ["cells"]), top_k=5) == [[]]
             assert store.count() == 0
 
@@ -179,7 +199,7 @@ class StoreConformance:
         assert store.count() == len(docs) and store.dead_rows() == 1
         assert store.get([changed.id])[0].text == changed.text
         hit = store.search(_embed(model, [changed]), top_k=1)[0][0]
-        assert hit.id == changed.id and abs(hit.score - 1) < 1e-4
+        assert hit.id == changed.id and abs(hit.score - 1) < max(1e-4, self.vector_atol)
         old_hits = store.search(_embed(model, [docs[5]]), top_k=len(docs))[0]
         old_score = next(h.score for h in old_hits if h.id == changed.id)
         assert old_score < 0.9999  # the old vector is gone
@@ -285,6 +305,121 @@ class StoreConformance:
             np.testing.assert_allclose([h.score for h in s], [(h.score + 1) / 2 for h in p])
             assert all(0 <= h.score <= 1 for h in s)
 
+    # -- BM25 and hybrid search -------------------------------------------------------------
+
+    bm25_queries = ("cells genes", "python function return", "banana apple memory", "the of")
+
+    def _fresh_bm25(self, store, queries, k, filters=None):
+        """Expected BM25 ``[(id, score)]`` per query: an index built now, from scratch, over
+        the stored documents (those matching ``filters``), in write order as the store's."""
+        docs = store.filter_documents()
+        index = Bm25Index(Tokens.of([d.text for d in docs]))
+        mask = None if filters is None else np.array([reference_match(filters, d) for d in docs])
+        return [
+            [(docs[p].id, float(score)) for p, score in zip(*found, strict=True)]
+            for found in index.search(list(queries), k, mask)
+        ]
+
+    def _bm25(self, store, queries=None, k=10, **options):
+        queries = list(queries or self.bm25_queries)
+        return _as_pairs(store.search(None, k, mode="bm25", query_texts=queries, **options))
+
+    def test_bm25_equals_a_fresh_index_of_the_documents(self, store):
+        got = self._bm25(store, k=12)
+        assert got == self._fresh_bm25(store, self.bm25_queries, 12)
+        assert got[0] and got[-1] == []  # stop words only: nothing shares a token
+
+    def test_bm25_follows_writes_updates_and_deletes(self, store, model, docs):
+        self._bm25(store)  # the index exists before the changes
+        changed = Document(docs[4].id, "vaccine dose trial mice", title="trial")
+        extra = make_corpus(5, seed=3, prefix="extra")
+        store.write([changed, *extra], _embed(model, [changed, *extra]))
+        store.delete([docs[0].id, docs[9].id])
+        queries = [*self.bm25_queries, docs[4].text, "vaccine dose trial mice", extra[2].text]
+        got = self._bm25(store, queries, k=len(docs) + 10)
+        assert got == self._fresh_bm25(store, queries, len(docs) + 10)
+        found = {doc_id for hits in got for doc_id, _ in hits}
+        assert docs[0].id not in found and docs[9].id not in found
+        assert changed.id in {d for d, _ in got[-2][:3]} and extra[2].id in {d for d, _ in got[-1]}
+
+    @pytest.mark.parametrize(
+        "filters",
+        [
+            {"field": "meta.lang", "operator": "==", "value": "de"},
+            {"field": "meta.rare", "operator": "==", "value": True},
+            {"field": "meta.year", "operator": ">=", "value": 2003},
+        ],
+    )
+    def test_bm25_and_hybrid_filter_before_ranking(self, store, model, docs, filters):
+        store.write_metadata(with_meta(docs))
+        got = self._bm25(store, k=7, filters=filters)
+        assert got == self._fresh_bm25(store, self.bm25_queries, 7, filters)
+        matching = {d.id for d in store.filter_documents(filters)}
+        texts = list(self.bm25_queries[:3])
+        hybrid = store.search(
+            encode_texts(model, texts), 7, mode="hybrid", query_texts=texts, filters=filters
+        )
+        assert all(h.id in matching for hits in hybrid for h in hits)
+        assert all(len(hits) == min(7, len(matching)) for hits in hybrid)
+
+    @pytest.mark.parametrize("method", ["rrf", "weighted"])
+    def test_hybrid_is_the_fusion_of_the_dense_and_bm25_rankings(self, store, model, method):
+        fusion = Fusion(method=method, depth=15, alpha=0.3)
+        texts = list(self.bm25_queries)
+        embeddings = encode_texts(model, texts)
+        position = {d.id: i for i, d in enumerate(store.filter_documents())}  # row order
+        dense = _as_pairs(store.search(embeddings, 15))
+        lexical = self._bm25(store, texts, k=15)
+        got = _as_pairs(
+            store.search(embeddings, 6, mode="hybrid", query_texts=texts, fusion=fusion)
+        )
+        ids = {i: doc_id for doc_id, i in position.items()}
+        for q in range(len(texts)):
+            keys = [np.array([position[d] for d, _ in side]) for side in (dense[q], lexical[q])]
+            scores = [np.array([x for _, x in side]) for side in (dense[q], lexical[q])]
+            rows, fused = fusion.fuse(keys, 6, scores)
+            assert [d for d, _ in got[q]] == [ids[int(r)] for r in rows]
+            np.testing.assert_allclose([x for _, x in got[q]], fused, rtol=1e-6)
+
+    def test_bm25_survives_reopen_compaction_and_other_handles(
+        self, store, store_dir, model, backend, docs
+    ):
+        store.write(docs[:6], _embed(model, docs[:6]))  # 6 dead rows
+        store.flush()  # saved: bm25-<generation>.npz
+        assert list(store_dir.glob("bm25-0.npz"))
+        with LocalDocumentStore(store_dir, backend=backend, rescore=self.rescore) as other:
+            assert self._bm25(other) == self._fresh_bm25(other, self.bm25_queries, 10)
+            assert other._bm25.tokenised == 0  # read from the file, nothing tokenised again
+            extra = make_corpus(2, seed=5, prefix="extra")
+            store.write(extra, _embed(model, extra))  # another handle commits
+            assert self._bm25(other, [extra[1].text], 1)[0][0][0] == extra[1].id
+            assert other._bm25.tokenised == 2
+        self._bm25(store)  # this handle's index is current before compacting
+        tokenised = store._bm25.tokenised
+        assert store.compact() == 6
+        assert self._bm25(store) == self._fresh_bm25(store, self.bm25_queries, 10)
+        assert store._bm25.tokenised == tokenised  # renumbered, not rebuilt
+        store.flush()
+        assert [p.name for p in store_dir.glob("bm25-*")] == ["bm25-1.npz"]
+
+    def test_unreadable_bm25_file_is_rebuilt(self, store, store_dir, backend):
+        store.flush()
+        store.close()
+        (store_dir / "bm25-0.npz").write_bytes(b"PK\x03\x04 not a zip file at all")
+        with LocalDocumentStore(store_dir, backend=backend, rescore=self.rescore) as again:
+            assert self._bm25(again) == self._fresh_bm25(again, self.bm25_queries, 10)
+            assert again._bm25.tokenised == self.n_docs
+
+    def test_search_modes_are_checked(self, store, model):
+        with pytest.raises(ValueError, match="mode must be one of dense, bm25, hybrid"):
+            store.search(encode_texts(model, ["x"]), mode="sparse")
+        with pytest.raises(ValueError, match="needs the query texts"):
+            store.search(encode_texts(model, ["x"]), mode="hybrid")
+        with pytest.raises(ValueError, match="needs the query embeddings"):
+            store.search(None, mode="hybrid", query_texts=["x"])
+        with pytest.raises(ValueError, match="2 query texts for 1 query embeddings"):
+            store.search(encode_texts(model, ["x"]), mode="hybrid", query_texts=["x", "y"])
+
     # -- persistence and other processes ---------------------------------------------------
 
     def test_reopen_gives_same_results(self, store, store_dir, model, backend, docs):
@@ -293,13 +428,13 @@ class StoreConformance:
         store.delete([docs[7].id])
         before_delete = _as_pairs(store.search(queries, top_k=5))
         store.close()
-        with LocalDocumentStore(store_dir, backend=backend) as again:
+        with LocalDocumentStore(store_dir, backend=backend, rescore=self.rescore) as again:
             assert again.count() == len(docs) - 1
             assert _close(_as_pairs(again.search(queries, top_k=5)), before_delete)
         assert before  # searched before closing too
 
     def test_second_handle_sees_commits(self, store, store_dir, model, backend, docs):
-        with LocalDocumentStore(store_dir, backend=backend) as other:
+        with LocalDocumentStore(store_dir, backend=backend, rescore=self.rescore) as other:
             assert other.count() == len(docs)
             extra = make_corpus(3, seed=9, prefix="extra")
             store.write(extra, _embed(model, extra))
@@ -316,10 +451,10 @@ class StoreConformance:
         next_file = store_dir / "vectors-1.f32"
         with store.transaction():
             next_file.write_bytes(b"being written")
-            LocalDocumentStore(store_dir, backend=backend).close()
+            LocalDocumentStore(store_dir, backend=backend, rescore=self.rescore).close()
             assert next_file.exists()
         # Once nobody holds the lock, a leftover of an interrupted compaction is removed.
-        LocalDocumentStore(store_dir, backend=backend).close()
+        LocalDocumentStore(store_dir, backend=backend, rescore=self.rescore).close()
         assert not next_file.exists()
 
     # -- the model -------------------------------------------------------------------------
@@ -344,7 +479,7 @@ class StoreConformance:
         with pytest.raises(ModelMismatchError, match="does not reproduce"):
             store.check_model(other)
         with pytest.raises(ModelMismatchError):
-            open_store(store_dir, other, backend=backend)
+            open_store(store_dir, other, backend=backend, **self.options)
 
     def test_weights_changed_in_place_is_an_error(self, store, model_dir, docs):
 
@@ -386,7 +521,7 @@ class StoreConformance:
 
             torch.set_num_threads(1)
 
-            store = open_store(store_dir, model, backend=backend)
+            store = open_store(store_dir, model, backend=backend, **self.options)
             if mode == "mid-write":
                 original, calls = vectors.VectorFile.write, [0]
 
@@ -422,7 +557,7 @@ class StoreConformance:
         )
 
     def _check_consistent(self, store_dir, model, backend, n_expected=None):
-        with LocalDocumentStore(store_dir, backend=backend) as store:
+        with LocalDocumentStore(store_dir, backend=backend, rescore=self.rescore) as store:
             ids = sorted(store.ids())
             if n_expected is not None:
                 assert len(ids) == n_expected
@@ -431,21 +566,23 @@ class StoreConformance:
             np.testing.assert_allclose(
                 store.vectors(ids),
                 encode_texts(model, [d.text for d in docs], normalize=True),
-                atol=1e-5,
+                atol=self.vector_atol,
             )
             hits = store.search(encode_texts(model, [docs[-1].text]), top_k=1)[0]
             assert hits[0].id == ids[-1]
             return len(ids)
 
     def _assert_resumes(self, store_dir, model, backend, committed, n):
-        with open_store(store_dir, model, backend=backend) as store:
+        with open_store(store_dir, model, backend=backend, **self.options) as store:
             report = index_documents(store, model, make_corpus(n), batch_size=8, commit_every=16)
         assert report.unchanged == committed and report.added == n - committed
         self._check_consistent(store_dir, model, backend, n_expected=n)
 
     def test_killed_between_batches_reopens_and_resumes(self, model, backend, store_dir):
         n = 160
-        with open_store(store_dir, model, backend=backend) as store:  # a flushed first part
+        with open_store(
+            store_dir, model, backend=backend, **self.options
+        ) as store:  # a flushed first part
             index_documents(store, model, make_corpus(16), batch_size=8, commit_every=16)
         pid, pipe = self._fork_indexer(model, store_dir, backend, "between", n)
         try:
@@ -467,7 +604,7 @@ class StoreConformance:
 
     def test_killed_mid_write_keeps_last_commit(self, model, backend, store_dir):
         n = 96
-        with open_store(store_dir, model, backend=backend) as store:
+        with open_store(store_dir, model, backend=backend, **self.options) as store:
             index_documents(store, model, make_corpus(16), batch_size=8, commit_every=16)
         pid, pipe = self._fork_indexer(model, store_dir, backend, "mid-write", n)
         os.close(pipe)
@@ -475,9 +612,42 @@ class StoreConformance:
         # The run skipped the 16 unchanged documents, committed two batches of 16, and died
         # after writing the third batch's vectors but before its transaction committed.
         vector_file = next(store_dir.glob("vectors-*"))
-        assert vector_file.stat().st_size > 48 * 32 * 4
+        row_bytes = 32 * (2 if self.vectors == "float16" else 4)
+        assert vector_file.stat().st_size > 48 * row_bytes
         committed = self._check_consistent(store_dir, model, backend, n_expected=48)
         self._assert_resumes(store_dir, model, backend, committed, n)
+
+    def test_killed_between_a_commit_and_the_bm25_update_never_answers_stale(
+        self, model, backend, store_dir
+    ):
+        if not hasattr(os, "fork"):
+            pytest.skip("the crash tests need os.fork")
+        with open_store(store_dir, model, backend=backend, **self.options) as store:
+            index_documents(store, model, make_corpus(30), batch_size=8)  # flushes: BM25 saved
+        saved = (store_dir / "bm25-0.npz").read_bytes()
+        extra = make_corpus(6, seed=11, prefix="late")
+        pid = os.fork()
+        if pid == 0:  # the child: commit a write and a delete, then die before any flush
+            try:
+                torch.set_num_threads(1)
+                store = open_store(store_dir, model, backend=backend, **self.options)
+                store.write(extra, _embed(model, extra))
+                store.delete(["doc-0003", "doc-0004"])
+                os.kill(os.getpid(), signal.SIGKILL)
+            except BaseException:  # noqa: BLE001 - report and leave without running pytest code
+                traceback.print_exc()
+            os._exit(1)
+        self._wait_killed(pid)
+        assert (store_dir / "bm25-0.npz").read_bytes() == saved  # the file is behind
+        with LocalDocumentStore(store_dir, backend=backend, rescore=self.rescore) as store:
+            assert store.info()["bm25"] != "current"
+            queries = [*self.bm25_queries, extra[0].text, make_corpus(30)[3].text]
+            got = self._bm25(store, queries, k=40)
+            assert got == self._fresh_bm25(store, queries, 40)
+            assert extra[0].id in {d for d, _ in got[-2][:3]}
+            assert "doc-0003" not in {d for hits in got for d, _ in hits}
+            assert store._bm25.tokenised == len(extra)  # the saved part was reused
+            assert store.info()["bm25"] == "current"
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:

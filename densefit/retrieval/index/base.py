@@ -148,14 +148,19 @@ class DocumentStore(Protocol):
 
     def search(
         self,
-        query_embeddings: np.ndarray,
+        query_embeddings: np.ndarray | None = None,
         top_k: int = 10,
         *,
         filters: dict | None = None,
         scale_score: bool = False,
+        mode: str = "dense",
+        query_texts: Sequence[str] | None = None,
+        fusion=None,
     ) -> list[list[SearchHit]]:
-        """The ``top_k`` best documents for each row of ``query_embeddings`` (among those
-        matching ``filters``, :mod:`densefit.retrieval.index.filters`)."""
+        """The ``top_k`` best documents for each query (among those matching ``filters``,
+        :mod:`densefit.retrieval.index.filters`): by ``query_embeddings`` (``mode="dense"``),
+        by BM25 over ``query_texts`` (``"bm25"``) or by both fused (``"hybrid"``,
+        ``fusion``: :class:`~densefit.retrieval.fusion.Fusion`)."""
         ...
 
     def close(self) -> None: ...

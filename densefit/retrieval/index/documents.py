@@ -15,6 +15,8 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from densefit.data.types import Document
 
 __all__ = ["DB_NAME", "DocumentTable", "Transaction", "meta_hash", "parts", "text_hash"]
@@ -169,9 +171,9 @@ class DocumentTable:
             )
         return out
 
-    def all_rows(self) -> list[int]:
-        """The vector row of every document."""
-        return [r for (r,) in self.conn.execute("SELECT row FROM documents")]
+    def all_rows(self) -> np.ndarray:
+        """The vector row of every document (int64; no Python list of a million ints)."""
+        return np.fromiter((r for (r,) in self.conn.execute("SELECT row FROM documents")), np.int64)
 
     def first_rows_of_texts(self, hashes: list[str]) -> dict[str, int]:
         """``{text_hash: the lowest row holding that text}`` for the hashes that are stored."""
@@ -195,6 +197,16 @@ class DocumentTable:
             ):
                 docs[row] = (doc_id, text, title, json.loads(meta))
         return docs
+
+    def texts_at(self, rows: Sequence[int]) -> list[str]:
+        """The texts of the documents at these vector rows, in that order (each must exist)."""
+        found: dict[int, str] = {}
+        for part in parts([int(r) for r in rows]):
+            marks = ",".join("?" * len(part))
+            found.update(
+                self.conn.execute(f"SELECT row, text FROM documents WHERE row IN ({marks})", part)
+            )
+        return [found[int(r)] for r in rows]
 
     def rows_matching(self, where: str, params: Sequence) -> list[int]:
         """The vector rows of the documents satisfying the SQL clause ``where`` (a compiled

@@ -1,4 +1,5 @@
-"""Searching a store with a model: embed the queries, then ask the store."""
+"""Searching a store with a model: embed the queries (unless the search is BM25 only), then ask
+the store, by embedding, by BM25 or by both fused (``mode``)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from densefit.choices import SEARCH_MODES
 from densefit.data.text import checked_texts
 from densefit.models import load_model
 from densefit.retrieval.encode import configure_model, encode_texts
 from densefit.retrieval.index.base import DocumentStore, SearchHit, StoreError
 from densefit.retrieval.index.filters import validate_filters
+from densefit.retrieval.index.lexical import BM25_SCALE
 from densefit.retrieval.index.settings import check_search_settings, search_options
 
 __all__ = ["model_for_store", "scaled_scores", "search", "search_batch"]
@@ -50,8 +53,9 @@ def model_for_store(
 
 
 def scaled_scores(scores: np.ndarray, similarity: str) -> np.ndarray:
-    """Scores mapped to [0, 1] as Haystack 1.x's ``EmbeddingRetriever(scale_score=True)``:
-    cosine ``(s + 1) / 2``, dot product ``expit(s / 100)``. Order is kept.
+    """Scores mapped to [0, 1] as Haystack does with ``scale_score=True``: cosine
+    ``(s + 1) / 2``, dot product ``expit(s / 100)`` (its embedding retrievers), ``"bm25"``
+    ``expit(s / 8)`` (its in-memory BM25 retriever). Order is kept.
 
     >>> scaled_scores(np.array([-1.0, 0.0, 1.0]), "cosine").tolist()
     [0.0, 0.5, 1.0]
@@ -63,7 +67,9 @@ def scaled_scores(scores: np.ndarray, similarity: str) -> np.ndarray:
         return (scores + 1) / 2
     if similarity == "dot":
         return 1 / (1 + np.exp(-scores / 100))
-    raise ValueError(f"no score scaling for similarity {similarity!r}: use cosine or dot")
+    if similarity == "bm25":
+        return 1 / (1 + np.exp(-scores / BM25_SCALE))
+    raise ValueError(f"no score scaling for similarity {similarity!r}: use cosine, dot or bm25")
 
 
 def search(
@@ -74,12 +80,18 @@ def search(
     *,
     filters: dict | None = None,
     scale_score: bool = False,
+    mode: str = "dense",
+    fusion=None,
 ) -> list[SearchHit]:
     """The ``top_k`` documents of ``store`` best matching ``query``, best first.
 
-    ``filters`` (Haystack's syntax, see :mod:`densefit.retrieval.index.filters`) restricts
-    the search to matching documents: the best ``top_k`` of those that match. ``scale_score``
-    maps scores to [0, 1] (:func:`scaled_scores`). A malformed filter raises ValueError.
+    ``mode`` is ``"dense"`` (the model's embeddings), ``"bm25"`` (BM25 over the texts; the
+    model is not run and may be None) or ``"hybrid"`` (both, fused by ``fusion``, a
+    :class:`~densefit.retrieval.fusion.Fusion`: reciprocal rank by default). ``filters``
+    (Haystack's syntax, see :mod:`densefit.retrieval.index.filters`) restricts the search to
+    matching documents, on both sides of a hybrid search: the best ``top_k`` of those that
+    match. ``scale_score`` maps scores to [0, 1] (:func:`scaled_scores`; fused scores by
+    :meth:`~densefit.retrieval.fusion.Fusion.scaled`). A malformed filter raises ValueError.
 
     Raises :class:`~densefit.retrieval.index.base.ModelMismatchError` when ``model`` did not make the
     store's embeddings, and :class:`~densefit.retrieval.index.settings.SettingsMismatchError`
@@ -95,11 +107,20 @@ def search(
     >>> _ = index_documents(store, model, [Document("a", "cells divide"), Document("b", "python")])
     >>> [hit.id for hit in search(store, model, "python", top_k=1)]
     ['b']
+    >>> [hit.id for hit in search(store, None, "cells", mode="bm25")]
+    ['a']
     """
     if not isinstance(query, str):
         raise TypeError("search takes one query string; use search_batch for a list")
     return search_batch(
-        store, model, [query], top_k=top_k, filters=filters, scale_score=scale_score
+        store,
+        model,
+        [query],
+        top_k=top_k,
+        filters=filters,
+        scale_score=scale_score,
+        mode=mode,
+        fusion=fusion,
     )[0]
 
 
@@ -113,9 +134,11 @@ def search_batch(
     scale_score: bool = False,
     batch_size: int = 64,
     show_progress: bool = False,
+    mode: str = "dense",
+    fusion=None,
 ) -> list[list[SearchHit]]:
     """:func:`search` for many queries at once (one matrix product per chunk of the store);
-    ``filters`` and ``scale_score`` apply to every query.
+    ``filters``, ``scale_score``, ``mode`` and ``fusion`` apply to every query.
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.index import open_store
@@ -127,21 +150,27 @@ def search_batch(
     if isinstance(queries, str):
         raise TypeError("search_batch takes a list of queries; use search for one string")
     queries = checked_texts(list(queries), "queries")  # InvalidText (a ValueError) names it
+    if mode not in SEARCH_MODES:
+        raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
     validate_filters(filters)  # before the model runs: a typo fails fast
-    store.check_model(model)
-    check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
-    embeddings = encode_texts(
-        model,
-        list(queries),
-        batch_size=batch_size,
-        show_progress=show_progress,
-        prompt_name="query",
-    )
-    if not len(embeddings):
+    if not queries:
         return []
     options = {}
     if filters:
         options["filters"] = filters
     if scale_score:
         options["scale_score"] = True
+    if mode != "dense":
+        options.update(mode=mode, query_texts=queries)
+        if fusion is not None:
+            options["fusion"] = fusion
+    embeddings = None
+    if mode != "bm25":
+        if model is None:
+            raise ValueError(f"{mode} search embeds the queries: pass the store's model")
+        store.check_model(model)
+        check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
+        embeddings = encode_texts(
+            model, queries, batch_size=batch_size, show_progress=show_progress, prompt_name="query"
+        )
     return store.search(embeddings, top_k=top_k, **options)

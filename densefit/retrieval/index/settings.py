@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 FORMAT = "densefit-store/1"
-DTYPES = {"float32": "f32", "float16": "f16"}  # each of densefit.choices.VECTOR_DTYPES
 PROBE_TEXTS = (
     "densefit model fingerprint: the quick brown fox jumps over the lazy dog.",
     "What is the effect of vitamin D on bone density in older adults?",
@@ -191,7 +190,7 @@ class StoreRecord:
     model_name: str
     dim: int
     similarity: str
-    dtype: str
+    vector_kind: str  # one of densefit.choices.VECTOR_KINDS
     fingerprint: np.ndarray
     settings: VectorSettings | None
 
@@ -202,7 +201,7 @@ class StoreRecord:
             "model_name": self.model_name,
             "dim": str(self.dim),
             "similarity": self.similarity,
-            "dtype": self.dtype,
+            "vectors": self.vector_kind,
             "fingerprint": json.dumps(np.asarray(self.fingerprint, dtype=np.float32).tolist()),
             "n_rows": "0",
             "generation": "0",
@@ -225,7 +224,8 @@ class StoreRecord:
             model_name=meta["model_name"],
             dim=int(meta["dim"]),
             similarity=meta["similarity"],
-            dtype=meta["dtype"],
+            # "dtype": the key of stores made before int8 and binary vectors existed
+            vector_kind=meta.get("vectors", meta.get("dtype", "float32")),
             fingerprint=np.asarray(json.loads(meta["fingerprint"]), dtype=np.float32),
             settings=VectorSettings.from_meta(meta),
         )

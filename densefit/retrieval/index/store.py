@@ -5,7 +5,16 @@ Layout of a store folder::
     store.sqlite          documents (id, text, title, meta, hashes, vector row) and meta
     densefit.lock         the writer lock (creation and indexing hold it)
     vectors-<gen>.f32     committed embeddings, row-major (``.f16`` for float16 stores)
+    bm25-<gen>.npz        the BM25 index of the documents' texts (a cache, checked before use)
     faiss-<gen>-*.index   FAISS cache, only when searched with the FAISS backend
+
+A store searches by embedding (``mode="dense"``), by BM25 over the texts (``"bm25"``) or by
+both fused (``"hybrid"``, :mod:`densefit.retrieval.fusion`). Its vector kind (``float32``,
+``float16``, ``int8``, ``binary``: :mod:`densefit.retrieval.index.vectors`) is chosen when it
+is created; int8 and binary stores search codes in memory and rescore against float32 vectors
+on disk (:mod:`densefit.retrieval.index.quantized`). The BM25 index is derived from the
+committed documents and brought up to date before it answers
+(:mod:`densefit.retrieval.index.lexical`).
 
 Every write is one SQLite transaction: the new vectors are appended to the vector file and
 fsync'd, then the rows are recorded and committed (see :mod:`densefit.retrieval.index.vectors`). A
@@ -44,10 +53,11 @@ from pathlib import Path
 
 import numpy as np
 
-from densefit.choices import SIMILARITIES
+from densefit.choices import SEARCH_MODES, SIMILARITIES, VECTOR_KINDS
 from densefit.data.types import Document
 from densefit.models import model_name_of, model_similarity
 from densefit.retrieval.encode import embedding_dimension
+from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.base import ModelMismatchError, SearchHit, StoreError, WriteResult
 from densefit.retrieval.index.documents import (
     DB_NAME,
@@ -62,14 +72,10 @@ from densefit.retrieval.index.filters import (
     meta_index_sql,
     normalise_filters,
 )
+from densefit.retrieval.index.lexical import StoreBm25
 from densefit.retrieval.index.locking import LOCK_NAME, writer_lock
 from densefit.retrieval.index.searching import scaled_scores
-from densefit.retrieval.index.settings import (
-    DTYPES,
-    StoreRecord,
-    VectorSettings,
-    model_fingerprint,
-)
+from densefit.retrieval.index.settings import StoreRecord, VectorSettings, model_fingerprint
 from densefit.retrieval.index.vectors import CommittedVectors, make_backend
 
 __all__ = ["LocalDocumentStore", "make_backend", "meta_hash", "open_store", "text_hash"]
@@ -160,9 +166,33 @@ def checked_vectors(record: StoreRecord, documents: list, embeddings: np.ndarray
         raise ValueError(f"the embedding of document {documents[bad].id!r} has NaN/inf values")
     if record.similarity == "cosine":
         vectors = _normalise_rows(vectors)
-    if record.dtype == "float16" and np.abs(vectors).max(initial=0) > 65504:
+    if record.vector_kind == "float16" and np.abs(vectors).max(initial=0) > 65504:
         raise ValueError("embeddings exceed the float16 range: use a float32 store")
     return vectors
+
+
+def _checked_query_texts(texts, mode: str) -> list[str]:
+    """``texts`` as a list of strings, or an error saying that ``mode`` needs them."""
+    if texts is None:
+        raise ValueError(f"{mode} search needs the query texts (query_texts=[...])")
+    if isinstance(texts, str):
+        texts = [texts]
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"query_texts[{i}] is a {type(text).__name__}, not a string")
+    return texts
+
+
+def _required(query_embeddings, mode: str):
+    if query_embeddings is None:
+        raise ValueError(f"{mode} search needs the query embeddings")
+    return query_embeddings
+
+
+def _ranked(scores: np.ndarray, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A backend's padded ``(scores, rows)`` as ``(rows, scores)`` per query, padding dropped."""
+    return [(r[r >= 0], s[r >= 0]) for s, r in zip(scores, rows, strict=True)]
 
 
 class LocalDocumentStore:
@@ -184,7 +214,13 @@ class LocalDocumentStore:
     'b'
     """
 
-    def __init__(self, path: str | os.PathLike, *, backend: str | Callable = "exact"):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        backend: str | Callable = "exact",
+        rescore: int | None = None,
+    ):
         self.path = Path(path)
         db = self.path / DB_NAME
         if not db.is_file():
@@ -198,9 +234,13 @@ class LocalDocumentStore:
         self.model_name: str = self.record.model_name
         self.dim: int = self.record.dim
         self.similarity: str = self.record.similarity
-        self.dtype: str = self.record.dtype
+        self.vector_kind: str = self.record.vector_kind
         self.backend_spec = backend
-        self._vectors = CommittedVectors(self.path, dim=self.dim, dtype=self.dtype, backend=backend)
+        self._vectors = CommittedVectors(
+            self.path, dim=self.dim, kind=self.vector_kind, backend=backend, rescore=rescore
+        )
+        self._bm25 = StoreBm25(self.path)
+        self._wrote = False  # this object committed text changes (flush saves the BM25 index)
         self._checked: dict[int, tuple[weakref.ref, int]] = {}
         self._data_version = None
         self._cleanup: Callable | None = None
@@ -228,29 +268,34 @@ class LocalDocumentStore:
         dim: int,
         fingerprint: np.ndarray,
         similarity: str = "cosine",
-        dtype: str = "float32",
+        vectors: str = "float32",
         backend: str | Callable = "exact",
+        rescore: int | None = None,
         settings: VectorSettings | None = None,
     ) -> LocalDocumentStore:
         """Create an empty store for embeddings of ``dim`` dimensions from ``model_name``.
 
-        ``settings`` records how the vectors are made (:func:`open_store` records the
-        model's). The caller holds the folder's writer lock when others may create it too.
+        ``vectors`` is the vector kind (:data:`densefit.choices.VECTOR_KINDS`). ``settings``
+        records how the vectors are made (:func:`open_store` records the model's). The
+        caller holds the folder's writer lock when others may create it too.
         """
         if similarity not in SIMILARITIES:
             raise StoreError(
                 f"similarity {similarity!r} is not supported by the store: it searches by "
                 f"inner product, which serves {' and '.join(SIMILARITIES)} models"
             )
-        if dtype not in DTYPES:
-            raise StoreError(f"dtype {dtype!r} is not supported: use one of {sorted(DTYPES)}")
+        if vectors not in VECTOR_KINDS:
+            raise StoreError(
+                f"vector kind {vectors!r} is not supported: use one of {', '.join(VECTOR_KINDS)}"
+            )
+        make_backend(backend, dim, kind=vectors, rescore=rescore)  # a bad pair fails first
         temporary = path is None
         folder = Path(tempfile.mkdtemp(prefix="densefit-store-")) if temporary else Path(path)
         _check_new_folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        record = StoreRecord(model_name, dim, similarity, dtype, fingerprint, settings)
+        record = StoreRecord(model_name, dim, similarity, vectors, fingerprint, settings)
         write_new_database(folder / DB_NAME, record.to_meta())
-        store = cls(folder, backend=backend)
+        store = cls(folder, backend=backend, rescore=rescore)
         if temporary:
             store._cleanup = weakref.finalize(store, shutil.rmtree, folder, True)
         return store
@@ -387,39 +432,129 @@ class LocalDocumentStore:
     @_locked
     def search(
         self,
-        query_embeddings: np.ndarray,
+        query_embeddings: np.ndarray | None = None,
         top_k: int = 10,
         *,
         filters: dict | None = None,
         scale_score: bool = False,
+        mode: str = "dense",
+        query_texts: Sequence[str] | None = None,
+        fusion: Fusion | None = None,
+        dense_filters: dict | None = None,
     ) -> list[list[SearchHit]]:
-        """The ``top_k`` best documents for each query embedding, best first.
+        """The ``top_k`` best documents for each query, best first.
 
-        ``query_embeddings`` is ``(q, dim)`` (or one ``(dim,)`` vector); cosine stores
-        normalise them. ``filters`` (Haystack's syntax, :mod:`~densefit.retrieval.index.
-        filters`) restricts the search to the matching documents *before* ranking: the best
-        ``top_k`` that match, not the ``top_k`` filtered afterwards. ``scale_score`` maps
-        scores to [0, 1] (:func:`~densefit.retrieval.index.searching.scaled_scores`). Fewer
-        than ``top_k`` hits come back only when fewer documents (match and) are stored.
+        ``mode`` (:data:`densefit.choices.SEARCH_MODES`): ``"dense"`` ranks by the query
+        embeddings (``query_embeddings``, ``(q, dim)`` or one ``(dim,)`` vector; cosine stores
+        normalise them); ``"bm25"`` by BM25 over the documents' texts (``query_texts``, one
+        text per query; documents sharing no token with a query are not found, so fewer than
+        ``top_k`` may come back); ``"hybrid"`` fuses both rankings (``fusion``, default
+        reciprocal rank fusion: :class:`~densefit.retrieval.fusion.Fusion`) and needs both.
+
+        ``filters`` (Haystack's syntax, :mod:`~densefit.retrieval.index.filters`) restricts
+        the search to the matching documents *before* ranking, on both sides of a hybrid
+        search: the best ``top_k`` that match, not the ``top_k`` filtered afterwards.
+        ``scale_score`` maps scores to [0, 1]: dense as
+        :func:`~densefit.retrieval.index.searching.scaled_scores`, BM25 as
+        ``expit(score / 8)`` (Haystack's in-memory BM25), fused scores by
+        :meth:`Fusion.scaled <densefit.retrieval.fusion.Fusion.scaled>`. ``dense_filters``
+        are further conditions for the dense side only (the Haystack store leaves documents
+        without an embedding out of it, not out of BM25).
         """
-        queries = checked_queries(self.record, query_embeddings, top_k)
+        if mode not in SEARCH_MODES:
+            raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be at least 1, got {top_k}")
+        texts = None if mode == "dense" else _checked_query_texts(query_texts, mode)
+        queries = None
+        if mode != "bm25":
+            queries = checked_queries(self.record, _required(query_embeddings, mode), top_k)
+        if texts is not None and queries is not None and len(texts) != len(queries):
+            raise ValueError(
+                f"hybrid search got {len(texts)} query texts for {len(queries)} query embeddings"
+            )
+        fusion = fusion or Fusion()
         where = compiled_filters(filters)
+        dense_where = where
+        if normalise_filters(dense_filters) is not None:
+            both = [f for f in (filters, dense_filters) if f]
+            dense_where = compiled_filters({"operator": "AND", "conditions": both})
         self._refresh()
         subset = None if where is None else np.asarray(self._table.rows_matching(*where))
-        scores, rows = self._vectors.search(queries, top_k, subset)
-        if scale_score:
-            scores = scaled_scores(scores, self.similarity)
-        docs = self._table.documents_at(sorted({int(r) for r in rows.ravel() if r >= 0}))
+        dense_subset = subset
+        if dense_where is not where:
+            dense_subset = np.asarray(self._table.rows_matching(*dense_where))
+        if mode == "dense":
+            ranked = _ranked(*self._vectors.search(queries, top_k, dense_subset))
+            if scale_score:
+                ranked = [(r, scaled_scores(s, self.similarity)) for r, s in ranked]
+        elif mode == "bm25":
+            ranked = self._bm25_search(texts, top_k, subset)
+            if scale_score:
+                ranked = [(r, scaled_scores(s, "bm25")) for r, s in ranked]
+        else:
+            depth = max(top_k, fusion.depth)
+            dense = _ranked(*self._vectors.search(queries, depth, dense_subset))
+            lexical = self._bm25_search(texts, depth, subset)
+            ranked = []
+            for (dense_rows, dense_scores), (bm25_rows, bm25_scores) in zip(
+                dense, lexical, strict=True
+            ):
+                rows, fused = fusion.fuse(
+                    [dense_rows, bm25_rows], top_k, [dense_scores, bm25_scores]
+                )
+                ranked.append((rows, fusion.scaled(fused) if scale_score else fused))
+        return self._hits(ranked)
+
+    def _hits(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[SearchHit]]:
+        """Search hits for each query's ``(rows, scores)``, best first."""
+        docs = self._table.documents_at(sorted({int(r) for rows, _ in ranked for r in rows}))
         results = []
-        for query_scores, query_rows in zip(scores, rows, strict=True):
+        for rows, scores in ranked:
             hits = []
-            for score, row in zip(query_scores, query_rows, strict=True):
-                if row < 0 or int(row) not in docs:
+            for row, score in zip(rows.tolist(), np.asarray(scores).tolist(), strict=True):
+                if row not in docs:
                     continue
-                doc_id, text, title, meta = docs[int(row)]
+                doc_id, text, title, meta = docs[row]
                 hits.append(SearchHit(doc_id, float(score), len(hits) + 1, text, title, meta))
             results.append(hits)
         return results
+
+    def _bm25_search(self, texts, k: int, subset) -> list[tuple[np.ndarray, np.ndarray]]:
+        """BM25 ``(rows, scores)`` of each text among the live rows (of ``subset``)."""
+        self._bm25_current()
+        mask = None
+        if subset is not None:
+            mask = np.zeros(self._vectors.n_rows, dtype=bool)
+            mask[subset] = True
+        return self._bm25.search(texts, k, mask)
+
+    def _bm25_current(self):
+        """The BM25 index of exactly the committed live rows (updated first if behind)."""
+        live = np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
+        return self._bm25.current(self._vectors.generation, live, self._table.texts_at)
+
+    def update_bm25(self) -> bool:
+        """Bring the BM25 index up to date with the committed documents now (searches do it
+        when they need it); returns whether it had to change. The texts are read under the
+        store's lock, but tokenised and indexed outside it, so searches go on meanwhile.
+        ``densefit serve``'s writer calls it after each commit, once BM25 has been used, so
+        that BM25 searches do not pay for it."""
+        with self._lock:
+            self._refresh()
+            live = np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
+            update = self._bm25.plan(self._vectors.generation, live, self._table.texts_at)
+        if update is None:
+            return False
+        built = update.build()
+        with self._lock:
+            self._bm25.install(built)
+        return True
+
+    @property
+    def bm25_loaded(self) -> bool:
+        """Whether this process holds the BM25 index in memory (it searched or built it)."""
+        return self._bm25.loaded
 
     @_locked
     def filter_documents(self, filters: dict | None = None) -> list[Document]:
@@ -495,6 +630,7 @@ class LocalDocumentStore:
         vectors = checked_vectors(self.record, documents, embeddings)
         if not documents:
             return WriteResult()
+        self._wrote = True
         with self.transaction() as fresh:
             start = int(self._table.meta_value("n_rows"))
             replaced = self._table.rows_of([d.id for d in documents])
@@ -517,6 +653,7 @@ class LocalDocumentStore:
         Returns the number of documents deleted.
         """
         ids = list(dict.fromkeys(ids))
+        self._wrote = True
         with self.transaction() as fresh:
             rows = self._table.rows_of(ids)
             self._table.delete(list(rows))
@@ -532,7 +669,11 @@ class LocalDocumentStore:
     @_locked
     def compact(self) -> int:
         """Rewrite the vector file without dead rows; returns how many were dropped."""
-        with self.transaction():
+        self._refresh()
+        bm25_current = self._bm25.is_current(
+            self._vectors.generation, np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
+        )
+        with self.transaction() as fresh:
             n_rows = int(self._table.meta_value("n_rows"))
             generation = int(self._table.meta_value("generation"))
             pairs = self._table.rows_in_order()
@@ -547,15 +688,25 @@ class LocalDocumentStore:
             self._table.set_meta("stale_below_row", int(np.sum(rows < below)))
             self._table.set_meta("n_rows", len(pairs))
             self._table.set_meta("generation", generation + 1)
+        self._wrote = True
         self._reload()
+        if bm25_current and fresh:
+            # Live rows keep their order and become 0..n-1: the same BM25 index, renumbered.
+            self._bm25.renumbered(generation + 1)
         self._remove_stale_files()
         return dropped
 
     @_locked
     def flush(self) -> None:
-        """Let the backend persist its caches (the FAISS index); documents are always durable."""
+        """Let the backend persist its caches (the FAISS index) and save the BM25 index
+        (brought up to date first) when this object wrote documents or used BM25;
+        documents are always durable. Temporary stores keep no BM25 file."""
         if self.backend is not None:
             self.backend.flush()
+        if self._cleanup is None and (self._wrote or self._bm25.loaded):
+            self._refresh()
+            self._bm25_current()
+            self._bm25.save()
 
     @_locked
     def close(self) -> None:
@@ -583,21 +734,26 @@ class LocalDocumentStore:
 
     @_locked
     def info(self) -> dict:
-        """A summary for humans and ``--json``: model, settings, sizes, dtype, backend."""
+        """A summary for humans and ``--json``: model, settings, sizes, vectors, backend."""
         self._refresh()
         settings = self.settings
+        live = np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
         return {
             "path": str(self.path),
             "model": self.model_name,
             "dim": self.dim,
             "similarity": self.similarity,
-            "dtype": self.dtype,
+            "vectors": self.vector_kind,
+            "rescore": getattr(self.backend, "rescore", None),
             "max_seq_length": settings.max_seq_length if settings else None,
             "normalize": settings.normalize if settings else None,
             "prompts": dict(settings.prompts) if settings else None,
             "documents": self.count(),
             "dead_rows": self.dead_rows(),
             "backend": getattr(self.backend, "name", str(self.backend_spec)),
+            "bm25": "current"
+            if self._bm25.is_current(self._vectors.generation, live)
+            else "updated at the next BM25 search",
         }
 
     def transaction(self) -> _StoreTransaction:
@@ -657,7 +813,9 @@ class LocalDocumentStore:
             conn.execute("PRAGMA busy_timeout = 60000")
         try:
             conn.execute("CREATE INDEX IF NOT EXISTS documents_text_hash ON documents(text_hash)")
-            self._vectors.remove_other_generations(int(self._table.meta_value("generation")))
+            generation = int(self._table.meta_value("generation"))
+            self._vectors.remove_other_generations(generation)
+            self._bm25.remove_other_generations(generation)
         finally:
             conn.execute("COMMIT")
 
@@ -704,7 +862,8 @@ def open_store(
     model=None,
     *,
     backend: str | Callable | None = None,
-    dtype: str = "float32",
+    vectors: str = "float32",
+    rescore: int | None = None,
     create: bool = True,
     lock_timeout: float | None = None,
 ) -> LocalDocumentStore:
@@ -713,8 +872,13 @@ def open_store(
     With a ``model`` the store is checked against it (:class:`ModelMismatchError` when the
     embeddings came from another model). ``path=None`` gives a temporary store. ``backend``
     is ``"exact"`` (default), ``"faiss"`` (HNSW32) or ``"faiss:FACTORY"``; it is a search-time
-    choice and can differ between opens of the same store. Creation holds the folder's writer
-    lock (waiting up to ``lock_timeout`` seconds), so concurrent callers create it once.
+    choice and can differ between opens of the same store. ``vectors`` is the vector kind of
+    a new store (float32, float16, int8, binary: :mod:`densefit.retrieval.index.vectors`;
+    an existing store keeps its own); ``rescore`` the candidates per result an int8 or binary
+    store rescores (a search-time choice, default
+    :data:`~densefit.retrieval.index.quantized.DEFAULT_RESCORE`). Creation holds the
+    folder's writer lock (waiting up to ``lock_timeout`` seconds), so concurrent callers
+    create it once.
 
     >>> from densefit.testing import tiny_model
     >>> store = open_store(None, tiny_model())
@@ -729,13 +893,13 @@ def open_store(
                 f"`densefit index CORPUS --model MODEL --store {path}`"
             )
         if path is None:
-            return _create_for(None, model, backend=backend, dtype=dtype)
+            return _create_for(None, model, backend=backend, vectors=vectors, rescore=rescore)
         if Path(path).exists() and not Path(path).is_dir():
             raise StoreError(f"{path} is a file; --store needs a folder")
         with writer_lock(path, timeout=lock_timeout):
             if not (Path(path) / DB_NAME).is_file():  # nobody created it while we waited
-                return _create_for(path, model, backend=backend, dtype=dtype)
-    store = LocalDocumentStore(path, backend=backend)
+                return _create_for(path, model, backend=backend, vectors=vectors, rescore=rescore)
+    store = LocalDocumentStore(path, backend=backend, rescore=rescore)
     if model is not None:
         try:
             store.check_model(model)
@@ -745,7 +909,7 @@ def open_store(
     return store
 
 
-def _create_for(path, model, *, backend, dtype: str) -> LocalDocumentStore:
+def _create_for(path, model, *, backend, vectors: str, rescore) -> LocalDocumentStore:
     """A new store recording ``model``: its name, dimension, fingerprint and settings."""
 
     name = model_name_of(model)
@@ -763,7 +927,8 @@ def _create_for(path, model, *, backend, dtype: str) -> LocalDocumentStore:
         dim=embedding_dimension(model),
         fingerprint=model_fingerprint(model),
         similarity=similarity,
-        dtype=dtype,
+        vectors=vectors,
         backend=backend,
+        rescore=rescore,
         settings=VectorSettings.of(model),
     )

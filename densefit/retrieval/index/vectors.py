@@ -1,6 +1,11 @@
 """The append-only file of raw vectors behind a store, its commit protocol, and the backend
 that searches the committed rows.
 
+The store's vector kind (:data:`densefit.choices.VECTOR_KINDS`) decides both: ``float32`` and
+``float16`` files are searched as they are (exact or FAISS); ``int8`` and ``binary`` stores
+keep a float32 file on disk and search it through their codes in memory, rescoring the
+candidates against the file (:mod:`densefit.retrieval.index.quantized`).
+
 Rows are written at the end of the file and made durable (``fsync``) *before* the SQLite
 transaction that records the new row count commits. Readers map only the committed rows, so a
 crash between the two steps leaves unreferenced bytes past the end that the next write
@@ -15,11 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
+from densefit.choices import VECTOR_KINDS
 from densefit.retrieval.index.base import VectorBackend
 from densefit.retrieval.index.exact import ExactBackend, exact_search
 from densefit.retrieval.index.faiss_backend import FaissBackend
+from densefit.retrieval.index.quantized import QUANTIZED_KINDS, QuantizedBackend
 
-__all__ = ["CommittedVectors", "VectorFile", "make_backend", "search_rows"]
+__all__ = ["FILE_DTYPES", "CommittedVectors", "VectorFile", "make_backend", "search_rows"]
+
+# The dtype of each vector kind's file: quantized kinds keep float32 vectors for rescoring.
+FILE_DTYPES = {"float32": "float32", "float16": "float16", "int8": "float32", "binary": "float32"}
+_SUFFIXES = {"float32": "f32", "float16": "f16"}
+assert set(FILE_DTYPES) == set(VECTOR_KINDS)
 
 # A filter matching at most this fraction of the rows is searched exactly over its rows
 # alone (reading only them); larger ones go through the backend with a row mask.
@@ -78,13 +90,34 @@ class VectorFile:
 
 
 def make_backend(
-    spec: str | Callable[[int], VectorBackend], dim: int, cache_path: Path | None = None
+    spec: str | Callable[[int], VectorBackend],
+    dim: int,
+    cache_path: Path | None = None,
+    *,
+    kind: str = "float32",
+    rescore: int | None = None,
 ) -> VectorBackend:
-    """Build a backend from ``"exact"``, ``"faiss"`` / ``"faiss:FACTORY"`` or a factory.
+    """Build a backend from ``"exact"``, ``"faiss"`` / ``"faiss:FACTORY"`` or a factory, for a
+    store of vector ``kind``: ``int8`` and ``binary`` stores search their codes and rescore
+    ``rescore x k`` candidates (``"exact"`` or ``"faiss"``, the same search).
 
     >>> make_backend("exact", dim=4).name
     'exact'
+    >>> make_backend("exact", dim=4, kind="binary", rescore=8).rescore
+    8
     """
+    if kind in QUANTIZED_KINDS:
+        if callable(spec) or str(spec) not in ("exact", "faiss"):
+            raise ValueError(
+                f"backend {spec!r} cannot search a {kind} store: its vectors are searched "
+                "through their codes and rescored; use --backend exact (or faiss)"
+            )
+        return QuantizedBackend(kind, dim, rescore=rescore)
+    if rescore is not None:
+        raise ValueError(
+            f"rescore applies to int8 and binary stores; this store holds {kind} vectors, "
+            "searched exactly as they are"
+        )
     if callable(spec):
         return spec(dim)
     name, _, option = str(spec).partition(":")
@@ -108,17 +141,21 @@ class CommittedVectors:
     backend in step. A new generation (after compaction) gets a new file and a new backend.
 
     >>> import tempfile, numpy as np
-    >>> vectors = CommittedVectors(Path(tempfile.mkdtemp()), dim=2, dtype="float32", backend="exact")
+    >>> vectors = CommittedVectors(Path(tempfile.mkdtemp()), dim=2, kind="float32", backend="exact")
     >>> vectors.file_for(0).write(0, np.eye(2, dtype=np.float32))
     >>> vectors.load(n_rows=2, generation=0, live_rows=[1])
     >>> vectors.search(np.array([[0.0, 1.0]], dtype=np.float32), 1)[1].tolist()
     [[1]]
     """
 
-    def __init__(self, folder: Path, *, dim: int, dtype: str, backend):
+    def __init__(self, folder: Path, *, dim: int, kind: str, backend, rescore: int | None = None):
+        if kind not in FILE_DTYPES:
+            raise ValueError(f"vector kind {kind!r} is not one of {', '.join(VECTOR_KINDS)}")
         self.folder = folder
         self.dim = dim
-        self.dtype = dtype
+        self.kind = kind
+        self.dtype = FILE_DTYPES[kind]
+        self.rescore = rescore
         self.backend_spec = backend
         self.backend: VectorBackend | None = None
         self.generation = -1
@@ -128,7 +165,7 @@ class CommittedVectors:
 
     def file_for(self, generation: int) -> VectorFile:
         """The vector file of ``generation`` (``vectors-<gen>.f32`` or ``.f16``)."""
-        suffix = {"float32": "f32", "float16": "f16"}[self.dtype]
+        suffix = _SUFFIXES[self.dtype]
         return VectorFile(
             self.folder / f"vectors-{generation}.{suffix}", dim=self.dim, dtype=self.dtype
         )
@@ -144,7 +181,11 @@ class CommittedVectors:
         if generation != self.generation or self.backend is None:
             self.file = self.file_for(generation)
             self.backend = make_backend(
-                self.backend_spec, self.dim, self.folder / f"faiss-{generation}"
+                self.backend_spec,
+                self.dim,
+                self.folder / f"faiss-{generation}",
+                kind=self.kind,
+                rescore=self.rescore,
             )
             self.generation = generation
         self.n_rows, self.alive = n_rows, alive
@@ -203,10 +244,12 @@ def search_rows(
     :meth:`VectorBackend.search <densefit.retrieval.index.base.VectorBackend.search>` gives.
 
     Always ``min(k, len(rows))`` results: a small subset (at most :data:`SUBSET_FRACTION`
-    of the rows) is searched exactly by reading only its vectors; a larger one goes to the
-    backend's optional ``search_masked(queries, k, mask)`` (exact: a masked scan; FAISS: an
-    ``IDSelectorBitmap``), and when that comes back short (an approximate index missing
-    matches) or the backend has no ``search_masked``, the subset is searched exactly.
+    of the rows) is searched exactly by reading only its vectors (a backend with its own
+    ``search_subset(queries, k, rows)``, a quantized one, searches its codes of those rows);
+    a larger one goes to the backend's optional ``search_masked(queries, k, mask)`` (exact: a
+    masked scan; FAISS: an ``IDSelectorBitmap``), and when that comes back short (an
+    approximate index missing matches) or the backend has no ``search_masked``, the subset is
+    searched exactly.
 
     >>> import numpy as np
     >>> from densefit.retrieval.index.exact import ExactBackend, exact_search
@@ -225,6 +268,9 @@ def search_rows(
         scores, found = masked(queries, k, mask)
         if ((found >= 0).sum(axis=1) >= wanted).all():
             return scores, found
+    subset = getattr(backend, "search_subset", None)
+    if subset is not None:
+        return subset(queries, k, rows)
     return exact_subset_search(vectors, queries, k, rows)
 
 
