@@ -75,6 +75,11 @@ def _hash_id(text: str) -> str:
 class Retriever:
     """A dense retriever around a SentenceTransformer: train, save, embed, index, retrieve.
 
+    ``runtime`` runs the model for every embedding it makes (:data:`densefit.choices.
+    RUNTIME_CHOICES`): ``"auto"`` (the fastest runtime exported for the model's weights
+    whose check passed, else torch), ``"torch"``, ``"onnx"``, ``"onnx-int8"``...
+    (:mod:`densefit.retrieval.runtimes`; exports: :func:`densefit.export.export_model`).
+
     >>> from densefit.testing import tiny_model
     >>> retriever = Retriever(tiny_model())
     >>> retriever.embed_queries(["what is a cell"]).shape
@@ -89,7 +94,10 @@ class Retriever:
         max_seq_length: int | None = None,
         trust_remote_code: bool = False,
         batch_size: int = 32,
+        runtime: str = "auto",
     ):
+        from densefit.retrieval.runtimes import resolve_runtime
+
         self.model = load_model(
             model,
             device=device,
@@ -99,6 +107,12 @@ class Retriever:
         if max_seq_length is not None:
             self.model.max_seq_length = max_seq_length
         self.batch_size = batch_size
+        # What runs the model for every embedding this retriever makes (index, retrieve,
+        # embed_*, evaluate): densefit.choices.RUNTIME_CHOICES; "auto": the fastest exported
+        # runtime whose check passed, else torch. An unknown or unavailable one fails here.
+        if runtime != "auto":
+            resolve_runtime(self.model, runtime)
+        self.runtime = runtime
         self.store = None
 
     def train(
@@ -155,7 +169,7 @@ class Retriever:
             raise TypeError("pass a list of texts, not a single string")
         return encode_texts(
             self.model, list(texts), batch_size=batch_size or self.batch_size,
-            prompt_name=prompt_name,
+            prompt_name=prompt_name, runtime=self.runtime,
         )  # fmt: skip
 
     def embed_queries(self, queries: Sequence[str], batch_size: int | None = None) -> np.ndarray:
@@ -210,6 +224,7 @@ class Retriever:
             show_progress=show_progress,
             total=total,
             reembed=reembed,
+            runtime=self.runtime,
         )
 
     def retrieve(
@@ -252,6 +267,7 @@ class Retriever:
             filters=filters,
             scale_score=scale_score,
             batch_size=self.batch_size,
+            runtime=self.runtime,
         )
 
     def evaluate(
@@ -283,8 +299,9 @@ class Retriever:
             if queries is not None or qrels is not None:
                 raise ValueError("pass either dataset= or queries and qrels, not both")
             return evaluate_beir(
-                self.model, dataset, split, metrics=metrics, top_k=top_k, batch_size=batch_size
-            )
+                self.model, dataset, split, metrics=metrics, top_k=top_k, batch_size=batch_size,
+                runtime=self.runtime,
+            )  # fmt: skip
         if queries is None or qrels is None:
             raise ValueError("evaluate needs queries and qrels, or dataset=BEIR_FOLDER")
         queries, qrels = load_queries_and_qrels(queries, qrels)
@@ -296,6 +313,7 @@ class Retriever:
             metrics=metrics,
             top_k=top_k,
             batch_size=batch_size,
+            runtime=self.runtime,
         )
 
     def _require_store(self):

@@ -21,6 +21,8 @@ __all__ = [
     "MINE_METHODS",
     "MINE_SAMPLING",
     "ON_BAD_ROW",
+    "RUNTIMES",
+    "RUNTIME_CHOICES",
     "SIMILARITIES",
     "VECTOR_DTYPES",
     "parse_metric",
@@ -40,6 +42,11 @@ MINE_METHODS = ("bm25", "dense", "hybrid")
 MINE_SAMPLING = ("top", "random")
 ON_BAD_ROW = ("error", "skip")
 VECTOR_DTYPES = ("float32", "float16")
+# What runs the model's transformer when texts are embedded for inference
+# (densefit.retrieval.runtimes); each but torch is a file `densefit export --to` writes.
+RUNTIMES = ("torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
+# The options that pick one add "auto": the fastest exported runtime whose check passed.
+RUNTIME_CHOICES = ("auto", *RUNTIMES)
 
 # Metrics: KIND@K, computed by pytrec_eval (densefit.evaluate).
 METRIC_KINDS = ("ndcg", "mrr", "recall", "map", "precision")

@@ -155,8 +155,12 @@ def retrieve_run(
     top_k: int = 100,
     batch_size: int = 64,
     show_progress: bool = False,
+    runtime="auto",
 ) -> dict[str, dict[str, float]]:
     """Search ``store`` for every query: ``{query_id: {doc_id: score}}`` with ``top_k`` each.
+
+    ``runtime`` embeds the queries (:func:`~densefit.retrieval.index.searching.query_runtime`:
+    ``auto`` picks one whose vectors may meet the store's).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.index import open_store
@@ -166,10 +170,10 @@ def retrieve_run(
     from tqdm.auto import tqdm
 
     from densefit.retrieval.encode import encode_texts
-    from densefit.retrieval.index.settings import check_search_settings
+    from densefit.retrieval.index.searching import query_runtime
 
     store.check_model(model)
-    check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
+    runner = query_runtime(store, model, runtime)
     ids = list(queries)
     run: dict[str, dict[str, float]] = {}
     block = 256  # queries searched together: one matrix product per store chunk
@@ -177,7 +181,11 @@ def retrieve_run(
         for start in range(0, len(ids), block):
             part = ids[start : start + block]
             embeddings = encode_texts(
-                model, [queries[q] for q in part], batch_size=batch_size, prompt_name="query"
+                model,
+                [queries[q] for q in part],
+                batch_size=batch_size,
+                prompt_name="query",
+                runtime=runner,
             )
             for query_id, hits in zip(part, store.search(embeddings, top_k=top_k), strict=True):
                 run[query_id] = {hit.id: hit.score for hit in hits}
@@ -196,11 +204,13 @@ def evaluate_store(
     batch_size: int = 64,
     show_progress: bool = False,
     name: str | None = None,
+    runtime="auto",
 ) -> EvalResult:
     """Search ``store`` with the judged queries and score the run against ``qrels``.
 
     Judged queries without text in ``queries`` score 0 and are listed in
-    ``missing_queries``. ``top_k`` defaults to the largest metric cutoff.
+    ``missing_queries``. ``top_k`` defaults to the largest metric cutoff. ``runtime`` embeds
+    the queries (:func:`retrieve_run`).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data.types import Document
@@ -219,8 +229,9 @@ def evaluate_store(
     judged = {q: queries[q] for q in qrels if q in queries}
     started = time.perf_counter()
     run = retrieve_run(
-        store, model, judged, top_k=top_k, batch_size=batch_size, show_progress=show_progress
-    )
+        store, model, judged, top_k=top_k, batch_size=batch_size, show_progress=show_progress,
+        runtime=runtime,
+    )  # fmt: skip
     search_seconds = time.perf_counter() - started
     result = evaluate_run(run, qrels, metrics, name=name or model_name_of(model))
     result.info.update(
@@ -232,6 +243,7 @@ def evaluate_store(
             "queries_without_text": sorted(q for q in qrels if q not in queries),
             "search_seconds": round(search_seconds, 3),
             "torch_threads": _threads(),
+            "runtime": _documents_runtime(store),
         }
     )
     return result
@@ -250,8 +262,12 @@ def evaluate_beir(
     show_progress: bool = False,
     on_bad_row: str = "error",
     name: str | None = None,
+    runtime="auto",
 ) -> EvalResult:
     """Index a BEIR folder's corpus with ``model``, search its ``split`` queries, score them.
+
+    ``runtime`` embeds documents and queries (:data:`densefit.choices.RUNTIME_CHOICES`;
+    ``auto``: the fastest exported for the model's weights, else torch).
 
     ``dataset`` is a BEIR folder or a loaded :class:`~densefit.data.corpus.BeirDataset`.
     The index goes to a temporary store unless ``store_dir`` is given, in which case it is
@@ -281,6 +297,7 @@ def evaluate_beir(
             batch_size=batch_size,
             show_progress=show_progress,
             total=len(beir.corpus),
+            runtime=runtime,
         )
         result = evaluate_store(
             store,
@@ -292,6 +309,7 @@ def evaluate_beir(
             batch_size=batch_size,
             show_progress=show_progress,
             name=name or model_name_of(model),
+            runtime=runtime,
         )
     finally:
         store.close()
@@ -376,6 +394,8 @@ def evaluate_store_at(
     model.truncate_dim = dim
     try:
         with open_store(None, model) as cut:
+            if store.settings is not None:  # the copies were made by the store's runtime
+                cut.adopt_runtime(store.settings.source)
             for start in range(0, len(ids), 4096):
                 part = ids[start : start + 4096]
                 cut.write(store.get(part), truncate_vectors(store.vectors(part), dim))
@@ -400,6 +420,7 @@ def evaluate_dims(
     name: str | None = None,
     store_dir: str | os.PathLike | None = None,
     backend: str = "exact",
+    runtime="auto",
 ) -> list[EvalResult]:
     """:func:`evaluate_beir` at each of ``dims`` (Matryoshka sizes): one result per size,
     in the order given, the corpus embedded once at the full size (into ``store_dir`` when
@@ -422,7 +443,13 @@ def evaluate_dims(
         else load_beir(dataset, split, on_bad_row=on_bad_row)
     )
     name = name or model_name_of(model)
-    options = dict(metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=show_progress)
+    options = dict(
+        metrics=metrics,
+        top_k=top_k,
+        batch_size=batch_size,
+        show_progress=show_progress,
+        runtime=runtime,
+    )
     with tempfile.TemporaryDirectory(prefix="densefit-dims-") as temporary:
         folder = temporary if store_dir is None else store_dir
         full = evaluate_beir(
@@ -549,6 +576,12 @@ def format_markdown(results: Sequence[EvalResult]) -> str:
         values = " | ".join(f"{r.metrics.get(metric, float('nan')):.4f}" for r in results)
         lines.append(f"| {metric} | {values} |")
     return "\n".join(lines)
+
+
+def _documents_runtime(store) -> str:
+    """What embedded the store's documents (runtime and file)."""
+    settings = getattr(store, "settings", None)
+    return settings.source.describe() if settings is not None else "torch"
 
 
 def _threads() -> int:

@@ -13,6 +13,12 @@ general path: ``model.preprocess`` per batch, batches still sorted by length.
 text (:mod:`densefit.prompts`), as ``SentenceTransformer.encode(prompt_name=...)`` does. A
 model with ``truncate_dim`` set (``densefit index --dim``) gives its first ``truncate_dim``
 coordinates, re-normalised to unit length (:func:`truncate_vectors`).
+
+``runtime`` (:data:`densefit.choices.RUNTIME_CHOICES`, or a resolved :class:`~densefit.
+retrieval.runtimes.Runtime`) picks what runs the transformer: ``torch`` (the default here),
+``onnx``, ``onnx-int8``, ``openvino``... (:mod:`densefit.retrieval.runtimes`); the batches,
+prompts, pooling and everything else above stay the same, so ``onnx`` equals ``torch`` to
+~1e-7 cosine. The jobs (indexing, search, evaluation, mining) default to ``auto``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit.prompts import apply_prompt, model_prompts, set_prompts
+from densefit.retrieval.runtimes import Runtime, resolve_runtime
 
 __all__ = [
     "configure_model",
@@ -66,6 +73,7 @@ def encode_texts(
     normalize: bool = False,
     prompt_name: str | None = None,
     pass_cost_tokens: int | None = None,
+    runtime: str | Runtime = "torch",
 ) -> np.ndarray:
     """Embed ``texts`` into a ``(len(texts), dim)`` float32 array, row i for ``texts[i]``.
 
@@ -75,6 +83,8 @@ def encode_texts(
     the model's prompt of that name before each text (none when the model has none).
     ``pass_cost_tokens``: cut the length-sorted texts where padding would cost more than
     another forward pass (:func:`padding_aware_cuts`) instead of every ``batch_size`` texts.
+    ``runtime``: what runs the transformer (:func:`~densefit.retrieval.runtimes.
+    resolve_runtime`; ``"torch"``, ``"onnx"``, ``"auto"``...).
 
     >>> from densefit.testing import tiny_model
     >>> model = tiny_model()
@@ -93,6 +103,7 @@ def encode_texts(
             on_batch=bar.update,
             prompt_name=prompt_name,
             pass_cost_tokens=pass_cost_tokens,
+            runtime=runtime,
         )
 
 
@@ -105,6 +116,7 @@ def encode_with_callback(
     on_batch: Callable[[int], object] | None = None,
     prompt_name: str | None = None,
     pass_cost_tokens: int | None = None,
+    runtime: str | Runtime = "torch",
 ) -> np.ndarray:
     """:func:`encode_texts` reporting each finished batch's size to ``on_batch``.
 
@@ -118,6 +130,7 @@ def encode_with_callback(
     [2, 1]
     """
     texts = _checked_texts(texts, batch_size)
+    runner = resolve_runtime(model, runtime)
     if prompt_name is not None and model_prompts(model).get(prompt_name):
         if any(getattr(module, "include_prompt", True) is False for module in model):
             raise ValueError(
@@ -140,6 +153,7 @@ def encode_with_callback(
             normalize=normalize,
             on_batch=on_batch,
             pass_cost_tokens=pass_cost_tokens,
+            runtime=runner,
         )
         if on_batch is not None:
             on_batch(len(texts) - len(index_of))
@@ -164,7 +178,7 @@ def encode_with_callback(
                         k: v.to(model.device) if isinstance(v, torch.Tensor) else v
                         for k, v in features.items()
                     }
-                    embeddings = model(features)["sentence_embedding"]  # (b, full dim)
+                    embeddings = runner.embed(model, features)  # (b, full dim)
                     if embeddings.shape[1] > dim:  # truncate_dim: cut, then re-normalise
                         embeddings = embeddings[:, :dim]
                         normalize = True

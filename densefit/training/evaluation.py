@@ -108,12 +108,14 @@ def make_evaluator(
     *,
     output_dir: str | os.PathLike | None = None,
     main: bool = True,
+    runtime: str = "auto",
 ) -> Evaluator | None:
     """The run's :class:`Evaluator`, or None when it does not evaluate (see
     :func:`eval_data_for`); ``eval_data`` is a BEIR folder or a loaded ``BeirDataset``.
 
     ``main=False`` (a rank other than 0 of a multi-process run): the same checks, so every
     rank refuses the same options, but None: rank 0 evaluates, the data is not loaded here.
+    ``runtime``: what runs the model in each evaluation (:class:`Evaluator`).
     """
     if eval_data is None:
         if evaluation_asked(config):
@@ -121,11 +123,17 @@ def make_evaluator(
         return None
     if config.keep_best and output_dir is None:
         raise ValueError("keep_best needs output_dir (the best model goes to OUTPUT/best/)")
-    return Evaluator(eval_data, config, output_dir=output_dir) if main else None
+    return Evaluator(eval_data, config, output_dir=output_dir, runtime=runtime) if main else None
 
 
 class Evaluator:
     """Scores the model on a BEIR split during training and keeps the best step.
+
+    ``runtime`` runs the model in each evaluation (:data:`densefit.choices.RUNTIME_CHOICES`):
+    ``auto`` finds no export of weights that change every step and runs torch; ``onnx``
+    exports the current weights in memory at each evaluation (seconds) and embeds with ONNX
+    Runtime, equal to torch to ~1e-7 cosine; quantized runtimes need a checked export and
+    so are refused here.
 
     >>> evaluator = Evaluator("data/scifact", TrainConfig(eval_every=100))  # doctest: +SKIP
     >>> evaluator.due(0, epoch_end=False, last=False)  # doctest: +SKIP
@@ -140,10 +148,12 @@ class Evaluator:
         config: TrainConfig,
         *,
         output_dir: str | os.PathLike | None = None,
+        runtime: str = "auto",
     ):
         from densefit.data.corpus import load_beir
 
         self.config = config
+        self.runtime = runtime
         self.metric = config.eval_metric
         self.metrics = tuple(dict.fromkeys((config.eval_metric, *DEFAULT_METRICS)))
         self.source = "<BeirDataset>" if isinstance(data, BeirDataset) else str(data)
@@ -191,7 +201,7 @@ class Evaluator:
             try:
                 result = evaluate_beir(
                     model, self.dataset, self.config.eval_split, metrics=self.metrics,
-                    name=f"step {step}",
+                    name=f"step {step}", runtime=self.runtime,
                 )  # fmt: skip
             finally:
                 model.train(training)
