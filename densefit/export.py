@@ -55,7 +55,6 @@ from densefit.retrieval.runtimes import (
     FP32_COSINE,
     MANIFEST,
     Runtime,
-    VectorSource,
     check_supported,
     export_onnx,
     model_folder,
@@ -67,6 +66,7 @@ from densefit.retrieval.runtimes import (
 )
 
 __all__ = [
+    "DEFAULT_INT8_RECIPES",
     "EXPORT_TARGETS",
     "INT8_RECIPES",
     "MIN_COSINE",
@@ -88,10 +88,22 @@ EXPORT_TARGETS = tuple(r for r in RUNTIMES if r != "torch")
 # per-channel recipe ~0.995 and ~0.9, within the 0.005 nDCG@10 target.
 MIN_COSINE = 0.99
 MIN_TOP10_OVERLAP = 0.85
-# The int8 recipes, tried in order until one passes: (name, keep the FFN down-projections in
-# fp32). Both quantize MatMuls with a constant weight only (never the attention products, the
-# embeddings' Gather or the output), weights per output channel.
-INT8_RECIPES = (("matmul-per-channel", False), ("matmul-per-channel-ffn-out-fp32", True))
+# The int8 recipes of ONNX Runtime's dynamic quantization: its options per name. The first two
+# are the export's (tried in that order until one passes its check); both quantize MatMuls
+# with a constant weight only (never the attention products, the embeddings' Gather or the
+# output), weights per output channel. The last two are the per-tensor baselines the
+# benchmark compares them with (``dynamic-default``: quantize_dynamic's defaults).
+INT8_RECIPES = {
+    "matmul-per-channel": {"per_channel": True, "keep_ffn_out": False, "ops": ["MatMul"]},
+    "matmul-per-channel-ffn-out-fp32": {
+        "per_channel": True,
+        "keep_ffn_out": True,
+        "ops": ["MatMul"],
+    },
+    "matmul-per-tensor": {"per_channel": False, "keep_ffn_out": False, "ops": ["MatMul"]},
+    "dynamic-default": {"per_channel": False, "keep_ffn_out": False, "ops": None},
+}
+DEFAULT_INT8_RECIPES = ("matmul-per-channel", "matmul-per-channel-ffn-out-fp32")
 _CHECK_QUERIES = 200
 _CHECK_DOCUMENTS = 800
 _CALIBRATION_TEXTS = 300  # OpenVINO's static quantization: texts it measures ranges on
@@ -314,6 +326,7 @@ def export_model(
     calibration=None,
     on_check_failure: str = "error",
     show_progress: bool = False,
+    int8_recipes: Sequence[str] = DEFAULT_INT8_RECIPES,
 ) -> ExportReport:
     """Write ``model``'s runtime files into ``folder`` (default: the folder it was loaded
     from) and check each against the model (see the module docstring).
@@ -324,7 +337,8 @@ def export_model(
     quantized targets, optional for fp32 ones (then the check uses probe texts).
     ``folder`` other than the model's own gets the sentence-transformers model saved first.
     ``on_check_failure``: ``"error"`` (delete the file, raise :class:`ExportCheckError`) or
-    ``"warn"`` (keep it, recorded as failed).
+    ``"warn"`` (keep it, recorded as failed). ``int8_recipes``: the :data:`INT8_RECIPES`
+    ``onnx-int8`` tries, in order, keeping the first that passes.
 
     >>> from densefit.testing import tiny_model
     >>> report = export_model(tiny_model(), "onnx", folder=tempfile.mkdtemp())  # doctest: +SKIP
@@ -333,6 +347,11 @@ def export_model(
 
     started = time.perf_counter()
     targets = _targets(to)
+    unknown = [r for r in int8_recipes if r not in INT8_RECIPES]
+    if unknown or not int8_recipes:
+        raise ValueError(
+            f"int8 recipes {unknown or '(none)'}: use one or more of {', '.join(INT8_RECIPES)}"
+        )
     if on_check_failure not in ("error", "warn"):
         raise ValueError(f"on_check_failure must be 'error' or 'warn', got {on_check_failure!r}")
     if isinstance(model, (str, os.PathLike)):
@@ -355,7 +374,9 @@ def export_model(
     with _progress(len(targets), show_progress) as bar:
         for name in targets:
             bar.set_description(f"Exporting {name}")
-            record = _export_one(model, name, out, fp32_onnx, texts, reference, digest)
+            record = _export_one(
+                model, name, out, fp32_onnx, texts, reference, digest, tuple(int8_recipes)
+            )
             report.exports[name] = record
             if not record["passed"]:
                 _refuse(name, out, record, on_check_failure)
@@ -420,7 +441,9 @@ def _texts_for(targets: list[str], calibration) -> CheckTexts | None:
     return check_texts(calibration)
 
 
-def _export_one(model, name, out: Path, fp32_onnx: Path, texts, reference, digest) -> dict:
+def _export_one(
+    model, name, out: Path, fp32_onnx: Path, texts, reference, digest, recipes: tuple
+) -> dict:
     """Write ``name``'s file, check it, record it in the manifest; the record."""
     sub = out / FOLDERS[name]
     path = sub / file_name(name)
@@ -432,8 +455,8 @@ def _export_one(model, name, out: Path, fp32_onnx: Path, texts, reference, diges
         check = _check_file(model, name, path, texts, reference)
     elif name == "onnx-int8":
         recipe, check = {}, {}
-        for recipe_name, keep_ffn_out in INT8_RECIPES:
-            recipe = _quantize_onnx(fp32_onnx, path, keep_ffn_out)
+        for recipe_name in recipes:
+            recipe = _quantize_onnx(fp32_onnx, path, **INT8_RECIPES[recipe_name])
             recipe["recipe"] = recipe_name
             check = _check_file(model, name, path, texts, reference)
             tried.append({"recipe": recipe_name, **check})
@@ -471,9 +494,9 @@ def _export_one(model, name, out: Path, fp32_onnx: Path, texts, reference, diges
 
 
 def _check_file(model, name, path: Path, texts, reference) -> dict:
-    from densefit.retrieval.runtimes import _open_session, fp32_agreement
+    from densefit.retrieval.runtimes import fp32_agreement
 
-    runtime = Runtime(name, VectorSource(name, "check"), _open_session(name, path))
+    runtime = Runtime.from_file(name, path)
     if texts is None:  # fp32 without calibration: the probe texts
         return {"texts": "probe texts", "cosine_min": round(fp32_agreement(model, runtime), 6)}
     return check_runtime(model, runtime, texts, reference=reference)
@@ -547,8 +570,10 @@ def down_projections(onnx_model) -> list[str]:
     return found
 
 
-def _quantize_onnx(source: Path, path: Path, keep_ffn_out: bool) -> dict:
-    """Dynamic int8 quantization of ``source``'s weight MatMuls, per output channel."""
+def _quantize_onnx(
+    source: Path, path: Path, *, per_channel: bool, keep_ffn_out: bool, ops: list | None
+) -> dict:
+    """Dynamic int8 quantization of ``source`` (one of :data:`INT8_RECIPES`' options)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -557,8 +582,8 @@ def _quantize_onnx(source: Path, path: Path, keep_ffn_out: bool) -> dict:
     quantize_dynamic(
         str(source),
         str(path),
-        op_types_to_quantize=["MatMul"],
-        per_channel=True,
+        op_types_to_quantize=ops,
+        per_channel=per_channel,
         reduce_range=reduce_range,
         weight_type=QuantType.QInt8,
         nodes_to_exclude=excluded,
@@ -566,9 +591,9 @@ def _quantize_onnx(source: Path, path: Path, keep_ffn_out: bool) -> dict:
     )
     return {
         "method": "onnxruntime.quantization.quantize_dynamic",
-        "weights": "int8, per output channel",
+        "weights": f"int8, {'per output channel' if per_channel else 'per tensor'}",
         "activations": "uint8, per batch (dynamic)",
-        "operators": ["MatMul with a constant weight"],
+        "operators": ["MatMul with a constant weight"] if ops else "quantize_dynamic's default",
         "reduce_range": reduce_range,
         "fp32_nodes": excluded,
         "isa": cpu_isa(),

@@ -155,7 +155,7 @@ def test_int8_top_k_agreement_on_real_texts(exported, shared_datasets):
     assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(*top, strict=True)]) >= 0.8
 
 
-def _bad_quantizer(source, path, keep_ffn_out):
+def _bad_quantizer(source, path, **recipe):
     """A "quantization" that ruins the weights: each initializer gets 50% noise."""
     import onnx
     from onnx import numpy_helper
@@ -380,3 +380,21 @@ def test_minilm_onnx_equals_torch_and_int8_keeps_the_ranking(tmp_path, shared_da
         [len(set(a) & set(b)) / 10 for a, b in zip(out["torch"][2], out["onnx-int8"][2])]
     )
     assert overlap >= 0.85
+
+
+def test_openvino_fp32_equals_torch_and_int8_is_checked(tmp_path):
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    tiny_model(tmp_path / "build", normalize=True).save(str(tmp_path / "model"))
+    model = load_model(tmp_path / "model", device="cpu")
+    report = export_model(
+        model, ["openvino", "openvino-int8"], calibration=CALIBRATION, on_check_failure="warn"
+    )
+    assert (tmp_path / "model" / "openvino" / "openvino_model.xml").is_file()
+    assert (tmp_path / "model" / "openvino" / "openvino_model_qint8_quantized.bin").is_file()
+    assert report.exports["openvino"]["passed"]
+    assert "cosine_mean" in report.exports["openvino-int8"]["check"]
+    texts = _texts(20)
+    a = encode_texts(model, texts, runtime="torch")
+    b = encode_texts(model, texts, runtime="openvino")
+    assert _cosines(a, b).min() >= 1 - 1e-5

@@ -182,6 +182,13 @@ class Runtime:
     session: object = None
     record: dict = field(default_factory=dict)  # the manifest entry of its file
 
+    @classmethod
+    def from_file(cls, name: str, path: str | os.PathLike) -> Runtime:
+        """Runtime ``name`` on an exported file as it is, its check and weights not looked at
+        (benchmarks comparing files; everything else goes through :func:`resolve_runtime`)."""
+        source = VectorSource(name, FP32 if name in ("onnx", "openvino") else "unchecked")
+        return cls(name, source, _open_session(name, Path(path)), {"file": str(path)})
+
     def embed(self, model, features: dict):
         """``model``'s ``sentence_embedding`` for one batch of ``features`` (torch tensors),
         the transformer run by this runtime and the model's other modules after it."""
