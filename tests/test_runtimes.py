@@ -398,3 +398,17 @@ def test_openvino_fp32_equals_torch_and_int8_is_checked(tmp_path):
     a = encode_texts(model, texts, runtime="torch")
     b = encode_texts(model, texts, runtime="openvino")
     assert _cosines(a, b).min() >= 1 - 1e-5
+
+
+def test_serve_refuses_writes_that_would_mix_runtime_families(exported):
+    pytest.importorskip("fastapi")
+    from densefit.serve.app import _document_encoder
+
+    folder, _ = exported
+    model = load_model(folder, device="cpu")
+    store = open_store(None, model)
+    store.adopt_runtime(VectorSource("onnx-int8", "int8:0123", "onnx/x.onnx", True))
+    with pytest.raises(SettingsMismatchError, match="cannot add documents"):
+        _document_encoder(store, model)(["cells divide"])
+    fp32_store = open_store(None, model)  # a torch store: written by its own family
+    assert _document_encoder(fp32_store, model)(["cells divide"]).shape == (1, 32)

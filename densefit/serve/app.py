@@ -273,6 +273,28 @@ def _replay(body: bytes):
 # -- the app -----------------------------------------------------------------------------------
 
 
+def _document_encoder(store, model):
+    """How written documents are embedded: by a runtime of the store's vectors' family
+    (found as ``densefit index`` finds it); writes that would mix families are refused."""
+    from densefit.retrieval.index.settings import SettingsMismatchError
+    from densefit.retrieval.runtimes import disagreement, resolve_runtime
+
+    settings = getattr(store, "settings", None)
+    stored = settings.source if settings is not None else None
+    runner = resolve_runtime(model, "auto", stored=stored, mixing=True)
+    reason = stored and disagreement(stored, runner.source, mixing=True)
+
+    def encode(texts):
+        if reason:
+            raise SettingsMismatchError(
+                f"{getattr(store, 'path', 'the store')}: cannot add documents: {reason} "
+                f"(export {stored.runtime} for this model to write here)"
+            )
+        return encode_texts(model, texts, batch_size=32, prompt_name="document", runtime=runner)
+
+    return encode
+
+
 def create_app(store, model, config: ServeConfig | None = None, *, close_store: bool = True):
     """A FastAPI app serving ``store`` with ``model`` (which must have made its embeddings:
     :class:`~densefit.retrieval.index.base.ModelMismatchError` otherwise, with the prompts
@@ -299,7 +321,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     )
     writer = DocumentWriter(
         store,
-        lambda texts: encode_texts(model, texts, batch_size=32, prompt_name="document"),
+        _document_encoder(store, model),
         on_commit=metrics.observe_write,
         on_error=lambda: metrics.observe_error("write"),
     )
