@@ -6,8 +6,9 @@ fresh process against its peer measured in the same run.
     # throughput (on a quiet machine): docs/s at 1 and 2 threads, 128 and 256 tokens
     python bench/inference.py --section throughput
     # smoke test (seconds to minutes)
-    python bench/inference.py --section throughput --docs 16 --datasets scifact \
-        --lengths 128 --threads 1 --runtimes st-encode,onnx --repeats 1 --name inference_smoke
+    python bench/inference.py --section throughput --docs 16 --datasets scifact --lengths 128 \
+        --threads 1 --runtimes st-encode,onnx --repeats 1 --small-check \
+        --export-dir /tmp/densefit-inference-smoke --name inference_smoke
 
 First the model (all-MiniLM-L6-v2) is exported once into ``--export-dir`` with
 :func:`densefit.export.export_model`: ``onnx``, ``onnx-int8`` (the export's own recipe
@@ -69,12 +70,17 @@ def openvino_installed() -> bool:
     return True
 
 
-def prepare_exports(export_dir: Path, runtimes: list[str], recipes: list[str]) -> dict:
+def prepare_exports(
+    export_dir: Path, runtimes: list[str], recipes: list[str], small_check: bool = False
+) -> dict:
     """The export folders (made once, reused): ``{"main": folder, recipe: folder}``."""
-    from densefit.export import DEFAULT_INT8_RECIPES, export_model
+    from densefit.export import DEFAULT_INT8_RECIPES, CheckTexts, check_texts, export_model
     from densefit.models import load_model
 
     calibration = DATASETS / "scifact"  # its train split: held out from every test split
+    # The baselines' checks on a fifth of those texts: their numbers only sit beside their nDCG.
+    full = check_texts(calibration)
+    small = CheckTexts(full.queries[:40], full.documents[:160], f"{full.source}, first 40/160")
     folders = {"main": export_dir / "minilm"}
     wanted = [r for r in runtimes if r not in ("torch", PEER)]
     jobs = [("main", wanted, DEFAULT_INT8_RECIPES)]
@@ -90,7 +96,7 @@ def prepare_exports(export_dir: Path, runtimes: list[str], recipes: list[str]) -
             load_model(MODEL, device="cpu"),
             targets,
             folder=folder,
-            calibration=calibration,
+            calibration=calibration if key == "main" and not small_check else small,
             on_check_failure="warn",
             int8_recipes=ladder,
             show_progress=True,
@@ -184,13 +190,19 @@ def quality_point(spec: dict) -> dict:
     runtime = spec["runtime"]
     if spec.get("file"):  # a baseline recipe whose check may have failed: its file as it is
         runtime = Runtime.from_file("onnx-int8", spec["file"])
+    from densefit.data.corpus import load_beir
+    from densefit.evaluate import subsample_corpus
+
+    beir = load_beir(DATASETS / spec["dataset"], "test")
+    beir, corpus = subsample_corpus(beir, spec.get("distractors"), seed=0)
     started = time.perf_counter()
-    result = evaluate_beir(model, DATASETS / spec["dataset"], "test", runtime=runtime)
+    result = evaluate_beir(model, beir, "test", runtime=runtime)
     return {
         "metrics": {k: round(v, 5) for k, v in result.metrics.items()},
         "queries": result.n_queries,
         "documents": result.info["documents"],
         "runtime_used": result.info["runtime"],
+        "corpus": corpus,
         "max_seq_length": model.max_seq_length,
         "eval_s": round(time.perf_counter() - started, 1),
         "torch_threads": torch.get_num_threads(),
@@ -239,7 +251,7 @@ def throughput(args, folders: dict) -> list[dict]:
     records = list(done.values())
     for repeat in range(args.repeats):
         for c, (dataset, length, threads) in enumerate(configs):
-            methods = [PEER, *args.runtimes]
+            methods = [PEER, *[r for r in args.runtimes if r != PEER]]
             if (repeat + c) % 2:
                 methods.reverse()  # alternate who goes first: load drift hits all alike
             for method in methods:
@@ -327,11 +339,13 @@ def quality(args, folders: dict) -> list[dict]:
                 "dataset": dataset,
                 "threads": args.threads[0],
                 "max_seq_length": args.quality_length,
+                "distractors": args.distractors,
                 "folder": str(folder),
                 "file": path,
                 "timeout": args.timeout,
             }
-            spec["key"] = f"{name}|{dataset}|{args.quality_length}"
+            corpus = "full" if args.distractors is None else f"judged+{args.distractors}"
+            spec["key"] = f"{name}|{dataset}|{args.quality_length}|{corpus}"
             if spec["key"] in done:
                 continue
             print(f"{spec['key']} ...", flush=True)
@@ -377,6 +391,7 @@ def summarise_quality(records: list[dict], folders: dict, recipes: list[str]) ->
                 "check_passed": record.get("passed"),
                 "recipe": (record.get("quantization") or {}).get("recipe"),
                 "documents": r["documents"],
+                "corpus": (r.get("corpus") or {}).get("kind"),
                 "queries": r["queries"],
                 "eval_s": r["eval_s"],
                 "load_1min_before": r["loadavg_before"][0],
@@ -476,6 +491,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lengths", default="128,256")
     parser.add_argument("--threads", default="1,2", help="throughput; quality runs at the first")
     parser.add_argument("--quality-length", type=int, default=256, help="tokens (quality)")
+    parser.add_argument(
+        "--distractors",
+        type=int,
+        default=None,
+        help="quality on the judged documents + this many others (seeded); default: full corpus",
+    )
     parser.add_argument("--docs", type=int, default=512, help="documents per throughput point")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
@@ -486,6 +507,11 @@ def main(argv: list[str] | None = None) -> None:
         "--export-dir", default=os.environ.get("TMPDIR", "/tmp") + "/densefit-bench-inference"
     )
     parser.add_argument("--name", default="inference")
+    parser.add_argument(
+        "--small-check",
+        action="store_true",
+        help="check the exports on 40 queries / 160 documents (smoke tests)",
+    )
     parser.add_argument("--point", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.point:
@@ -509,7 +535,7 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(exist_ok=True)
     sections = ("throughput", "quality") if args.section == "both" else (args.section,)
     recipes = args.recipes if "quality" in sections else []
-    folders = prepare_exports(Path(args.export_dir), args.runtimes, recipes)
+    folders = prepare_exports(Path(args.export_dir), args.runtimes, recipes, args.small_check)
     summary_path = RESULTS / f"{args.name}.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     summary["environment"] = environment()
