@@ -14,13 +14,16 @@ import re
 __all__ = [
     "AMP",
     "DEFAULT_METRICS",
+    "EXPORT_TARGETS",
     "GATHER_MODES",
+    "INT8_RECIPES",
     "LOSSES",
     "MEMORY_STRATEGIES",
     "METRIC_KINDS",
     "MINE_METHODS",
     "MINE_SAMPLING",
     "ON_BAD_ROW",
+    "ON_CHECK_FAILURE",
     "RUNTIMES",
     "RUNTIME_CHOICES",
     "SIMILARITIES",
@@ -47,6 +50,16 @@ VECTOR_DTYPES = ("float32", "float16")
 RUNTIMES = ("torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
 # The options that pick one add "auto": the fastest exported runtime whose check passed.
 RUNTIME_CHOICES = ("auto", *RUNTIMES)
+EXPORT_TARGETS = RUNTIMES[1:]  # what `densefit export --to` writes (densefit.export)
+# ONNX Runtime int8 recipes (densefit.export): the export tries the first two in order; the
+# per-tensor ones are the baselines bench/inference.py compares them with.
+INT8_RECIPES = (
+    "matmul-per-channel",
+    "matmul-per-channel-ffn-out-fp32",
+    "matmul-per-tensor",
+    "dynamic-default",
+)
+ON_CHECK_FAILURE = ("error", "warn")  # a file whose check fails: deleted and refused, or kept
 
 # Metrics: KIND@K, computed by pytrec_eval (densefit.evaluate).
 METRIC_KINDS = ("ndcg", "mrr", "recall", "map", "precision")

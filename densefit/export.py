@@ -49,7 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
-from densefit.choices import RUNTIMES
+from densefit.choices import EXPORT_TARGETS, ON_CHECK_FAILURE
+from densefit.choices import INT8_RECIPES as INT8_RECIPE_NAMES
 from densefit.retrieval.runtimes import (
     FOLDERS,
     FP32,
@@ -81,7 +82,6 @@ __all__ = [
     "file_name",
 ]
 
-EXPORT_TARGETS = tuple(r for r in RUNTIMES if r != "torch")
 # A quantized file passes its check when its vectors keep this mean cosine to torch's and
 # its top 10 per query overlaps torch's by this much. Measured (bench/results/
 # inference_quality.json, MiniLM on SciFact/NFCorpus/manpages): quantize_dynamic's default
@@ -94,17 +94,19 @@ MIN_TOP10_OVERLAP = 0.85
 # with a constant weight only (never the attention products, the embeddings' Gather or the
 # output), weights per output channel. The last two are the per-tensor baselines the
 # benchmark compares them with (``dynamic-default``: quantize_dynamic's defaults).
-INT8_RECIPES = {
-    "matmul-per-channel": {"per_channel": True, "keep_ffn_out": False, "ops": ["MatMul"]},
-    "matmul-per-channel-ffn-out-fp32": {
-        "per_channel": True,
-        "keep_ffn_out": True,
-        "ops": ["MatMul"],
-    },
-    "matmul-per-tensor": {"per_channel": False, "keep_ffn_out": False, "ops": ["MatMul"]},
-    "dynamic-default": {"per_channel": False, "keep_ffn_out": False, "ops": None},
-}
-DEFAULT_INT8_RECIPES = ("matmul-per-channel", "matmul-per-channel-ffn-out-fp32")
+INT8_RECIPES = dict(
+    zip(
+        INT8_RECIPE_NAMES,
+        (
+            {"per_channel": True, "keep_ffn_out": False, "ops": ["MatMul"]},
+            {"per_channel": True, "keep_ffn_out": True, "ops": ["MatMul"]},
+            {"per_channel": False, "keep_ffn_out": False, "ops": ["MatMul"]},
+            {"per_channel": False, "keep_ffn_out": False, "ops": None},
+        ),
+        strict=True,
+    )
+)
+DEFAULT_INT8_RECIPES = INT8_RECIPE_NAMES[:2]
 _CHECK_QUERIES = 200
 _CHECK_DOCUMENTS = 800
 _CALIBRATION_TEXTS = 300  # OpenVINO's static quantization: texts it measures ranges on
@@ -353,8 +355,10 @@ def export_model(
         raise ValueError(
             f"int8 recipes {unknown or '(none)'}: use one or more of {', '.join(INT8_RECIPES)}"
         )
-    if on_check_failure not in ("error", "warn"):
-        raise ValueError(f"on_check_failure must be 'error' or 'warn', got {on_check_failure!r}")
+    if on_check_failure not in ON_CHECK_FAILURE:
+        raise ValueError(
+            f"--on-check-failure {on_check_failure!r}: use one of {', '.join(ON_CHECK_FAILURE)}"
+        )
     if isinstance(model, (str, os.PathLike)):
         model = load_model(model, device="cpu")
     for name in targets:
