@@ -38,6 +38,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
@@ -673,10 +674,13 @@ def _openvino_session(model: str | bytes | Path):
     inputs = [port.get_any_name() for port in compiled.inputs]
     output = compiled.output(0)
     request = compiled.create_infer_request()
+    lock = threading.Lock()  # an infer request serves one call at a time (a server's workers)
 
     def run(features: dict) -> np.ndarray:
-        result = request.infer({k: _int64(features[k]) for k in inputs})
-        return np.array(result[output], dtype=np.float32, copy=True)
+        feed = {k: _int64(features[k]) for k in inputs}
+        with lock:
+            result = request.infer(feed)
+            return np.array(result[output], dtype=np.float32, copy=True)
 
     return run
 
