@@ -412,3 +412,39 @@ def test_serve_refuses_writes_that_would_mix_runtime_families(exported):
         _document_encoder(store, model)(["cells divide"])
     fp32_store = open_store(None, model)  # a torch store: written by its own family
     assert _document_encoder(fp32_store, model)(["cells divide"]).shape == (1, 32)
+
+
+def test_evaluation_during_training_runs_the_chosen_runtime(tmp_path):
+    """The Evaluator's runtime: onnx exports the current weights at each evaluation (they
+    change every step) and scores as torch does; auto finds no export of them: torch."""
+    import torch
+
+    from densefit.config import TrainConfig
+    from densefit.training.evaluation import Evaluator
+
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    topics = ["cell", "python", "river", "music", "engine", "bread"]
+    docs = [
+        {"_id": f"{t}{i}", "text": f"{t} fact {i} about the {t}"} for t in topics for i in (0, 1)
+    ]
+    (beir / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    queries = [{"_id": f"{t}-q", "text": f"a question on {t}"} for t in topics]
+    (beir / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    judged = "".join(f"{t}-q\t{t}1\t1\n" for t in topics)
+    (beir / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + judged)
+    model = tiny_model(tmp_path / "m", normalize=True)
+    config = TrainConfig(eval_every=1, eval_split="dev")
+    records = {}
+    for runtime in ("torch", "onnx", "auto"):
+        evaluator = Evaluator(beir, config, runtime=runtime)
+        records[runtime] = [evaluator.run(model, 0)["eval"]]
+        with torch.no_grad():
+            next(model.parameters()).mul_(1.5)  # a training step
+        records[runtime].append(evaluator.run(model, 1)["eval"])
+        with torch.no_grad():
+            next(model.parameters()).div_(1.5)
+    assert records["onnx"] == records["torch"] == records["auto"]
+    assert records["torch"][0] != records["torch"][1]  # the weights did change
+    with pytest.raises(RuntimeUnavailableError, match="no checked onnx-int8 export"):
+        Evaluator(beir, config, runtime="onnx-int8").run(model, 0)
