@@ -274,7 +274,7 @@ def throughput(args, folders: dict) -> list[dict]:
                     )
                     + f"|{args.docs}|r{repeat}"
                 )
-                if spec["key"] in done:
+                if spec["key"] in done or args.report_only:
                     continue
                 record = run_point(spec, jsonl)
                 records.append(record)
@@ -347,7 +347,7 @@ def quality(args, folders: dict) -> list[dict]:
             }
             corpus = "full" if args.distractors is None else f"judged+{args.distractors}"
             spec["key"] = f"{name}|{dataset}|{args.quality_length}|{corpus}"
-            if spec["key"] in done:
+            if spec["key"] in done or args.report_only:
                 continue
             print(f"{spec['key']} ...", flush=True)
             record = run_point(spec, jsonl)
@@ -512,6 +512,9 @@ def main(argv: list[str] | None = None) -> None:
         "--small-check",
         action="store_true",
         help="check the exports on 40 queries / 160 documents (smoke tests)",
+    )
+    parser.add_argument(
+        "--report-only", action="store_true", help="rebuild the files from the JSONL, run nothing"
     )
     parser.add_argument("--point", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
