@@ -39,7 +39,7 @@ from densefit.models import load_model, model_name_of
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index.documents import DB_NAME
 from densefit.retrieval.index.indexing import index_documents
-from densefit.retrieval.index.settings import check_search_settings
+from densefit.retrieval.index.searching import query_runtime
 from densefit.retrieval.index.store import LocalDocumentStore, open_store
 
 __all__ = [
@@ -166,8 +166,12 @@ def retrieve_run(
     top_k: int = 100,
     batch_size: int = 64,
     show_progress: bool = False,
+    runtime="auto",
 ) -> dict[str, dict[str, float]]:
     """Search ``store`` for every query: ``{query_id: {doc_id: score}}`` with ``top_k`` each.
+
+    ``runtime`` embeds the queries (:func:`~densefit.retrieval.index.searching.query_runtime`:
+    ``auto`` picks one whose vectors may meet the store's).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.index import open_store
@@ -175,7 +179,7 @@ def retrieve_run(
     {'q1': {}}
     """
     store.check_model(model)
-    check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
+    runner = query_runtime(store, model, runtime)
     ids = list(queries)
     run: dict[str, dict[str, float]] = {}
     block = 256  # queries searched together: one matrix product per store chunk
@@ -183,7 +187,11 @@ def retrieve_run(
         for start in range(0, len(ids), block):
             part = ids[start : start + block]
             embeddings = encode_texts(
-                model, [queries[q] for q in part], batch_size=batch_size, prompt_name="query"
+                model,
+                [queries[q] for q in part],
+                batch_size=batch_size,
+                prompt_name="query",
+                runtime=runner,
             )
             for query_id, hits in zip(part, store.search(embeddings, top_k=top_k), strict=True):
                 run[query_id] = {hit.id: hit.score for hit in hits}
@@ -209,6 +217,7 @@ def evaluate(
     on_bad_row: str = "error",
     show_progress: bool = False,
     name: str | None = None,
+    runtime="auto",
 ) -> EvalResult | list[EvalResult]:
     """nDCG, MRR, Recall, MAP of ``model`` on ``source``: the one evaluation entry.
 
@@ -227,13 +236,23 @@ def evaluate(
     queries without text or results score 0 and are listed in ``missing_queries``; rows
     skipped with ``on_bad_row="skip"`` are listed in ``skipped_rows``.
 
+    ``runtime`` embeds documents and queries (:data:`densefit.choices.RUNTIME_CHOICES`;
+    ``auto``: the fastest runtime exported for the model's weights whose check passed and
+    whose vectors may meet the store's, else torch; :mod:`densefit.retrieval.runtimes`).
+
     >>> result = evaluate("all-MiniLM-L6-v2", "datasets/scifact")  # doctest: +SKIP
     >>> round(result.metrics["ndcg@10"], 3)  # doctest: +SKIP
     0.645
     """
     model = load_model(model)
     name = name or model_name_of(model)
-    options = dict(metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=show_progress)
+    options = dict(
+        metrics=metrics,
+        top_k=top_k,
+        batch_size=batch_size,
+        show_progress=show_progress,
+        runtime=runtime,
+    )
     if is_store(source):
         if queries is None or qrels is None:
             raise ValueError("evaluating a store needs queries and qrels (files or mappings)")
@@ -265,7 +284,7 @@ def evaluate(
             started = time.perf_counter()
             indexed = index_documents(
                 store, model, beir.corpus.values(), batch_size=batch_size,
-                show_progress=show_progress, total=len(beir.corpus),
+                show_progress=show_progress, total=len(beir.corpus), runtime=runtime,
             )  # fmt: skip
             index_seconds = time.perf_counter() - started
             results = [
@@ -307,15 +326,20 @@ def _score_store(
     batch_size: int = 64,
     show_progress: bool = False,
     name: str,
+    runtime="auto",
 ) -> EvalResult:
     """Search ``store`` with the judged queries and score the run; at ``dim`` (a Matryoshka
     size below the store's) the store's vectors are cut, re-normalised, into a temporary
-    store and the queries embedded with ``model.truncate_dim = dim``."""
+    store and the queries embedded with ``model.truncate_dim = dim``. ``runtime`` embeds the
+    queries (:func:`retrieve_run`)."""
     if dim is not None and dim < store.dim:
         before = getattr(model, "truncate_dim", None)
         model.truncate_dim = dim
         try:
             with open_store(None, model) as cut:
+                settings = getattr(store, "settings", None)
+                if settings is not None:  # the copies were made by the store's runtime
+                    cut.adopt_runtime(settings.source)
                 ids = list(store.ids())
                 for start in range(0, len(ids), 4096):
                     part = ids[start : start + 4096]
@@ -323,6 +347,7 @@ def _score_store(
                 result = _score_store(
                     cut, model, queries, qrels, metrics=metrics, top_k=top_k,
                     batch_size=batch_size, show_progress=show_progress, name=name,
+                    runtime=runtime,
                 )  # fmt: skip
         finally:
             model.truncate_dim = before
@@ -333,8 +358,9 @@ def _score_store(
     judged = {q: queries[q] for q in qrels if q in queries}
     started = time.perf_counter()
     run = retrieve_run(
-        store, model, judged, top_k=top_k, batch_size=batch_size, show_progress=show_progress
-    )
+        store, model, judged, top_k=top_k, batch_size=batch_size, show_progress=show_progress,
+        runtime=runtime,
+    )  # fmt: skip
     search_seconds = time.perf_counter() - started
     label = name if dim is None else f"{name} @{store.dim}"
     result = evaluate_run(run, qrels, metrics, name=label)
@@ -348,6 +374,7 @@ def _score_store(
             "queries_without_text": sorted(q for q in qrels if q not in queries),
             "search_seconds": round(search_seconds, 3),
             "torch_threads": _threads(),
+            "runtime": _documents_runtime(store),
         }
     )
     return result
@@ -487,6 +514,12 @@ def format_markdown(results: Sequence[EvalResult]) -> str:
         values = " | ".join(f"{r.metrics.get(metric, float('nan')):.4f}" for r in results)
         lines.append(f"| {metric} | {values} |")
     return "\n".join(lines)
+
+
+def _documents_runtime(store) -> str:
+    """What embedded the store's documents (runtime and file)."""
+    settings = getattr(store, "settings", None)
+    return settings.source.describe() if settings is not None else "torch"
 
 
 def _threads() -> int:

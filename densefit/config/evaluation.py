@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from densefit.choices import DEFAULT_METRICS, parse_metric
 from densefit.config.options import Options, option
-from densefit.config.shared import ENCODE_BATCH_SIZE, MAX_SEQ_LENGTH, SPLIT, TOP_K
+from densefit.config.shared import ENCODE_BATCH_SIZE, MAX_SEQ_LENGTH, RUNTIME, SPLIT, TOP_K
 
 __all__ = ["EvalConfig", "check_metrics"]
 
@@ -45,6 +45,7 @@ class EvalConfig(Options):
     top_k: int | None = TOP_K()
     max_seq_length: int | None = MAX_SEQ_LENGTH()
     encode_batch_size: int = ENCODE_BATCH_SIZE()
+    runtime: str = RUNTIME()
     distractors: int | None = option(
         None,
         "Search a seeded subsample of the corpus: every document judged for the split's "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from densefit.choices import ON_BAD_ROW
+from densefit.choices import ON_BAD_ROW, RUNTIME_CHOICES
 from densefit.config.options import shared
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "OUTPUT",
     "PROGRESS",
     "QUERY_PROMPT",
+    "RUNTIME",
     "SPLIT",
     "SEARCH_TOP_K",
     "SEED",
@@ -125,6 +126,17 @@ ENCODE_BATCH_SIZE = shared(
     ge=1,
     group="Embedding",
 )
+RUNTIME = shared(
+    "auto",
+    "What runs the model when embedding: auto (the fastest runtime exported for the model's "
+    "current weights whose check passed and whose vectors may meet the store's, else "
+    "torch), torch, onnx (fp32, exported in memory when no file is), or a file written by "
+    "densefit export: onnx-int8, openvino, openvino-int8.",
+    choices=RUNTIME_CHOICES,
+    group="Embedding",
+    affects_weights=False,
+    plan=False,
+)
 BACKEND = shared(
     "exact",
     "Vector search: exact, faiss (HNSW32) or faiss:FACTORY, e.g. faiss:IVF4096,Flat.",
@@ -147,7 +159,8 @@ STORE = shared(None, "Store folder (densefit index creates it).", flag="--store"
 OUTPUT = shared(
     None,
     "Where the command writes its result (train: the model folder; mine: a JSON Lines "
-    "file; eval: a copy of the JSON; run: the run folder, default runs/<config name>).",
+    "file; eval: a copy of the JSON; export: the model folder to write into, default the "
+    "model's own; run: the run folder, default runs/<config name>).",
     flag="--output",
     short="-o",
 )

@@ -12,8 +12,9 @@ from densefit.retrieval.encode import configure_model, encode_texts
 from densefit.retrieval.index.base import DocumentStore, SearchHit, StoreError
 from densefit.retrieval.index.filters import validate_filters
 from densefit.retrieval.index.settings import check_search_settings, search_options
+from densefit.retrieval.runtimes import resolve_runtime
 
-__all__ = ["model_for_store", "scaled_scores", "search", "search_batch"]
+__all__ = ["model_for_store", "query_runtime", "scaled_scores", "search", "search_batch"]
 
 
 def model_for_store(
@@ -49,6 +50,24 @@ def model_for_store(
     return configure_model(loaded, **search_options(settings, query_prompt, document_prompt, dim))
 
 
+def query_runtime(store, model, runtime="auto"):
+    """The runtime that embeds queries for ``store`` (:func:`~densefit.retrieval.runtimes.
+    resolve_runtime` against the store's vectors), after checking the model's prompts and
+    the runtime rule (:func:`~densefit.retrieval.index.settings.check_search_settings`).
+
+    >>> from densefit.testing import tiny_model
+    >>> from densefit.retrieval.index import open_store
+    >>> model = tiny_model()
+    >>> query_runtime(open_store(None, model), model).name
+    'torch'
+    """
+    settings = getattr(store, "settings", None)
+    stored = settings.source if settings is not None else None
+    runner = resolve_runtime(model, runtime, stored=stored, mixing=False)
+    check_search_settings(settings, model, getattr(store, "path", ""), runner)
+    return runner
+
+
 def scaled_scores(scores: np.ndarray, similarity: str) -> np.ndarray:
     """Scores mapped to [0, 1] as Haystack 1.x's ``EmbeddingRetriever(scale_score=True)``:
     cosine ``(s + 1) / 2``, dot product ``expit(s / 100)``. Order is kept.
@@ -74,6 +93,7 @@ def search(
     *,
     filters: dict | None = None,
     scale_score: bool = False,
+    runtime="auto",
 ) -> list[SearchHit]:
     """The ``top_k`` documents of ``store`` best matching ``query``, best first.
 
@@ -85,6 +105,9 @@ def search(
     store's embeddings, and :class:`~densefit.retrieval.index.settings.SettingsMismatchError`
     when its prompts are not those the store was indexed with. The query gets the model's
     query prompt, and is cut to the model's ``truncate_dim`` as the documents were.
+    ``runtime`` runs the transformer (:data:`densefit.choices.RUNTIME_CHOICES`): ``auto``
+    picks the fastest exported one whose vectors may meet the store's; another is refused by
+    the same rule (:func:`~densefit.retrieval.index.settings.check_runtime`).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data.types import Document
@@ -99,8 +122,9 @@ def search(
     if not isinstance(query, str):
         raise TypeError("search takes one query string; use search_batch for a list")
     return search_batch(
-        store, model, [query], top_k=top_k, filters=filters, scale_score=scale_score
-    )[0]
+        store, model, [query], top_k=top_k, filters=filters, scale_score=scale_score,
+        runtime=runtime,
+    )[0]  # fmt: skip
 
 
 def search_batch(
@@ -113,6 +137,7 @@ def search_batch(
     scale_score: bool = False,
     batch_size: int = 64,
     show_progress: bool = False,
+    runtime="auto",
 ) -> list[list[SearchHit]]:
     """:func:`search` for many queries at once (one matrix product per chunk of the store);
     ``filters`` and ``scale_score`` apply to every query.
@@ -129,13 +154,14 @@ def search_batch(
     queries = checked_texts(list(queries), "queries")  # InvalidText (a ValueError) names it
     validate_filters(filters)  # before the model runs: a typo fails fast
     store.check_model(model)
-    check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
+    runner = query_runtime(store, model, runtime)
     embeddings = encode_texts(
         model,
         list(queries),
         batch_size=batch_size,
         show_progress=show_progress,
         prompt_name="query",
+        runtime=runner,
     )
     if not len(embeddings):
         return []
