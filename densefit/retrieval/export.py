@@ -196,9 +196,9 @@ def check_texts(source, *, split: str = "train", seed: int = 0) -> CheckTexts:
     list of texts (every fifth text's first 12 words become a query), or :class:`CheckTexts`.
     At most 200 queries and 800 documents, drawn with ``seed``.
 
-    >>> texts = check_texts(["cells divide fast", "python functions", "a third text"])
+    >>> texts = check_texts([f"text {i} about cells dividing fast" for i in range(12)])
     >>> len(texts.queries), len(texts.documents)
-    (1, 3)
+    (3, 12)
     """
     if isinstance(source, CheckTexts):
         return _capped(source, seed)
