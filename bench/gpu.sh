@@ -2,7 +2,8 @@
 # The memory/speed comparison on one CUDA GPU, in under 8 minutes on a current GPU; with
 # two or more GPUs also 1 vs all GPUs on one global batch (bench/results/distributed_gpu.*).
 # Run from the repository root on a machine with a GPU and ../shared/datasets (or set
-# DENSEFIT_DATASETS). Results: bench/results/memory_speed_gpu.{jsonl,csv,md,json,png}, and
+# DENSEFIT_DATASETS). Results: bench/results/memory_speed_gpu.{jsonl,csv,md,json,png},
+# bench/results/inference_gpu.json (torch fp16 vs fp32 inference) and
 # bench/results/gpu_options.log (the device by default; LoRA vs full fine-tuning).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +17,14 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 cd bench
 timeout 200 ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu --fresh \
   --section speed --batches 64 256
+# Inference: torch fp16 against fp32 (and the unpadded flash-attention path when flash_attn is
+# installed) through densefit's encoder; exits non-zero, saying why, when fp16 drifts or fails.
+timeout 60 ../.venv/bin/python gpu_inference.py --docs 4096 \
+  || { echo "gpu_inference.py failed or ran past 60 s: see its output above" >&2; exit 1; }
 GPUS=$(../.venv/bin/python -c "import torch; print(torch.cuda.device_count())")
 # Several GPUs: 1 vs all of them on the same global batch (bench/distributed.py, nccl);
 # the scaling section then gets less time so the whole script stays under 8 minutes.
-SCALING_S=$([ "$GPUS" -ge 2 ] && echo 60 || echo 120)
+SCALING_S=$([ "$GPUS" -ge 2 ] && echo 45 || echo 90)
 timeout "$SCALING_S" ../.venv/bin/python memory_speed.py --device cuda --name memory_speed_gpu \
   --section scaling --batches 1024 8192 65536 || true
 if [ "$GPUS" -ge 2 ]; then

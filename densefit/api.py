@@ -22,7 +22,7 @@ from sentence_transformers import SentenceTransformer
 
 from densefit.choices import DEFAULT_METRICS
 from densefit.config.commands import TrainJob
-from densefit.config.shared import DEFAULT_MODEL, ENCODE_BATCH_SIZE
+from densefit.config.shared import DEFAULT_MODEL, ENCODE_BATCH_SIZE, RUNTIME
 from densefit.config.train import TrainConfig
 from densefit.data.text import checked_text
 from densefit.data.types import Document, TrainingExample
@@ -35,6 +35,7 @@ from densefit.retrieval.index.base import SearchHit, StoreError
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search_batch
 from densefit.retrieval.index.store import open_store
+from densefit.retrieval.runtimes import resolve_runtime
 from densefit.training.loop import TrainResult, save_model
 
 __all__ = ["Retriever", "as_document"]
@@ -86,6 +87,11 @@ def _hash_id(text: str) -> str:
 class Retriever:
     """A dense retriever around a SentenceTransformer: train, save, embed, index, retrieve.
 
+    ``runtime`` runs the model for every embedding it makes (:data:`densefit.choices.
+    RUNTIME_CHOICES`): ``"auto"`` (the fastest runtime exported for the model's weights
+    whose check passed, else torch), ``"torch"``, ``"onnx"``, ``"onnx-int8"``...
+    (:mod:`densefit.retrieval.runtimes`; exports: :func:`densefit.retrieval.export.export_model`).
+
     >>> from densefit.testing import tiny_model
     >>> retriever = Retriever(tiny_model())
     >>> retriever.embed_queries(["what is a cell"]).shape
@@ -100,6 +106,7 @@ class Retriever:
         max_seq_length: int | None = None,
         trust_remote_code: bool = False,
         batch_size: int = ENCODE_BATCH_SIZE.default,
+        runtime: str = RUNTIME.default,
     ):
         self.model = load_model(
             model,
@@ -110,6 +117,12 @@ class Retriever:
         if max_seq_length is not None:
             self.model.max_seq_length = max_seq_length
         self.batch_size = batch_size
+        # What runs the model for every embedding this retriever makes (index, retrieve,
+        # embed_*, evaluate): densefit.choices.RUNTIME_CHOICES; "auto": the fastest exported
+        # runtime whose check passed, else torch. An unknown or unavailable one fails here.
+        if runtime != "auto":
+            resolve_runtime(self.model, runtime)
+        self.runtime = runtime
         self.store = None
 
     def train(
@@ -177,7 +190,7 @@ class Retriever:
             raise TypeError("pass a list of texts, not a single string")
         return encode_texts(
             self.model, list(texts), batch_size=batch_size or self.batch_size,
-            prompt_name=prompt_name,
+            prompt_name=prompt_name, runtime=self.runtime,
         )  # fmt: skip
 
     def embed_queries(self, queries: Sequence[str], batch_size: int | None = None) -> np.ndarray:
@@ -233,6 +246,7 @@ class Retriever:
             show_progress=show_progress,
             total=total,
             reembed=reembed,
+            runtime=self.runtime,
         )
 
     def retrieve(
@@ -290,6 +304,7 @@ class Retriever:
             batch_size=self.batch_size,
             mode=mode,
             fusion=fusion,
+            runtime=self.runtime,
         )
 
     def evaluate(
@@ -317,6 +332,7 @@ class Retriever:
             batch_size=self.batch_size,
             mode=mode,
             fusion=fusion,
+            runtime=self.runtime,
         )
         if dataset is not None:
             if queries is not None or qrels is not None:

@@ -13,18 +13,25 @@ import re
 
 __all__ = [
     "AMP",
+    "DEFAULT_INT8_RECIPES",
     "DEFAULT_METRICS",
     "EMBED_PROMPTS",
+    "EXPORT_TARGETS",
     "FUSIONS",
     "GATHER_MODES",
+    "INT8_RECIPES",
     "LOSSES",
     "MEMORY_STRATEGIES",
     "METRIC_KINDS",
     "MINE_METHODS",
     "MINE_SAMPLING",
     "ON_BAD_ROW",
+    "ON_CHECK_FAILURE",
+    "RUNTIMES",
+    "RUNTIME_CHOICES",
     "SEARCH_MODES",
     "SIMILARITIES",
+    "TRAINING_EVAL_RUNTIMES",
     "VECTOR_KINDS",
     "parse_metric",
 ]
@@ -54,6 +61,25 @@ FUSIONS = ("rrf", "weighted")
 # Which of a store's prompts a text embedded by `densefit serve`'s embeddings endpoints gets
 # (densefit.prompts: the model's query and document prompts).
 EMBED_PROMPTS = ("query", "document")
+# What runs the model's transformer when texts are embedded for inference
+# (densefit.retrieval.runtimes); each but torch is a file `densefit export --to` writes.
+RUNTIMES = ("torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
+# The options that pick one add "auto": the fastest exported runtime whose check passed.
+RUNTIME_CHOICES = ("auto", *RUNTIMES)
+EXPORT_TARGETS = RUNTIMES[1:]  # what `densefit export --to` writes (densefit.retrieval.export)
+# ONNX Runtime int8 recipes (densefit.retrieval.export): the export tries the first two in
+# order; the per-tensor ones are the baselines bench/inference.py compares them with.
+INT8_RECIPES = (
+    "matmul-per-channel",
+    "matmul-per-channel-ffn-out-fp32",
+    "matmul-per-tensor",
+    "dynamic-default",
+)
+DEFAULT_INT8_RECIPES = INT8_RECIPES[:2]  # what an export tries when none is named
+# Evaluation during training: weights change every step, so only runtimes that export the
+# current weights in memory (fp32) can run it; "auto" finds no export of them: torch.
+TRAINING_EVAL_RUNTIMES = ("auto", "torch", "onnx", "openvino")
+ON_CHECK_FAILURE = ("error", "warn")  # a file whose check fails: deleted and refused, or kept
 
 # Metrics: KIND@K, computed by pytrec_eval (densefit.evaluate).
 METRIC_KINDS = ("ndcg", "mrr", "recall", "map", "precision")

@@ -170,10 +170,14 @@ def retrieve_run(
     show_progress: bool = False,
     mode: str = "dense",
     fusion=None,
+    runtime="auto",
 ) -> dict[str, dict[str, float]]:
     """Search ``store`` for every query: ``{query_id: {doc_id: score}}`` with ``top_k`` each,
     by ``mode`` (``dense``, ``bm25`` or ``hybrid``, fused by ``fusion``:
     :meth:`LocalDocumentStore.search <densefit.retrieval.index.store.LocalDocumentStore.search>`).
+
+    ``runtime`` embeds the queries (:func:`~densefit.retrieval.index.searching.query_runtime`:
+    ``auto`` picks one whose vectors may meet the store's).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.index import open_store
@@ -194,6 +198,7 @@ def retrieve_run(
                 batch_size=batch_size,
                 mode=mode,
                 fusion=fusion,
+                runtime=runtime,
             )
             for query_id, hits in zip(part, found, strict=True):
                 run[query_id] = {hit.id: hit.score for hit in hits}
@@ -242,6 +247,7 @@ def evaluate(
     fusion=None,
     vectors: str = "float32",
     rescore: int | None = None,
+    runtime="auto",
 ) -> EvalResult | list[EvalResult]:
     """nDCG, MRR, Recall, MAP of ``model`` on ``source``: the one evaluation entry.
 
@@ -267,6 +273,10 @@ def evaluate(
     ``store_dir`` keeps its own) and the candidates an int8 or binary store rescores per
     result (:func:`~densefit.retrieval.index.store.open_store`).
 
+    ``runtime`` embeds documents and queries (:data:`densefit.choices.RUNTIME_CHOICES`;
+    ``auto``: the fastest runtime exported for the model's weights whose check passed and
+    whose vectors may meet the store's, else torch; :mod:`densefit.retrieval.runtimes`).
+
     >>> result = evaluate("all-MiniLM-L6-v2", "datasets/scifact")  # doctest: +SKIP
     >>> round(result.metrics["ndcg@10"], 3)  # doctest: +SKIP
     0.645
@@ -279,7 +289,7 @@ def evaluate(
     name = name or (model_name_of(model) if model is not None else None)
     options = dict(
         metrics=metrics, top_k=top_k, batch_size=batch_size, show_progress=show_progress,
-        mode=mode, fusion=fusion,
+        mode=mode, fusion=fusion, runtime=runtime,
     )  # fmt: skip
     if is_store(source):
         if queries is None or qrels is None:
@@ -325,7 +335,7 @@ def evaluate(
             started = time.perf_counter()
             indexed = index_documents(
                 store, model, beir.corpus.values(), batch_size=batch_size,
-                show_progress=show_progress, total=len(beir.corpus),
+                show_progress=show_progress, total=len(beir.corpus), runtime=runtime,
             )  # fmt: skip
             index_seconds = time.perf_counter() - started
             results = [
@@ -369,19 +379,23 @@ def _score_store(
     name: str,
     mode: str = "dense",
     fusion=None,
+    runtime="auto",
 ) -> EvalResult:
     """Search ``store`` with the judged queries and score the run; at ``dim`` (a Matryoshka
     size below the store's) the store's vectors are cut, re-normalised, into a temporary
     store and the queries embedded with ``model.truncate_dim = dim``. ``mode`` (``dense``,
     ``bm25``, ``hybrid``) and ``fusion`` choose how the store ranks
     (:meth:`LocalDocumentStore.search <densefit.retrieval.index.store.LocalDocumentStore.
-    search>`); ``mode="bm25"`` does not run ``model``."""
+    search>`); ``mode="bm25"`` does not run ``model``; ``runtime`` embeds the queries (:func:`retrieve_run`)."""
     if dim is not None and dim < store.dim:
         before = getattr(model, "truncate_dim", None)
         model.truncate_dim = dim
         try:
             kind = getattr(store, "vector_kind", "float32")
             with open_store(None, model, vectors=kind) as cut:
+                settings = getattr(store, "settings", None)
+                if settings is not None:  # the copies were made by the store's runtime
+                    cut.adopt_runtime(settings.source)
                 ids = list(store.ids())
                 for start in range(0, len(ids), 4096):
                     part = ids[start : start + 4096]
@@ -389,7 +403,7 @@ def _score_store(
                 result = _score_store(
                     cut, model, queries, qrels, metrics=metrics, top_k=top_k,
                     batch_size=batch_size, show_progress=show_progress, name=name, mode=mode,
-                    fusion=fusion,
+                    fusion=fusion, runtime=runtime,
                 )  # fmt: skip
         finally:
             model.truncate_dim = before
@@ -408,6 +422,7 @@ def _score_store(
         show_progress=show_progress,
         mode=mode,
         fusion=fusion,
+        runtime=runtime,
     )
     search_seconds = time.perf_counter() - started
     label = name if dim is None else f"{name} @{store.dim}"
@@ -428,6 +443,7 @@ def _score_store(
             "queries_without_text": sorted(q for q in qrels if q not in queries),
             "search_seconds": round(search_seconds, 3),
             "torch_threads": _threads(),
+            "runtime": _documents_runtime(store),
         }
     )
     return result
@@ -567,6 +583,12 @@ def format_markdown(results: Sequence[EvalResult]) -> str:
         values = " | ".join(f"{r.metrics.get(metric, float('nan')):.4f}" for r in results)
         lines.append(f"| {metric} | {values} |")
     return "\n".join(lines)
+
+
+def _documents_runtime(store) -> str:
+    """What embedded the store's documents (runtime and file)."""
+    settings = getattr(store, "settings", None)
+    return settings.source.describe() if settings is not None else "torch"
 
 
 def _threads() -> int:

@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from densefit.config.commands import EvalJob, IndexJob, MineJob, PlanJob, SearchJob, TrainJob
+from densefit.config.commands import (
+    EvalJob,
+    ExportJob,
+    IndexJob,
+    MineJob,
+    PlanJob,
+    SearchJob,
+    TrainJob,
+)
 from densefit.config.evaluation import EvalConfig
 from densefit.config.shared import SEARCH_TOP_K, VECTORS, model_or_default
 from densefit.config.train import TrainConfig
@@ -37,6 +45,13 @@ from densefit.mine import MiningReport, mine_files
 from densefit.models import apply_lora, load_model, resolve_device
 from densefit.prompts import set_prompts
 from densefit.retrieval.encode import configure_model
+from densefit.retrieval.export import (
+    CheckTexts,
+    ExportCheckError,
+    ExportReport,
+    check_texts,
+    export_model,
+)
 from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.base import SearchHit
 from densefit.retrieval.index.documents import DB_NAME
@@ -44,6 +59,7 @@ from densefit.retrieval.index.filters import meta_index_sql, parse_filter_text
 from densefit.retrieval.index.indexing import IndexReport, index_documents, prune_documents
 from densefit.retrieval.index.searching import model_for_store, search_batch
 from densefit.retrieval.index.store import LocalDocumentStore, open_store
+from densefit.retrieval.runtimes import check_supported
 from densefit.training import distributed
 from densefit.training.checkpoint import CHECKPOINTS, list_checkpoints
 from densefit.training.evaluation import eval_data_for
@@ -56,6 +72,7 @@ __all__ = [
     "TrainOutcome",
     "eval_job",
     "fusion_of",
+    "export_job",
     "index_job",
     "mine_job",
     "plan_job",
@@ -111,6 +128,7 @@ class TrainOutcome:
     world: int = 1  # processes
     main: bool = True  # this process logs and saves
     checkpoints: dict = field(default_factory=dict)  # what is left on disk: count, bytes
+    export: ExportReport | None = None  # config.export: the files written beside the model
 
 
 def _start_processes(config: TrainConfig) -> tuple[TrainConfig, int, bool]:
@@ -154,6 +172,10 @@ def train_job(
         model_or_default(job.model), max_seq_length=config.max_seq_length, device=config.device
     )
     apply_lora(model, config)  # its errors before any line of output
+    export_texts = None
+    if config.export is not None:
+        check_supported(model, config.export)  # the runtime's package and the model's kind
+        export_texts = _export_texts(config.export, examples)
     if main:
         _say(say, _start_line(job, config, len(examples), world))
     result = train(
@@ -174,7 +196,36 @@ def train_job(
     )
     if job.output is not None and main:
         outcome.checkpoints = _finish_checkpoints(Path(job.output), config)
+        if config.export is not None:
+            outcome.export = _export_trained(Path(job.output), config.export, export_texts, say)
     return outcome
+
+
+def _export_texts(kind: str, examples: list) -> CheckTexts | None:
+    """The held-out texts ``--export KIND`` is checked on: the training data's (drawn before
+    training, so too few of them for a quantized export is refused before any step). Too
+    few for an fp32 export: None, the probe texts."""
+    try:
+        return check_texts(examples)
+    except ValueError as exc:
+        if kind.endswith("int8"):
+            raise ValueError(f"--export {kind}: {exc}") from None
+        return None
+
+
+def _export_trained(
+    output: Path, kind: str, texts: CheckTexts | None, say: Say
+) -> ExportReport | None:
+    """``densefit train --export KIND``: export the saved model into its folder, checked on
+    the training data's texts. A file that fails its check is not kept: a warning with the
+    numbers, the trained model stands (None)."""
+    try:
+        report = export_model(str(output), kind, calibration=texts)
+    except ExportCheckError as exc:
+        warnings.warn(f"the model is saved, its export is not: {exc}", UserWarning, stacklevel=3)
+        return None
+    _say(say, f"exported {report.summary()}")
+    return report
 
 
 def _is_path(data: Any) -> bool:
@@ -275,6 +326,7 @@ def mine_job(job: MineJob, *, say: Say = None) -> MiningReport:
         query_block=settings.query_block,
         batch_size=settings.encode_batch_size,
         show_progress=job.show_progress,
+        runtime=settings.runtime,
     )
     _say(say, f"wrote {job.output}: {report.summary()}")
     return report
@@ -362,6 +414,7 @@ def index_job(job: IndexJob) -> IndexOutcome:
             total=count_rows(Path(job.corpus)),
             reembed=job.reembed,
             lock_timeout=job.lock_timeout,
+            runtime=job.runtime,
         )
         if job.prune:
             report.pruned = prune_documents(store, seen)
@@ -412,7 +465,30 @@ def search_job(job: SearchJob) -> list[list[SearchHit]]:
             batch_size=job.encode_batch_size,
             mode=job.mode,
             fusion=fusion_of(job),
+            runtime=job.runtime,
         )
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def export_job(job: ExportJob) -> ExportReport:
+    """Write ``job.model``'s runtime files (``job.to``) into its folder or ``job.output``, each
+    checked against the model on ``job.calibration`` (:func:`~densefit.retrieval.export.
+    export_model`); a file that fails its check raises ``ExportCheckError`` (a ValueError)
+    unless ``on_check_failure`` is warn."""
+    if job.calibration is not None and not Path(job.calibration).exists():
+        raise FileNotFoundError(f"--calibration {job.calibration}: no such file or folder")
+    model = load_model(job.model, device="cpu")  # exports are made and checked on the CPU
+    return export_model(
+        model,
+        job.to,
+        folder=job.output,
+        calibration=job.calibration,
+        on_check_failure=job.on_check_failure,
+        show_progress=job.show_progress,
+        int8_recipes=job.int8_recipes,
+    )
 
 
 # ----------------------------------------------------------------------------- eval
@@ -440,6 +516,7 @@ def eval_job(job: EvalJob, *, say: Say = None) -> EvalOutcome:
         show_progress=job.show_progress,
         mode=settings.mode,
         fusion=fusion_of(settings),
+        runtime=settings.runtime,
     )
     prompts = {"query_prompt": job.query_prompt, "document_prompt": job.document_prompt}
     if job.dataset is None:

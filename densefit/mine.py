@@ -61,6 +61,7 @@ from densefit.retrieval.bm25 import Bm25Index, Tokens, best_positions
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.fusion import reciprocal_rank_fusion
 from densefit.retrieval.index.exact import exact_search
+from densefit.retrieval.runtimes import resolve_runtime
 from densefit.wording import plural
 
 __all__ = ["MiningReport", "mine_hard_negatives", "mine_files", "write_mined", "parse_range"]
@@ -80,6 +81,7 @@ class MiningReport:
     positives_outside_corpus: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     peak_rss_mb: float = 0.0
+    runtime: str | None = None  # dense, hybrid: what ran the model
 
     def summary(self) -> str:
         return (
@@ -135,6 +137,7 @@ def mine_hard_negatives(
     batch_size: int = 64,
     rrf_k: int = 60,
     show_progress: bool = True,
+    runtime="auto",
 ) -> tuple[list[TrainingExample], MiningReport]:
     """Add mined hard negatives (and their ids) to every (query, positive) pair.
 
@@ -153,6 +156,8 @@ def mine_hard_negatives(
         query_block: queries searched together (bounds the score memory).
         batch_size: encoder batch size (dense).
         rrf_k: the reciprocal rank fusion constant (hybrid).
+        runtime: what runs the model (dense, hybrid; :data:`densefit.choices.RUNTIME_CHOICES`,
+            ``auto``: the fastest exported for its weights whose check passed, else torch).
         corpus_embeddings: dense and hybrid: the corpus already embedded by ``model``,
             ``(len(corpus), d)`` and L2-normalised (e.g. vectors kept from an index), so
             that it is not embedded again.
@@ -177,7 +182,7 @@ def mine_hard_negatives(
     report.positives_outside_corpus = len(plan.outside)
     report.seconds["prepare"] = round(time.perf_counter() - started, 3)
     searchers = _Searchers(
-        method, plan, model, batch_size, show_progress, corpus_embeddings, rrf_k, report
+        method, plan, model, batch_size, show_progress, corpus_embeddings, rrf_k, report, runtime
     )
     choice = _Choice(num_negatives, range_min, range_max, relative_margin, sampling, seed)
 
@@ -220,7 +225,16 @@ class _Searchers:
     """The method's searchers (BM25, dense, or both fused) behind one ``rank`` call."""
 
     def __init__(
-        self, method, plan, model, batch_size, show_progress, corpus_embeddings, rrf_k, report
+        self,
+        method,
+        plan,
+        model,
+        batch_size,
+        show_progress,
+        corpus_embeddings,
+        rrf_k,
+        report,
+        runtime="auto",
     ):
         self.method, self.plan, self.rrf_k = method, plan, rrf_k
         self.searchers: list = []
@@ -231,7 +245,10 @@ class _Searchers:
             report.seconds["bm25_index"] = round(time.perf_counter() - started, 3)
         if method in ("dense", "hybrid"):
             started = time.perf_counter()
-            self.dense = _Dense(plan, _model(model), batch_size, show_progress, corpus_embeddings)
+            self.dense = _Dense(
+                plan, _model(model), batch_size, show_progress, corpus_embeddings, runtime
+            )
+            report.runtime = self.dense.runtime.source.describe()
             self.searchers.append(self.dense)
             report.seconds["dense_encode"] = round(time.perf_counter() - started, 3)
         # Hybrid scores (for the margin and the ranking's scores) are the dense model's.
@@ -381,9 +398,11 @@ class _Bm25:
 class _Dense:
     """Cosine similarity of the model's embeddings, searched in blocks of queries."""
 
-    def __init__(self, plan: _Plan, model, batch_size: int, show_progress: bool, given=None):
-
+    def __init__(
+        self, plan: _Plan, model, batch_size: int, show_progress: bool, given=None, runtime="auto"
+    ):
         self.plan, self.model, self.batch_size = plan, model, batch_size
+        self.runtime = resolve_runtime(model, runtime)
         self.encode = encode_texts
         texts = [d.text for d in plan.corpus] if given is None else []
         outside = encode_texts(
@@ -393,6 +412,7 @@ class _Dense:
             show_progress=show_progress,
             normalize=True,
             prompt_name="document",
+            runtime=self.runtime,
         )
         if given is None:
             self.vectors = outside  # (n_docs + outside, d)
@@ -413,6 +433,7 @@ class _Dense:
             batch_size=self.batch_size,
             normalize=True,
             prompt_name="query",
+            runtime=self.runtime,
         )  # (q, d)
         self._queries = dict(zip(block, embedded, strict=True))
         corpus = self.vectors[: self.plan.n_docs]

@@ -251,13 +251,21 @@ def _commands():
     """(name, click command, the Options classes it is generated from) of every command."""
     import typer as _typer
 
-    from densefit.config.commands import EvalJob, IndexJob, MineJob, PlanJob, SearchJob, TrainJob
+    from densefit.config.commands import (
+        EvalJob,
+        ExportJob,
+        IndexJob,
+        MineJob,
+        PlanJob,
+        SearchJob,
+        TrainJob,
+    )
     from densefit.config.run import RunCommand, RunConfig
     from densefit.serve.config import ServeJob
 
     group = _typer.main.get_command(app)
     declared = {"train": [TrainJob], "plan": [PlanJob], "mine": [MineJob], "index": [IndexJob],
-                "search": [SearchJob], "eval": [EvalJob], "serve": [ServeJob],
+                "search": [SearchJob], "eval": [EvalJob], "export": [ExportJob], "serve": [ServeJob],
                 "run": [RunCommand, RunConfig], "options": []}  # fmt: skip
     assert set(group.commands) == set(declared), "a command without its declaration here"
     return [(name, group.commands[name], classes) for name, classes in declared.items()]

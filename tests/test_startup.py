@@ -37,7 +37,7 @@ def run_cli(args: list[str], tmp_path) -> dict:
     return json.loads(done.stderr.strip().splitlines()[-1])
 
 
-COMMANDS = ["train", "plan", "mine", "index", "search", "eval", "run", "serve", "options"]
+COMMANDS = ["train", "plan", "mine", "index", "search", "eval", "export", "run", "serve", "options"]
 
 
 @pytest.mark.parametrize(
@@ -50,6 +50,8 @@ COMMANDS = ["train", "plan", "mine", "index", "search", "eval", "run", "serve", 
         ["index", "corpus.jsonl", "--store", "s", "--encode-batch-size", "0"],
         ["eval", "--dataset", "d", "--queries", "q.jsonl"],  # options that do not go together
         ["serve", "--store", "s", "--max-k", "0"],
+        ["export", "m", "--to", "tflite"],  # a choice that is not one
+        ["index", "corpus.jsonl", "--store", "s", "--runtime", "tensorrt"],
         ["run", "--data", "d", "--set", "train.batch_size=0"],  # checked before any stage
     ],
     ids=lambda args: " ".join(args),

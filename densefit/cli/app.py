@@ -1,4 +1,5 @@
-"""The ``densefit`` command line: run | train | plan | mine | index | search | eval | serve.
+"""The ``densefit`` command line: run | train | plan | mine | index | search | eval | export |
+serve.
 
 Every command runs inside one error handler (:class:`DensefitGroup`): commands raise plain
 exceptions and the handler decides what the user sees.
@@ -33,6 +34,7 @@ from typer.core import TyperGroup
 
 import densefit.cli.common as common
 import densefit.cli.eval as eval_command
+import densefit.cli.export as export_command
 import densefit.cli.index as index_command
 import densefit.cli.mine as mine_command
 import densefit.cli.run as run_command
@@ -56,6 +58,11 @@ _EXTRAS = {
     "uvicorn": "serve",
     "haystack": "haystack",
     "peft": "lora",
+    "onnx": "onnx",
+    "onnxruntime": "onnx",
+    "onnxscript": "onnx",
+    "openvino": "openvino",
+    "nncf": "openvino",
 }
 
 
@@ -229,8 +236,8 @@ def options() -> None:
 
 def _register() -> None:
     # Each command module imports its job only when the command runs: --help stays light.
-    for module in (train_command, mine_command, index_command, eval_command, run_command,
-                   serve_command):  # fmt: skip
+    for module in (train_command, mine_command, index_command, eval_command, export_command,
+                   run_command, serve_command):  # fmt: skip
         module.register(app)
 
 

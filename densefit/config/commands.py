@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from densefit.choices import DEFAULT_INT8_RECIPES, EXPORT_TARGETS, INT8_RECIPES, ON_CHECK_FAILURE
 from densefit.config.evaluation import EvalConfig
 from densefit.config.mine import MineConfig
 from densefit.config.options import Options, option, section
@@ -33,6 +34,7 @@ from densefit.config.shared import (
     QUERY_PROMPT,
     RESCORE,
     RRF_K,
+    RUNTIME,
     SEARCH_MODE,
     SPLIT,
     STORE,
@@ -41,7 +43,7 @@ from densefit.config.shared import (
 )
 from densefit.config.train import TrainConfig, check_dims
 
-__all__ = ["EvalJob", "IndexJob", "MineJob", "PlanJob", "SearchJob", "TrainJob"]
+__all__ = ["EvalJob", "ExportJob", "IndexJob", "MineJob", "PlanJob", "SearchJob", "TrainJob"]
 
 _DATA_HELP = "Training data: JSONL, CSV/TSV, Parquet or a BEIR folder."
 
@@ -132,6 +134,7 @@ class IndexJob(Options):
     document_prompt: str | None = DOCUMENT_PROMPT()
     dim: int | None = DIM()
     encode_batch_size: int = ENCODE_BATCH_SIZE()
+    runtime: str = RUNTIME()
     backend: str = BACKEND()
     vectors: str = VECTORS()
     commit_every: int = option(
@@ -170,6 +173,7 @@ class SearchJob(Options):
     document_prompt: str | None = DOCUMENT_PROMPT()
     dim: int | None = DIM()
     encode_batch_size: int = ENCODE_BATCH_SIZE()
+    runtime: str = RUNTIME()
     backend: str = BACKEND()
     filter: str | None = option(
         None,
@@ -272,3 +276,56 @@ class EvalJob(Options):
             raise self.eval.error(
                 "distractors", "subsamples a --dataset corpus; a store is searched whole"
             )
+
+
+def _check_recipes(recipes: list[str]) -> None:
+    if not recipes:
+        raise ValueError(f"needs at least one of {', '.join(INT8_RECIPES)}")
+    unknown = [r for r in recipes if r not in INT8_RECIPES]
+    if unknown:
+        raise ValueError(f"must be one of {', '.join(INT8_RECIPES)}, got {unknown[0]!r}")
+
+
+@dataclass(kw_only=True)
+class ExportJob(Options):
+    """``densefit export``: a model's runtime files in sentence-transformers' layout
+    (``onnx/model.onnx``, ``onnx/model_qint8_<isa>.onnx``, ``openvino/...``), each checked
+    against the model before it is kept (:mod:`densefit.retrieval.export`)."""
+
+    model: str = option(
+        help="The model: a sentence-transformers folder (exported into, unless --output) or "
+        "name (then --output is needed).",
+        positional=True,
+    )
+    to: str = option(
+        "onnx",
+        "What to export (onnx/model.onnx is written with any of them: the others are made "
+        "from it): onnx (fp32), onnx-int8, openvino, openvino-int8.",
+        flag="--to",
+        choices=EXPORT_TARGETS,
+    )
+    calibration: Path | None = option(
+        None,
+        "Held-out texts the check embeds (and OpenVINO int8 calibrates on): training pairs, "
+        "a corpus or a BEIR folder; at most 200 queries and 800 documents are drawn. Needed "
+        "for the int8 targets; fp32 ones are checked on probe texts without it.",
+        metavar="DATA",
+    )
+    output: Path | None = OUTPUT()
+    on_check_failure: str = option(
+        "error",
+        "A file whose check fails (cosine to the model below 0.99 or top-10 overlap below "
+        "0.85; fp32: below 1 - 1e-5): error deletes it and exits 2 with the numbers; warn "
+        "keeps it, recorded as failed (auto never picks it).",
+        choices=ON_CHECK_FAILURE,
+    )
+    int8_recipes: list[str] = option(
+        help="onnx-int8: the ONNX Runtime quantization recipe to try, in order, keeping the "
+        f"first that passes its check; repeatable. One of {', '.join(INT8_RECIPES)}. "
+        f"Default: {', '.join(DEFAULT_INT8_RECIPES)}.",
+        flag="--int8-recipe",
+        factory=lambda: list(DEFAULT_INT8_RECIPES),
+        check=_check_recipes,
+    )
+    show_progress: bool = PROGRESS()
+    json: bool = JSON()

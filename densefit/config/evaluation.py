@@ -14,6 +14,7 @@ from densefit.config.shared import (
     FUSION_DEPTH,
     MAX_SEQ_LENGTH,
     RRF_K,
+    RUNTIME,
     SEARCH_MODE,
     SPLIT,
     TOP_K,
@@ -60,6 +61,7 @@ class EvalConfig(Options):
     fusion_depth: int = FUSION_DEPTH()
     max_seq_length: int | None = MAX_SEQ_LENGTH()
     encode_batch_size: int = ENCODE_BATCH_SIZE()
+    runtime: str = RUNTIME()
     distractors: int | None = option(
         None,
         "Search a seeded subsample of the corpus: every document judged for the split's "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from densefit.choices import FUSIONS, ON_BAD_ROW, SEARCH_MODES, VECTOR_KINDS
+from densefit.choices import FUSIONS, ON_BAD_ROW, RUNTIME_CHOICES, SEARCH_MODES, VECTOR_KINDS
 from densefit.config.options import shared
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "RESCORE",
     "RRF_K",
     "SEARCH_MODE",
+    "RUNTIME",
     "SPLIT",
     "SEARCH_TOP_K",
     "SEED",
@@ -133,6 +134,17 @@ ENCODE_BATCH_SIZE = shared(
     ge=1,
     group="Embedding",
 )
+RUNTIME = shared(
+    "auto",
+    "What runs the model when embedding: auto (the fastest runtime exported for the model's "
+    "current weights whose check passed and whose vectors may meet the store's, else "
+    "torch), torch, onnx (fp32, exported in memory when no file is), or a file written by "
+    "densefit export: onnx-int8, openvino, openvino-int8.",
+    choices=RUNTIME_CHOICES,
+    group="Embedding",
+    affects_weights=False,
+    plan=False,
+)
 BACKEND = shared(
     "exact",
     "Vector search: exact, faiss (HNSW32) or faiss:FACTORY, e.g. faiss:IVF4096,Flat.",
@@ -155,7 +167,8 @@ STORE = shared(None, "Store folder (densefit index creates it).", flag="--store"
 OUTPUT = shared(
     None,
     "Where the command writes its result (train: the model folder; mine: a JSON Lines "
-    "file; eval: a copy of the JSON; run: the run folder, default runs/<config name>).",
+    "file; eval: a copy of the JSON; export: the model folder to write into, default the "
+    "model's own; run: the run folder, default runs/<config name>).",
     flag="--output",
     short="-o",
 )

@@ -17,10 +17,12 @@ from typing import Any
 
 from densefit.choices import (
     AMP,
+    EXPORT_TARGETS,
     GATHER_MODES,
     LOSSES,
     MEMORY_STRATEGIES,
     SIMILARITIES,
+    TRAINING_EVAL_RUNTIMES,
     parse_metric,
 )
 from densefit.config.options import Options, declared_options, default_of, flag_of, option
@@ -581,6 +583,28 @@ class TrainConfig(Options):
         plan=False,
         group=_EVAL,
     )
+    eval_runtime: str = option(
+        "auto",
+        "What runs the model in each evaluation: auto (torch: no export matches weights "
+        "that change every step), torch, or onnx / openvino (the current weights exported "
+        "in memory at each evaluation, seconds; scores as torch does).",
+        choices=TRAINING_EVAL_RUNTIMES,
+        plan=False,
+        affects_weights=False,
+        group=_EVAL,
+    )
+    export: str | None = option(
+        None,
+        "When the model is saved, export it for an inference runtime into OUTPUT (as "
+        "densefit export --to KIND does): onnx, onnx-int8, openvino, openvino-int8; the "
+        "export's check runs on the training data's texts and a file that ranks differently "
+        "is not kept (a warning with the numbers).",
+        choices=(None, *EXPORT_TARGETS),
+        metavar="KIND",
+        plan=False,
+        affects_weights=False,
+        group=_RUN,
+    )
 
     def check(self) -> None:
         """Rules between options, checked when the config is built (before any model loads)."""
@@ -592,6 +616,12 @@ class TrainConfig(Options):
                 "matryoshka_weights",
                 f"has {len(weights)} weight(s) for {len(dims)} --matryoshka-dims: give one "
                 "weight per size",
+            )
+        if self.export is not None and self.save_adapter:
+            raise self.error(
+                "export",
+                "needs the whole model saved; --save-adapter saves the LoRA adapter only: "
+                "drop one of them",
             )
         if self.lora_r is None:
             stray = [

@@ -326,6 +326,8 @@ class Pipeline:
             "train": train_options,
             "on_bad_row": c.on_bad_row,
         }
+        if c.train.export is not None:  # the stage writes the export beside the model
+            inputs["export"] = c.train.export
         if evaluation_asked(c.train):  # keep_best and patience read the eval split
             split = c.train.eval_split
             inputs["eval_data"] = self._digest(

@@ -14,6 +14,12 @@ text (:mod:`densefit.prompts`), as ``SentenceTransformer.encode(prompt_name=...)
 model with ``truncate_dim`` set (``densefit index --dim``) gives its first ``truncate_dim``
 coordinates rescaled to the full vector's norm (:func:`densefit.losses.matryoshka.truncate`,
 the cut training used).
+
+``runtime`` (:data:`densefit.choices.RUNTIME_CHOICES`, or a resolved :class:`~densefit.
+retrieval.runtimes.Runtime`) picks what runs the transformer: ``torch`` (the default here),
+``onnx``, ``onnx-int8``, ``openvino``... (:mod:`densefit.retrieval.runtimes`); the batches,
+prompts, pooling and everything else above stay the same, so ``onnx`` equals ``torch`` to
+~1e-7 cosine. The jobs (indexing, search, evaluation, mining) default to ``auto``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from tqdm.auto import tqdm
 
 from densefit.losses.matryoshka import truncate
 from densefit.prompts import apply_prompt, model_prompts, set_prompts
+from densefit.retrieval.runtimes import Runtime, resolve_runtime
 
 __all__ = [
     "configure_model",
@@ -68,6 +75,7 @@ def encode_texts(
     normalize: bool = False,
     prompt_name: str | None = None,
     pass_cost_tokens: int | None = None,
+    runtime: str | Runtime = "torch",
 ) -> np.ndarray:
     """Embed ``texts`` into a ``(len(texts), dim)`` float32 array, row i for ``texts[i]``.
 
@@ -77,6 +85,8 @@ def encode_texts(
     the model's prompt of that name before each text (none when the model has none).
     ``pass_cost_tokens``: cut the length-sorted texts where padding would cost more than
     another forward pass (:func:`padding_aware_cuts`) instead of every ``batch_size`` texts.
+    ``runtime``: what runs the transformer (:func:`~densefit.retrieval.runtimes.
+    resolve_runtime`; ``"torch"``, ``"onnx"``, ``"auto"``...).
 
     >>> from densefit.testing import tiny_model
     >>> model = tiny_model()
@@ -94,6 +104,7 @@ def encode_texts(
             on_batch=bar.update,
             prompt_name=prompt_name,
             pass_cost_tokens=pass_cost_tokens,
+            runtime=runtime,
         )
 
 
@@ -106,6 +117,7 @@ def encode_with_callback(
     on_batch: Callable[[int], object] | None = None,
     prompt_name: str | None = None,
     pass_cost_tokens: int | None = None,
+    runtime: str | Runtime = "torch",
 ) -> np.ndarray:
     """:func:`encode_texts` reporting each finished batch's size to ``on_batch``.
 
@@ -119,6 +131,7 @@ def encode_with_callback(
     [2, 1]
     """
     texts = _checked_texts(texts, batch_size)
+    runner = resolve_runtime(model, runtime)
     if prompt_name is not None and model_prompts(model).get(prompt_name):
         if any(getattr(module, "include_prompt", True) is False for module in model):
             raise ValueError(
@@ -141,6 +154,7 @@ def encode_with_callback(
             normalize=normalize,
             on_batch=on_batch,
             pass_cost_tokens=pass_cost_tokens,
+            runtime=runner,
         )
         if on_batch is not None:
             on_batch(len(texts) - len(index_of))
@@ -165,7 +179,7 @@ def encode_with_callback(
                         k: v.to(model.device) if isinstance(v, torch.Tensor) else v
                         for k, v in features.items()
                     }
-                    embeddings = model(features)["sentence_embedding"]  # (b, full dim)
+                    embeddings = runner.embed(model, features)  # (b, full dim)
                     embeddings = truncate(embeddings, dim)  # truncate_dim: the Matryoshka cut
                     if normalize:
                         embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)

@@ -21,6 +21,7 @@ Routes: ``POST /search``, ``POST /documents`` (upsert), ``DELETE /documents``,
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import time
@@ -34,7 +35,9 @@ from densefit.choices import SEARCH_MODES
 from densefit.data.types import Document
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index.filters import validate_filters
-from densefit.retrieval.index.settings import check_search_settings
+from densefit.retrieval.index.searching import query_runtime
+from densefit.retrieval.index.settings import SettingsMismatchError
+from densefit.retrieval.runtimes import disagreement, resolve_runtime
 from densefit.serve.batcher import MicroBatcher, Query
 from densefit.serve.config import ServeConfig, is_local_host, worker_threads
 from densefit.serve.embeddings import add_embedding_routes, run_batch
@@ -71,12 +74,15 @@ __all__ = ["ClientError", "ServeConfig", "create_app", "is_local_host", "search_
 PASS_COST_TOKENS = 24
 
 
-def search_queries(store, model, queries: list[Query], embeddings=None) -> list[object]:
+def search_queries(
+    store, model, queries: list[Query], embeddings=None, *, runtime: str = "torch"
+) -> list[object]:
     """Embed the ``queries`` that need it (dense and hybrid ones; one forward pass, or a few
     of similar lengths: :func:`~densefit.retrieval.encode.padding_aware_cuts`), then search
     the store once per (k, filters, scale_score, mode) group; one hit list (or exception)
     per query, in order. ``embeddings``: the embeddings of the queries that are not ``bm25``
-    (in order), when the batch embedded them already."""
+    (in order), when the batch embedded them already; ``runtime``: what runs the model (a
+    name, resolved in the worker thread)."""
     embedded = [i for i, q in enumerate(queries) if q.mode != "bm25"]
     vectors = embeddings
     if vectors is None and embedded:
@@ -86,6 +92,7 @@ def search_queries(store, model, queries: list[Query], embeddings=None) -> list[
             batch_size=max(len(embedded), 1),
             prompt_name="query",
             pass_cost_tokens=PASS_COST_TOKENS,
+            runtime=runtime,
         )
     row_of = {query: row for row, query in enumerate(embedded)}
     groups: dict[tuple, list[int]] = defaultdict(list)
@@ -306,6 +313,30 @@ def _replay(body: bytes):
 # -- the app -----------------------------------------------------------------------------------
 
 
+def _document_encoder(store, model, runtime: str = "auto"):
+    """How written documents are embedded: by ``runtime`` when its vectors may be written
+    beside the store's, else by a runtime of the store's vectors' family (found as
+    ``densefit index`` finds it); writes that would mix families are refused."""
+    settings = getattr(store, "settings", None)
+    stored = settings.source if settings is not None else None
+    runner = resolve_runtime(model, "auto", stored=stored, mixing=True)
+    if runtime != "auto":
+        chosen = resolve_runtime(model, runtime)
+        if stored is None or disagreement(stored, chosen.source, mixing=True) is None:
+            runner = chosen
+    reason = stored and disagreement(stored, runner.source, mixing=True)
+
+    def encode(texts):
+        if reason:
+            raise SettingsMismatchError(
+                f"{getattr(store, 'path', 'the store')}: cannot add documents: {reason} "
+                f"(export {stored.runtime} for this model to write here)"
+            )
+        return encode_texts(model, texts, batch_size=32, prompt_name="document", runtime=runner)
+
+    return encode
+
+
 def create_app(store, model, config: ServeConfig | None = None, *, close_store: bool = True):
     """A FastAPI app serving ``store`` with ``model`` (which must have made its embeddings:
     :class:`~densefit.retrieval.index.base.ModelMismatchError` otherwise, with the prompts
@@ -319,13 +350,16 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     config = config or ServeConfig()
     store.check_model(model)
     # Queries get the model's query prompt and documents its document prompt, as the store's
-    # were indexed (SettingsMismatchError when the model's prompts are not the store's).
-    check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
+    # were indexed (SettingsMismatchError when the model's prompts are not the store's), and
+    # are embedded by config.runtime where its vectors may meet the store's (the same error
+    # otherwise). The query workers resolve it by name again: their sessions use their threads.
+    runtime = query_runtime(store, model, config.runtime).name
+    search = functools.partial(search_queries, runtime=runtime)
     metrics = Metrics(documents=store.count)
     batcher = MicroBatcher(
         # Search queries and embeddings inputs share batches (densefit.serve.embeddings).
         lambda items: run_batch(
-            store, model, items, search_queries, pass_cost_tokens=PASS_COST_TOKENS
+            store, model, items, search, pass_cost_tokens=PASS_COST_TOKENS, runtime=runtime
         ),
         max_batch=config.max_batch,
         max_wait=config.max_wait_ms / 1000,
@@ -335,7 +369,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     )
     writer = DocumentWriter(
         store,
-        lambda texts: encode_texts(model, texts, batch_size=32, prompt_name="document"),
+        _document_encoder(store, model, config.runtime),
         on_commit=metrics.observe_write,
         on_error=lambda: metrics.observe_error("write"),
         after_ack=lambda: _update_bm25(store),

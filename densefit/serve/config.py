@@ -10,7 +10,7 @@ from pathlib import Path
 
 from densefit.choices import EMBED_PROMPTS
 from densefit.config.options import Options, option, section
-from densefit.config.shared import BACKEND, DEVICE, MODEL, RESCORE, STORE, VECTORS
+from densefit.config.shared import BACKEND, DEVICE, MODEL, RESCORE, RUNTIME, STORE, VECTORS
 
 __all__ = ["API_KEY_ENV", "DEFAULT_HOST", "DEFAULT_PORT", "ServeConfig", "ServeJob",
            "is_local_host", "worker_threads"]  # fmt: skip
@@ -42,6 +42,7 @@ class ServeConfig(Options):
         4 * 1024 * 1024, "Larger request bodies get 413.", ge=1, group=_LIMITS
     )
     max_batch: int = option(64, "Queries per forward pass.", ge=1, group=_LIMITS)
+    runtime: str = RUNTIME()
     max_wait_ms: float = option(
         2.0,
         "How long a batch waits for more queries (not on an idle server with none coming).",

@@ -93,11 +93,14 @@ def run_batch(
     search: Callable[..., list],
     *,
     pass_cost_tokens: int | None = None,
+    runtime: str = "torch",
 ) -> list[object]:
     """Run one micro-batch: embed every text (one forward pass per prompt the batch needs),
     then ``search(store, model, queries, embeddings=...)`` for the search queries (BM25
     ones are not embedded: ``embeddings`` holds the others' rows, in order); one result
-    (hit list, :class:`Embedded` or exception) per item, in order.
+    (hit list, :class:`Embedded` or exception) per item, in order. ``runtime`` runs the
+    model (:func:`~densefit.retrieval.runtimes.resolve_runtime`; resolved in the calling
+    worker thread, so its sessions use that worker's threads).
 
     A batch of search queries only is handed to ``search`` as it is (it embeds them itself).
     """
@@ -137,6 +140,7 @@ def run_batch(
                 batch_size=max(len(indices), 1),
                 prompt_name=name,
                 pass_cost_tokens=pass_cost_tokens,
+                runtime=runtime,
             )
         except Exception as exc:  # noqa: BLE001 - fails only this group's items
             for i in indices:

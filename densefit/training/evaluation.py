@@ -129,6 +129,13 @@ def make_evaluator(
 class Evaluator:
     """Scores the model on a BEIR split during training and keeps the best step.
 
+    ``config.eval_runtime`` runs the model in each evaluation
+    (:data:`densefit.choices.TRAINING_EVAL_RUNTIMES`): ``auto`` finds no export of weights
+    that change every step and runs torch; ``onnx`` (``openvino``) exports the current
+    weights in memory at each evaluation (seconds) and embeds with ONNX Runtime (OpenVINO),
+    equal to torch to ~1e-7 cosine; quantized runtimes need a checked export of fixed
+    weights, so TrainConfig does not offer them here.
+
     >>> evaluator = Evaluator("data/scifact", TrainConfig(eval_every=100))  # doctest: +SKIP
     >>> evaluator.due(0, epoch_end=False, last=False)  # doctest: +SKIP
     True
@@ -144,6 +151,7 @@ class Evaluator:
         output_dir: str | os.PathLike | None = None,
     ):
         self.config = config
+        self.runtime = config.eval_runtime
         self.metric = config.eval_metric
         self.metrics = tuple(dict.fromkeys((config.eval_metric, *DEFAULT_METRICS)))
         self.source = "<BeirDataset>" if isinstance(data, BeirDataset) else str(data)
@@ -191,7 +199,7 @@ class Evaluator:
             try:
                 result = evaluate(
                     model, self.dataset, split=self.config.eval_split, metrics=self.metrics,
-                    name=f"step {step}",
+                    name=f"step {step}", runtime=self.runtime,
                 )  # fmt: skip
             finally:
                 model.train(training)

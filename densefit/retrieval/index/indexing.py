@@ -21,6 +21,7 @@ from densefit.models import model_name_of
 from densefit.retrieval.encode import embedding_dimension, encode_with_callback
 from densefit.retrieval.index.locking import writer_lock
 from densefit.retrieval.index.store import LocalDocumentStore, meta_hash, text_hash
+from densefit.retrieval.runtimes import resolve_runtime
 
 __all__ = ["IndexReport", "index_documents", "prune_documents"]
 
@@ -51,6 +52,7 @@ class IndexReport:
     encode_seconds: float = 0.0
     pruned: int = 0
     compacted: int = 0
+    runtime: str = "torch"  # what embedded the documents (runtime and file)
 
     @property
     def docs_per_second(self) -> float:
@@ -80,7 +82,7 @@ class IndexReport:
         if self.pruned:
             parts.append(f"{self.pruned} documents not in the input deleted")
         if self.encoded:
-            parts.append(f"{self.docs_per_second:.1f} docs/s encoding")
+            parts.append(f"{self.docs_per_second:.1f} docs/s encoding ({self.runtime})")
         return "; ".join(parts) + f"; {self.seconds:.1f}s in all"
 
     def to_dict(self) -> dict:
@@ -101,6 +103,7 @@ def index_documents(
     compact: bool = True,
     reembed: bool = False,
     lock_timeout: float | None = None,
+    runtime="auto",
 ) -> IndexReport:
     """Embed ``documents`` with ``model`` and write them to ``store``, resuming where it left.
 
@@ -113,7 +116,11 @@ def index_documents(
     document and is counted in the report. ``compact`` rewrites the vector file when more
     than half of it is dead rows. The store's writer lock is held throughout: a second
     indexer waits (up to ``lock_timeout`` seconds, forever when None) and then finds the
-    documents already stored.
+    documents already stored. ``runtime`` runs the transformer (:data:`densefit.choices.
+    RUNTIME_CHOICES`; :func:`~densefit.retrieval.runtimes.resolve_runtime`): ``auto`` picks
+    the fastest exported one that may write beside the store's vectors (an empty store takes
+    the runtime of its first write; a runtime of another family is refused like other
+    settings, ``reembed`` re-embeds with it).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.index.store import open_store
@@ -125,7 +132,6 @@ def index_documents(
     >>> index_documents(store, model, docs).unchanged  # a second run skips them
     2
     """
-
     if commit_every < 1:
         raise ValueError(f"commit_every must be at least 1, got {commit_every}")
     store.check_model(model)
@@ -134,15 +140,20 @@ def index_documents(
     report = IndexReport(store=str(store.path), model=model_name_of(model))
     started = time.perf_counter()
     with writer_lock(store.path, timeout=lock_timeout):
+        settings = store.settings
+        stored = None if reembed or settings is None or not store.count() else settings.source
+        runner = resolve_runtime(model, runtime, stored=stored, mixing=True)
+        report.runtime = runner.source.describe()
         if reembed:
-            store.start_reembedding(model)
+            store.start_reembedding(model, runner)
         else:
-            store.check_settings(model)
+            store.adopt_runtime(runner.source)
+            store.check_settings(model, runner)
         with _progress(total, show_progress) as bar:
             seen_ids: set[str] = set()
             for chunk in _chunks(documents, commit_every):
-                _index_chunk(store, model, chunk, seen_ids, batch_size, bar, report)
-            _reembed_the_rest(store, model, commit_every, batch_size, bar, report)
+                _index_chunk(store, model, runner, chunk, seen_ids, batch_size, bar, report)
+            _reembed_the_rest(store, model, runner, commit_every, batch_size, bar, report)
         if compact and store.dead_rows() > max(1024, store.count()):
             report.compacted = store.compact()
         store.flush()
@@ -155,7 +166,7 @@ def _progress(total: int | None, show: bool):
     return tqdm(total=total, desc="Indexing", unit="doc", disable=not show, smoothing=0.1)
 
 
-def _index_chunk(store, model, chunk, seen_ids, batch_size: int, bar, report) -> None:
+def _index_chunk(store, model, runner, chunk, seen_ids, batch_size: int, bar, report) -> None:
     """Compare one chunk with the store by hash, embed what is new or changed, commit."""
     unique, repeats = _dedupe(chunk, seen_ids, report)
     stored = store.hashes(list(unique))
@@ -178,7 +189,7 @@ def _index_chunk(store, model, chunk, seen_ids, batch_size: int, bar, report) ->
             setattr(report, outcome, getattr(report, outcome) + 1)
     bar.update(len(chunk) - len(to_embed))
     if to_embed:
-        store.write(to_embed, _embeddings(store, model, to_embed, batch_size, bar, report))
+        store.write(to_embed, _embeddings(store, model, runner, to_embed, batch_size, bar, report))
         report.commits += 1
     if meta_only:
         store.write_metadata(meta_only)
@@ -186,7 +197,9 @@ def _index_chunk(store, model, chunk, seen_ids, batch_size: int, bar, report) ->
     bar.set_postfix(new=report.added, changed=report.updated, skipped=report.unchanged)
 
 
-def _reembed_the_rest(store, model, commit_every: int, batch_size: int, bar, report) -> None:
+def _reembed_the_rest(
+    store, model, runner, commit_every: int, batch_size: int, bar, report
+) -> None:
     """Re-embed, from their stored text, the documents still holding vectors made before
     ``reembed`` (those not in this run's input), then clear the store's stale mark."""
     stale = store.all_stale_ids()
@@ -194,13 +207,15 @@ def _reembed_the_rest(store, model, commit_every: int, batch_size: int, bar, rep
         docs = [d for d in store.get(stale[start : start + commit_every]) if d is not None]
         if bar.total is not None:
             bar.total += len(docs)
-        store.write(docs, _embeddings(store, model, docs, batch_size, bar, report))
+        store.write(docs, _embeddings(store, model, runner, docs, batch_size, bar, report))
         report.commits += 1
         report.reembedded_stored += len(docs)
     store.finish_reembedding()
 
 
-def _embeddings(store, model, docs: list[Document], batch_size: int, bar, report) -> np.ndarray:
+def _embeddings(
+    store, model, runner, docs: list[Document], batch_size: int, bar, report
+) -> np.ndarray:
     """Vectors for ``docs``: copied from the store for texts it already holds, else encoded.
 
     Copies keep duplicate documents' vectors identical (their scores tie exactly, as when a
@@ -224,6 +239,7 @@ def _embeddings(store, model, docs: list[Document], batch_size: int, bar, report
             batch_size=batch_size,
             on_batch=bar.update,
             prompt_name="document",
+            runtime=runner,
         )
         report.encode_seconds += time.perf_counter() - started
         report.encoded += len(todo)

@@ -15,8 +15,9 @@ from densefit.retrieval.index.base import DocumentStore, SearchHit, StoreError
 from densefit.retrieval.index.filters import validate_filters
 from densefit.retrieval.index.lexical import BM25_SCALE
 from densefit.retrieval.index.settings import check_search_settings, search_options
+from densefit.retrieval.runtimes import resolve_runtime
 
-__all__ = ["model_for_store", "scaled_scores", "search", "search_batch"]
+__all__ = ["model_for_store", "query_runtime", "scaled_scores", "search", "search_batch"]
 
 
 def model_for_store(
@@ -52,6 +53,24 @@ def model_for_store(
     return configure_model(loaded, **search_options(settings, query_prompt, document_prompt, dim))
 
 
+def query_runtime(store, model, runtime="auto"):
+    """The runtime that embeds queries for ``store`` (:func:`~densefit.retrieval.runtimes.
+    resolve_runtime` against the store's vectors), after checking the model's prompts and
+    the runtime rule (:func:`~densefit.retrieval.index.settings.check_search_settings`).
+
+    >>> from densefit.testing import tiny_model
+    >>> from densefit.retrieval.index import open_store
+    >>> model = tiny_model()
+    >>> query_runtime(open_store(None, model), model).name
+    'torch'
+    """
+    settings = getattr(store, "settings", None)
+    stored = settings.source if settings is not None else None
+    runner = resolve_runtime(model, runtime, stored=stored, mixing=False)
+    check_search_settings(settings, model, getattr(store, "path", ""), runner)
+    return runner
+
+
 def scaled_scores(scores: np.ndarray, similarity: str) -> np.ndarray:
     """Scores mapped to [0, 1] as Haystack does with ``scale_score=True``: cosine
     ``(s + 1) / 2``, dot product ``expit(s / 100)`` (its embedding retrievers), ``"bm25"``
@@ -82,6 +101,7 @@ def search(
     scale_score: bool = False,
     mode: str = "dense",
     fusion=None,
+    runtime="auto",
 ) -> list[SearchHit]:
     """The ``top_k`` documents of ``store`` best matching ``query``, best first.
 
@@ -97,6 +117,9 @@ def search(
     store's embeddings, and :class:`~densefit.retrieval.index.settings.SettingsMismatchError`
     when its prompts are not those the store was indexed with. The query gets the model's
     query prompt, and is cut to the model's ``truncate_dim`` as the documents were.
+    ``runtime`` runs the transformer (:data:`densefit.choices.RUNTIME_CHOICES`): ``auto``
+    picks the fastest exported one whose vectors may meet the store's; another is refused by
+    the same rule (:func:`~densefit.retrieval.index.settings.check_runtime`).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data.types import Document
@@ -121,6 +144,7 @@ def search(
         scale_score=scale_score,
         mode=mode,
         fusion=fusion,
+        runtime=runtime,
     )[0]
 
 
@@ -136,9 +160,11 @@ def search_batch(
     show_progress: bool = False,
     mode: str = "dense",
     fusion=None,
+    runtime="auto",
 ) -> list[list[SearchHit]]:
     """:func:`search` for many queries at once (one matrix product per chunk of the store);
-    ``filters``, ``scale_score``, ``mode`` and ``fusion`` apply to every query.
+    ``filters``, ``scale_score``, ``mode``, ``fusion`` and ``runtime`` (as :func:`search`) apply
+    to every query.
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.index import open_store
@@ -169,8 +195,13 @@ def search_batch(
         if model is None:
             raise ValueError(f"{mode} search embeds the queries: pass the store's model")
         store.check_model(model)
-        check_search_settings(getattr(store, "settings", None), model, getattr(store, "path", ""))
+        runner = query_runtime(store, model, runtime)  # checks the store's settings too
         embeddings = encode_texts(
-            model, queries, batch_size=batch_size, show_progress=show_progress, prompt_name="query"
+            model,
+            queries,
+            batch_size=batch_size,
+            show_progress=show_progress,
+            prompt_name="query",
+            runtime=runner,
         )
     return store.search(embeddings, top_k=top_k, **options)

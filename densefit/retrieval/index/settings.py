@@ -4,9 +4,16 @@ A store records the model (name, embedding dimension and a *fingerprint*: the mo
 embeddings of three probe sentences) and the settings that change the vectors a model makes
 from the same text: the truncation length (``max_seq_length``), the query and document
 prompts (:mod:`densefit.prompts`), the Matryoshka size the vectors were cut to
-(``truncate_dim``, ``densefit index --dim``), and whether the model normalises its embeddings. Searching with another model raises
+(``truncate_dim``, ``densefit index --dim``), whether the model normalises its embeddings,
+and the runtime that computed them (:class:`~densefit.retrieval.runtimes.VectorSource`:
+torch, an fp32 export or one quantized file). Searching with another model raises
 :class:`~densefit.retrieval.index.base.ModelMismatchError`; indexing with other settings
 raises :class:`SettingsMismatchError` (vectors made two ways must not be mixed in one store).
+
+The runtime rule (:func:`~densefit.retrieval.runtimes.disagreement`): documents are written
+by one runtime family only (torch and fp32 exports are one family; each quantized file is
+its own), and queries may come from another family only where the quantized file's export
+check found that mixing it with fp32 ranks the same (``agrees_with_fp32``).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from densefit.models import model_name_of
 from densefit.prompts import model_prompts
 from densefit.retrieval.encode import embedding_dimension, encode_texts
 from densefit.retrieval.index.base import ModelMismatchError, StoreError
+from densefit.retrieval.runtimes import Runtime, VectorSource, disagreement
 
 __all__ = [
     "FORMAT",
@@ -116,17 +124,18 @@ class VectorSettings:
     normalize: bool | None = None
     prompts: dict = field(default_factory=dict, hash=False)  # {"query": ..., "document": ...}
     truncate_dim: int | None = None  # Matryoshka: vectors cut to this size, re-normalised
+    source: VectorSource = field(default_factory=VectorSource)  # the runtime that made them
 
     @classmethod
-    def of(cls, model) -> VectorSettings:
-        """The settings ``model`` embeds documents with now."""
-
+    def of(cls, model, runtime: Runtime | None = None) -> VectorSettings:
+        """The settings ``model`` embeds documents with now (by ``runtime``; None: torch)."""
         length = getattr(model, "max_seq_length", None)
         return cls(
             max_seq_length=int(length) if length is not None else None,
             normalize=any(isinstance(module, Normalize) for module in model),
             prompts=model_prompts(model),
             truncate_dim=model_truncate_dim(model),
+            source=runtime.source if runtime is not None else VectorSource(),
         )
 
     def to_meta(self) -> dict[str, str]:
@@ -136,6 +145,7 @@ class VectorSettings:
             "normalize": json.dumps(self.normalize),
             "prompts": json.dumps(self.prompts, sort_keys=True),
             "truncate_dim": json.dumps(self.truncate_dim),
+            "runtime": self.source.to_json(),
         }
 
     @classmethod
@@ -148,15 +158,21 @@ class VectorSettings:
             normalize=json.loads(meta["normalize"]),
             prompts=json.loads(meta["prompts"]),
             truncate_dim=json.loads(meta.get("truncate_dim", "null")),
+            source=VectorSource.from_json(meta.get("runtime")),  # none recorded: torch
         )
 
     def differences(self, other: VectorSettings) -> list[tuple[str, object, object]]:
-        """``(setting, ours, theirs)`` for every setting that differs."""
-        return [
+        """``(setting, ours, theirs)`` for every setting that differs; the runtime differs
+        when the two may not write into one store (:func:`~densefit.retrieval.runtimes.
+        disagreement`)."""
+        found = [
             (name, getattr(self, name), getattr(other, name))
             for name in ("max_seq_length", "normalize", "prompts", "truncate_dim")
             if getattr(self, name) != getattr(other, name)
         ]
+        if disagreement(self.source, other.source, mixing=True):
+            found.append(("runtime", self.source.runtime, other.source.runtime))
+        return found
 
 
 _FIXES = {
@@ -164,22 +180,47 @@ _FIXES = {
     "normalize": "use a model that {verb} normalise its embeddings",
     "prompts": "pass the prompts {stored} (--query-prompt/--document-prompt)",
     "truncate_dim": "pass --dim {stored}",
+    "runtime": "pass --runtime {stored} (auto picks it when it is exported for this model)",
 }
 
 
-def check_search_settings(settings: VectorSettings | None, model, where: Path) -> None:
+def check_search_settings(
+    settings: VectorSettings | None, model, where: Path, runtime: Runtime | None = None
+) -> None:
     """Raise :class:`SettingsMismatchError` when ``model`` would embed queries with other
-    prompts than the store's documents were indexed with (None: not recorded, accepted).
+    prompts than the store's documents were indexed with (None: not recorded, accepted), or
+    by a ``runtime`` (None: torch) whose vectors may not meet the store's
+    (:func:`check_runtime`).
     """
     if settings is None:
         return
-
+    check_runtime(settings.source, runtime, where)
     given = model_prompts(model)
     if given != settings.prompts:
         raise SettingsMismatchError(
             f"{where}: the store was indexed with the prompts {settings.prompts!r}, but this "
             f"model has {given!r}: search with --query-prompt/--document-prompt as indexed "
             "(in Python: densefit.prompts.set_prompts), or re-index with these prompts"
+        )
+
+
+def check_runtime(stored: VectorSource, runtime: Runtime | None, where: Path) -> None:
+    """Raise :class:`SettingsMismatchError` when queries embedded by ``runtime`` (None:
+    torch) may not search documents embedded by ``stored``: the rule of
+    :func:`~densefit.retrieval.runtimes.disagreement`.
+
+    >>> int8 = VectorSource("onnx-int8", "int8:ab", "onnx/model_qint8_avx2.onnx", False)
+    >>> check_runtime(int8, None, Path("store"))
+    Traceback (most recent call last):
+    ...
+    densefit.retrieval.index.settings.SettingsMismatchError: store: the store's documents were embedded by onnx-int8 (onnx/model_qint8_avx2.onnx), this run embeds with torch: the check of onnx-int8 (onnx/model_qint8_avx2.onnx) did not find that its vectors rank like fp32 ones when mixed with them; search with --runtime onnx-int8 (runtime= in Python), or re-index with this runtime
+    """
+    given = runtime.source if runtime is not None else VectorSource()
+    reason = disagreement(stored, given, mixing=False)
+    if reason:
+        raise SettingsMismatchError(
+            f"{where}: {reason}; search with --runtime {stored.runtime} (runtime= in Python), "
+            "or re-index with this runtime"
         )
 
 

@@ -40,6 +40,7 @@ together behind :class:`LocalDocumentStore` and :func:`open_store`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -317,21 +318,43 @@ class LocalDocumentStore:
         self._checked[id(model)] = (weakref.ref(model), version)
 
     @_locked
-    def check_settings(self, model) -> None:
+    def check_settings(self, model, runtime=None) -> None:
         """Raise :class:`~densefit.retrieval.index.settings.SettingsMismatchError` when
-        ``model`` would embed documents differently (truncation, prompts, normalisation)."""
+        ``model`` would embed documents differently (truncation, prompts, normalisation, or a
+        ``runtime`` of another family than the stored vectors'; None: torch)."""
         self._refresh()
-        self.record.check_settings(VectorSettings.of(model), self.path)
+        self.record.check_settings(VectorSettings.of(model, runtime), self.path)
 
     @_locked
-    def start_reembedding(self, model) -> None:
+    def adopt_runtime(self, source) -> bool:
+        """Record ``source`` (a :class:`~densefit.retrieval.runtimes.VectorSource`) as what
+        makes this store's vectors when it holds none yet: an empty store takes the runtime
+        of its first write. Returns whether it did."""
+        self._refresh()
+        settings = self.record.settings
+        if settings is None or int(self._table.meta_value("n_rows")) > 0:
+            return False
+        if settings.source == source:
+            return True
+        with self.transaction() as fresh:
+            if int(self._table.meta_value("n_rows")) > 0:
+                return False
+            self._table.set_meta("runtime", source.to_json())
+        if fresh:
+            self.record.settings = dataclasses.replace(settings, source=source)
+        else:
+            self._reload()
+        return True
+
+    @_locked
+    def start_reembedding(self, model, runtime=None) -> None:
         """Record ``model``'s settings and mark every stored vector stale, in one commit.
 
         Stale documents are re-embedded by the next :func:`~densefit.retrieval.index.
         indexing.index_documents` even when their text is unchanged, and it re-embeds those
         missing from its input from their stored text; a crash in between resumes.
         """
-        settings = VectorSettings.of(model)
+        settings = VectorSettings.of(model, runtime)
         with self.transaction() as fresh:
             for key, value in settings.to_meta().items():
                 self._table.set_meta(key, value)
@@ -748,6 +771,7 @@ class LocalDocumentStore:
             "max_seq_length": settings.max_seq_length if settings else None,
             "normalize": settings.normalize if settings else None,
             "prompts": dict(settings.prompts) if settings else None,
+            "runtime": settings.source.describe() if settings else None,
             "documents": self.count(),
             "dead_rows": self.dead_rows(),
             "backend": getattr(self.backend, "name", str(self.backend_spec)),
