@@ -75,6 +75,7 @@ def command(ws: Path, name: str) -> list[str]:
         "run": ["run", "--data", str(ws / "beir"), "-m", m, "-o", str(ws / "run"),
                 "--no-progress"],
         "serve": ["serve", "--store", str(ws / "no-store")],
+        "export": ["export", m, "--no-progress"],
     }[name]  # fmt: skip
 
 
@@ -418,7 +419,7 @@ def bad_values(opt, hint) -> list[tuple[str, str]]:
 
 def _checked_bad() -> dict[str, str]:
     """A bad value for each option with a check function, by its help (one declaration)."""
-    from densefit.config.commands import EvalJob
+    from densefit.config.commands import EvalJob, ExportJob
     from densefit.config.evaluation import EvalConfig
     from densefit.config.mine import MineConfig
     from densefit.config.options import option_of
@@ -434,6 +435,7 @@ def _checked_bad() -> dict[str, str]:
         (EvalConfig, "metrics"): "ndcg@ten",
         (MineConfig, "range"): "100:10",
         (EvalJob, "dims"): "0",
+        (ExportJob, "int8_recipes"): "bogus",
     }
     return {option_of(cls, name).help: value for (cls, name), value in by_field.items()}
 
