@@ -21,7 +21,7 @@ import numpy as np
 from sentence_transformers import SentenceTransformer
 
 from densefit.config import TrainConfig
-from densefit.data.readers import load_training_examples
+from densefit.data.sources import load_training_examples
 from densefit.data.types import Document, TrainingExample
 from densefit.models import load_model
 from densefit.retrieval.encode import encode_texts
@@ -115,13 +115,19 @@ class Retriever:
         *,
         save_dir: str | os.PathLike | None = None,
         on_bad_row: str = "error",
+        split: str = "train",
         **options,
     ) -> TrainResult:
         """Fine-tune on (query, positive[, negatives][, score]) rows; Haystack 1.x signature.
 
-        ``training_data`` is a path (JSONL, CSV/TSV, Parquet, BEIR folder) or a list of dicts
-        with ``question``/``pos_doc``/``neg_doc``/``score`` (or ``anchor``/``positive``/
-        ``negative``...). ``use_amp``: True picks fp16 on CUDA, bf16 on CPU. Further
+        ``training_data`` is a path (JSONL, CSV/TSV, Parquet, BEIR folder, a
+        ``Dataset.save_to_disk`` folder, a folder of Parquet shards), a ``datasets.Dataset``
+        (a ``DatasetDict``: its ``split``), a list of dicts with
+        ``question``/``pos_doc``/``neg_doc``/``score`` (or ``anchor``/``positive``/
+        ``negative``...), or several of these as a list or a mapping ``{name: source}``: each
+        step then trains on one source (``source_batches``, ``source_sampling``; see
+        :func:`densefit.data.sources.load_training_data`). ``use_amp``: True picks fp16 on
+        CUDA, bf16 on CPU. Further
         :class:`~densefit.config.TrainConfig` fields (``memory="auto"``,
         ``memory_budget="8GiB"``, ``max_steps``, ``seed``...) go in ``options``.
         ``num_workers`` is accepted for compatibility: tokenisation happens in the step.
@@ -140,7 +146,7 @@ class Retriever:
             gradient_checkpointing=gradient_checkpointing,
             **options,
         )
-        examples = load_training_examples(training_data, on_bad_row=on_bad_row)
+        examples = load_training_examples(training_data, on_bad_row=on_bad_row, split=split)
         self.last_config = config
         return train(self.model, examples, config, output_dir=save_dir)
 

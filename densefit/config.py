@@ -28,6 +28,9 @@ from densefit.choices import (
     LOSSES,
     MEMORY_STRATEGIES,
     SIMILARITIES,
+    SOURCE_BATCHES,
+    SOURCE_SAMPLING,
+    TRACKERS,
     parse_metric,
 )
 from densefit.errors import OptionError
@@ -42,6 +45,7 @@ __all__ = [
     "check_memory_budget",
     "check_metric",
     "check_probability",
+    "check_report_to",
     "config_options",
     "option_of",
     "options_markdown",
@@ -221,6 +225,29 @@ def check_probability(value: float) -> None:
     """
     if not value < 1:
         raise ValueError(f"must be below 1, got {value!r}")
+
+
+def check_report_to(value: str | Sequence[str] | None) -> list[str] | None:
+    """The experiment trackers named by ``value`` (``"tensorboard,mlflow"``, a list, or
+    ``none``), in the order given, each once; None for none. Raises ``ValueError`` naming the
+    supported ones.
+
+    >>> check_report_to("tensorboard, mlflow"), check_report_to("none"), check_report_to([])
+    (['tensorboard', 'mlflow'], None, None)
+    """
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(item).strip().lower() for item in items if str(item).strip()]
+    if names in ([], ["none"]):
+        return None
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise ValueError(
+            f"must name trackers among {', '.join(TRACKERS)} (comma-separated) or none, got "
+            f"{unknown[0]!r}"
+        )
+    return list(dict.fromkeys(names))
 
 
 # ----------------------------------------------------------------------------- learning rate
@@ -424,6 +451,29 @@ class TrainConfig:
         ge=1,
     )
     drop_last: bool = option(False, "Drop the last, smaller batch of each epoch.")
+    # several training sources (densefit.data.sources, densefit.data.batching)
+    source_batches: str = option(
+        "same",
+        "Several training sources: same = every step's rows come from one source (its "
+        "in-batch negatives from its own domain, as BGE, GTE and E5 train); mixed = the rows of "
+        "all sources shuffled together. No effect with one source.",
+        choices=SOURCE_BATCHES,
+    )
+    source_sampling: str = option(
+        "proportional",
+        "With --source-batches same, the order of the sources' steps: proportional = each "
+        "source's steps spread at random over the epoch (every row once per epoch); "
+        "round_robin = one step of each source in turn until the smallest has given all its "
+        "rows (the same number of steps each); temperature = each step's source drawn with "
+        "probability proportional to rows^(1/--source-temperature).",
+        choices=SOURCE_SAMPLING,
+    )
+    source_temperature: float = option(
+        2.0,
+        "With --source-sampling temperature: 1 = in proportion to the sources' rows, larger "
+        "values draw small sources more often (toward equal shares).",
+        gt=0,
+    )
     log_every: int = option(
         1, "Write a line to the training log (train_log.jsonl) every N steps.", ge=1, plan=False
     )
@@ -460,6 +510,17 @@ class TrainConfig:
         plan=False,
     )
     show_progress: bool = option(True, "Show progress bars.", cli=False, plan=False)
+    report_to: list[str] | str | None = option(
+        None,
+        "Send each step's record (loss, lr, grad norm, step time, memory, batch health), the "
+        "evaluations, the resolved config and the memory plan to these trackers, "
+        "comma-separated: tensorboard (OUTPUT/tensorboard), mlflow ($MLFLOW_TRACKING_URI, "
+        "default file:OUTPUT/mlruns), wandb ($WANDB_MODE=offline works without a network); "
+        "each needs its extra (pip install 'densefit[tensorboard]'...). Default: none.",
+        check=check_report_to,
+        metavar="TRACKERS",
+        plan=False,
+    )
     checkpoint_every: int | None = option(
         None,
         "Checkpoint every N steps (and at each epoch end) so that an interrupted run resumes; "
