@@ -135,8 +135,8 @@ def _steps_per_pass(rows: int, config: TrainConfig) -> int:
 def _seed_of(*parts: object) -> int:
     """A generator seed from ``parts`` (the run's seed, a source, a pass...): the same in
     every process (not Python's salted ``hash``)."""
-    digest = blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
+    digest = blake2b("/".join(map(str, parts)).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")  # 32 bits: batches() multiplies it by ~1e6
 
 
 def source_schedule(

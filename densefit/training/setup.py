@@ -175,16 +175,17 @@ def warn_batch_larger_than_data(
     from :func:`~densefit.data.batching.effective_batch_size`), naming both numbers."""
     if batch >= config.batch_size:
         return
-    where = f"{batch:,} rows"
+    rows = "row" if batch == 1 else "rows"
+    where = f"{batch:,} {rows}"
     if same_source_batches(examples, config) and isinstance(examples, TrainingData):
         largest = max(examples.sources, key=lambda s: s.rows)
-        where = f"{batch:,} rows in its largest source, {largest.name}"
+        where = f"{batch:,} {rows} in its largest source, {largest.name}"
     rate = ""
     if config.learning_rate == "auto":
         rate = f"; learning_rate auto follows {batch:,}: {auto_learning_rate(batch):.3g}"
     warnings.warn(
         f"batch_size {config.batch_size:,} is larger than the data ({where}): every step "
-        f"trains on at most {batch:,} rows{rate}",
+        f"trains on at most {batch:,} {rows}{rate}",
         UserWarning,
         stacklevel=4,
     )
@@ -233,16 +234,18 @@ def check_output_dir(
         except (ValueError, UnicodeDecodeError):
             previous = None
         if isinstance(previous, dict):
-            current = resolve_learning_rate(config).to_dict()  # auto: the value it gives
-            may_differ = set(MAY_DIFFER)
-            plan = previous.get("memory_plan")
-            if config.learning_rate == "auto" and isinstance(plan, dict):
-                if plan.get("learning_rate_from") == "auto":  # the data decide it (the batch
-                    may_differ.add("learning_rate")  # a step has): compared again by setup_run
+            current = config.to_dict()
+            # Called before the data and the model are known (the CLI checks first), an
+            # option still to be resolved (learning_rate auto: from the batch a step has;
+            # similarity None: the model's own) is compared by setup_run, which resolves it.
+            unresolved = {"learning_rate": "auto", "similarity": None}
             differ = [
                 k
                 for k, v in current.items()
-                if k not in may_differ and k in previous and previous[k] != v
+                if k not in MAY_DIFFER
+                and k in previous
+                and previous[k] != v
+                and not (k in unresolved and v == unresolved[k])
             ]
             if not differ:
                 return
