@@ -39,8 +39,8 @@ from pathlib import Path
 
 from _common import (
     evaluate_test,
-    finished,
     fine_tune,
+    finished,
     load_point,
     pyplot,
     run_grid_point,
@@ -168,7 +168,9 @@ def run_point(spec: dict) -> dict:
         one = evaluate_test(model, {**spec, "data": folders[name]}, corpora.get(name), {})
         out["eval"][name] = {k: one[k] for k in ("metrics", "eval_s", "eval_docs", "eval_queries")}
     evals = out["eval"].values()
-    out["metrics"] = {m: round(statistics.fmean(e["metrics"][m] for e in evals), 5) for m in METRICS}
+    out["metrics"] = {
+        m: round(statistics.fmean(e["metrics"][m] for e in evals), 5) for m in METRICS
+    }
     out["eval_s"] = round(sum(e["eval_s"] for e in evals), 1)
     out["eval_docs"] = sum(e["eval_docs"] for e in evals)
     out["peak_rss_mb"] = one["peak_rss_mb"]
@@ -209,7 +211,11 @@ def summarise(records: list[dict]) -> dict:
             union.setdefault((r["batch_size"], r["source_batches"]), []).append(r)
     rows = []
     for (batch, mode), runs in sorted(union.items()):
-        row = {"batch_size": batch, "source_batches": mode, "seeds": sorted(r["seed"] for r in runs)}
+        row = {
+            "batch_size": batch,
+            "source_batches": mode,
+            "seeds": sorted(r["seed"] for r in runs),
+        }
         row["steps"] = runs[0]["train"]["steps"]
         row["learning_rate"] = runs[0]["train"]["learning_rate"]
         row["train_s"] = round(statistics.fmean(r["train"]["seconds"] for r in runs), 1)
@@ -229,12 +235,11 @@ def summarise(records: list[dict]) -> dict:
         if r["kind"] == "alone":
             (name,) = r["train_sets"]
             alone[(name, r["batch_size"])] = {m: r["eval"][name]["metrics"][m] for m in METRICS}
-    out["alone"] = [
-        {"dataset": d, "batch_size": b, **v} for (d, b), v in sorted(alone.items())
-    ]
+    out["alone"] = [{"dataset": d, "batch_size": b, **v} for (d, b), v in sorted(alone.items())]
     out["same_minus_mixed"] = {
         str(batch): round(
-            _row(rows, batch, "same")["ndcg@10"]["mean"] - _row(rows, batch, "mixed")["ndcg@10"]["mean"],
+            _row(rows, batch, "same")["ndcg@10"]["mean"]
+            - _row(rows, batch, "mixed")["ndcg@10"]["mean"],
             5,
         )
         for batch in sorted({r["batch_size"] for r in rows})
@@ -293,8 +298,7 @@ def markdown(summary: dict, meta: dict, skipped: list[str]) -> str:
     lines += ["| batch | SciFact | NFCorpus | manpages |", "|---|---|---|---|"]
     for batch in sorted({b for _, b in alone}):
         cells = [
-            f"{alone[(d, batch)]['ndcg@10']:.4f}" if (d, batch) in alone else "-"
-            for d in TEST_SETS
+            f"{alone[(d, batch)]['ndcg@10']:.4f}" if (d, batch) in alone else "-" for d in TEST_SETS
         ]
         lines.append(f"| {batch:,} | " + " | ".join(cells) + " |")
     lines += [
@@ -393,11 +397,7 @@ def report(meta: dict, skipped: list[str]) -> dict:
             "train_sets": "+".join(r["train_sets"]),
             "source_batches": r["source_batches"],
             "learning_rate": (r.get("train") or {}).get("learning_rate"),
-            **{
-                f"{d}_{m}": r["eval"][d]["metrics"][m]
-                for d in r["eval"]
-                for m in METRICS
-            },
+            **{f"{d}_{m}": r["eval"][d]["metrics"][m] for d in r["eval"] for m in METRICS},
         },
     )
     plot(summary, RESULTS / "sources.png")
