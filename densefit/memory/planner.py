@@ -200,7 +200,12 @@ def _row_lengths(
     prompts: dict[str, str],
 ) -> _RowLengths:
     exact = len(examples) <= limit
-    rows = list(examples) if exact else random.Random(seed).sample(list(examples), limit)
+    # Sampled by index (the same rows as sampling the list): rows kept in Arrow
+    # (densefit.data.arrow) are built only for the sample.
+    picked = (
+        range(len(examples)) if exact else random.Random(seed).sample(range(len(examples)), limit)
+    )
+    rows = [examples[i] for i in picked]
     query, document = prompts.get("query"), prompts.get("document")
     negs = _token_lengths(model, apply_prompt([n for r in rows for n in r.negatives], document))
     per_row, at = [], 0
