@@ -135,7 +135,9 @@ def train(
     base_model = model_name_of(model)
     trackers = None
     if run.is_main and config.report_to:
-        trackers = Trackers(config.report_to, output_dir=output_dir, resume=bool(resume))
+        trackers = Trackers(
+            config.report_to, output_dir=output_dir, resume=bool(resume), step=run.step
+        )
         trackers.start(config.to_dict(), run.report())
     log = StepLog(
         run.log_path if run.is_main else None,

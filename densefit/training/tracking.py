@@ -102,6 +102,8 @@ def _number(value: Any) -> bool:
 
 class Trackers:
     """The trackers of one run (``names`` from ``report_to``); a no-op without any.
+    ``resume``: continue the MLflow and W&B runs recorded in ``OUTPUT/tracking.json``;
+    ``step``: the step the run resumes after (its later records are logged again).
 
     >>> trackers = Trackers(None, output_dir=None)
     >>> trackers.log({"step": 1, "loss": 0.5}); trackers.finish({})
@@ -113,6 +115,7 @@ class Trackers:
         *,
         output_dir: str | os.PathLike | None,
         resume: bool = False,
+        step: int = 0,
     ):
         self.output_dir = Path(output_dir) if output_dir is not None else None
         check_trackers(names, output_dir)
@@ -120,7 +123,8 @@ class Trackers:
         run_name = self.output_dir.resolve().name if self.output_dir else "densefit"
         makers = {"tensorboard": _TensorBoard, "mlflow": _MLflow, "wandb": _Wandb}
         self.trackers = [
-            makers[name](self.output_dir, run_name, ids.get(name)) for name in names or ()
+            makers[name](self.output_dir, run_name, ids.get(name), step=step)
+            for name in names or ()
         ]
         self._save_ids()
 
@@ -163,10 +167,14 @@ class _TensorBoard:
     name = "tensorboard"
     run_id = None
 
-    def __init__(self, output_dir: Path, run_name: str, run_id: str | None):
+    def __init__(self, output_dir: Path, run_name: str, run_id: str | None, *, step: int):
         from torch.utils.tensorboard import SummaryWriter  # the optional extra `tensorboard`
 
-        self.writer = SummaryWriter(log_dir=str(output_dir / TENSORBOARD_DIR))
+        # Resumed after step N: TensorBoard drops what an earlier attempt logged after N
+        # (those steps are redone), as the training log does.
+        self.writer = SummaryWriter(
+            log_dir=str(output_dir / TENSORBOARD_DIR), purge_step=step + 1 if step else None
+        )
 
     def start(self, config: dict, plan: dict) -> None:
         for tag, value in (("config", config), ("memory_plan", plan)):
@@ -189,7 +197,7 @@ _MLFLOW_NAME = re.compile(r"[^/\w.\- ]")  # what MLflow accepts in a metric or p
 class _MLflow:
     name = "mlflow"
 
-    def __init__(self, output_dir: Path | None, run_name: str, run_id: str | None):
+    def __init__(self, output_dir: Path | None, run_name: str, run_id: str | None, *, step: int):
         from mlflow.tracking import MlflowClient  # the optional extra `mlflow`
 
         uri = os.environ.get("MLFLOW_TRACKING_URI")
@@ -241,7 +249,7 @@ class _MLflow:
 class _Wandb:
     name = "wandb"
 
-    def __init__(self, output_dir: Path, run_name: str, run_id: str | None):
+    def __init__(self, output_dir: Path, run_name: str, run_id: str | None, *, step: int):
         import wandb  # the optional extra `wandb`
 
         self.run = wandb.init(
