@@ -23,6 +23,9 @@ __all__ = [
     "MINE_SAMPLING",
     "ON_BAD_ROW",
     "SIMILARITIES",
+    "SOURCE_BATCHES",
+    "SOURCE_SAMPLING",
+    "TRACKERS",
     "VECTOR_DTYPES",
     "parse_metric",
 ]
@@ -40,6 +43,12 @@ AMP = (None, "bf16", "fp16")
 MINE_METHODS = ("bm25", "dense", "hybrid")
 MINE_SAMPLING = ("top", "random")
 ON_BAD_ROW = ("error", "skip")
+# Several training sources (densefit.data.batching): whether each step's rows come from one
+# source, and how the sources' steps are interleaved.
+SOURCE_BATCHES = ("same", "mixed")
+SOURCE_SAMPLING = ("proportional", "round_robin", "temperature")
+# Experiment trackers a training run reports to (densefit.training.tracking).
+TRACKERS = ("tensorboard", "mlflow", "wandb")
 VECTOR_DTYPES = ("float32", "float16")
 # Which of a store's prompts a text embedded by `densefit serve`'s embeddings endpoints gets
 # (densefit.prompts: the model's query and document prompts).

@@ -29,7 +29,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit.config.train import TrainConfig, parse_memory_budget
-from densefit.data.batching import planned_batches
+from densefit.data.batching import effective_batch_size, planned_batches
 from densefit.data.types import TrainingExample
 from densefit.memory.allocator import returning_freed_memory, trim
 from densefit.memory.chunking import group_rows, tokenize
@@ -198,7 +198,12 @@ def _row_lengths(
     prompts: dict[str, str],
 ) -> _RowLengths:
     exact = len(examples) <= limit
-    rows = list(examples) if exact else random.Random(seed).sample(list(examples), limit)
+    # Sampled by index (the same rows as sampling the list): rows kept in Arrow
+    # (densefit.data.arrow) are built only for the sample.
+    picked = (
+        range(len(examples)) if exact else random.Random(seed).sample(range(len(examples)), limit)
+    )
+    rows = [examples[i] for i in picked]
     query, document = prompts.get("query"), prompts.get("document")
     negs = _token_lengths(model, apply_prompt([n for r in rows for n in r.negatives], document))
     per_row, at = [], 0
@@ -443,7 +448,7 @@ def probe_run(
     if activation_model is None:
         activation_model = _probe_untouched(model, max(longest.values()), device)
 
-    B = config.batch_size
+    B = effective_batch_size(examples, config)  # batch_size, or the rows a step can have
     negs_per_row = len(columns.get("negatives", [])) / max(1, len(lengths.anchors))
     n_candidates = B + int(math.ceil(B * negs_per_row))
     get_dim = (
