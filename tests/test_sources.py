@@ -284,3 +284,46 @@ def test_a_cli_rerun_of_the_same_options_is_not_refused_before_the_data_is_read(
     changed = runner.invoke(app, [*args, "--lr", "1e-4"])
     assert changed.exit_code == 2
     assert "learning_rate=5e-06 (now 0.0001)" in " ".join(changed.output.split())
+
+
+def test_densefit_train_on_two_files_trains_same_source_batches_and_reports_each(base, tmp_path):
+    """``densefit train a.jsonl faq=b.jsonl``: two sources (the second named), every step's
+    rows from one source; the start line, the log and the summary report each source."""
+    from typer.testing import CliRunner
+
+    from densefit.cli import app
+
+    for name, n in (("a", 6), ("b", 10)):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(
+                json.dumps({"anchor": f"{name} question {i}", "positive": f"{name} answer {i}"})
+                + "\n"
+                for i in range(n)
+            )
+        )
+    out = tmp_path / "out"
+    args = ["train", str(tmp_path / "a.jsonl"), f"faq={tmp_path / 'b.jsonl'}", "-m", base,
+            "-o", str(out), "--no-progress", "--batch-size", "4"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "training on 16 rows from 2 sources (a.jsonl 6 rows, faq 10 rows), same-source " \
+        "batches (proportional)" in said  # fmt: skip
+    assert "per source: a.jsonl: 6 rows, 2 steps, 6 rows trained" in said
+    assert "faq: 10 rows, 3 steps, 10 rows trained" in said
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["source"] for r in log].count("faq") == 3 and len(log) == 5
+    for record in log:  # a step of faq holds only faq's rows: its size says so
+        assert record["examples"] <= 4
+    examples = load_training_data({"a.jsonl": str(tmp_path / "a.jsonl"),
+                                   "faq": str(tmp_path / "b.jsonl")})  # fmt: skip
+    config = TrainConfig(batch_size=4)
+    for group, record in zip(step_groups(examples, config), log):
+        assert source_of_rows(examples, group) == {group.source}
+        assert record["source"] == examples.names[group.source]
+    mixed = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "mixed"), "--source-batches",
+                                     "mixed"])  # fmt: skip
+    assert mixed.exit_code == 0, mixed.output
+    assert "mixed batches" in " ".join(mixed.output.split())
+    log = (tmp_path / "mixed" / "train_log.jsonl").read_text().splitlines()
+    assert all("rows_by_source" in json.loads(line) for line in log)

@@ -177,3 +177,21 @@ def test_missing_packages_and_folders_are_refused_before_training(tmp_path, monk
     trackers.start({}, {})
     trackers.log({"step": 1, "loss": 0.5})
     trackers.finish({})
+
+
+def test_report_to_is_declared_as_changing_neither_the_weights_nor_the_plan():
+    """A resume or a rerun may add or drop trackers; ``densefit plan`` does not offer it;
+    a bad name is one line naming the flag."""
+    from densefit.cli.options import command_flags
+    from densefit.config.commands import PlanJob, TrainJob
+    from densefit.errors import OptionError
+    from densefit.training.checkpoint import changed_weight_options
+
+    config = TrainConfig(report_to="tensorboard, mlflow")
+    assert config.report_to == ["tensorboard", "mlflow"]
+    assert "report_to" not in config.weight_options()
+    assert changed_weight_options(TrainConfig().to_dict(), config) == []
+    assert "--report-to" in {f.declaration for f in command_flags(TrainJob)}
+    assert "--report-to" not in {f.declaration for f in command_flags(PlanJob)}
+    with pytest.raises(OptionError, match="report_to must name trackers among tensorboard"):
+        TrainConfig(report_to="tensorbord")
