@@ -31,7 +31,7 @@ from densefit.data.corpus import find_corpus_file, iter_corpus, load_beir
 from densefit.data.sources import TrainingData, load_training_data, source_names
 from densefit.data.types import ReadReport
 from densefit.evaluate import EvalResult, evaluate, load_queries_and_qrels
-from densefit.memory.planner import plan_memory
+from densefit.memory.planner import for_the_data, plan_memory
 from densefit.mine import MiningReport, mine_files
 from densefit.models import apply_lora, load_model, resolve_device
 from densefit.prompts import set_prompts
@@ -306,7 +306,8 @@ def plan_job(job: PlanJob):
     apply_lora(model, config)  # the planner counts the frozen weights once
     batch = effective_batch_size(examples, config)  # the rows a step really has
     warn_batch_larger_than_data(examples, config, batch)  # the plan is for that batch
-    plan = plan_memory(model, examples, config, batches=planned_batches(examples, config))
+    planned = for_the_data(examples, config)
+    plan = plan_memory(model, examples, planned, batches=planned_batches(examples, planned))
     return plan, config
 
 

@@ -47,6 +47,7 @@ from densefit.models import (
 from densefit.prompts import apply_prompt, resolve_prompts
 
 __all__ = [
+    "for_the_data",
     "matryoshka_sizes",
     "CPU_MAX_CHUNK_ROWS",
     "HEADROOM",
@@ -448,7 +449,7 @@ def probe_run(
     if activation_model is None:
         activation_model = _probe_untouched(model, max(longest.values()), device)
 
-    B = effective_batch_size(examples, config)  # batch_size, or the rows a step can have
+    B = config.batch_size
     negs_per_row = len(columns.get("negatives", [])) / max(1, len(lengths.anchors))
     n_candidates = B + int(math.ceil(B * negs_per_row))
     get_dim = (
@@ -696,6 +697,14 @@ def plan_memory(
     return choose(shape, candidates, config.sort_by_length)
 
 
+def for_the_data(examples: Sequence[TrainingExample], config: TrainConfig) -> TrainConfig:
+    """``config`` planned for the batch a step of this run really has
+    (:func:`~densefit.data.batching.effective_batch_size`: fewer rows than ``batch_size``
+    when the data, or with same-source batches its largest source, has fewer)."""
+    batch = effective_batch_size(examples, config)
+    return config if batch >= config.batch_size else config.replace(batch_size=batch)
+
+
 def plan_for_run(
     model: SentenceTransformer,
     examples: Sequence[TrainingExample],
@@ -723,6 +732,7 @@ def plan_for_run(
             keep_graphs=1 if config.keep_graphs is None else config.keep_graphs,
             loss_block_size=config.loss_block_size,
         )
+    config = for_the_data(examples, config)
     if batches is None:
         batches = planned_batches(examples, config)
     plan = plan_memory(model, examples, config, batches=batches)
