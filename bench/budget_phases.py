@@ -45,7 +45,7 @@ def main() -> None:
     import densefit.training.setup as setup
     import densefit.training.step as step_module
     from densefit.config.train import TrainConfig
-    from densefit.data.readers import load_training_examples
+    from densefit.data.sources import load_training_examples
     from densefit.memory.allocator import allocator_in_use
     from densefit.models import load_model
 

@@ -73,7 +73,7 @@ def _rss_mb() -> float:
 def train_point(mode: str, steps: int, output: str | None) -> dict:
     """One training run in this process: its memory and step times."""
     from densefit import TrainConfig, train
-    from densefit.data.readers import load_training_examples
+    from densefit.data.sources import load_training_examples
     from densefit.memory.planner import plan_memory
     from densefit.models import apply_lora, load_model, lora_parameter_count
 

@@ -16,6 +16,7 @@ import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from sentence_transformers import SentenceTransformer
@@ -127,7 +128,7 @@ class Retriever:
 
     def train(
         self,
-        training_data: str | os.PathLike | Sequence[Mapping | TrainingExample],
+        training_data: str | os.PathLike | Sequence[Mapping | TrainingExample] | Any,
         learning_rate: float | str = "auto",  # TrainConfig's rule in the batch size
         n_epochs: int = 1,
         num_warmup_steps: int | None = None,
@@ -139,15 +140,21 @@ class Retriever:
         *,
         save_dir: str | os.PathLike | None = None,
         on_bad_row: str = "error",
+        split: str = "train",
         **options,
     ) -> TrainResult:
         """Fine-tune on (query, positive[, negatives][, score]) rows; Haystack 1.x signature.
 
-        ``training_data`` is a path (JSONL, CSV/TSV, Parquet, BEIR folder) or a list of dicts
-        with ``question``/``pos_doc``/``neg_doc``/``score`` (or ``anchor``/``positive``/
-        ``negative``...). ``batch_size`` defaults to TrainConfig's (32). ``use_amp``: True
-        picks fp16 on CUDA, bf16 on CPU. Further :class:`~densefit.config.TrainConfig` fields
-        (``memory_budget="8GiB"``, ``max_steps``, ``seed``...) go in ``options``.
+        ``training_data`` is a path (JSONL, CSV/TSV, Parquet, BEIR folder, a
+        ``Dataset.save_to_disk`` folder, a folder of Parquet shards), a ``datasets.Dataset``
+        (a ``DatasetDict``: its ``split``), a list of dicts with
+        ``question``/``pos_doc``/``neg_doc``/``score`` (or ``anchor``/``positive``/
+        ``negative``...), or several of these as a list or a mapping ``{name: source}``: each
+        step then trains on one source (``source_batches``, ``source_sampling``; see
+        :func:`densefit.data.sources.load_training_data`). ``batch_size`` defaults to
+        TrainConfig's (32). ``use_amp``: True picks fp16 on CUDA, bf16 on CPU. Further
+        :class:`~densefit.config.TrainConfig` fields (``memory_budget="8GiB"``,
+        ``max_steps``, ``seed``...) go in ``options``.
         ``num_workers`` is accepted for compatibility: tokenisation happens in the step.
         Runs :func:`densefit.jobs.train_job`, as ``densefit train`` does.
         """
@@ -173,6 +180,7 @@ class Retriever:
             model=self.model,
             output=save_dir,
             on_bad_row=on_bad_row,
+            split=split,
             train=config,
         )
         outcome = train_job(job)

@@ -33,6 +33,9 @@ __all__ = [
     "SIMILARITIES",
     "TRAINING_EVAL_RUNTIMES",
     "VECTOR_KINDS",
+    "SOURCE_BATCHES",
+    "SOURCE_SAMPLING",
+    "TRACKERS",
     "parse_metric",
 ]
 
@@ -58,6 +61,12 @@ VECTOR_KINDS = ("float32", "float16", "int8", "binary")
 # (densefit.retrieval.fusion), by reciprocal rank ("rrf") or by normalised scores ("weighted").
 SEARCH_MODES = ("dense", "bm25", "hybrid")
 FUSIONS = ("rrf", "weighted")
+# Several training sources (densefit.data.batching): whether each step's rows come from one
+# source, and how the sources' steps are interleaved.
+SOURCE_BATCHES = ("same", "mixed")
+SOURCE_SAMPLING = ("proportional", "round_robin", "temperature")
+# Experiment trackers a training run reports to (densefit.training.tracking).
+TRACKERS = ("tensorboard", "mlflow", "wandb")
 # Which of a store's prompts a text embedded by `densefit serve`'s embeddings endpoints gets
 # (densefit.prompts: the model's query and document prompts).
 EMBED_PROMPTS = ("query", "document")

@@ -34,13 +34,13 @@ from densefit.config.commands import (
 )
 from densefit.config.evaluation import EvalConfig
 from densefit.config.shared import SEARCH_TOP_K, VECTORS, model_or_default
-from densefit.config.train import TrainConfig
-from densefit.data.batching import planned_batches
+from densefit.config.train import TrainConfig, auto_learning_rate
+from densefit.data.batching import effective_batch_size, planned_batches
 from densefit.data.corpus import find_corpus_file, iter_corpus, load_beir
-from densefit.data.readers import examples_from_records, read_training_data
-from densefit.data.types import ReadReport, TrainingExample
+from densefit.data.sources import TrainingData, load_training_data, source_names
+from densefit.data.types import ReadReport
 from densefit.evaluate import EvalResult, evaluate, load_queries_and_qrels
-from densefit.memory.planner import plan_memory
+from densefit.memory.planner import for_the_data, plan_memory
 from densefit.mine import MiningReport, mine_files
 from densefit.models import apply_lora, load_model, resolve_device
 from densefit.prompts import set_prompts
@@ -64,7 +64,7 @@ from densefit.training import distributed
 from densefit.training.checkpoint import CHECKPOINTS, list_checkpoints
 from densefit.training.evaluation import eval_data_for
 from densefit.training.loop import TrainResult, train
-from densefit.training.setup import check_output_dir
+from densefit.training.setup import check_output_dir, warn_batch_larger_than_data
 
 __all__ = [
     "EvalOutcome",
@@ -77,6 +77,8 @@ __all__ = [
     "mine_job",
     "plan_job",
     "read_training",
+    "sources_words",
+    "training_sources",
     "search_job",
     "train_job",
 ]
@@ -89,28 +91,82 @@ def _say(say: Say, message: str) -> None:
         say(message)
 
 
-def _warn_skipped(report: ReadReport) -> None:
-    """Skipped bad rows are never dropped silently: one warning listing them."""
-    if report.n_skipped:
-        warnings.warn(report.summary(), UserWarning, stacklevel=3)
+def training_sources(data: Any) -> Any:
+    """The training data as :func:`~densefit.data.sources.load_training_data` reads it, from
+    what a command or a YAML key gives: one path, a list of them (``NAME=PATH`` names a
+    source; other paths are named after their file), a mapping ``{name: path}``, or objects
+    already in memory (a ``datasets.Dataset``, rows), passed on as they are.
+
+    >>> training_sources(["faq=data/faq.jsonl", "manual.jsonl"])
+    {'faq': 'data/faq.jsonl', 'manual.jsonl': 'manual.jsonl'}
+    >>> training_sources(["pairs.jsonl"])
+    'pairs.jsonl'
+    """
+    if isinstance(data, (list, tuple)) and data and all(_is_path(d) for d in data):
+        named = [_named_path(d) for d in data]
+        if len(named) == 1 and named[0][0] is None:
+            return data[0]
+        if all(name is None for name, _ in named):
+            return list(data)
+        names = source_names([path for _, path in named])
+        sources: dict[str, Any] = {}
+        for (name, path), default in zip(named, names):
+            name = name if name is not None else default
+            if name in sources:
+                raise ValueError(
+                    f"DATA: two training sources are named {name!r}: name each once (NAME=PATH)"
+                )
+            sources[name] = path
+        return sources
+    return data
 
 
-def read_training(data: Any, *, on_bad_row: str, split: str) -> tuple[list, ReadReport]:
-    """Training rows from a path (file or BEIR folder), a list of dicts or of
-    ``TrainingExample``; skipped rows are warned about. Returns (examples, report)."""
-    if isinstance(data, (str, os.PathLike)):
-        examples, report = read_training_data(data, on_bad_row=on_bad_row, split=split)
+def _named_path(item: str | os.PathLike) -> tuple[str | None, str | os.PathLike]:
+    """(name, path) of a ``NAME=PATH`` item; (None, item) for a plain path (one that
+    exists is a path even with an ``=`` in it)."""
+    text = str(item)
+    if isinstance(item, os.PathLike) or "=" not in text or Path(text).exists():
+        return None, item
+    name, _, path = text.partition("=")
+    if not name.strip() or not path.strip():
+        raise ValueError(f"DATA: {text!r}: write NAME=PATH to name a source, or a path")
+    return name.strip(), path
+
+
+def read_training(data: Any, *, on_bad_row: str, split: str) -> TrainingData:
+    """Training rows of one source or several (:func:`training_sources`: paths, ``NAME=PATH``,
+    a mapping, a ``datasets.Dataset``, rows in memory); skipped rows are warned about, per
+    source (:func:`~densefit.data.sources.load_training_data`)."""
+    return load_training_data(training_sources(data), on_bad_row=on_bad_row, split=split)
+
+
+def _single_path(data: Any) -> str | os.PathLike | None:
+    """The one path the training data is, when it is one (``[path]`` included)."""
+    data = training_sources(data)
+    return data if _is_path(data) else None
+
+
+def sources_words(examples: TrainingData, config: TrainConfig) -> str:
+    """``2 sources (faq 12 rows, manual 30 rows), same-source batches (proportional)``;
+    the source's path or name with one source."""
+    if len(examples.sources) < 2:
+        source = examples.sources[0]
+        report = source.report
+        return report.path if report is not None and report.path else source.name
+    each = ", ".join(f"{s.name} {plural_rows(s.rows)}" for s in examples.sources)
+    if config.source_batches == "mixed":
+        how = "mixed batches"
     else:
-        records = list(data)
-        if records and all(isinstance(r, TrainingExample) for r in records):
-            return records, ReadReport("<examples>")
-        examples, report = examples_from_records(records, on_bad_row=on_bad_row)
-    _warn_skipped(report)
-    return examples, report
+        how = f"same-source batches ({config.source_sampling}"
+        if config.source_sampling == "temperature":
+            how += f", temperature {config.source_temperature:g}"
+        how += ")"
+    return f"{len(examples.sources)} sources ({each}), {how}"
 
 
-def _source_name(data: Any) -> str:
-    return str(data) if isinstance(data, (str, os.PathLike)) else "<in memory>"
+def plural_rows(n: int) -> str:
+    """``1 row``, ``2,048 rows``."""
+    return f"{n:,} row" + ("" if n == 1 else "s")
 
 
 # ----------------------------------------------------------------------------- train
@@ -129,6 +185,7 @@ class TrainOutcome:
     main: bool = True  # this process logs and saves
     checkpoints: dict = field(default_factory=dict)  # what is left on disk: count, bytes
     export: ExportReport | None = None  # config.export: the files written beside the model
+    sources: list | None = None  # several sources: each one's name, files and rows
 
 
 def _start_processes(config: TrainConfig) -> tuple[TrainConfig, int, bool]:
@@ -163,11 +220,9 @@ def train_job(
     resume = job.resume_from or job.resume
     if job.output is not None:
         check_output_dir(job.output, config, resume=bool(resume), overwrite=job.overwrite)
-    evaluate_on = eval_data_for(config, job.eval_data, job.data if _is_path(job.data) else None)
+    evaluate_on = eval_data_for(config, job.eval_data, _single_path(job.data))
     config, world, main = _start_processes(config)
-    examples, report = read_training(
-        job.data, on_bad_row=job.on_bad_row, split=job.split or "train"
-    )
+    examples = read_training(job.data, on_bad_row=job.on_bad_row, split=job.split or "train")
     model = load_model(
         model_or_default(job.model), max_seq_length=config.max_seq_length, device=config.device
     )
@@ -177,7 +232,7 @@ def train_job(
         check_supported(model, config.export)  # the runtime's package and the model's kind
         export_texts = _export_texts(config.export, examples)
     if main:
-        _say(say, _start_line(job, config, len(examples), world))
+        _say(say, _start_line(job, config, examples, world))
     result = train(
         model,
         examples,
@@ -186,13 +241,19 @@ def train_job(
         resume=resume,
         overwrite=job.overwrite,
         eval_data=evaluate_on,
-        data_report=report,
         on_step=on_step,
     )
     if world > 1:
         distributed.teardown_distributed()
     outcome = TrainOutcome(
-        result, config, len(examples), _source_name(job.data), job.output, world, main
+        result,
+        config,
+        len(examples),
+        sources_words(examples, config),
+        job.output,
+        world,
+        main,
+        sources=examples.describe().get("sources"),
     )
     if job.output is not None and main:
         outcome.checkpoints = _finish_checkpoints(Path(job.output), config)
@@ -232,7 +293,7 @@ def _is_path(data: Any) -> bool:
     return isinstance(data, (str, os.PathLike))
 
 
-def _start_line(job: TrainJob, config: TrainConfig, rows: int, world: int) -> str:
+def _start_line(job: TrainJob, config: TrainConfig, examples: TrainingData, world: int) -> str:
     scale_out = ""
     if world > 1:
         share = -(-config.batch_size // world)
@@ -242,15 +303,28 @@ def _start_line(job: TrainJob, config: TrainConfig, rows: int, world: int) -> st
         )
     to = f" -> {job.output}" if job.output is not None else ""
     return (
-        f"training on {rows} rows from {_source_name(job.data)}{to} on {config.device}"
-        f"{lora_words(config)}{scale_out}; {learning_rate_words(config)}"
+        f"training on {plural_rows(len(examples))} from {sources_words(examples, config)}{to} "
+        f"on {config.device}"
+        f"{lora_words(config)}{scale_out}; "
+        f"{learning_rate_words(config, batch=effective_batch_size(examples, config))}"
     )
 
 
-def learning_rate_words(config: TrainConfig, plan: dict | None = None) -> str:
-    """``lr 8e-05 (auto, from the batch size)``: the peak learning rate and its origin."""
-    auto = config.learning_rate == "auto" or (plan or {}).get("learning_rate_from") == "auto"
-    return f"lr {config.peak_learning_rate:.3g}" + (" (auto, from the batch size)" if auto else "")
+def learning_rate_words(
+    config: TrainConfig, plan: dict | None = None, *, batch: int | None = None
+) -> str:
+    """``lr 8e-05 (auto, from the batch size)``: the peak learning rate and its origin; the
+    one the run used when ``plan`` (its report) says, else the auto rule's for ``batch``
+    (the rows a step really has: :func:`~densefit.data.batching.effective_batch_size`)."""
+    plan = plan or {}
+    auto = config.learning_rate == "auto" or plan.get("learning_rate_from") == "auto"
+    if plan.get("learning_rate") is not None:
+        rate = float(plan["learning_rate"])
+    elif config.learning_rate == "auto" and batch is not None:
+        rate = auto_learning_rate(min(config.batch_size, batch))
+    else:
+        rate = config.peak_learning_rate
+    return f"lr {rate:.3g}" + (" (auto, from the batch size)" if auto else "")
 
 
 def lora_words(config: TrainConfig) -> str:
@@ -279,19 +353,15 @@ def _finish_checkpoints(output: Path, config: TrainConfig) -> dict:
 def plan_job(job: PlanJob):
     """The memory plan ``job.train`` gets on ``job.data``: (plan, the device planned for)."""
     config = job.train.replace(memory="auto", device=resolve_device(job.train.device))
-    examples, _ = read_training(job.data, on_bad_row=job.on_bad_row, split=job.split or "train")
+    examples = read_training(job.data, on_bad_row=job.on_bad_row, split=job.split or "train")
     model = load_model(
         model_or_default(job.model), max_seq_length=config.max_seq_length, device=config.device
     )
     apply_lora(model, config)  # the planner counts the frozen weights once
-    if config.batch_size > len(examples):
-        warnings.warn(
-            f"--batch-size {config.batch_size:,} is larger than the data ({len(examples):,} "
-            f"rows): each step has {len(examples):,} rows, and the plan is for that",
-            UserWarning,
-            stacklevel=2,
-        )
-    plan = plan_memory(model, examples, config, batches=planned_batches(examples, config))
+    batch = effective_batch_size(examples, config)  # the rows a step really has
+    warn_batch_larger_than_data(examples, config, batch)  # the plan is for that batch
+    planned = for_the_data(examples, config)
+    plan = plan_memory(model, examples, planned, batches=planned_batches(examples, planned))
     return plan, config
 
 

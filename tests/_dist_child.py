@@ -10,14 +10,19 @@ Every collective is counted by wrapping ``torch.distributed.all_reduce`` / ``all
   gradients are left as summed) on ``rows`` with the ``config`` of the case; rank 0 writes
   ``OUT/case-i.pt`` with the loss, every parameter gradient and the collectives of the step;
 - ``train``: a whole :func:`densefit.train` run (evaluating during training on the BEIR
-  folder ``eval_data`` when given); every rank writes ``OUT/train-RANK.json`` with the
+  folder ``eval_data`` when given) on ``rows``, or on several ``sources`` (name -> rows;
+  each row's origin ``name:i``); ``resume`` continues from the output folder's newest
+  checkpoint; ``crash_after`` N ends every rank right after step N (and its checkpoint, if
+  one is due), as a kill would. Every rank writes ``OUT/train-RANK.json`` with the
   losses, the collectives, the run's memory plan, what each cached forward-backward really
-  ran with (kept graphs, token budget, chunk) and the result's evaluation summary.
+  ran with (kept graphs, token budget, chunk), the origins of the rows it embedded in each
+  micro-batch and the result's evaluation summary.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,9 +30,10 @@ import torch
 import torch.distributed as dist
 from sentence_transformers import SentenceTransformer
 
+import densefit.training.loop
 from densefit import TrainConfig, TrainingExample
 from densefit.memory.strategies import CachedStrategy
-from densefit.training.distributed import init_distributed, teardown_distributed
+from densefit.training.distributed import DistributedRun, init_distributed, teardown_distributed
 from densefit.training.loop import train
 from densefit.training.setup import setup_run
 from densefit.training.step import train_step
@@ -49,7 +55,7 @@ for _name in ("all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_ga
     setattr(dist, _name, count(_name, getattr(dist, _name)))
 
 
-def rows_of(spec_rows: list[dict]) -> list[TrainingExample]:
+def rows_of(spec_rows: list[dict], name: str = "") -> list[TrainingExample]:
     return [
         TrainingExample(
             r["query"],
@@ -58,9 +64,23 @@ def rows_of(spec_rows: list[dict]) -> list[TrainingExample]:
             score=r.get("score"),
             positive_id=r.get("positive_id", ""),
             positive_ids=tuple(r.get("positive_ids", ())),
+            origin=f"{name}:{i}" if name else "",
         )
-        for r in spec_rows
+        for i, r in enumerate(spec_rows)
     ]
+
+
+LOCAL: list[list[str]] = []  # the origins of this rank's rows, per micro-batch
+_local_loss_fn = DistributedRun.local_loss_fn
+
+
+def recording_local(self, config, rows, health):
+    local, loss_fn = _local_loss_fn(self, config, rows, health)
+    LOCAL.append([r.origin for r in local])
+    return local, loss_fn
+
+
+DistributedRun.local_loss_fn = recording_local
 
 
 USED: list[dict] = []  # what each cached forward-backward really ran with
@@ -122,12 +142,26 @@ def main(spec_path: str) -> None:
         model = SentenceTransformer(spec["base"], device="cpu")
         CALLS.clear()
         USED.clear()
+        if "crash_after" in job:  # every rank ends after that step, as if killed
+            checkpoint = densefit.training.loop._checkpoint
+
+            def checkpoint_then_crash(run, **kwargs):
+                checkpoint(run, **kwargs)
+                if run.step == job["crash_after"]:
+                    os._exit(0)
+
+            densefit.training.loop._checkpoint = checkpoint_then_crash
+        if "sources" in job:
+            data = {name: rows_of(rows, name) for name, rows in job["sources"].items()}
+        else:
+            data = rows_of(job["rows"])
         result = train(
             model,
-            rows_of(job["rows"]),
+            data,
             TrainConfig(**job["config"]),
             output_dir=job["output"],
             eval_data=job.get("eval_data"),
+            resume=job.get("resume", False),
         )
         rank = dist.get_rank()
         (out / f"train-{rank}.json").write_text(
@@ -138,6 +172,7 @@ def main(spec_path: str) -> None:
                     "calls": CALLS,
                     "plan": result.memory_plan.to_dict(),
                     "used": USED,
+                    "local_origins": LOCAL,
                     "evaluation": result.evaluation,
                 }
             )

@@ -2,7 +2,8 @@
 
     python tests/_train_child.py SPEC.json
 
-SPEC: ``base`` (a saved sentence-transformers folder), ``data`` (JSONL), ``output``,
+SPEC: ``base`` (a saved sentence-transformers folder), ``data`` (JSONL, or several sources:
+a mapping of names to JSONL files), ``output``,
 ``config`` (TrainConfig fields), ``threads`` (torch threads, as in the parent, so the
 arithmetic is the same), ``step_sleep`` (seconds to sleep after each step, so the parent
 can kill at a step of its choosing) and ``kill_in_checkpoint`` (SIGKILL this process
@@ -42,7 +43,8 @@ def main(spec_path: str) -> None:
     def on_step(record: dict) -> None:
         time.sleep(spec.get("step_sleep", 0))
 
-    examples, _ = read_training_data(spec["data"])
+    data = spec["data"]
+    examples = read_training_data(data)[0] if isinstance(data, str) else data
     model = SentenceTransformer(spec["base"], device="cpu")
     train(
         model, examples, TrainConfig(**spec["config"]), output_dir=spec["output"], on_step=on_step

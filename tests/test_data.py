@@ -573,7 +573,7 @@ def test_load_training_examples_takes_paths_dicts_and_examples(tmp_path):
     from_dicts = load_training_examples([{"question": "q", "pos_doc": "d", "neg_doc": ["n"]}])
     assert (from_dicts[0].positive, from_dicts[0].negatives) == ("d", ("n",))
     examples = [TrainingExample("q", "p")]
-    assert load_training_examples(examples) == examples
+    assert list(load_training_examples(examples)) == examples
 
 
 def test_find_corpus_file(tmp_path):

@@ -109,8 +109,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(spec: dict, tmp: Path, world: int = 2) -> None:
-    """Run tests/_dist_child.py as ``world`` gloo ranks; fail (and kill them) on a hang."""
+def launch(spec: dict, tmp: Path, world: int = 2, *, check: bool = True) -> list[str]:
+    """Run tests/_dist_child.py as ``world`` gloo ranks; fail (and kill them) on a hang.
+
+    Each rank's output, in rank order; with ``check`` every rank must exit 0."""
     spec_path = tmp / "spec.json"
     spec_path.write_text(json.dumps(spec))
     port = free_port()
@@ -146,7 +148,8 @@ def launch(spec: dict, tmp: Path, world: int = 2) -> None:
             p.kill()
         pytest.fail(f"the {world} processes did not finish in {TIMEOUT}s (a hang)")
     for r, (p, out) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"rank {r} failed:\n{out[-4000:]}"
+        assert p.returncode == 0 or not check, f"rank {r} failed:\n{out[-4000:]}"
+    return outputs
 
 
 @pytest.fixture(scope="module")
@@ -417,18 +420,78 @@ def test_cli_nproc_two_with_uneven_data_finishes(bases, tmp_path):
     assert "2 processes" in done.stderr
 
 
-def test_resume_is_refused_under_several_processes_with_a_clear_message(monkeypatch, tmp_path):
-    from densefit.training.distributed import DistributedRun
+SOURCES = {  # two sources: every step's rows, on both ranks, from one of them
+    "faq": [{"query": f"what is the cell {i}", "positive": f"the cell protein {i}"} for i in range(6)],
+    "code": [{"query": f"python function {i}", "positive": f"a function returns {i}",
+              "negatives": [f"a list value {i}"]} for i in range(9)],
+}  # fmt: skip
 
-    fake = DistributedRun(rank=0, world_size=2, gather="candidates", dim=32)
-    monkeypatch.setattr(DistributedRun, "detect", classmethod(lambda cls, model, config: fake))
-    with pytest.raises(ValueError, match="resuming a multi-process run is not supported"):
-        train(
-            tiny_model(),
-            examples(ROWS),
-            TrainConfig(show_progress=False),
-            output_dir=tmp_path,
-            resume=True,
+
+def saved_weights(folder: Path) -> dict:
+    return SentenceTransformer(str(folder), device="cpu").state_dict()
+
+
+def test_a_multi_process_run_resumes_on_as_many_processes_with_identical_weights(bases, tmp_path):
+    """2 gloo processes, dropout on, two sources: a run ended on both ranks after step 5
+    (its newest checkpoint at step 4) and resumed on 2 processes ends with the weights and
+    losses of the run that was never interrupted; every rank restored its own RNG state.
+    Each step's rows come from one source on both ranks."""
+    config = {"batch_size": 4, "epochs": 2, "learning_rate": 1e-3, "memory": "cache",
+              "chunk_size": 1, "checkpoint_every": 2, "keep_checkpoints": 3,
+              "show_progress": False, "seed": 5}  # fmt: skip
+    job = {"sources": SOURCES, "config": config}
+    runs = {}
+    for name, extra in (("ref", {}), ("out", {"crash_after": 5}), ("again", {"resume": True})):
+        out = tmp_path / ("ref" if name == "ref" else "out")
+        folder = tmp_path / f"json-{name}"  # spec and results, beside the output folders
+        folder.mkdir()
+        launch({"base": bases["dropout"], "out": str(folder),
+                "train": {**job, **extra, "output": str(out)}}, folder)  # fmt: skip
+        if name != "out":
+            runs[name] = [json.loads((folder / f"train-{r}.json").read_text()) for r in range(2)]
+    assert not (tmp_path / "json-out" / "train-0.json").exists()  # it ended after step 5
+    ref, again = runs["ref"], runs["again"]
+    assert ref[0]["steps"] == again[0]["steps"] == 2 * (2 + 3)
+    assert again[0]["losses"] == ref[0]["losses"]  # the checkpoint's losses, then the same steps
+    a, b = saved_weights(tmp_path / "ref"), saved_weights(tmp_path / "out")
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    log = [
+        json.loads(line) for line in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in log] == list(range(1, 11))  # steps 5's record redone once
+    # every micro-batch: both ranks' rows from the step's one source (cross-device negatives)
+    for rank_runs in (ref, again):
+        for step, (mine, theirs) in enumerate(zip(*(r["local_origins"] for r in rank_runs))):
+            names = {o.split(":")[0] for o in mine + theirs}
+            assert len(names) == 1, (step, mine, theirs)
+    sources = [r["source"] for r in log]
+    assert set(sources) == {"faq", "code"} and sources.count("faq") == 2 * 2
+
+
+def test_a_checkpoint_resumes_only_on_the_number_of_processes_that_wrote_it(bases, tmp_path):
+    """The batches and the data order do not depend on the number of processes, but each
+    rank's dropout stream does: another number is refused with a line saying what to do."""
+    from densefit.training.checkpoint import CheckpointError
+
+    config = {"batch_size": 4, "epochs": 1, "learning_rate": 1e-3, "memory": "plain",
+              "show_progress": False, "keep_checkpoints": 1}  # fmt: skip
+    two, work = tmp_path / "two", tmp_path / "work"
+    work.mkdir()
+    launch({"base": bases["dropout"], "out": str(work),
+            "train": {"rows": ROWS, "config": config, "output": str(two)}}, work)  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"written by a run of 2 processes, resumed on 1 "
+                       r"process: resume it on 2 processes \(--nproc 2\)"):  # fmt: skip
+        train(SentenceTransformer(bases["dropout"], device="cpu"), examples(ROWS),
+              TrainConfig(**config), output_dir=two, resume=True)  # fmt: skip
+    one = tmp_path / "one"
+    train(SentenceTransformer(bases["dropout"], device="cpu"), examples(ROWS),
+          TrainConfig(**config), output_dir=one)  # fmt: skip
+    outputs = launch({"base": bases["dropout"], "out": str(work),
+                      "train": {"rows": ROWS, "config": config, "output": str(one),
+                                "resume": True}}, work, check=False)  # fmt: skip
+    for out in outputs:  # every rank refuses, with the same line (nothing hangs)
+        assert (
+            "written by a run of 1 process, resumed on 2 processes: resume it on 1 process" in out
         )
 
 

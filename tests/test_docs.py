@@ -33,7 +33,6 @@ import json
 import os
 import random
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -86,9 +85,7 @@ def fenced_blocks(path: Path) -> list[Example]:
     for match in re.finditer(r"^```([\w+-]*)[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
         line = text.count("\n", 0, match.start()) + 1
         found.append(
-            Example(
-                str(path.relative_to(REPO)), line, match.group(1).lower(), match.group(2)
-            )
+            Example(str(path.relative_to(REPO)), line, match.group(1).lower(), match.group(2))
         )
     return found
 

@@ -101,7 +101,12 @@ def test_few_optimizer_steps_warn_with_what_to_do(tiny):
         setup_run(tiny, data, TrainConfig(batch_size=32, show_progress=False))  # 13 steps
         setup_run(tiny, data, TrainConfig(batch_size=128, epochs=3, show_progress=False))
         setup_run(tiny, data, TrainConfig(batch_size=128, max_steps=2, show_progress=False))
-        setup_run(tiny, rows(40), TrainConfig(batch_size=128, show_progress=False))  # tiny data
+    with warnings.catch_warnings(record=True) as caught:  # tiny data: not "few steps"
+        warnings.simplefilter("always")
+        setup_run(tiny, rows(40), TrainConfig(batch_size=128, show_progress=False))
+    assert [str(w.message).split(":")[0] for w in caught] == [
+        "batch_size 128 is larger than the data (40 rows)"
+    ]
 
 
 runner = CliRunner()

@@ -275,3 +275,70 @@ def test_the_bundled_example_config_loads():
     config = load_run_config(REPO / "examples" / "scifact.yaml")
     assert Path(config.data) == REPO / "examples" / "scifact"
     assert config.train.memory == "auto" and config.eval.distractors is not None
+
+
+def test_train_data_as_a_mapping_of_sources_trains_same_source_batches(workspace, tmp_path):
+    """``train_data: {name: path}`` (paths relative to the file): several sources, each step
+    from one source; the fingerprint covers every source (a rerun skips, a changed source
+    retrains)."""
+    for name, n in (("faq", 8), ("manual", 12)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pairs.jsonl").write_text(
+            "".join(
+                json.dumps({"anchor": f"{name} question {i}", "positive": f"{name} answer {i}"})
+                + "\n"
+                for i in range(n)
+            )
+        )
+    extra = "train_data:\n  faq: faq/pairs.jsonl\n  manual: manual/pairs.jsonl\n"
+    config = write_config(tmp_path, workspace, extra)
+    loaded = load_run_config(config)
+    assert loaded.train_data == {
+        "faq": str(tmp_path / "faq" / "pairs.jsonl"),
+        "manual": str(tmp_path / "manual" / "pairs.jsonl"),
+    }
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["run", str(config), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    log = [
+        json.loads(line) for line in (out / "model" / "train_log.jsonl").read_text().splitlines()
+    ]
+    steps = [r for r in log if "loss" in r]
+    assert sorted({r["source"] for r in steps}) == ["faq", "manual"]
+    assert sum(r["examples"] for r in steps) == 20  # 2 + 3 steps of 4 rows
+    assert [r["source"] for r in steps].count("faq") == 2
+    report = json.loads((out / "report.json").read_text())
+    assert report["data"]["train_rows"] == 20
+    assert "2 sources (faq 8 rows, manual 12 rows)" in report["data"]["train_source"]
+    saved = json.loads((out / "model" / "densefit_config.json").read_text())
+    assert set(saved["sources"]) == {"faq", "manual"}
+
+    again = run_pipeline(load_run_config(config, {"output": str(out)}))
+    assert "train" in again.skipped
+    with (tmp_path / "manual" / "pairs.jsonl").open("a") as f:
+        f.write(json.dumps({"anchor": "manual question x", "positive": "manual answer x"}) + "\n")
+    changed = run_pipeline(load_run_config(config, {"output": str(out)}))
+    assert "train" in changed.ran
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("train_data:\n  faq: nowhere.jsonl\n", ["train_data.faq:", "does not exist"]),
+        ("train_data: []\n", ["train_data is an empty list or mapping"]),
+        ("train_data: [a.jsonl, 3]\n", ["train_data must be text or a list or a mapping"]),
+        (
+            "train_data: [a.jsonl, b.jsonl]\nmine: {method: bm25}\n",
+            ["train_data names several sources", "densefit mine"],
+        ),
+    ],
+)
+def test_bad_train_data_is_a_clear_error(workspace, tmp_path, text, expected):
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / name).write_text(json.dumps({"anchor": "q", "positive": "p"}) + "\n")
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"data: {workspace / 'beir'}\n{text}")
+    with pytest.raises(ConfigError) as info:
+        load_run_config(path)
+    for part in expected:
+        assert part in str(info.value), str(info.value)

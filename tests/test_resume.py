@@ -233,6 +233,40 @@ def test_sigkill_at_a_random_step_then_resume_ends_with_identical_weights(run, t
     assert logged_steps(output) == list(range(1, 25)), f"seed {seed}"
 
 
+def test_sigkill_with_several_sources_then_resume_ends_with_identical_weights(run, tmp_path):
+    """Three sources, same-source steps drawn by temperature (each source's stream of passes
+    runs on across epochs): killed at a random step, resumed, the same weights, losses and
+    per-step sources as a run never interrupted."""
+    sources = {}
+    for name, part in (("faq", rows()[:5]), ("manual", rows()[5:12]), ("code", rows()[12:])):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
+        sources[name] = str(path)
+    config = {**CONFIG, "epochs": 3, "checkpoint_every": 3, "source_sampling": "temperature"}
+    ref = load(run.base)
+    reference = train(ref, sources, TrainConfig(**config), output_dir=tmp_path / "ref")
+    assert reference.steps == 3 * (2 + 2 + 3)  # 5, 7 and 12 rows in steps of 4: a pass each
+    seed = int.from_bytes(os.urandom(4), "little")
+    kill_after = random.Random(seed).randint(4, 16)
+    output = tmp_path / "out"
+    child = spawn(run, output, data=sources, config=config, step_sleep=0.05)
+    wait_for_step(child, output, kill_after)
+    time.sleep(random.Random(seed).uniform(0, 0.08))
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(timeout=30) == -signal.SIGKILL, f"seed {seed}: {stderr_of(output)}"
+
+    model = load(run.base)
+    result = train(model, sources, TrainConfig(**config), output_dir=output, resume=True)
+    assert_same_weights(state(model), state(ref))
+    assert result.losses == reference.losses, f"seed {seed}, killed after step {kill_after}"
+    assert result.sources == reference.sources
+    logged = [json.loads(line) for line in (output / "train_log.jsonl").open()]
+    expected = [json.loads(line) for line in (tmp_path / "ref" / "train_log.jsonl").open()]
+    assert [(r["step"], r["source"]) for r in logged] == [
+        (r["step"], r["source"]) for r in expected
+    ]
+
+
 def test_sigkill_half_way_through_a_checkpoint_write_falls_back_to_the_previous_one(run, tmp_path):
     output = tmp_path / "out"
     child = spawn(run, output, kill_in_checkpoint=10)

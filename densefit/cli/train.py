@@ -93,6 +93,10 @@ def summary(outcome) -> str:  # noqa: ANN001
         f"{learning_rate_words(outcome.config, plan)}; memory: {plan.get('strategy')} "
         f"({', '.join(memory)}); model saved to {outcome.output}, log {result.log_path}"
     )
+    if result.sources:
+        line += "; per source: " + "; ".join(
+            _source_words(name, each) for name, each in result.sources.items()
+        )
     ev = result.evaluation
     if ev and ev.get("best_step") is not None:
         line += f"; best {ev['metric']} {ev['best']:.4f} at step {ev['best_step']}"
@@ -113,6 +117,17 @@ def summary(outcome) -> str:  # noqa: ANN001
             f"({kept['freed_bytes'] / 2**20:,.0f} MiB; --no-delete-checkpoints keeps them)"
         )
     return line
+
+
+def _source_words(name: str, each: dict) -> str:
+    """``faq: 12 rows, 3 steps, 48 rows trained, loss 1.2345`` (mixed batches: no steps)."""
+    words = [plural(each["rows"], "row")]
+    if each.get("steps") is not None:
+        words.append(plural(each["steps"], "step"))
+    words.append(f"{each['trained_rows']:,} rows trained")
+    if each.get("mean_loss") is not None:
+        words.append(f"mean loss {each['mean_loss']:.4f}")
+    return f"{name}: {', '.join(words)}"
 
 
 @options_command(TrainJob)

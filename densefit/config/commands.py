@@ -45,14 +45,20 @@ from densefit.config.train import TrainConfig, check_dims
 
 __all__ = ["EvalJob", "ExportJob", "IndexJob", "MineJob", "PlanJob", "SearchJob", "TrainJob"]
 
-_DATA_HELP = "Training data: JSONL, CSV/TSV, Parquet or a BEIR folder."
+_DATA_HELP = (
+    "Training data: JSONL, CSV/TSV, Parquet, a BEIR folder, a Dataset.save_to_disk folder or "
+    "a folder of Parquet shards. Several are several sources (NAME=PATH names one): each "
+    "step's rows come from one source (--source-batches)."
+)
 
 
 @dataclass(kw_only=True)
 class TrainJob(Options):
     """``densefit train``: data in, a fine-tuned model folder out."""
 
-    data: Path = option(help=_DATA_HELP, positional=True)
+    # a list of paths on the command line; the Python API and densefit run's stages may also
+    # give one path, a mapping {name: path}, a datasets.Dataset or rows
+    data: list[str] = option(help=_DATA_HELP, positional=True)
     model: str | None = MODEL()
     output: Path = OUTPUT(required=True)
     overwrite: bool = option(
@@ -89,7 +95,10 @@ class TrainJob(Options):
 class PlanJob(Options):
     """``densefit plan``: the memory plan of a batch size within a budget, and its peak."""
 
-    data: Path = option(help="Training data (the planner reads its real lengths).", positional=True)
+    data: list[str] = option(
+        help="Training data, as densefit train reads it (the planner reads its real lengths).",
+        positional=True,
+    )
     model: str | None = MODEL()
     split: str | None = SPLIT()
     on_bad_row: str = ON_BAD_ROW_OPTION()

@@ -25,10 +25,65 @@ from densefit.config.options import ConfigError, Options, option, section
 from densefit.config.shared import MODEL, ON_BAD_ROW_OPTION, OUTPUT, PROGRESS
 from densefit.config.train import TrainConfig
 
-__all__ = ["RunCommand", "RunConfig", "apply_overrides", "config_from_flags", "load_run_config"]
+__all__ = [
+    "RunCommand",
+    "RunConfig",
+    "apply_overrides",
+    "check_train_data",
+    "config_from_flags",
+    "load_run_config",
+    "train_paths",
+]
 
 # TrainConfig fields the pipeline sets from its own keys (not keys of the train section)
 _SET_BY_RUN = {"show_progress": "the top-level key `progress`"}
+
+
+def check_train_data(value: Any) -> Any:
+    """``train_data`` as given: a path, a non-empty list of paths, or a non-empty mapping
+    name -> path; ``ValueError`` saying what to write.
+
+    >>> check_train_data({"faq": "faq.jsonl"})
+    {'faq': 'faq.jsonl'}
+    """
+    if isinstance(value, (str, os.PathLike)):
+        return value
+    if isinstance(value, dict):
+        paths, wanted = list(value.values()), "a mapping name -> path"
+        if any(not str(name).strip() for name in value):
+            raise ValueError("names an empty source: give each source a name")
+    elif isinstance(value, list):
+        paths, wanted = value, "a list of paths"
+    else:
+        raise ValueError(
+            f"must be a path, a list of paths or a mapping name -> path, got {value!r}"
+        )
+    if not paths:
+        raise ValueError(f"is an empty list or mapping: give {wanted}, or leave it out")
+    bad = [p for p in paths if not isinstance(p, (str, os.PathLike))]
+    if bad:
+        raise ValueError(f"must be {wanted}, got {bad[0]!r} among them")
+    return value
+
+
+def train_paths(train_data: Any) -> list[Path]:
+    """The paths ``train_data`` names (one, a list's, a mapping's values), in order."""
+    if train_data is None:
+        return []
+    if isinstance(train_data, dict):
+        return [Path(p) for p in train_data.values()]
+    if isinstance(train_data, list):
+        return [Path(p) for p in train_data]
+    return [Path(train_data)]
+
+
+def _map_paths(value: Any, convert) -> Any:  # noqa: ANN001 - a function of one path
+    """``value`` (a path, a list or a mapping of paths) with ``convert`` applied to each."""
+    if isinstance(value, dict):
+        return {name: convert(p, f".{name}") for name, p in value.items()}
+    if isinstance(value, list):
+        return [convert(p, f"[{k}]") for k, p in enumerate(value)]
+    return convert(value, "")
 
 
 @dataclass(kw_only=True)
@@ -49,9 +104,14 @@ class RunConfig(Options):
     )
     model: str | None = MODEL()
     output: str | None = OUTPUT()
-    train_data: str | None = option(
+    train_data: str | list[str] | dict[str, str] | None = option(
         None,
-        "Training file (JSONL, CSV/TSV, Parquet) or BEIR folder instead of DATA's train split.",
+        "Training data instead of DATA's train split: a file (JSONL, CSV/TSV, Parquet), a "
+        "BEIR folder, a Dataset.save_to_disk or Parquet shard folder; or several sources, a "
+        "list of those or a mapping name -> path (each step's rows from one source: "
+        "train.source_batches).",
+        check=check_train_data,
+        metavar="PATH",
     )
     train_split: str = option(
         "train", "qrels split of DATA (or of a BEIR --train-data) to train on."
@@ -86,7 +146,14 @@ class RunConfig(Options):
             self.train = self.train.replace(show_progress=self.progress)
 
     def check(self) -> None:
-        """The evaluation split must be held out from training."""
+        """The evaluation split must be held out from training; mining takes one source."""
+        if self.mine is not None and isinstance(self.train_data, (list, dict)):
+            if len(self.train_data) > 1:
+                raise self.error(
+                    "train_data",
+                    "names several sources, and the mine section mines one: mine each "
+                    "(densefit mine) and list the mined files as train_data, or drop mine",
+                )
         if self.train_data is None and self.train_split == self.eval.split_name:
             raise self.error(
                 "train_split",
@@ -149,10 +216,18 @@ def _resolve_paths(raw: dict, base: Path, source: str) -> dict:
     for key in _PATH_KEYS:
         section_name, _, name = key.rpartition(".")
         holder = out.get(section_name) if section_name else out
-        if isinstance(holder, dict) and isinstance(holder.get(name), str):
-            must_exist = name in ("data", "train_data")
-            holder[name] = _resolve(
-                base, holder[name], must_exist=must_exist, key=key, source=source
+        if not isinstance(holder, dict):
+            continue
+        must_exist = name in ("data", "train_data")
+        value = holder.get(name)
+        if isinstance(value, str) or (name == "train_data" and isinstance(value, (list, dict))):
+            holder[name] = _map_paths(
+                value,
+                lambda p, at, key=key, must_exist=must_exist: (
+                    _resolve(base, p, must_exist=must_exist, key=key + at, source=source)
+                    if isinstance(p, str)
+                    else p  # not a path: the option's check says what to write
+                ),
             )
     model = out.get("model")
     if isinstance(model, str) and (base / os.path.expanduser(model)).is_dir():
@@ -187,7 +262,9 @@ def _absolute(overrides: dict) -> dict:
     out = dict(overrides)
     for key in _PATH_KEYS:
         if out.get(key) is not None:
-            out[key] = str(Path(os.path.expanduser(str(out[key]))).absolute())
+            out[key] = _map_paths(
+                out[key], lambda p, _: str(Path(os.path.expanduser(str(p))).absolute())
+            )
     if out.get("model") is not None and Path(str(out["model"])).is_dir():
         out["model"] = str(Path(str(out["model"])).absolute())
     return out

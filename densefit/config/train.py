@@ -22,6 +22,9 @@ from densefit.choices import (
     LOSSES,
     MEMORY_STRATEGIES,
     SIMILARITIES,
+    SOURCE_BATCHES,
+    SOURCE_SAMPLING,
+    TRACKERS,
     TRAINING_EVAL_RUNTIMES,
     parse_metric,
 )
@@ -47,6 +50,7 @@ __all__ = [
     "check_learning_rate",
     "check_metric",
     "check_probability",
+    "check_report_to",
     "check_weights",
     "parse_bytes",
     "parse_memory_budget",
@@ -136,6 +140,29 @@ def parse_memory_budget(value: str | int | float | None) -> MemoryBudget:
 
 def _check_memory_budget(value: Any) -> None:
     parse_memory_budget(value)  # the value is kept as given (it is saved and compared)
+
+
+def check_report_to(value: str | Sequence[str] | None) -> list[str] | None:
+    """The experiment trackers named by ``value`` (``"tensorboard,mlflow"``, a list, or
+    ``none``), in the order given, each once; None for none. Raises ``ValueError`` naming the
+    supported ones.
+
+    >>> check_report_to("tensorboard, mlflow"), check_report_to("none"), check_report_to([])
+    (['tensorboard', 'mlflow'], None, None)
+    """
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(item).strip().lower() for item in items if str(item).strip()]
+    if names in ([], ["none"]):
+        return None
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise ValueError(
+            f"must name trackers among {', '.join(TRACKERS)} (comma-separated) or none, got "
+            f"{unknown[0]!r}"
+        )
+    return list(dict.fromkeys(names))
 
 
 # ----------------------------------------------------------------------------- learning rate
@@ -251,6 +278,7 @@ _MEMORY = "Memory"
 _LORA = "LoRA"
 _RUN = "Checkpoints and logs"
 _EVAL = "Evaluation during training"
+_SOURCES = "Several sources"
 
 
 @dataclass(kw_only=True)
@@ -318,6 +346,32 @@ class TrainConfig(Options):
         "Regroup batches so that no text repeats within a batch (same number of batches).",
         flag="--no-duplicates",
         group=_BATCH,
+    )
+    # several training sources (densefit.data.sources, densefit.data.batching)
+    source_batches: str = option(
+        "same",
+        "Several training sources: same = every step's rows come from one source (its "
+        "in-batch negatives from its own domain, as BGE, GTE and E5 train); mixed = the rows of "
+        "all sources shuffled together. No effect with one source.",
+        choices=SOURCE_BATCHES,
+        group=_SOURCES,
+    )
+    source_sampling: str = option(
+        "proportional",
+        "With --source-batches same, the order of the sources' steps: proportional = each "
+        "source's steps spread at random over the epoch (every row once per epoch); "
+        "round_robin = one step of each source in turn until the smallest has given all its "
+        "rows (the same number of steps each); temperature = each step's source drawn with "
+        "probability proportional to rows^(1/--source-temperature).",
+        choices=SOURCE_SAMPLING,
+        group=_SOURCES,
+    )
+    source_temperature: float = option(
+        2.0,
+        "With --source-sampling temperature: 1 = in proportion to the sources' rows, larger "
+        "values draw small sources more often (toward equal shares).",
+        gt=0,
+        group=_SOURCES,
     )
     loss: str = option(
         "mnrl",
@@ -530,6 +584,19 @@ class TrainConfig(Options):
         True,
         "Delete the checkpoints once training has finished (they only serve to resume an "
         "interrupted run; a MiniLM checkpoint is ~270 MB); --no-delete-checkpoints keeps them.",
+        plan=False,
+        affects_weights=False,
+        group=_RUN,
+    )
+    report_to: list[str] | str | None = option(
+        None,
+        "Send each step's record (loss, lr, grad norm, step time, memory, batch health), the "
+        "evaluations, the resolved config and the memory plan to these trackers, "
+        "comma-separated: tensorboard (OUTPUT/tensorboard), mlflow ($MLFLOW_TRACKING_URI, "
+        "default file:OUTPUT/mlruns), wandb ($WANDB_MODE=offline works without a network); "
+        "each needs its extra (pip install 'densefit[tensorboard]'...). Default: none.",
+        check=check_report_to,
+        metavar="TRACKERS",
         plan=False,
         affects_weights=False,
         group=_RUN,

@@ -18,7 +18,10 @@ _EXPORTS = {
     "read_qrels": "densefit.data.corpus",
     "read_queries": "densefit.data.corpus",
     "examples_from_records": "densefit.data.readers",
-    "load_training_examples": "densefit.data.readers",
+    "load_training_examples": "densefit.data.sources",
+    "load_training_data": "densefit.data.sources",
+    "TrainingData": "densefit.data.sources",
+    "ArrowExamples": "densefit.data.arrow",
     "read_training_data": "densefit.data.readers",
 }
 __all__ = sorted(_EXPORTS)

@@ -6,6 +6,18 @@ optionally rearranged so no batch holds the same text twice (:func:`no_duplicate
 each) from any position, for the training loop, a resume, and the planner
 (:func:`planned_batches`). The order depends only on the seed, so it is known in advance.
 
+Several sources (:class:`~densefit.data.sources.TrainingData`) with ``source_batches="same"``
+(the default): every optimizer step takes its rows from one source. Each source is its own
+stream of steps (its rows permuted, seeded per source and pass, cut into micro-batches and
+grouped into steps, never across two passes), and :func:`source_schedule` decides which
+source each step of an epoch comes from: ``proportional`` (each source's steps, one pass
+of it, spread at random over the epoch), ``round_robin`` (one step of each source in turn
+until the smallest has given one pass; the larger ones go on where they stopped in the next
+epoch) or ``temperature`` (each step's source drawn with probability proportional to
+``rows ** (1 / source_temperature)``; the epoch as long as a proportional one). Every rank
+of a multi-process run computes the same schedule, so every rank trains on the same source
+in a step. ``source_batches="mixed"`` shuffles the rows of all sources together.
+
 :func:`no_duplicate_batches` takes the plain seeded batches of :func:`batches` and moves rows between them so that, where the data allows
 it, no text (query, positive or hard negative) appears in two rows of one batch. The batch
 count and sizes never change (every rank of a distributed run gets the same count), every
@@ -28,16 +40,22 @@ from hashlib import blake2b
 import torch
 
 from densefit.config.train import TrainConfig
+from densefit.data.sources import TrainingData
 from densefit.data.types import TrainingExample
 
 __all__ = [
     "StepGroup",
     "batches",
     "columns_of",
+    "effective_batch_size",
     "epoch_batches",
+    "epoch_steps",
     "no_duplicate_batches",
     "planned_batches",
     "row_keys",
+    "same_source_batches",
+    "source_bounds",
+    "source_schedule",
     "step_groups",
     "steps_per_epoch",
     "total_steps",
@@ -88,27 +106,167 @@ def epoch_batches(
     return out
 
 
+def source_bounds(examples: Sequence[TrainingExample]) -> list[tuple[int, int]]:
+    """``(first row, rows)`` of each source: a :class:`TrainingData`'s, else one source.
+
+    >>> source_bounds([None] * 3)
+    [(0, 3)]
+    """
+    if isinstance(examples, TrainingData):
+        return [(s.start, s.rows) for s in examples.sources]
+    return [(0, len(examples))]
+
+
+def same_source_batches(examples: Sequence[TrainingExample], config: TrainConfig) -> bool:
+    """Several sources, each step's rows from one of them (``source_batches="same"``)."""
+    return config.source_batches == "same" and len(source_bounds(examples)) > 1
+
+
+def _micro_batches_of(rows: int, micro: int, drop_last: bool) -> int:
+    return rows // micro if drop_last else -(-rows // micro)
+
+
+def _steps_per_pass(rows: int, config: TrainConfig) -> int:
+    """Optimizer steps one pass over a source of ``rows`` rows gives (steps stay in a pass)."""
+    micro = _micro_batches_of(rows, _micro_batch_size(config), config.drop_last)
+    return math.ceil(micro / config.gradient_accumulation_steps)
+
+
+def _seed_of(*parts: object) -> int:
+    """A generator seed from ``parts`` (the run's seed, a source, a pass...): the same in
+    every process (not Python's salted ``hash``)."""
+    digest = blake2b("/".join(map(str, parts)).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")  # 32 bits: batches() multiplies it by ~1e6
+
+
+def source_schedule(
+    rows: Sequence[int], steps: Sequence[int], config: TrainConfig, epoch: int
+) -> list[int]:
+    """The source of each optimizer step of ``epoch``: sources ``rows`` rows and ``steps``
+    steps a pass each, interleaved as ``config.source_sampling`` says (seeded by
+    ``config.seed`` and ``epoch``; sources without a step are left out).
+
+    >>> config = TrainConfig(source_sampling="round_robin")
+    >>> source_schedule([10, 4], [5, 2], config, 0)
+    [0, 1, 0, 1]
+    >>> sorted(source_schedule([10, 4], [5, 2], TrainConfig(), 0))  # proportional
+    [0, 0, 0, 0, 0, 1, 1]
+    """
+    active = [s for s in range(len(steps)) if steps[s] > 0]
+    if not active:
+        return []
+    generator = torch.Generator().manual_seed(_seed_of("schedule", config.seed, epoch))
+    if config.source_sampling == "round_robin":
+        turns = min(steps[s] for s in active)
+        return [s for _ in range(turns) for s in active]
+    if config.source_sampling == "temperature":
+        weights = torch.tensor(
+            [rows[s] ** (1 / config.source_temperature) for s in active], dtype=torch.float64
+        )
+        total = sum(steps[s] for s in active)
+        drawn = torch.multinomial(weights, total, replacement=True, generator=generator)
+        return [active[d] for d in drawn.tolist()]
+    ids = [s for s in active for _ in range(steps[s])]  # proportional: one pass of each
+    return [ids[i] for i in torch.randperm(len(ids), generator=generator).tolist()]
+
+
+class _SourceStream:
+    """One source's optimizer steps, pass after pass: each pass a seeded permutation of its
+    rows cut into micro-batches (de-duplicated if asked) and grouped into steps."""
+
+    def __init__(self, examples, config: TrainConfig, index: int, start: int, rows: int):
+        self.examples, self.config = examples, config
+        self.index, self.start, self.rows = index, start, rows
+        self.per_pass = _steps_per_pass(rows, config)
+        self._passes: dict[int, list[list[list[int]]]] = {}
+
+    def step(self, position: int) -> list[list[int]]:
+        """The micro-batches of this source's step number ``position`` (from 0)."""
+        done, at = divmod(position, self.per_pass)
+        if done not in self._passes:
+            config = self.config
+            micro = batches(
+                self.rows,
+                _micro_batch_size(config),
+                seed=_seed_of("source", config.seed, self.index),
+                epoch=done,
+                drop_last=config.drop_last,
+            )
+            micro = [[self.start + i for i in b] for b in micro]
+            if config.no_duplicates:
+                micro = no_duplicate_batches(self.examples, micro)
+            accumulate = config.gradient_accumulation_steps
+            self._passes = {
+                done: [micro[i : i + accumulate] for i in range(0, len(micro), accumulate)]
+            }
+        return self._passes[done][at]
+
+
+def epoch_steps(
+    examples: Sequence[TrainingExample], config: TrainConfig, epoch: int
+) -> list[tuple[int | None, list[list[int]]]]:
+    """``(source, micro-batches)`` of every optimizer step of ``epoch``, in order.
+
+    ``source`` is the index of the source all rows of the step come from (0 with one source,
+    None for mixed batches of several sources).
+
+    >>> epoch_steps([None] * 5, TrainConfig(batch_size=2), 0)
+    [(0, [[3, 0]]), (0, [[1, 2]]), (0, [[4]])]
+    """
+    bounds = source_bounds(examples)
+    if not same_source_batches(examples, config):
+        micro = epoch_batches(examples, config, epoch)
+        accumulate = config.gradient_accumulation_steps
+        source = 0 if len(bounds) == 1 else None
+        return [(source, micro[i : i + accumulate]) for i in range(0, len(micro), accumulate)]
+    streams = [_SourceStream(examples, config, k, *b) for k, b in enumerate(bounds)]
+    rows, steps = [s.rows for s in streams], [s.per_pass for s in streams]
+    used = Counter()  # each source's steps taken by the epochs before this one
+    if config.source_sampling != "proportional":  # (proportional: one pass per epoch)
+        for earlier in range(epoch):
+            used.update(source_schedule(rows, steps, config, earlier))
+    else:
+        used.update({k: epoch * n for k, n in enumerate(steps)})
+    out = []
+    for source in source_schedule(rows, steps, config, epoch):
+        out.append((source, streams[source].step(used[source])))
+        used[source] += 1
+    return out
+
+
 def steps_per_epoch(examples: Sequence[TrainingExample], config: TrainConfig) -> int:
     """Optimizer steps in one epoch (de-duplication keeps the batch count: not run here).
 
     >>> steps_per_epoch([None] * 10, TrainConfig(batch_size=4))
     3
     """
-    micro = len(
-        batches(
-            len(examples),
-            _micro_batch_size(config),
-            seed=config.seed,
-            epoch=0,
-            drop_last=config.drop_last,
-        )
-    )
+    if same_source_batches(examples, config):
+        rows = [n for _, n in source_bounds(examples)]
+        steps = [_steps_per_pass(n, config) for n in rows]
+        active = [n for n in steps if n]
+        if config.source_sampling == "round_robin":
+            return min(active, default=0) * len(active)
+        return sum(active)
+    micro = _micro_batches_of(len(examples), _micro_batch_size(config), config.drop_last)
     return math.ceil(micro / config.gradient_accumulation_steps)
 
 
 def total_steps(examples: Sequence[TrainingExample], config: TrainConfig) -> int:
     """Optimizer steps of the whole run: ``max_steps``, else every epoch's."""
     return config.max_steps or steps_per_epoch(examples, config) * config.epochs
+
+
+def effective_batch_size(examples: Sequence[TrainingExample], config: TrainConfig) -> int:
+    """The most rows an optimizer step of this run has: ``batch_size``, or fewer when the
+    data (with same-source batches: the largest source) has fewer rows. ``learning_rate``
+    ``auto`` follows it.
+
+    >>> effective_batch_size([None] * 64, TrainConfig(batch_size=1_000_000_000))
+    64
+    """
+    rows = [n for _, n in source_bounds(examples)]
+    most = max(rows) if same_source_batches(examples, config) else sum(rows)
+    return max(1, min(config.batch_size, most))
 
 
 @dataclass(frozen=True)
@@ -119,6 +277,7 @@ class StepGroup:
     micro_batches: list[list[int]]  # row indices of each micro-batch
     next_epoch: int  # the data position after this step (what a checkpoint saves)
     next_batch: int
+    source: int | None = 0  # the source of every row (None: mixed batches of several)
 
     @property
     def epoch_end(self) -> bool:
@@ -141,17 +300,19 @@ def step_groups(
     >>> [(g.epoch, g.micro_batches, g.next_epoch, g.next_batch) for g in steps][1:]
     [(0, [[1, 3]], 0, 2), (0, [[2]], 1, 0), (1, [[0, 4]], 1, 1)]
     """
-    accumulate = config.gradient_accumulation_steps
     while True:
-        micro = epoch_batches(examples, config, epoch)
-        if not micro:
+        steps = epoch_steps(examples, config, epoch)
+        if not steps:
             return
-        for first in range(batch, len(micro), accumulate):
-            after = first + accumulate
-            done = after >= len(micro)
-            yield StepGroup(
-                epoch, micro[first:after], epoch + 1 if done else epoch, 0 if done else after
-            )
+        at = 0  # the micro-batch a step starts at: the data position a checkpoint holds
+        for k, (source, micro) in enumerate(steps):
+            after = at + len(micro)
+            if at >= batch:
+                done = k == len(steps) - 1
+                yield StepGroup(
+                    epoch, micro, epoch + 1 if done else epoch, 0 if done else after, source
+                )
+            at = after
         epoch, batch = epoch + 1, 0
 
 

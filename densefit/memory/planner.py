@@ -29,7 +29,7 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit.config.train import TrainConfig, parse_memory_budget
-from densefit.data.batching import planned_batches
+from densefit.data.batching import effective_batch_size, planned_batches
 from densefit.data.types import TrainingExample
 from densefit.memory.allocator import returning_freed_memory, trim
 from densefit.memory.chunking import group_rows, tokenize
@@ -47,6 +47,7 @@ from densefit.models import (
 from densefit.prompts import apply_prompt, resolve_prompts
 
 __all__ = [
+    "for_the_data",
     "matryoshka_sizes",
     "CPU_MAX_CHUNK_ROWS",
     "HEADROOM",
@@ -198,7 +199,12 @@ def _row_lengths(
     prompts: dict[str, str],
 ) -> _RowLengths:
     exact = len(examples) <= limit
-    rows = list(examples) if exact else random.Random(seed).sample(list(examples), limit)
+    # Sampled by index (the same rows as sampling the list): rows kept in Arrow
+    # (densefit.data.arrow) are built only for the sample.
+    picked = (
+        range(len(examples)) if exact else random.Random(seed).sample(range(len(examples)), limit)
+    )
+    rows = [examples[i] for i in picked]
     query, document = prompts.get("query"), prompts.get("document")
     negs = _token_lengths(model, apply_prompt([n for r in rows for n in r.negatives], document))
     per_row, at = [], 0
@@ -691,6 +697,14 @@ def plan_memory(
     return choose(shape, candidates, config.sort_by_length)
 
 
+def for_the_data(examples: Sequence[TrainingExample], config: TrainConfig) -> TrainConfig:
+    """``config`` planned for the batch a step of this run really has
+    (:func:`~densefit.data.batching.effective_batch_size`: fewer rows than ``batch_size``
+    when the data, or with same-source batches its largest source, has fewer)."""
+    batch = effective_batch_size(examples, config)
+    return config if batch >= config.batch_size else config.replace(batch_size=batch)
+
+
 def plan_for_run(
     model: SentenceTransformer,
     examples: Sequence[TrainingExample],
@@ -718,6 +732,7 @@ def plan_for_run(
             keep_graphs=1 if config.keep_graphs is None else config.keep_graphs,
             loss_block_size=config.loss_block_size,
         )
+    config = for_the_data(examples, config)
     if batches is None:
         batches = planned_batches(examples, config)
     plan = plan_memory(model, examples, config, batches=batches)

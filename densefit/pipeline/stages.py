@@ -34,7 +34,7 @@ import yaml
 from rich.console import Console
 
 from densefit.config.commands import EvalJob, MineJob, TrainJob
-from densefit.config.run import RunConfig
+from densefit.config.run import RunConfig, train_paths
 from densefit.config.shared import model_or_default
 from densefit.data.corpus import find_corpus_file
 from densefit.evaluate import format_table
@@ -251,14 +251,27 @@ class Pipeline:
         """The base model (the configuration's, or the default one)."""
         return model_or_default(self.config.model)
 
-    def _train_source(self) -> tuple[Path, dict]:
+    def _train_source(self) -> tuple[Any, dict]:
+        """The training data (a path, a list or a mapping of paths) and its fingerprint."""
         c = self.config
-        path = Path(c.train_data or c.data)
+        data = c.train_data if c.train_data is not None else c.data
+        if isinstance(data, dict):
+            return data, {"sources": {name: self._path_digest(p) for name, p in data.items()}}
+        if isinstance(data, list):
+            return data, {"sources": [self._path_digest(p) for p in data]}
+        return data, self._path_digest(data)
+
+    def _path_digest(self, value: str | os.PathLike) -> dict:
+        c, path = self.config, Path(value)
         if path.is_dir():
-            return path, self._digest(
+            if not (path / "qrels").is_dir():  # a save_to_disk or Parquet shard folder
+                return {
+                    "folder": self._digest(f"folder:{path}", lambda: tree_digest(path, skip=()))
+                }
+            return self._digest(
                 f"beir:{path}:{c.train_split}", lambda: beir_digest(path, c.train_split)
             )
-        return path, {"file": self._digest(f"file:{path}", lambda: file_digest(path))}
+        return {"file": self._digest(f"file:{path}", lambda: file_digest(path))}
 
     def _eval_inputs(self) -> dict:
         c = self.config
@@ -374,7 +387,7 @@ class Pipeline:
     def _mine(self) -> dict:
         c = self.config
         job = MineJob(
-            pairs=Path(c.train_data or c.data),
+            pairs=(train_paths(c.train_data) or [Path(c.data)])[0],  # one source (checked)
             corpus=Path(c.data),
             output=self.out / "mined.jsonl",
             model=self.model,
@@ -407,7 +420,7 @@ class Pipeline:
         if not resume and model_dir.exists():
             shutil.rmtree(model_dir)  # another run's model, log and checkpoints: start over
         self._write_json(started, {"fingerprint": fp, "started_at": _stamp(time.time())})
-        source = self.out / "mined.jsonl" if c.mine is not None else Path(c.train_data or c.data)
+        source = self.out / "mined.jsonl" if c.mine is not None else self._train_source()[0]
         job = TrainJob(
             data=source,
             model=self.model,
@@ -429,7 +442,7 @@ class Pipeline:
         )
         return {
             "rows": outcome.rows,
-            "source": str(source),
+            "source": outcome.source,
             "steps": result.steps,
             "examples": result.examples,
             "final_loss": result.final_loss,

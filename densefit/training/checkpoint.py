@@ -4,7 +4,8 @@ One checkpoint is one folder::
 
     OUTPUT/checkpoints/step-000123/
         model.pt       model.state_dict()
-        trainer.pt     optimizer, scheduler, GradScaler, RNG states (Python, NumPy, torch CPU/CUDA)
+        trainer.pt     optimizer, scheduler, GradScaler, RNG states (Python, NumPy, torch CPU/CUDA;
+                       every rank's, for a run of several processes)
         state.json     data position (epoch, next batch), counters, memory plan, config, and
                        the evaluator's history, best step and patience count
         manifest.json  size and sha256 of each file above; written last
@@ -18,6 +19,12 @@ skipped with a warning and the one before it is used. The last ``keep`` are kept
 The data position is (epoch, index of the next micro-batch): ``batches()`` is a seeded
 permutation per epoch, so with the RNG states restored a resumed run takes the same
 batches, the same dropout masks and ends with the same weights as an uninterrupted one.
+
+A run of N processes writes (from rank 0) one checkpoint holding every rank's RNG state
+(the weights, optimizer and schedule are the same on every rank) and resumes on N processes,
+each rank restoring its own. The global batches and the data order do not depend on N, but
+each rank draws its dropout masks from its own stream and sums in its own order, so a resume
+on another number of processes is refused rather than continued differently.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ __all__ = [
     "CheckpointError",
     "Checkpoint",
     "Checkpointer",
+    "checkpoint_due",
     "verify_checkpoint",
     "latest_checkpoint",
     "resume_checkpoint",
@@ -66,12 +74,16 @@ _SAFE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 def changed_weight_options(saved: dict, config) -> list[str]:
     """The options of ``config`` that change the trained weights (declared
     ``affects_weights``) and differ from ``saved`` (a saved config's fields): what refuses a
-    resume or a rerun into the same folder. A ``similarity`` left to the model (None) is
-    compared once the run has resolved it (:func:`densefit.training.setup.setup_run`)."""
+    resume or a rerun into the same folder. An option still to be resolved (``similarity``
+    None: the model's own; ``learning_rate`` auto: from the batch a step really has, which
+    the data decides) is compared once the run has resolved it
+    (:func:`densefit.training.setup.setup_run`): the command line checks the output folder
+    before it reads the data or loads the model."""
+    unresolved = {"similarity": None, "learning_rate": "auto"}
     return [
         k
         for k, v in config.weight_options().items()
-        if k in saved and saved[k] != v and not (k == "similarity" and v is None)
+        if k in saved and saved[k] != v and not (k in unresolved and v == unresolved[k])
     ]
 
 
@@ -124,14 +136,19 @@ def set_rng_state(state: dict) -> None:
 
 
 def data_fingerprint(examples: Sequence) -> dict:
-    """Row count and sha256 of the training texts, to notice a resume on different data."""
+    """Row count and sha256 of the training texts (and, for several sources, their names and
+    sizes: they decide the batches), to notice a resume on different data."""
     digest = hashlib.sha256()
     for ex in examples:
         for text in (ex.query, ex.positive, *ex.negatives, repr(ex.score)):
             digest.update(text.encode("utf-8", "surrogatepass"))
             digest.update(b"\0")
         digest.update(b"\1")
-    return {"rows": len(examples), "sha256": digest.hexdigest()}
+    out = {"rows": len(examples), "sha256": digest.hexdigest()}
+    sources = getattr(examples, "sources", ())
+    if len(sources) > 1:
+        out["sources"] = [[source.name, source.rows] for source in sources]
+    return out
 
 
 # ----------------------------------------------------------------------------- files
@@ -194,6 +211,25 @@ class Checkpoint:
     def step(self) -> int:
         return int(self.state["step"])
 
+    @property
+    def world_size(self) -> int:
+        """How many processes wrote it (1 for a checkpoint that does not say)."""
+        return int(self.state.get("world_size", 1))
+
+    def check_world_size(self, world_size: int) -> None:
+        """Refuse to resume on another number of processes than the run had."""
+        if world_size == self.world_size:
+            return
+        then, now = self.world_size, world_size
+        processes = lambda n: f"{n} process{'es' if n != 1 else ''}"  # noqa: E731
+        raise CheckpointError(
+            f"{self.path}: written by a run of {processes(then)}, resumed on {processes(now)}: "
+            f"resume it on {processes(then)} (--nproc {then}), or train into a new output "
+            "folder to start over. (The batches and the data order do not depend on the "
+            "number of processes, but each process's dropout stream and summation order do, "
+            "so another number would not continue the same run.)"
+        )
+
     def plan(self) -> MemoryPlan:
         """The run's memory plan as it was, halvings after out-of-memory errors included."""
         if "memory_plan" in self.state:
@@ -236,9 +272,11 @@ class Checkpoint:
                 stacklevel=3,
             )
 
-    def restore(self, model, optimizer, scheduler, scaler, guard, evaluator=None) -> None:
+    def restore(
+        self, model, optimizer, scheduler, scaler, guard, evaluator=None, *, rank: int = 0
+    ) -> None:
         """Load weights, optimizer, scheduler, scaler, counters, the evaluator's best and
-        patience and, last, the RNG states."""
+        patience and, last, the RNG states (``rank``'s, for a run of several processes)."""
         weights = torch.load(self.path / "model.pt", map_location="cpu", weights_only=True)
         try:
             model.load_state_dict(weights)
@@ -255,7 +293,8 @@ class Checkpoint:
         guard.load_state_dict(self.state["guard"])
         if evaluator is not None and self.state.get("evaluator"):
             evaluator.load_state_dict(self.state["evaluator"])
-        set_rng_state(trainer["rng"])
+        per_rank = trainer.get("rng_ranks")
+        set_rng_state(per_rank[rank] if per_rank else trainer["rng"])
 
 
 def verify_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -398,6 +437,13 @@ def truncate_log(path: str | os.PathLike, step: int) -> int:
 # ----------------------------------------------------------------------------- writing
 
 
+def checkpoint_due(config, step: int, *, epoch_end: bool, last: bool) -> bool:
+    """A checkpoint is due after ``step``: every ``config.checkpoint_every`` steps, at the end
+    of each epoch, and after the last step (the same answer on every rank)."""
+    every = config.checkpoint_every
+    return epoch_end or last or bool(every and step % every == 0)
+
+
 class Checkpointer:
     """Writes the checkpoints of one run under ``output_dir/checkpoints``.
 
@@ -421,8 +467,10 @@ class Checkpointer:
         guard,
         evaluator=None,
         resumed: Checkpoint | None = None,
+        world_size: int = 1,
     ):
         self.output_dir = Path(output_dir)
+        self.world_size = world_size
         self.root = self.output_dir / CHECKPOINTS
         self.config = config
         self.every, self.keep = config.checkpoint_every, config.keep_checkpoints
@@ -455,7 +503,7 @@ class Checkpointer:
 
     def due(self, step: int, *, epoch_end: bool, last: bool) -> bool:
         """Every ``checkpoint_every`` steps, at the end of each epoch, and after the last step."""
-        return epoch_end or last or bool(self.every and step % self.every == 0)
+        return checkpoint_due(self.config, step, epoch_end=epoch_end, last=last)
 
     def save(
         self,
@@ -466,11 +514,13 @@ class Checkpointer:
         seen: int,
         losses: list[float],
         plan: MemoryPlan,
+        rng_states: list[dict] | None = None,
     ) -> Path | None:
         """Write the checkpoint of the state after ``step``; ``(epoch, batch)`` is the next
         micro-batch, ``plan`` the run's :class:`MemoryPlan` now (after
-        any out-of-memory halving). On an OS error (disk full...) warn, clean up and return
-        None."""
+        any out-of-memory halving), ``rng_states`` every rank's RNG state in a run of several
+        processes (:func:`rng_state` of this one otherwise). On an OS error (disk full...)
+        warn, clean up and return None."""
         p = self.parts
         name = f"step-{step:06d}"
         final = self.root / name
@@ -479,6 +529,7 @@ class Checkpointer:
             "format": FORMAT, "step": step, "epoch": epoch, "batch": batch, "seen": seen,
             "losses": losses, "sequence": self.sequence, "guard": p["guard"].state_dict(),
             "memory_plan": plan.to_dict(), "config": self.config.to_dict(), "data": self.data,
+            "world_size": self.world_size,
             "torch_version": torch.__version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "evaluator": p["evaluator"].state_dict() if p["evaluator"] is not None else None,
         }  # fmt: skip
@@ -486,8 +537,10 @@ class Checkpointer:
             "optimizer": p["optimizer"].state_dict(),
             "scheduler": p["scheduler"].state_dict(),
             "scaler": p["scaler"].state_dict() if p["scaler"] is not None else None,
-            "rng": rng_state(),
+            "rng": rng_states[0] if rng_states else rng_state(),
         }
+        if rng_states and len(rng_states) > 1:
+            trainer["rng_ranks"] = rng_states
         parts = {
             "model.pt": lambda f: torch.save(p["model"].state_dict(), f),
             "trainer.pt": lambda f: torch.save(trainer, f),

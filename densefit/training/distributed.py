@@ -55,7 +55,9 @@ from densefit.training.objective import LossFn, make_loss_fn
 __all__ = [
     "DistributedRun",
     "all_reduce_gradients",
+    "broadcast_object",
     "broadcast_parameters",
+    "gather_object",
     "gather_rows",
     "init_distributed",
     "is_main_process",
@@ -329,6 +331,13 @@ def broadcast_object(obj, src: int = 0):
     box = [obj if rank() == src else None]
     dist.broadcast_object_list(box, src)
     return box[0]
+
+
+def gather_object(obj, dst: int = 0) -> list | None:
+    """Every rank's picklable ``obj``, in rank order, on rank ``dst`` (None on the others)."""
+    out = [None] * world_size() if rank() == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out
 
 
 # ----------------------------------------------------------------------------- the run

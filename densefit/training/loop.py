@@ -11,29 +11,35 @@ the loss is a pure function of the embeddings; nothing else is hidden.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from sentence_transformers import SentenceTransformer
 
 from densefit._version import __version__
 from densefit.config.train import TrainConfig
-from densefit.data.batching import step_groups
+from densefit.data.batching import StepGroup, step_groups
 from densefit.data.corpus import BeirDataset
+from densefit.data.rows import OnBadRow
+from densefit.data.sources import TrainingData, load_training_data
 from densefit.data.types import ReadReport, TrainingExample
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.process import peak_rss_bytes
 from densefit.models import has_lora, merged_copy, model_name_of, save_lora_adapter
-from densefit.training.distributed import broadcast_object
+from densefit.training.checkpoint import checkpoint_due, rng_state
+from densefit.training.distributed import broadcast_object, gather_object
 from densefit.training.evaluation import evaluation_due
 from densefit.training.model_card import write_model_card
 from densefit.training.setup import TrainRun, setup_run
 from densefit.training.step import train_step
-from densefit.training.telemetry import StepLog
+from densefit.training.telemetry import StepLog, source_summary
+from densefit.training.tracking import Trackers
 
 __all__ = ["train", "TrainResult", "describe_data", "save_model", "peak_rss_bytes"]
 
@@ -56,11 +62,13 @@ class TrainResult:
     # evaluation during training: Evaluator.summary(); None when off, and on the ranks other
     # than 0 of a multi-process run (rank 0 evaluates)
     evaluation: dict | None = None
+    # several sources: rows, steps, trained rows and loss of each (telemetry.source_summary)
+    sources: dict | None = None
 
 
 def train(
     model: SentenceTransformer,
-    examples: Sequence[TrainingExample],
+    examples: Sequence[TrainingExample] | Any,
     config: TrainConfig | None = None,
     *,
     output_dir: str | os.PathLike | None = None,
@@ -70,8 +78,18 @@ def train(
     overwrite: bool = False,
     eval_data: str | os.PathLike | BeirDataset | None = None,
     data_report: ReadReport | None = None,
+    split: str = "train",
+    on_bad_row: OnBadRow = "error",
 ) -> TrainResult:
     """Fine-tune ``model`` on ``examples`` in place; save to ``output_dir`` when given.
+
+    ``examples`` is anything :func:`~densefit.data.sources.load_training_data` reads (read
+    with ``split`` and ``on_bad_row``): TrainingExamples, dicts, a path, a
+    ``datasets.Dataset`` (or ``DatasetDict``: its ``split``), or several sources as a list or
+    a mapping ``{name: source}``. With several sources each step's rows come from one source
+    (``config.source_batches``, interleaved as ``config.source_sampling`` says), each step's
+    log record names its ``source`` and the result's ``sources`` has each one's rows, steps
+    and loss.
 
     ``output_dir`` must be new, empty, or hold a densefit run of the same options (its log
     is kept as ``train_log.1.jsonl``); ``overwrite=True`` trains into any folder. Checkpoints
@@ -91,6 +109,8 @@ def train(
     0's model is turned into the best step's (the one it saves; the other ranks return
     theirs as trained), and only rank 0's result has the ``evaluation`` summary (None on
     the others). ``data_report`` (what the reader skipped) goes into the model card.
+    ``config.report_to`` also sends every log record to TensorBoard, MLflow or W&B
+    (:mod:`densefit.training.tracking`).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data import TrainingExample
@@ -100,6 +120,7 @@ def train(
     >>> result.steps
     1
     """
+    examples = load_training_data(examples, on_bad_row=on_bad_row, split=split)
     run = setup_run(
         model,
         examples,
@@ -112,39 +133,51 @@ def train(
     )
     config = run.config
     base_model = model_name_of(model)
+    trackers = None
+    if run.is_main and config.report_to:
+        trackers = Trackers(
+            config.report_to, output_dir=output_dir, resume=bool(resume), step=run.step
+        )
+        trackers.start(config.to_dict(), run.report())
     log = StepLog(
         run.log_path if run.is_main else None,
         total=run.total_steps,
         initial=run.step,
         every=config.log_every,
         progress=config.show_progress and run.is_main,
+        trackers=trackers,
     )
     model.train()
     started = time.perf_counter()
     record, origins = {}, []
-    with log:
-        _evaluate(run, log, epoch_end=False, last=False)  # the base model, at step 0
-        for group in step_groups(examples, config, epoch=run.epoch, batch=run.batch):
-            if run.step >= run.total_steps or _stopped(run):
-                break
-            record = train_step(run, group.micro_batches)
-            run.step, run.seen = run.step + 1, run.seen + len(group.rows)
-            run.epoch, run.batch = group.next_epoch, group.next_batch
-            run.losses.append(record["loss"])
-            record.update(step=run.step, epoch=group.epoch)
-            log.write(record)
-            origins = [examples[i].origin for i in group.rows]
-            run.guard.check(
-                run.step, record, origins, learning_rate=config.learning_rate, amp=config.amp
-            )
-            last = run.step >= run.total_steps
-            _evaluate(run, log, epoch_end=group.epoch_end, last=last)
-            _checkpoint(run, epoch_end=group.epoch_end, last=last or _stopped(run))
-            if on_step is not None and run.is_main:
-                on_step(record)
-    run.guard.check_end(
-        run.step, record, origins, learning_rate=config.learning_rate, amp=config.amp
-    )
+    try:
+        with log:
+            _evaluate(run, log, epoch_end=False, last=False)  # the base model, at step 0
+            for group in step_groups(examples, config, epoch=run.epoch, batch=run.batch):
+                if run.step >= run.total_steps or _stopped(run):
+                    break
+                record = train_step(run, group.micro_batches)
+                run.step, run.seen = run.step + 1, run.seen + len(group.rows)
+                run.epoch, run.batch = group.next_epoch, group.next_batch
+                run.losses.append(record["loss"])
+                record.update(step=run.step, epoch=group.epoch, **_source_fields(examples, group))
+                log.write(record)
+                origins = [examples[i].origin for i in group.rows]
+                run.guard.check(
+                    run.step, record, origins, learning_rate=config.learning_rate, amp=config.amp
+                )
+                last = run.step >= run.total_steps
+                _evaluate(run, log, epoch_end=group.epoch_end, last=last)
+                _checkpoint(run, epoch_end=group.epoch_end, last=last or _stopped(run))
+                if on_step is not None and run.is_main:
+                    on_step(record)
+        run.guard.check_end(
+            run.step, record, origins, learning_rate=config.learning_rate, amp=config.amp
+        )
+    except BaseException:
+        if trackers is not None:
+            trackers.finish({"steps": run.step}, failed=True)
+        raise
     model.eval()
     if run.evaluator is not None and config.keep_best:
         run.evaluator.restore_best(model)  # the output is the best evaluated step's model
@@ -161,12 +194,49 @@ def train(
         base_model=base_model,
         data=describe_data(examples, data_report),
         evaluation=run.evaluator.summary() if run.evaluator is not None else None,
+        sources=source_summary(examples, _steps_done(run), run.losses),
     )
     if output_dir is not None and run.is_main:
         save_model(model, output_dir, config, result)
+    if trackers is not None:
+        trackers.finish(_summary(result))
     if run.dist is not None:
         run.dist.barrier()  # every rank returns once the model is saved
     return result
+
+
+def _source_fields(examples: Sequence[TrainingExample], group: StepGroup) -> dict:
+    """Several sources: the step's ``source`` (one source per step), or its rows per source
+    (``rows_by_source``, mixed batches); nothing with one source."""
+    if not isinstance(examples, TrainingData) or len(examples.sources) < 2:
+        return {}
+    names = examples.names
+    if group.source is not None:
+        return {"source": names[group.source]}
+    counts = dict.fromkeys(names, 0)
+    for i in group.rows:
+        counts[names[examples.source_of(i)]] += 1
+    return {"rows_by_source": counts}
+
+
+def _steps_done(run: TrainRun) -> list[StepGroup]:
+    """The run's steps so far, from the start (a resumed run's too): the schedule is seeded."""
+    if len(getattr(run.examples, "sources", ())) < 2:
+        return []
+    return list(itertools.islice(step_groups(run.examples, run.config), run.step))
+
+
+def _summary(result: TrainResult) -> dict:
+    """What the trackers get at the end of a run."""
+    return {
+        "steps": result.steps,
+        "examples": result.examples,
+        "final_loss": result.final_loss,
+        "seconds": round(result.seconds, 2),
+        "skipped_nonfinite": result.skipped_nonfinite,
+        "sources": result.sources,
+        "evaluation_best": (result.evaluation or {}).get("best"),
+    }
 
 
 def _evaluate(run: TrainRun, log: StepLog, *, epoch_end: bool, last: bool) -> None:
@@ -194,10 +264,14 @@ def _stopped(run: TrainRun) -> bool:
 
 def _checkpoint(run: TrainRun, *, epoch_end: bool, last: bool) -> None:
     """Write a checkpoint when one is due: every ``checkpoint_every`` steps, at each epoch
-    end and after the last step."""
-    if run.checkpoints is not None and run.checkpoints.due(
-        run.step, epoch_end=epoch_end, last=last
+    end and after the last step. With several processes every rank sends its RNG state to
+    rank 0, which writes them all (a resume on as many processes restores each rank's)."""
+    if not run.checkpointing or not checkpoint_due(
+        run.config, run.step, epoch_end=epoch_end, last=last
     ):
+        return
+    states = gather_object(rng_state()) if run.dist is not None else None
+    if run.checkpoints is not None:
         run.checkpoints.save(
             run.step,
             epoch=run.epoch,
@@ -205,23 +279,26 @@ def _checkpoint(run: TrainRun, *, epoch_end: bool, last: bool) -> None:
             seen=run.seen,
             losses=run.losses,
             plan=run.plan,
+            rng_states=states,
         )
 
 
 def describe_data(examples: Sequence[TrainingExample], report: ReadReport | None = None) -> dict:
-    """The files the examples came from (their ``origin``), the rows, the skipped rows.
+    """The files the examples came from (their ``origin``, or ``report``'s path), the rows,
+    the skipped rows; with several sources each source's too (``sources``).
 
     >>> describe_data([TrainingExample("q", "d", origin="a.jsonl:1")])
     {'files': ['a.jsonl'], 'rows': 1, 'skipped_rows': None}
     """
-    files = {ex.origin.rpartition(":")[0] or ex.origin for ex in examples if ex.origin}
-    if report is not None and report.path:
-        files = {report.path}
-    return {
-        "files": sorted(files),
-        "rows": len(examples),
-        "skipped_rows": report.n_skipped if report is not None else None,
-    }
+    if isinstance(examples, TrainingData):
+        out = examples.describe()
+    else:
+        files = {ex.origin.rpartition(":")[0] or ex.origin for ex in examples if ex.origin}
+        out = {"files": sorted(files), "rows": len(examples), "skipped_rows": None}
+    if report is not None:  # the reader's own account (the CLI's, the pipeline's)
+        out["files"] = [report.path] if report.path else out["files"]
+        out["skipped_rows"] = report.n_skipped
+    return out
 
 
 def save_model(
@@ -253,6 +330,8 @@ def save_model(
         )
         if result.evaluation is not None:
             extra["evaluation"] = result.evaluation
+        if result.sources is not None:
+            extra["sources"] = result.sources
     config.save(out / "densefit_config.json", **extra)
     write_model_card(out, model, config, result)
     return out

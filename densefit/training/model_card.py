@@ -65,6 +65,8 @@ def model_card(model: Any, config: TrainConfig, result: Any = None, *, location:
     sections = [lines]
     if result is not None:
         sections += [_data(result), _training(config, result)]
+        if getattr(result, "sources", None):
+            sections.append(_sources(config, result))
     sections.append(_options(config, result))
     evaluation = getattr(result, "evaluation", None)
     if evaluation:
@@ -85,6 +87,35 @@ def _data(result: Any) -> list[str]:
         f"| {files} | {data.get('rows', result.examples)} | "
         f"{'not recorded' if skipped is None else skipped} |",
     ]
+
+
+def _sources(config: TrainConfig, result: Any) -> list[str]:
+    """Several sources: each one's files, rows, steps, trained rows and loss."""
+    files = {s["name"]: s.get("files", []) for s in (result.data or {}).get("sources", [])}
+    mixed = config.source_batches == "mixed"
+    how = (
+        "the rows of all sources shuffled together (`source_batches: mixed`)"
+        if mixed
+        else f"each step's rows from one source, interleaved `{config.source_sampling}`"
+        + (f" (temperature {config.source_temperature:g})" if
+           config.source_sampling == "temperature" else "")
+    )  # fmt: skip
+    lines = [
+        "## Training sources",
+        "",
+        f"{len(result.sources)} sources, {how}.",
+        "",
+        "| source | files | rows | steps | rows trained | mean loss | last loss |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    shown = lambda v, fmt="{}": "n/a" if v is None else fmt.format(v)  # noqa: E731
+    for name, s in result.sources.items():
+        where = ", ".join(f"`{f}`" for f in files.get(name, [])) or "(in memory)"
+        lines.append(
+            f"| {name} | {where} | {s['rows']} | {shown(s['steps'])} | {s['trained_rows']} | "
+            f"{shown(s['mean_loss'], '{:.4f}')} | {shown(s['last_loss'], '{:.4f}')} |"
+        )
+    return lines
 
 
 def _training(config: TrainConfig, result: Any) -> list[str]:

@@ -24,9 +24,10 @@ from sentence_transformers import SentenceTransformer
 
 from densefit.choices import SIMILARITIES
 from densefit.config.options import default_of
-from densefit.config.train import AUTO_LR_BATCH, TrainConfig
-from densefit.data.batching import total_steps
+from densefit.config.train import AUTO_LR_BATCH, TrainConfig, auto_learning_rate
+from densefit.data.batching import effective_batch_size, same_source_batches, total_steps
 from densefit.data.corpus import BeirDataset
+from densefit.data.sources import TrainingData
 from densefit.data.types import TrainingExample
 from densefit.errors import OptionError
 from densefit.memory.allocator import allocator_in_use, release_freed_memory_promptly
@@ -41,18 +42,22 @@ from densefit.training.checkpoint import (
     CHECKPOINTS,
     Checkpoint,
     Checkpointer,
+    CheckpointError,
     changed_weight_options,
     resume_checkpoint,
     truncate_log,
+    verify_checkpoint,
 )
 from densefit.training.distributed import (
     DistributedRun,
+    broadcast_object,
     broadcast_parameters,
     is_main_process,
 )
 from densefit.training.evaluation import BEST, Evaluator, make_evaluator
 from densefit.training.guards import NonFiniteGuard
 from densefit.training.telemetry import rotate_log
+from densefit.training.tracking import TENSORBOARD_DIR, TRACKING_FILE, check_trackers
 
 __all__ = [
     "TrainRun",
@@ -60,11 +65,15 @@ __all__ = [
     "check_output_dir",
     "make_optimizer",
     "make_scheduler",
+    "resolve_learning_rate",
     "seed_everything",
     "setup_run",
+    "warn_batch_larger_than_data",
 ]
 
 LOG_NAME = "train_log.jsonl"
+# What report_to writes into the output folder (densefit.training.tracking).
+TRACKER_FILES = (TRACKING_FILE, TENSORBOARD_DIR, "mlruns", "wandb")
 
 
 @dataclass
@@ -94,6 +103,8 @@ class TrainRun:
     evaluator: Evaluator | None = None  # evaluation during training; None: off, or not rank 0
     evaluates: bool = False  # evaluation during training is on (on every rank; rank 0 runs it)
     stopped: bool = False  # early stopping ended the run (rank 0's decision, on every rank)
+    # checkpoints are written (by rank 0); with several processes every rank sends its RNG state
+    checkpointing: bool = False
     step: int = 0  # optimizer steps done
     seen: int = 0  # rows trained on
     epoch: int = 0  # the data position of the next step: epoch and micro-batch
@@ -145,13 +156,42 @@ def check_examples(examples: Sequence[TrainingExample], config: TrainConfig) -> 
                 )
 
 
-def resolve_learning_rate(config: TrainConfig) -> TrainConfig:
-    """``config`` with ``learning_rate="auto"`` replaced by the value the rule gives for its
-    batch size (:attr:`TrainConfig.peak_learning_rate`): what runs, checkpoints and saved
-    configs hold and compare."""
+def resolve_learning_rate(config: TrainConfig, batch_size: int | None = None) -> TrainConfig:
+    """``config`` with ``learning_rate="auto"`` replaced by the value the rule gives for the
+    batch a step really has: ``batch_size`` (what
+    :func:`~densefit.data.batching.effective_batch_size` says of the data) when smaller than
+    ``config.batch_size``. What runs, checkpoints and saved configs hold and compare.
+
+    >>> resolve_learning_rate(TrainConfig(batch_size=10**9), 64).learning_rate
+    4e-05
+    """
     if config.learning_rate == "auto":
-        return dataclasses.replace(config, learning_rate=config.peak_learning_rate)
+        batch = config.batch_size if batch_size is None else min(config.batch_size, batch_size)
+        return dataclasses.replace(config, learning_rate=auto_learning_rate(batch))
     return config
+
+
+def warn_batch_larger_than_data(
+    examples: Sequence[TrainingExample], config: TrainConfig, batch: int
+) -> None:
+    """Warn (UserWarning) when ``batch_size`` is more rows than a step can have (``batch``,
+    from :func:`~densefit.data.batching.effective_batch_size`), naming both numbers."""
+    if batch >= config.batch_size:
+        return
+    rows = "row" if batch == 1 else "rows"
+    where = f"{batch:,} {rows}"
+    if same_source_batches(examples, config) and isinstance(examples, TrainingData):
+        largest = max(examples.sources, key=lambda s: s.rows)
+        where = f"{batch:,} {rows} in its largest source, {largest.name}"
+    rate = ""
+    if config.learning_rate == "auto":
+        rate = f"; learning_rate auto follows {batch:,}: {auto_learning_rate(batch):.3g}"
+    warnings.warn(
+        f"batch_size {config.batch_size:,} is larger than the data ({where}): every step "
+        f"trains on at most {batch:,} {rows}{rate}",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def resolve_similarity(config: TrainConfig, model: SentenceTransformer) -> TrainConfig:
@@ -212,7 +252,7 @@ def check_output_dir(
         except (ValueError, UnicodeDecodeError):
             previous = None
         if isinstance(previous, dict):
-            current = resolve_learning_rate(config)  # auto: the value it gives
+            current = config  # learning_rate auto, similarity None: compared by setup_run
             differ = changed_weight_options(previous, current)
             if not differ:
                 return
@@ -233,9 +273,9 @@ def check_output_dir(
 
 def _run_file(name: str) -> bool:
     """A file an interrupted densefit run leaves: its log (or an older, renamed one), its
-    checkpoints and its best model so far (keep_best)."""
+    checkpoints, its best model so far (keep_best) and its trackers' files (report_to)."""
     stem, _, suffix = LOG_NAME.partition(".")
-    return name in (LOG_NAME, CHECKPOINTS, BEST) or (
+    return name in (LOG_NAME, CHECKPOINTS, BEST, *TRACKER_FILES) or (
         name.startswith(stem + ".")
         and name.endswith("." + suffix)
         and name[len(stem) + 1 : -len(suffix) - 1].isdigit()
@@ -373,10 +413,12 @@ def setup_run(
     """
     config = config or TrainConfig()
     auto_lr = config.learning_rate == "auto"  # the rule's value from here on (and in checkpoints)
-    config = resolve_similarity(resolve_learning_rate(config), model)
     if config.device is not None:  # "auto" -> the device it names on this machine
         config = dataclasses.replace(config, device=resolve_device(config.device))
     check_examples(examples, config)
+    batch = effective_batch_size(examples, config)  # the rows a step really has
+    warn_batch_larger_than_data(examples, config, batch)
+    config = resolve_similarity(resolve_learning_rate(config, batch), model)
     check_output_dir(output_dir, config, resume=bool(resume), overwrite=overwrite)
     if output_dir is None and config.checkpoint_every != default_of(
         TrainConfig, "checkpoint_every"
@@ -387,19 +429,16 @@ def setup_run(
         )
     # Rank 0 evaluates; every rank checks the options, so all refuse the same ones.
     evaluator = make_evaluator(config, eval_data, output_dir=output_dir, main=is_main_process())
+    check_trackers(config.report_to, output_dir)
     device = _prepare_model(model, config)
     check_matryoshka_dims(config, model)  # before any file is written
     dist = DistributedRun.detect(model, config)
-    if dist is not None and resume:
-        raise ValueError(
-            "resuming a multi-process run is not supported yet (each rank's RNG state is not "
-            "checkpointed): resume it in one process with the same options (same global "
-            "batches and gradients), or start a new run"
-        )
     seed_everything(config.seed + (dist.rank if dist else 0))  # dropout differs across ranks
     if config.invariant_dropout:  # before planning: the planner probes the model as it trains
         enable_invariant_dropout(model)
-    resumed = resume_checkpoint(resume, output_dir) if resume else None
+    resumed = _find_checkpoint(resume, output_dir, dist) if resume else None
+    if resumed is not None:
+        resumed.check_world_size(dist.world_size if dist else 1)
     plan = _agree_on_plan(model, examples, config, dist, resumed, batches)
     if plan.loss_block_size and config.loss_block_size is None:
         config = dataclasses.replace(config, loss_block_size=plan.loss_block_size)
@@ -425,16 +464,41 @@ def setup_run(
         evaluator=evaluator,
         evaluates=eval_data is not None,
         learning_rate_auto=auto_lr,
+        checkpointing=output_dir is not None and config.keep_checkpoints > 0,
     )
     run.strategy.prepare(model)
     if resumed is not None:  # weights, optimizer, scheduler, scaler, counters, then RNG states
-        resumed.restore(model, optimizer, run.scheduler, run.scaler, run.guard, evaluator)
+        resumed.restore(
+            model, optimizer, run.scheduler, run.scaler, run.guard, evaluator,
+            rank=dist.rank if dist else 0,
+        )  # fmt: skip
         state = resumed.state
         run.step, run.seen, run.losses = resumed.step, state["seen"], state["losses"]
         run.epoch, run.batch = state["epoch"], state["batch"]
         run.stopped = evaluator is not None and evaluator.stopped
+        if dist is not None:  # rank 0 holds the evaluator: its early-stopping state for all
+            run.stopped = broadcast_object(run.stopped)
     _prepare_output(run, output_dir, log_path, resume=bool(resume))
     return run
+
+
+def _find_checkpoint(resume, output_dir, dist: DistributedRun | None) -> Checkpoint | None:
+    """The checkpoint to resume from; with several processes rank 0 picks it (and warns
+    about the ones it skips) and every rank reads that one."""
+    if dist is None:
+        return resume_checkpoint(resume, output_dir)
+    found, failed = None, None
+    if dist.is_main:
+        try:
+            found = resume_checkpoint(resume, output_dir)
+        except (ValueError, OSError) as exc:  # every rank must leave the broadcast below
+            failed = exc
+    path, message = broadcast_object((found and str(found.path), failed and str(failed)))
+    if failed is not None:
+        raise failed
+    if message is not None:
+        raise CheckpointError(message)
+    return verify_checkpoint(path) if path is not None else None
 
 
 def _prepare_output(run: TrainRun, output_dir, log_path, *, resume: bool) -> None:
@@ -456,6 +520,7 @@ def _prepare_output(run: TrainRun, output_dir, log_path, *, resume: bool) -> Non
                 guard=run.guard,
                 evaluator=run.evaluator,
                 resumed=run.resumed,
+                world_size=run.dist.world_size if run.dist is not None else 1,
             )
     run.log_path = Path(log_path) if log_path else None
     if run.log_path is None or not run.is_main:

@@ -3,14 +3,16 @@
 The batch health fields (:func:`score_health`, :func:`in_batch_accuracy`) are detached
 telemetry computed inside the loss function (the only place that sees a step's embeddings);
 :func:`merge_health` adds up a step's micro-batches; :class:`StepLog` writes one JSON line
-per step and shows the progress bar.
+per step, shows the progress bar and hands each record to the experiment trackers
+(:mod:`densefit.training.tracking`); :func:`source_summary` sums a run's steps per source.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -26,6 +28,7 @@ __all__ = [
     "merge_health",
     "rotate_log",
     "score_health",
+    "source_summary",
 ]
 
 
@@ -158,6 +161,9 @@ def rotate_log(path: str | os.PathLike) -> Path | None:
 class StepLog:
     """One JSON line per ``every`` steps into ``path`` (appended), and the progress bar.
 
+    ``trackers`` (:class:`~densefit.training.tracking.Trackers`) get every record the file
+    gets, the same ones.
+
     >>> with StepLog(None, total=2, progress=False) as log:
     ...     log.write({"step": 1, "loss": 0.5})
     """
@@ -170,8 +176,10 @@ class StepLog:
         initial: int = 0,
         every: int = 1,
         progress: bool = True,
+        trackers=None,  # noqa: ANN001 - densefit.training.tracking.Trackers
     ):
         self.every = every
+        self.trackers = trackers
         self.shown: dict = {}  # fields kept on the bar (the last evaluation), see event()
         self.file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
         self.bar = None
@@ -182,9 +190,12 @@ class StepLog:
 
     def write(self, record: dict) -> None:
         """Log the step's record (every ``every`` steps) and advance the bar."""
-        if self.file is not None and record["step"] % self.every == 0:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
+        if record["step"] % self.every == 0:
+            if self.file is not None:
+                self.file.write(json.dumps(record) + "\n")
+                self.file.flush()
+            if self.trackers is not None:
+                self.trackers.log(record)
         if self.bar is not None:
             speed = record.get("examples_per_s")
             self.bar.set_postfix(
@@ -202,6 +213,8 @@ class StepLog:
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+        if self.trackers is not None:
+            self.trackers.log(record)
         self.shown = dict(shown or {})
         if self.bar is not None and self.shown:
             self.bar.set_postfix(**self.shown)
@@ -217,3 +230,38 @@ class StepLog:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def source_summary(
+    examples: Sequence[TrainingExample], steps: Iterable, losses: Sequence[float]
+) -> dict[str, dict] | None:
+    """Rows, steps and loss per source of a run of several sources (None with one).
+
+    ``steps`` are the run's :class:`~densefit.data.batching.StepGroup` in order, ``losses``
+    each step's loss. Per source: its ``rows``, the ``steps`` taken from it and the
+    ``trained_rows`` they held, the ``mean_loss`` and ``last_loss`` of those steps (finite
+    ones). With mixed batches a step has no one source: ``steps`` and the losses are None,
+    ``trained_rows`` counts each source's rows in all steps.
+    """
+    sources = getattr(examples, "sources", ())
+    if len(sources) < 2:
+        return None
+    out = {s.name: {"rows": s.rows, "steps": 0, "trained_rows": 0, "losses": []} for s in sources}
+    mixed = False
+    for group, loss in zip(steps, losses):
+        if group.source is None:
+            mixed = True
+            for i in group.rows:
+                out[sources[examples.source_of(i)].name]["trained_rows"] += 1
+            continue
+        entry = out[sources[group.source].name]
+        entry["steps"] += 1
+        entry["trained_rows"] += len(group.rows)
+        entry["losses"].append(loss)
+    for entry in out.values():
+        finite = [x for x in entry.pop("losses") if math.isfinite(x)]
+        entry["mean_loss"] = round(sum(finite) / len(finite), 6) if finite else None
+        entry["last_loss"] = round(finite[-1], 6) if finite else None
+        if mixed:
+            entry["steps"] = entry["mean_loss"] = entry["last_loss"] = None
+    return out
