@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 from densefit.choices import DEFAULT_INT8_RECIPES, EXPORT_TARGETS, ON_CHECK_FAILURE
 from densefit.choices import INT8_RECIPES as INT8_RECIPE_NAMES
 from densefit.data.corpus import read_corpus
-from densefit.data.readers import load_training_examples
+from densefit.data.sources import load_training_examples
 from densefit.models import load_model, model_similarity
 from densefit.prompts import model_prompts
 from densefit.retrieval.encode import encode_texts
