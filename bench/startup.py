@@ -7,8 +7,8 @@ in the same run, alternating, each in a fresh process.
 
 The baseline is checked out with `git worktree add --detach` into a temporary folder and run
 with the same interpreter (this checkout's .venv), its checkout first on PYTHONPATH, so the
-two differ only in densefit's own code. The store is built once (20 SciFact documents,
-all-MiniLM-L6-v2) by this checkout; both revisions read the same format. Writes
+two differ only in densefit's own code. The store (20 SciFact documents, all-MiniLM-L6-v2)
+is built by each revision for itself, in its own store format. Writes
 bench/results/startup.{json,csv,png}: the median wall time and CPU time (user + system) of
 each command, the load average before and after, the threads.
 """
@@ -57,20 +57,22 @@ def timed(checkout: Path, args: list[str], cwd: Path) -> tuple[float, float, int
     return wall, cpu, done.returncode
 
 
-def build_store(folder: Path) -> Path:
-    """20 SciFact abstracts indexed with all-MiniLM-L6-v2 by this checkout."""
+def build_store(folder: Path, checkout: Path) -> Path:
+    """20 SciFact abstracts indexed with all-MiniLM-L6-v2 by ``checkout`` (each revision
+    searches a store in its own format)."""
     source = DATASETS / "scifact" / "corpus.jsonl.gz"
     import gzip
 
     with gzip.open(source, "rt", encoding="utf-8") as fh:
         rows = [next(fh) for _ in range(20)]
+    folder.mkdir(parents=True, exist_ok=True)
     corpus = folder / "corpus.jsonl"
     corpus.write_text("".join(rows), encoding="utf-8")
     store = folder / "store"
-    env = child_env(extra={"PYTHONPATH": str(ROOT)})
+    env = child_env(extra={"PYTHONPATH": str(checkout)})
     subprocess.run(
         [sys.executable, "-m", "densefit", "index", str(corpus), "--store", str(store),
-         "--no-progress"],
+         "--model", "all-MiniLM-L6-v2", "--no-progress"],
         check=True, env=env, capture_output=True,
     )  # fmt: skip
     return store
@@ -90,12 +92,15 @@ def main() -> None:
             check=True, capture_output=True,
         )  # fmt: skip
         try:
-            store = build_store(tmp)
             versions = {"baseline": old, "this checkout": ROOT}
+            stores = {
+                v: build_store(tmp / f"store-{i}", c) for i, (v, c) in enumerate(versions.items())
+            }
             samples: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
             for _ in range(args.repeats):
-                for name, argv in commands(store).items():
+                for name in commands(tmp):
                     for version, checkout in versions.items():  # alternating, same conditions
+                        argv = commands(stores[version])[name]
                         samples.setdefault((name, version), []).append(timed(checkout, argv, tmp))
         finally:
             subprocess.run(

@@ -147,7 +147,7 @@ def main(spec_path: str) -> None:
 
             def checkpoint_then_crash(run, **kwargs):
                 checkpoint(run, **kwargs)
-                if run.step == job["crash_after"]:
+                if run.position.step == job["crash_after"]:
                     os._exit(0)
 
             densefit.training.loop._checkpoint = checkpoint_then_crash

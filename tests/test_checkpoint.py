@@ -323,7 +323,8 @@ OTHER_VALUE = {
     "drop_last": True, "lora_r": 4, "lora_alpha": 8.0, "lora_dropout": 0.1,
     "lora_target_modules": "query", "save_adapter": True, "gather": "both", "eval_every": 2,
     "eval_split": "test", "eval_metric": "mrr@10", "eval_max_docs": 10, "keep_best": True,
-    "early_stopping_patience": 2,
+    "early_stopping_patience": 2, "source_batches": "mixed", "source_sampling": "round_robin",
+    "source_temperature": 3.0,
 }  # fmt: skip
 NEEDS = {
     "matryoshka_weights": {"matryoshka_dims": [16, 8]},
@@ -337,7 +338,8 @@ NEUTRAL_VALUE = {
     "keep_checkpoints": 5, "max_nonfinite": 2, "memory": "cache", "memory_budget": "1GiB",
     "chunk_size": 2, "token_budget": 64, "loss_block_size": 2, "sort_by_length": False,
     "gradient_checkpointing": True, "keep_graphs": 2, "release_cpu_memory": True,
-    "delete_checkpoints": False,
+    "delete_checkpoints": False, "report_to": ["tensorboard"], "eval_runtime": "torch",
+    "export": "onnx",
 }  # fmt: skip
 
 

@@ -423,6 +423,7 @@ def _checked_bad() -> dict[str, str]:
     from densefit.config.evaluation import EvalConfig
     from densefit.config.mine import MineConfig
     from densefit.config.options import option_of
+    from densefit.config.run import RunConfig
 
     by_field = {
         (TrainConfig, "learning_rate"): "0",
@@ -436,6 +437,8 @@ def _checked_bad() -> dict[str, str]:
         (MineConfig, "range"): "100:10",
         (EvalJob, "dims"): "0",
         (ExportJob, "int8_recipes"): "bogus",
+        (TrainConfig, "report_to"): "bogus",
+        (RunConfig, "train_data"): "[]",
     }
     return {option_of(cls, name).help: value for (cls, name), value in by_field.items()}
 

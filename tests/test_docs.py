@@ -53,7 +53,7 @@ SKIP: dict[tuple[str, str], str] = {
         "(minutes), and runs the whole test suite: its `densefit run examples/scifact.yaml` "
         "runs below on small data"
     ),
-    ("README.md", "--nproc 8"): "8 GPUs, and torchrun across two nodes",
+    ("docs/training.md", "--nproc 8"): "8 GPUs, and torchrun across two nodes",
 }
 
 # Lines a library prints when it draws a progress bar (transformers, huggingface_hub, tqdm).
@@ -109,7 +109,7 @@ _BENCH_COMMAND = re.compile(
 
 def commands(code: str) -> list[str]:
     """The commands of a shell block: comment-only lines dropped, continuations joined."""
-    joined = re.sub(r"\\\n\s*", " ", code)
+    joined = re.sub(r"\s*\\\n\s*", " ", code)
     lines = [line.strip() for line in joined.splitlines()]
     return [line for line in lines if line and not line.startswith("#")]
 

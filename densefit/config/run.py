@@ -313,5 +313,11 @@ def _build(merged: dict[str, Any], source: str) -> RunConfig:
     if "data" not in merged:
         raise ConfigError(f"{source}: data is required: a BEIR folder (corpus, queries, qrels)")
     config = RunConfig.from_mapping(merged, source=source)
+    for path in train_paths(config.train_data):  # before any stage starts
+        if not Path(path).exists():
+            raise ConfigError(
+                f"{source}: train_data: {path} does not exist; give a training file or folder "
+                "(--train-data, or train_data in the file)"
+            )
     config.source = source
     return config

@@ -663,6 +663,18 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
 
 
+def _retriever_from_dict(cls, data: dict[str, Any]):
+    """A retriever component from what its ``to_dict`` wrote: its store rebuilt, its filter
+    policy read back."""
+    init = dict(data.get("init_parameters", {}))
+    store = init.get("document_store")
+    if isinstance(store, dict):
+        init["document_store"] = DensefitDocumentStore.from_dict(store)
+    if "filter_policy" in init:
+        init["filter_policy"] = FilterPolicy.from_str(init["filter_policy"])
+    return default_from_dict(cls, {**data, "init_parameters": init})
+
+
 @component
 class DensefitEmbeddingRetriever:
     """Retrieves the documents of a :class:`DensefitDocumentStore` closest to a query
@@ -718,13 +730,7 @@ class DensefitEmbeddingRetriever:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DensefitEmbeddingRetriever:
         """The component :meth:`to_dict` described."""
-        init = dict(data.get("init_parameters", {}))
-        store = init.get("document_store")
-        if isinstance(store, dict):
-            init["document_store"] = DensefitDocumentStore.from_dict(store)
-        if "filter_policy" in init:
-            init["filter_policy"] = FilterPolicy.from_str(init["filter_policy"])
-        return default_from_dict(cls, {**data, "init_parameters": init})
+        return _retriever_from_dict(cls, data)
 
     @component.output_types(documents=list[Document])
     def run(
@@ -851,13 +857,7 @@ class DensefitHybridRetriever:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DensefitHybridRetriever:
         """The component :meth:`to_dict` described."""
-        init = dict(data.get("init_parameters", {}))
-        store = init.get("document_store")
-        if isinstance(store, dict):
-            init["document_store"] = DensefitDocumentStore.from_dict(store)
-        if "filter_policy" in init:
-            init["filter_policy"] = FilterPolicy.from_str(init["filter_policy"])
-        return default_from_dict(cls, {**data, "init_parameters": init})
+        return _retriever_from_dict(cls, data)
 
     @component.output_types(documents=list[Document])
     def run(

@@ -136,13 +136,13 @@ def train(
     trackers = None
     if run.is_main and config.report_to:
         trackers = Trackers(
-            config.report_to, output_dir=output_dir, resume=bool(resume), step=run.step
+            config.report_to, output_dir=output_dir, resume=bool(resume), step=run.position.step
         )
         trackers.start(config.to_dict(), run.report())
     log = StepLog(
         run.log_path if run.is_main else None,
         total=run.total_steps,
-        initial=run.step,
+        initial=run.position.step,
         every=config.log_every,
         progress=config.show_progress and run.is_main,
         trackers=trackers,
@@ -153,39 +153,44 @@ def train(
     try:
         with log:
             _evaluate(run, log, epoch_end=False, last=False)  # the base model, at step 0
-            for group in step_groups(examples, config, epoch=run.epoch, batch=run.batch):
-                if run.step >= run.total_steps or _stopped(run):
+            at = run.position  # the one part of the run that moves
+            for group in step_groups(examples, config, epoch=at.epoch, batch=at.batch):
+                if at.step >= run.total_steps or _stopped(run):
                     break
                 record = train_step(run, group.micro_batches)
-                run.step, run.seen = run.step + 1, run.seen + len(group.rows)
-                run.epoch, run.batch = group.next_epoch, group.next_batch
-                run.losses.append(record["loss"])
-                record.update(step=run.step, epoch=group.epoch, **_source_fields(examples, group))
+                at.step, at.seen = at.step + 1, at.seen + len(group.rows)
+                at.epoch, at.batch = group.next_epoch, group.next_batch
+                at.losses.append(record["loss"])
+                record.update(step=at.step, epoch=group.epoch, **_source_fields(examples, group))
                 log.write(record)
                 origins = [examples[i].origin for i in group.rows]
                 run.guard.check(
-                    run.step, record, origins, learning_rate=config.learning_rate, amp=config.amp
+                    at.step,
+                    record,
+                    origins,
+                    learning_rate=config.learning_rate,
+                    amp=config.amp,
                 )
-                last = run.step >= run.total_steps
+                last = at.step >= run.total_steps
                 _evaluate(run, log, epoch_end=group.epoch_end, last=last)
                 _checkpoint(run, epoch_end=group.epoch_end, last=last or _stopped(run))
                 if on_step is not None and run.is_main:
                     on_step(record)
         run.guard.check_end(
-            run.step, record, origins, learning_rate=config.learning_rate, amp=config.amp
+            run.position.step, record, origins, learning_rate=config.learning_rate, amp=config.amp
         )
     except BaseException:
         if trackers is not None:
-            trackers.finish({"steps": run.step}, failed=True)
+            trackers.finish({"steps": run.position.step}, failed=True)
         raise
     model.eval()
     if run.evaluator is not None and config.keep_best:
         run.evaluator.restore_best(model)  # the output is the best evaluated step's model
     result = TrainResult(
-        steps=run.step,
-        examples=run.seen,
-        final_loss=run.losses[-1] if run.losses else float("nan"),
-        losses=run.losses,
+        steps=run.position.step,
+        examples=run.position.seen,
+        final_loss=run.position.losses[-1] if run.position.losses else float("nan"),
+        losses=run.position.losses,
         plan=run.report(),
         log_path=str(run.log_path) if run.log_path else None,
         seconds=time.perf_counter() - started,
@@ -194,7 +199,7 @@ def train(
         base_model=base_model,
         data=describe_data(examples, data_report),
         evaluation=run.evaluator.summary() if run.evaluator is not None else None,
-        sources=source_summary(examples, _steps_done(run), run.losses),
+        sources=source_summary(examples, _steps_done(run), run.position.losses),
     )
     if output_dir is not None and run.is_main:
         save_model(model, output_dir, config, result)
@@ -223,7 +228,7 @@ def _steps_done(run: TrainRun) -> list[StepGroup]:
     """The run's steps so far, from the start (a resumed run's too): the schedule is seeded."""
     if len(getattr(run.examples, "sources", ())) < 2:
         return []
-    return list(itertools.islice(step_groups(run.examples, run.config), run.step))
+    return list(itertools.islice(step_groups(run.examples, run.config), run.position.step))
 
 
 def _summary(result: TrainResult) -> dict:
@@ -247,19 +252,19 @@ def _evaluate(run: TrainRun, log: StepLog, *, epoch_end: bool, last: bool) -> No
     joins that broadcast and all of them stop after the same step.
     """
     if not run.evaluates or not evaluation_due(
-        run.config, run.step, epoch_end=epoch_end, last=last
+        run.config, run.position.step, epoch_end=epoch_end, last=last
     ):
         return
     evaluator = run.evaluator  # None on the ranks other than 0
-    if evaluator is not None and evaluator.due(run.step, epoch_end=epoch_end, last=last):
-        log.event(evaluator.run(run.model, run.step), evaluator.postfix())
+    if evaluator is not None and evaluator.due(run.position.step, epoch_end=epoch_end, last=last):
+        log.event(evaluator.run(run.model, run.position.step), evaluator.postfix())
     stopped = evaluator is not None and evaluator.stopped
-    run.stopped = broadcast_object(stopped) if run.dist is not None else stopped
+    run.position.stopped = broadcast_object(stopped) if run.dist is not None else stopped
 
 
 def _stopped(run: TrainRun) -> bool:
     """Early stopping decided to end the run (on every rank alike)."""
-    return run.stopped
+    return run.position.stopped
 
 
 def _checkpoint(run: TrainRun, *, epoch_end: bool, last: bool) -> None:
@@ -267,17 +272,17 @@ def _checkpoint(run: TrainRun, *, epoch_end: bool, last: bool) -> None:
     end and after the last step. With several processes every rank sends its RNG state to
     rank 0, which writes them all (a resume on as many processes restores each rank's)."""
     if not run.checkpointing or not checkpoint_due(
-        run.config, run.step, epoch_end=epoch_end, last=last
+        run.config, run.position.step, epoch_end=epoch_end, last=last
     ):
         return
     states = gather_object(rng_state()) if run.dist is not None else None
     if run.checkpoints is not None:
         run.checkpoints.save(
-            run.step,
-            epoch=run.epoch,
-            batch=run.batch,
-            seen=run.seen,
-            losses=run.losses,
+            run.position.step,
+            epoch=run.position.epoch,
+            batch=run.position.batch,
+            seen=run.position.seen,
+            losses=run.position.losses,
             plan=run.plan,
             rng_states=states,
         )

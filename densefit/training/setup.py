@@ -60,6 +60,7 @@ from densefit.training.telemetry import rotate_log
 from densefit.training.tracking import TENSORBOARD_DIR, TRACKING_FILE, check_trackers
 
 __all__ = [
+    "Position",
     "TrainRun",
     "check_examples",
     "check_output_dir",
@@ -77,8 +78,22 @@ TRACKER_FILES = (TRACKING_FILE, TENSORBOARD_DIR, "mlruns", "wandb")
 
 
 @dataclass
+class Position:
+    """Where the loop stands: what it has done and where the data resumes (saved in every
+    checkpoint, restored on ``--resume``)."""
+
+    step: int = 0  # optimizer steps done
+    seen: int = 0  # rows trained on
+    epoch: int = 0  # the data position of the next step: epoch and micro-batch
+    batch: int = 0
+    losses: list[float] = field(default_factory=list)
+    stopped: bool = False  # early stopping ended the run (rank 0's decision, on every rank)
+
+
+@dataclass(frozen=True)
 class TrainRun:
-    """One run's model, data, memory plan, optimizer and position (the loop's whole state).
+    """What :func:`setup_run` builds for one run (model, data, memory plan, optimizer, the
+    output), fixed for the run, and the loop's :class:`Position`, the one part that moves.
 
     ``plan`` and ``strategy`` change together, only through :meth:`use_plan` (after an
     out-of-memory error the step switches to the halved plan).
@@ -102,15 +117,10 @@ class TrainRun:
     resumed: Checkpoint | None = None
     evaluator: Evaluator | None = None  # evaluation during training; None: off, or not rank 0
     evaluates: bool = False  # evaluation during training is on (on every rank; rank 0 runs it)
-    stopped: bool = False  # early stopping ended the run (rank 0's decision, on every rank)
     # checkpoints are written (by rank 0); with several processes every rank sends its RNG state
     checkpointing: bool = False
-    step: int = 0  # optimizer steps done
-    seen: int = 0  # rows trained on
-    epoch: int = 0  # the data position of the next step: epoch and micro-batch
-    batch: int = 0
     learning_rate_auto: bool = False  # learning_rate was "auto": config holds the rule's value
-    losses: list[float] = field(default_factory=list)
+    position: Position = field(default_factory=Position)
 
     @property
     def is_main(self) -> bool:
@@ -118,9 +128,12 @@ class TrainRun:
         return self.dist is None or self.dist.is_main
 
     def use_plan(self, plan: MemoryPlan) -> None:
-        """Switch to ``plan``: its strategy is built and prepared on the model."""
-        self.plan, self.strategy = plan, make_strategy(plan)
-        self.strategy.prepare(self.model)
+        """Switch to ``plan``: its strategy is built and prepared on the model (the one change
+        of what setup built, hence the frozen dataclass's ``object.__setattr__``)."""
+        strategy = make_strategy(plan)
+        object.__setattr__(self, "plan", plan)
+        object.__setattr__(self, "strategy", strategy)
+        strategy.prepare(self.model)
 
     def report(self) -> dict:
         """The plan as logged and returned: its fields, the allocator, the process layout."""
@@ -473,13 +486,21 @@ def setup_run(
             rank=dist.rank if dist else 0,
         )  # fmt: skip
         state = resumed.state
-        run.step, run.seen, run.losses = resumed.step, state["seen"], state["losses"]
-        run.epoch, run.batch = state["epoch"], state["batch"]
-        run.stopped = evaluator is not None and evaluator.stopped
+        stopped = evaluator is not None and evaluator.stopped
         if dist is not None:  # rank 0 holds the evaluator: its early-stopping state for all
-            run.stopped = broadcast_object(run.stopped)
-    _prepare_output(run, output_dir, log_path, resume=bool(resume))
-    return run
+            stopped = broadcast_object(stopped)
+        run = dataclasses.replace(
+            run,
+            position=Position(
+                step=resumed.step,
+                seen=state["seen"],
+                epoch=state["epoch"],
+                batch=state["batch"],
+                losses=state["losses"],
+                stopped=stopped,
+            ),  # fmt: skip
+        )
+    return _prepare_output(run, output_dir, log_path, resume=bool(resume))
 
 
 def _find_checkpoint(resume, output_dir, dist: DistributedRun | None) -> Checkpoint | None:
@@ -501,15 +522,16 @@ def _find_checkpoint(resume, output_dir, dist: DistributedRun | None) -> Checkpo
     return verify_checkpoint(path) if path is not None else None
 
 
-def _prepare_output(run: TrainRun, output_dir, log_path, *, resume: bool) -> None:
+def _prepare_output(run: TrainRun, output_dir, log_path, *, resume: bool) -> TrainRun:
     """The output folder, the checkpointer, and a log that holds each step once: resumed,
     the steps after the checkpoint are dropped; a new run moves an old log aside."""
+    checkpoints = None
     if output_dir is not None:
         if run.is_main:
             Path(output_dir).mkdir(parents=True, exist_ok=True)
         log_path = log_path or Path(output_dir) / LOG_NAME
         if run.config.keep_checkpoints and run.is_main:
-            run.checkpoints = Checkpointer(
+            checkpoints = Checkpointer(
                 output_dir,
                 run.config,
                 run.examples,
@@ -522,10 +544,13 @@ def _prepare_output(run: TrainRun, output_dir, log_path, *, resume: bool) -> Non
                 resumed=run.resumed,
                 world_size=run.dist.world_size if run.dist is not None else 1,
             )
-    run.log_path = Path(log_path) if log_path else None
+    run = dataclasses.replace(
+        run, checkpoints=checkpoints, log_path=Path(log_path) if log_path else None
+    )
     if run.log_path is None or not run.is_main:
-        return
+        return run
     if resume and run.resumed is not None:
-        truncate_log(run.log_path, run.step)  # steps after the checkpoint are redone
+        truncate_log(run.log_path, run.position.step)  # steps after the checkpoint are redone
     else:
         rotate_log(run.log_path)  # a new run: its steps never follow an old run's
+    return run
