@@ -75,6 +75,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     ) from None
 
 from densefit.choices import FUSIONS, SEARCH_MODES, VECTOR_KINDS
+from densefit.config.shared import DENSE_WEIGHT, FUSION, FUSION_DEPTH, RRF_K
 from densefit.data.text import InvalidText, checked_text
 from densefit.data.types import Document as DensefitDocument
 from densefit.models import load_model
@@ -663,6 +664,26 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text.encode("ascii"))
 
 
+def _retriever_init(
+    retriever, document_store, filters, top_k, scale_score, return_embedding, filter_policy
+) -> None:
+    """The settings every densefit retriever component checks and keeps."""
+    if not isinstance(document_store, DensefitDocumentStore):
+        raise TypeError("document_store must be a DensefitDocumentStore")
+    if top_k <= 0:
+        raise ValueError(f"top_k must be greater than 0, got {top_k}")
+    retriever.document_store = document_store
+    retriever.filters = _checked_filters(filters)
+    retriever.top_k = top_k
+    retriever.scale_score = scale_score
+    retriever.return_embedding = return_embedding
+    retriever.filter_policy = (
+        filter_policy
+        if isinstance(filter_policy, FilterPolicy)
+        else FilterPolicy.from_str(filter_policy)
+    )
+
+
 def _retriever_from_dict(cls, data: dict[str, Any]):
     """A retriever component from what its ``to_dict`` wrote: its store rebuilt, its filter
     policy read back."""
@@ -700,19 +721,8 @@ class DensefitEmbeddingRetriever:
         return_embedding: bool = False,
         filter_policy: FilterPolicy = FilterPolicy.REPLACE,
     ) -> None:
-        if not isinstance(document_store, DensefitDocumentStore):
-            raise TypeError("document_store must be a DensefitDocumentStore")
-        if top_k <= 0:
-            raise ValueError(f"top_k must be greater than 0, got {top_k}")
-        self.document_store = document_store
-        self.filters = _checked_filters(filters)
-        self.top_k = top_k
-        self.scale_score = scale_score
-        self.return_embedding = return_embedding
-        self.filter_policy = (
-            filter_policy
-            if isinstance(filter_policy, FilterPolicy)
-            else FilterPolicy.from_str(filter_policy)
+        _retriever_init(
+            self, document_store, filters, top_k, scale_score, return_embedding, filter_policy
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -810,30 +820,19 @@ class DensefitHybridRetriever:
         scale_score: bool = False,
         return_embedding: bool = False,
         filter_policy: FilterPolicy = FilterPolicy.REPLACE,
-        fusion: str = "rrf",
-        rrf_k: int = 60,
-        alpha: float = 0.5,
-        depth: int = 100,
+        fusion: str = FUSION.default,
+        rrf_k: int = RRF_K.default,
+        alpha: float = DENSE_WEIGHT.default,
+        depth: int = FUSION_DEPTH.default,
     ) -> None:
-        if not isinstance(document_store, DensefitDocumentStore):
-            raise TypeError("document_store must be a DensefitDocumentStore")
         if mode not in SEARCH_MODES:
             raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
         if fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, not {fusion!r}")
-        if top_k <= 0:
-            raise ValueError(f"top_k must be greater than 0, got {top_k}")
-        self.document_store = document_store
-        self.mode = mode
-        self.filters = _checked_filters(filters)
-        self.top_k = top_k
-        self.scale_score = scale_score
-        self.return_embedding = return_embedding
-        self.filter_policy = (
-            filter_policy
-            if isinstance(filter_policy, FilterPolicy)
-            else FilterPolicy.from_str(filter_policy)
+        _retriever_init(
+            self, document_store, filters, top_k, scale_score, return_embedding, filter_policy
         )
+        self.mode = mode
         self.fusion, self.rrf_k, self.alpha, self.depth = fusion, rrf_k, alpha, depth
         self._fusion = Fusion(method=fusion, rrf_k=rrf_k, alpha=alpha, depth=depth)
 
