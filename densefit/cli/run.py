@@ -16,6 +16,7 @@ from densefit.cli.common import err, out, progress_wanted, quiet_libraries, reru
 from densefit.cli.options import options_command
 from densefit.config.options import iter_rows
 from densefit.config.run import RunCommand, RunConfig, config_from_flags, load_run_config
+from densefit.wording import plural
 
 __all__ = ["register", "run"]
 
@@ -64,7 +65,7 @@ def run(options: RunCommand, overrides: dict) -> None:
     t = report["train"]
     skipped = f"; skipped: {', '.join(result.skipped)}" if result.skipped else ""
     out.print(
-        f"trained {t['steps']} steps on {t['rows']} rows; memory plan "
+        f"trained {plural(t['steps'], 'step')} on {plural(t['rows'], 'row')}; memory plan "
         f"{report['memory_plan']['strategy']}; stages ran: {', '.join(result.ran) or 'none'}"
         f"{skipped}",
         markup=False,

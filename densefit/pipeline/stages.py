@@ -43,6 +43,7 @@ from densefit.models import load_model, resolve_device, resolve_model_path
 from densefit.pipeline.report import describe_eval, load_eval_results, write_report
 from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
 from densefit.training.evaluation import evaluation_asked
+from densefit.wording import plural
 
 __all__ = [
     "STAGES",
@@ -436,7 +437,8 @@ class Pipeline:
         )
         result, plan = outcome.result, outcome.result.plan
         self.console.print(
-            f"{result.steps} steps, {result.examples} examples in {result.seconds:.0f}s, final "
+            f"{plural(result.steps, 'step')}, {plural(result.examples, 'example')} in "
+            f"{result.seconds:.0f}s, final "
             f"loss {result.final_loss:.4f}; memory: {plan.get('strategy')} (chunk "
             f"{plan.get('chunk_size')}); model saved to {model_dir}"
         )
