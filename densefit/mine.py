@@ -52,6 +52,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from densefit.choices import MINE_METHODS
+from densefit.config.shared import RRF_K
 from densefit.data.corpus import read_corpus
 from densefit.data.readers import read_training_data
 from densefit.data.types import Document, TrainingExample
@@ -135,7 +136,7 @@ def mine_hard_negatives(
     query_block: int = 256,
     corpus_embeddings: np.ndarray | None = None,
     batch_size: int = 64,
-    rrf_k: int = 60,
+    rrf_k: int = RRF_K.default,
     show_progress: bool = True,
     runtime="auto",
 ) -> tuple[list[TrainingExample], MiningReport]:

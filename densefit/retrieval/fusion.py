@@ -86,7 +86,7 @@ class Fusion:
 
 
 def reciprocal_rank_fusion(
-    keys: Sequence[np.ndarray], top_k: int, *, rrf_k: int = 60
+    keys: Sequence[np.ndarray], top_k: int, *, rrf_k: int = RRF_K.default
 ) -> tuple[np.ndarray, np.ndarray]:
     """``sum 1 / (rrf_k + rank)`` over the lists (ranks from 1); the best ``top_k`` keys and
     their scores, ties by key.
