@@ -29,6 +29,7 @@ from densefit.config.commands import (
     IndexJob,
     MineJob,
     PlanJob,
+    ReembedJob,
     SearchJob,
     TrainJob,
 )
@@ -59,6 +60,7 @@ from densefit.retrieval.index.filters import meta_index_sql, parse_filter_text
 from densefit.retrieval.index.indexing import IndexReport, index_documents, prune_documents
 from densefit.retrieval.index.searching import model_for_store, search_batch
 from densefit.retrieval.index.store import LocalDocumentStore, open_store
+from densefit.retrieval.index.swap import SwapReport, reembed_store
 from densefit.retrieval.runtimes import check_supported
 from densefit.training import distributed
 from densefit.training.checkpoint import CHECKPOINTS, list_checkpoints
@@ -492,6 +494,37 @@ def index_job(job: IndexJob) -> IndexOutcome:
             store.index_meta_field(name)
         info = store.info()
     return IndexOutcome(report, read, info)
+
+
+def reembed_job(job: ReembedJob) -> SwapReport | None:
+    """Swap ``job.store`` to ``job.model`` (:func:`~densefit.retrieval.index.swap.
+    reembed_store`): every document embedded again, then one switch; resumes a swap to the
+    same model. With ``job.cancel``, drop the swap under way instead (None)."""
+    with LocalDocumentStore(job.store) as store:  # StoreError (one line) when not a store
+        if job.cancel:
+            if job.model is not None:
+                raise ValueError("--cancel drops the swap under way; it takes no --model")
+            store.cancel_swap()
+            return None
+        if job.model is None:
+            raise ValueError(
+                "--model: name the model to swap the store to (or --cancel the swap under way)"
+            )
+        model = load_model(
+            job.model, max_seq_length=job.max_seq_length, device=resolve_device(job.device)
+        )
+        configure_model(
+            model, query_prompt=job.query_prompt, document_prompt=job.document_prompt, dim=job.dim
+        )
+        return reembed_store(
+            store,
+            model,
+            runtime=job.runtime,
+            batch_size=job.encode_batch_size,
+            commit_every=job.commit_every,
+            show_progress=job.show_progress,
+            lock_timeout=job.lock_timeout,
+        )
 
 
 # ----------------------------------------------------------------------------- search

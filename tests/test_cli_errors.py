@@ -66,6 +66,7 @@ def command(ws: Path, name: str) -> list[str]:
         "plan": ["plan", str(ws / "pairs.jsonl"), "-m", m, "--batch-size", "4"],
         "mine": ["mine", str(ws / "beir"), "--corpus", str(ws / "beir"), "-o",
                  str(ws / "mined.jsonl"), "--no-progress"],
+        "reembed": ["reembed", "--store", str(ws / "store"), "-m", m, "--no-progress"],
         "dense-mine": ["mine", str(ws / "beir"), "--corpus", str(ws / "beir"), "-o",
                        str(ws / "mined.jsonl"), "--no-progress", "--method", "dense", "-m", m],
         "index": ["index", str(ws / "beir"), "-m", m, "--store", str(ws / "store"),
@@ -258,6 +259,7 @@ def _commands():
         IndexJob,
         MineJob,
         PlanJob,
+        ReembedJob,
         SearchJob,
         TrainJob,
     )
@@ -266,7 +268,7 @@ def _commands():
 
     group = _typer.main.get_command(app)
     declared = {"train": [TrainJob], "plan": [PlanJob], "mine": [MineJob], "index": [IndexJob],
-                "search": [SearchJob], "eval": [EvalJob], "export": [ExportJob], "serve": [ServeJob],
+                "reembed": [ReembedJob], "search": [SearchJob], "eval": [EvalJob], "export": [ExportJob], "serve": [ServeJob],
                 "run": [RunCommand, RunConfig], "options": []}  # fmt: skip
     assert set(group.commands) == set(declared), "a command without its declaration here"
     return [(name, group.commands[name], classes) for name, classes in declared.items()]

@@ -37,6 +37,7 @@ import densefit.cli.eval as eval_command
 import densefit.cli.export as export_command
 import densefit.cli.index as index_command
 import densefit.cli.mine as mine_command
+import densefit.cli.reembed as reembed_command
 import densefit.cli.run as run_command
 import densefit.cli.serve as serve_command
 import densefit.cli.train as train_command
@@ -236,8 +237,8 @@ def options() -> None:
 
 def _register() -> None:
     # Each command module imports its job only when the command runs: --help stays light.
-    for module in (train_command, mine_command, index_command, eval_command, export_command,
-                   run_command, serve_command):  # fmt: skip
+    for module in (train_command, mine_command, index_command, reembed_command, eval_command,
+                   export_command, run_command, serve_command):  # fmt: skip
         module.register(app)
 
 

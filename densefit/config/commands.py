@@ -18,6 +18,7 @@ from densefit.config.mine import MineConfig
 from densefit.config.options import Options, option, section
 from densefit.config.shared import (
     BACKEND,
+    COMMIT_EVERY,
     DENSE_WEIGHT,
     DEVICE,
     DIM,
@@ -26,6 +27,7 @@ from densefit.config.shared import (
     FUSION,
     FUSION_DEPTH,
     JSON,
+    LOCK_TIMEOUT,
     MAX_SEQ_LENGTH,
     MODEL,
     ON_BAD_ROW_OPTION,
@@ -43,7 +45,16 @@ from densefit.config.shared import (
 )
 from densefit.config.train import TrainConfig, check_dims
 
-__all__ = ["EvalJob", "ExportJob", "IndexJob", "MineJob", "PlanJob", "SearchJob", "TrainJob"]
+__all__ = [
+    "EvalJob",
+    "ExportJob",
+    "IndexJob",
+    "MineJob",
+    "PlanJob",
+    "ReembedJob",
+    "SearchJob",
+    "TrainJob",
+]
 
 _DATA_HELP = (
     "Training data: JSONL, CSV/TSV, Parquet, a BEIR folder, a Dataset.save_to_disk folder or "
@@ -146,17 +157,13 @@ class IndexJob(Options):
     runtime: str = RUNTIME()
     backend: str = BACKEND()
     vectors: str = VECTORS()
-    commit_every: int = option(
-        1024, "Documents per transaction: a crash loses at most this many.", ge=1
-    )
+    commit_every: int = COMMIT_EVERY()
     reembed: bool = option(
         False,
         "Re-embed every stored document with this run's settings (e.g. a new "
         "--max-seq-length) instead of refusing to mix vectors made two ways.",
     )
-    lock_timeout: float = option(
-        3600.0, "Seconds to wait for another process writing to the same store.", ge=0
-    )
+    lock_timeout: float = LOCK_TIMEOUT()
     prune: bool = option(False, "Delete stored documents that are not in CORPUS.")
     index_fields: list[str] = option(
         help="Add an SQLite index on a metadata field (meta.NAME) that search --filter "
@@ -165,6 +172,28 @@ class IndexJob(Options):
         factory=list,
     )
     on_bad_row: str = ON_BAD_ROW_OPTION()
+    show_progress: bool = PROGRESS()
+    json: bool = JSON()
+
+
+@dataclass(kw_only=True)
+class ReembedJob(Options):
+    """``densefit reembed``: swap a store to another model while it keeps serving."""
+
+    store: Path = STORE(required=True)
+    model: str | None = MODEL()  # required unless --cancel (reembed_job says so)
+    device: str | None = DEVICE()
+    max_seq_length: int | None = MAX_SEQ_LENGTH()
+    query_prompt: str | None = QUERY_PROMPT()
+    document_prompt: str | None = DOCUMENT_PROMPT()
+    dim: int | None = DIM()
+    encode_batch_size: int = ENCODE_BATCH_SIZE()
+    runtime: str = RUNTIME()
+    commit_every: int = COMMIT_EVERY()
+    lock_timeout: float = LOCK_TIMEOUT()
+    cancel: bool = option(
+        False, "Drop the model swap under way (the store keeps serving its current model)."
+    )
     show_progress: bool = PROGRESS()
     json: bool = JSON()
 

@@ -82,7 +82,8 @@ def check_device(device: str | None) -> str | None:
 MODEL = shared(
     None,
     "Model: a sentence-transformers folder or name. Default: the store's model when the "
-    f"command reads a store, else {DEFAULT_MODEL} (packaged: no download).",
+    f"command reads a store, else {DEFAULT_MODEL} (packaged: no download); reembed: the "
+    "model to swap the store to.",
     flag="--model",
     short="-m",
     metavar="NAME|DIR",
@@ -164,6 +165,17 @@ ON_BAD_ROW_OPTION = shared(
 )
 JSON = shared(False, "Print JSON instead of a table.", flag="--json")
 STORE = shared(None, "Store folder (densefit index creates it).", flag="--store", short="-s")
+COMMIT_EVERY = shared(
+    1024,
+    "Documents per transaction (reembed: new vectors per commit): a crash loses at most this many.",
+    ge=1,
+)
+LOCK_TIMEOUT = shared(
+    3600.0,
+    "Seconds to wait for another process writing to the same store (reembed: for another "
+    "model swap of it).",
+    ge=0,
+)
 OUTPUT = shared(
     None,
     "Where the command writes its result (train: the model folder; mine: a JSON Lines "

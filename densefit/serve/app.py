@@ -2,8 +2,9 @@
 
 Routes: ``POST /search``, ``POST /documents`` (upsert), ``DELETE /documents``,
 ``GET /documents/{id}``, ``POST /v1/embeddings`` and ``POST /embed``
-(:mod:`densefit.serve.embeddings`), ``GET /health``, ``GET /metrics`` and the OpenAPI docs at
-``/docs``.
+(:mod:`densefit.serve.embeddings`), ``POST`` and ``GET /admin/reembed`` (a model swap with
+no downtime, :mod:`densefit.serve.swap`; only with an API key), ``GET /health``,
+``GET /metrics`` and the OpenAPI docs at ``/docs``.
 
 - Searches go through the :class:`~densefit.serve.batcher.MicroBatcher` (one forward pass
   for the queries of concurrent requests), writes through the
@@ -35,12 +36,11 @@ from densefit.choices import SEARCH_MODES
 from densefit.data.types import Document
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index.filters import validate_filters
-from densefit.retrieval.index.searching import query_runtime
 from densefit.retrieval.index.settings import SettingsMismatchError
 from densefit.retrieval.runtimes import disagreement, resolve_runtime
 from densefit.serve.batcher import MicroBatcher, Query
 from densefit.serve.config import ServeConfig, is_local_host, worker_threads
-from densefit.serve.embeddings import add_embedding_routes, run_batch
+from densefit.serve.embeddings import add_embedding_routes, matryoshka_trained, run_batch
 from densefit.serve.errors import (
     JSON_BODY_HINT,
     ClientError,
@@ -50,6 +50,7 @@ from densefit.serve.errors import (
     validation_message,
 )
 from densefit.serve.metrics import Metrics
+from densefit.serve.swap import AdminSwap, ServedModel, query_state_maker, retrying_swaps
 from densefit.serve.writer import DocumentWriter
 
 try:
@@ -75,14 +76,22 @@ PASS_COST_TOKENS = 24
 
 
 def search_queries(
-    store, model, queries: list[Query], embeddings=None, *, runtime: str = "torch"
+    store,
+    model,
+    queries: list[Query],
+    embeddings=None,
+    *,
+    runtime: str = "torch",
+    model_generation: int | None = None,
 ) -> list[object]:
     """Embed the ``queries`` that need it (dense and hybrid ones; one forward pass, or a few
     of similar lengths: :func:`~densefit.retrieval.encode.padding_aware_cuts`), then search
     the store once per (k, filters, scale_score, mode) group; one hit list (or exception)
     per query, in order. ``embeddings``: the embeddings of the queries that are not ``bm25``
     (in order), when the batch embedded them already; ``runtime``: what runs the model (a
-    name, resolved in the worker thread)."""
+    name, resolved in the worker thread); ``model_generation``: the store's model generation
+    ``model`` is for (a search after a model swap then fails with
+    :class:`~densefit.retrieval.index.store.ModelSwappedError` instead of mixing models)."""
     embedded = [i for i, q in enumerate(queries) if q.mode != "bm25"]
     vectors = embeddings
     if vectors is None and embedded:
@@ -110,6 +119,7 @@ def search_queries(
                 scale_score=first.scale_score,
                 mode=first.mode,
                 query_texts=[queries[i].text for i in indices],
+                model_generation=model_generation if first.mode != "bm25" else None,
             )
         except Exception as exc:  # noqa: BLE001 - fails only this group's queries
             hits = [exc] * len(indices)
@@ -174,7 +184,8 @@ def _error(path: str, status: int, message: str, **extra) -> JSONResponse:
 _WRITE_METHODS = {"POST", "DELETE", "PUT", "PATCH"}
 _ARRIVAL = "densefit.search_arrival"  # scope key: the batcher's "arrived" callback
 _BATCHED = {"/search", "/v1/embeddings", "/embed"}  # routes whose texts go through the batcher
-_ROUTES = {*_BATCHED, "/documents", "/health", "/metrics", "/docs", "/openapi.json"}
+_ADMIN = "/admin/reembed"
+_ROUTES = {*_BATCHED, _ADMIN, "/documents", "/health", "/metrics", "/docs", "/openapi.json"}
 
 
 def _route_label(path: str) -> str:
@@ -254,6 +265,13 @@ class Guard:
                     "missing or wrong API key: send the header X-API-Key: KEY "
                     "(or Authorization: Bearer KEY)",
                 )
+        if path.startswith("/admin/") and self.key is None:
+            return _error(
+                path,
+                403,
+                "admin routes need an API key: start the server with --api-key (or "
+                "DENSEFIT_API_KEY) and send it",
+            )
         if scope["method"] in _WRITE_METHODS and path.startswith("/documents"):
             if not self.config.allow_writes:
                 return _error(
@@ -348,19 +366,27 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     ``close_store=False``).
     """
     config = config or ServeConfig()
-    store.check_model(model)
     # Queries get the model's query prompt and documents its document prompt, as the store's
     # were indexed (SettingsMismatchError when the model's prompts are not the store's), and
     # are embedded by config.runtime where its vectors may meet the store's (the same error
     # otherwise). The query workers resolve it by name again: their sessions use their threads.
-    runtime = query_runtime(store, model, config.runtime).name
-    search = functools.partial(search_queries, runtime=runtime)
+    # After a model swap the served model is the store's new one (densefit.serve.swap).
+    make_state = query_state_maker(store, config, _document_encoder, matryoshka_trained)
+    served = ServedModel(store, model, make_state, device=str(getattr(model, "device", "cpu")))
     metrics = Metrics(documents=store.count)
+
+    def run(items, state):
+        search = functools.partial(
+            search_queries, runtime=state.runtime, model_generation=state.generation
+        )
+        return run_batch(
+            store, state.model, items, search, pass_cost_tokens=PASS_COST_TOKENS,
+            runtime=state.runtime,
+        )  # fmt: skip
+
     batcher = MicroBatcher(
         # Search queries and embeddings inputs share batches (densefit.serve.embeddings).
-        lambda items: run_batch(
-            store, model, items, search, pass_cost_tokens=PASS_COST_TOKENS, runtime=runtime
-        ),
+        lambda items: retrying_swaps(functools.partial(run, items), served),
         max_batch=config.max_batch,
         max_wait=config.max_wait_ms / 1000,
         workers=config.query_workers,
@@ -369,11 +395,14 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     )
     writer = DocumentWriter(
         store,
-        _document_encoder(store, model, config.runtime),
+        lambda texts: served.current().encode_documents(texts),
+        swap_vectors=served.swap_vectors,
         on_commit=metrics.observe_write,
         on_error=lambda: metrics.observe_error("write"),
         after_ack=lambda: _update_bm25(store),
     )
+
+    admin = AdminSwap(served, runtime=config.runtime)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -382,6 +411,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
         try:
             yield
         finally:
+            admin.stop()  # between commits: the swap stays resumable
             await batcher.stop()
             writer.stop()
             if close_store:
@@ -394,11 +424,37 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     )
     app.state.metrics, app.state.batcher, app.state.writer = metrics, batcher, writer
     app.state.store, app.state.config = store, config
+    app.state.served, app.state.admin = served, admin
     _add_error_handlers(app, metrics)
     _add_routes(app, store, config, batcher, writer, metrics)
-    add_embedding_routes(app, store, model, config, batcher, _ARRIVAL)
+    _add_admin_routes(app, admin)
+    add_embedding_routes(app, store, served, config, batcher, _ARRIVAL)
     app.add_middleware(Guard, config=config, metrics=metrics, batcher=batcher)
     return app
+
+
+class ReembedRequest(_Strict):
+    """The model to swap the store to."""
+
+    model: StrictStr = Field(
+        ..., description="A sentence-transformers folder or name the server can load."
+    )
+
+
+def _add_admin_routes(app, admin: AdminSwap) -> None:
+    @app.post(_ADMIN, summary="Swap the store to another model, with no downtime", status_code=202)
+    def start_reembed(request: Annotated[ReembedRequest, Body()]) -> dict:
+        checked_request_text(request.model, "model", max_chars=4096)
+        try:
+            return admin.start(request.model)
+        except RuntimeError as exc:
+            raise ClientError(409, str(exc)) from None
+        except ValueError as exc:
+            raise ClientError(422, str(exc), param="model") from None
+
+    @app.get(_ADMIN, summary="The model swap's progress")
+    def reembed_status() -> dict:
+        return admin.report()
 
 
 def _update_bm25(store) -> None:

@@ -273,14 +273,10 @@ def _texts(value: Any, field_name: str, config) -> list[str]:
 # -- the routes --------------------------------------------------------------------------------
 
 
-def add_embedding_routes(app, store, model, config, batcher, arrival_key: str) -> None:
-    """``POST /v1/embeddings`` and ``POST /embed`` on ``app``, through ``batcher``."""
-    served_dim = store.dim
-    cosine = store.similarity == "cosine"
-    matryoshka = config.matryoshka
-    if matryoshka is None:
-        matryoshka = matryoshka_trained(store, model)
-    name = store.model_name
+def add_embedding_routes(app, store, served, config, batcher, arrival_key: str) -> None:
+    """``POST /v1/embeddings`` and ``POST /embed`` on ``app``, through ``batcher``, for the
+    model ``served`` serves (:class:`~densefit.serve.swap.ServedModel`: after a model swap,
+    the new one)."""
 
     async def embed(texts: list[str], prompt_name: str, truncate: bool, http: Request):
         items = [EmbedInput(t, prompt_name, truncate) for t in texts]
@@ -292,6 +288,8 @@ def add_embedding_routes(app, store, model, config, batcher, arrival_key: str) -
         request: Annotated[OpenAIEmbeddingRequest, Body()], http: Request
     ) -> JSONResponse:
         texts = _texts(request.input, "input", config)
+        served_dim, name = store.dim, store.model_name
+        matryoshka, cosine = served.current().matryoshka, store.similarity == "cosine"
         dims = request.dimensions
         if dims is not None and not 1 <= dims <= served_dim:
             raise ClientError(

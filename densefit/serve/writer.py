@@ -16,6 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from densefit.data.types import Document
+from densefit.retrieval.index.store import ModelSwappedError
+
+SWAP_RETRIES = 3  # a write embedded again when the store switched model before its commit
 
 __all__ = ["DocumentWriter", "WriteAck"]
 
@@ -55,12 +58,14 @@ class DocumentWriter:
         store,
         embed: Callable[[list[str]], object],
         *,
+        swap_vectors: Callable[[list[str]], tuple | None] | None = None,
         on_commit: Callable[[], None] | None = None,
         on_error: Callable[[], None] | None = None,
         after_ack: Callable[[], None] | None = None,
     ):
         self.store = store
         self.embed = embed
+        self.swap_vectors = swap_vectors  # a model swap's target and its vectors, or None
         self.on_commit = on_commit
         self.on_error = on_error
         self.after_ack = after_ack  # work after the caller was answered (e.g. the BM25 index)
@@ -127,6 +132,15 @@ class DocumentWriter:
     def _apply(self, kind: str, payload: list) -> WriteAck:
         if kind == "delete":
             return WriteAck(deleted=self.store.delete(payload))
-        embeddings = self.embed([doc.text for doc in payload])
-        result = self.store.write(payload, embeddings)  # returns after the commit
-        return WriteAck(added=result.added, updated=result.updated)
+        texts = [doc.text for doc in payload]
+        for attempt in range(SWAP_RETRIES + 1):
+            embeddings = self.embed(texts)
+            both = self.swap_vectors(texts) if self.swap_vectors is not None else None
+            swap = {} if both is None else {"swap_target": both[0], "swap_embeddings": both[1]}
+            try:
+                result = self.store.write(payload, embeddings, **swap)  # returns after commit
+            except ModelSwappedError:  # the store switched model meanwhile: embed again
+                if attempt == SWAP_RETRIES:
+                    raise
+                continue
+            return WriteAck(added=result.added, updated=result.updated)

@@ -44,6 +44,14 @@ _UPSERT = (
     "text=excluded.text, title=excluded.title, meta=excluded.meta, "
     "text_hash=excluded.text_hash, meta_hash=excluded.meta_hash"
 )
+# While a model swap is under way (densefit.retrieval.index.swap) each document also has its
+# row in the next generation's vector file, NULL until the new model embedded its text.
+_UPSERT_SWAPPING = (
+    "INSERT INTO documents(id, row, text, title, meta, text_hash, meta_hash, next_row) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET row=excluded.row, "
+    "text=excluded.text, title=excluded.title, meta=excluded.meta, "
+    "text_hash=excluded.text_hash, meta_hash=excluded.meta_hash, next_row=excluded.next_row"
+)
 
 
 def text_hash(text: str) -> str:
@@ -265,23 +273,73 @@ class DocumentTable:
         )
         return list(self.conn.execute(query))
 
-    def upsert(self, documents: Sequence[Document], *, start: int) -> None:
-        """Insert or replace ``documents``, the i-th at vector row ``start + i``."""
+    def upsert(
+        self,
+        documents: Sequence[Document],
+        *,
+        start: int,
+        swapping: bool = False,
+        next_start: int | None = None,
+    ) -> None:
+        """Insert or replace ``documents``, the i-th at vector row ``start + i``. While a
+        model swap is under way (``swapping``) the i-th gets next-generation row
+        ``next_start + i``, or none (the swap embeds it) when ``next_start`` is None."""
+        rows = [
+            (
+                d.id,
+                start + i,
+                d.text,
+                d.title or "",
+                json.dumps(d.meta or {}, default=str),
+                text_hash(d.text),
+                meta_hash(d),
+            )
+            for i, d in enumerate(documents)
+        ]
+        if not swapping:
+            self.conn.executemany(_UPSERT, rows)
+            return
         self.conn.executemany(
-            _UPSERT,
-            [
-                (
-                    d.id,
-                    start + i,
-                    d.text,
-                    d.title or "",
-                    json.dumps(d.meta or {}, default=str),
-                    text_hash(d.text),
-                    meta_hash(d),
-                )
-                for i, d in enumerate(documents)
-            ],
+            _UPSERT_SWAPPING,
+            [(*row, None if next_start is None else next_start + i) for i, row in enumerate(rows)],
         )
+
+    # -- the next generation of a model swap -------------------------------------------------
+
+    def add_next_rows(self) -> None:
+        """Give every document an empty next-generation row (adding the column to stores
+        that never swapped), inside the caller's transaction."""
+        columns = {name for _, name, *_ in self.conn.execute("PRAGMA table_info(documents)")}
+        if "next_row" not in columns:
+            self.conn.execute("ALTER TABLE documents ADD COLUMN next_row INTEGER")
+        self.conn.execute("UPDATE documents SET next_row = NULL")
+
+    def without_next_rows(self, after_row: int, limit: int) -> list[tuple[int, str, str]]:
+        """``(row, id, text)`` of up to ``limit`` documents past vector row ``after_row`` that
+        have no next-generation row yet, by row (writes append rows, so one pass in row
+        order meets the documents written while it runs too)."""
+        query = (
+            "SELECT row, id, text FROM documents WHERE row > ? AND next_row IS NULL "
+            "ORDER BY row LIMIT ?"
+        )
+        return self.conn.execute(query, (after_row, limit)).fetchall()
+
+    def count_without_next_rows(self) -> int:
+        """Documents the swap has still to embed."""
+        query = "SELECT COUNT(*) FROM documents WHERE next_row IS NULL"
+        return int(self.conn.execute(query).fetchone()[0])
+
+    def set_next_rows(self, pairs: Sequence[tuple[str, int]]) -> None:
+        """``(id, next row)`` recorded, inside the caller's transaction."""
+        self.conn.executemany(
+            "UPDATE documents SET next_row = ? WHERE id = ?", [(r, i) for i, r in pairs]
+        )
+
+    def promote_next_rows(self) -> None:
+        """Every document's next-generation row becomes its row (the swap's switch), keeping
+        rows unique at every step."""
+        self.conn.execute("UPDATE documents SET row = -row - 1")  # park at negative rows
+        self.conn.execute("UPDATE documents SET row = next_row, next_row = NULL")
 
     def update_metadata(self, documents: Sequence[Document]) -> int:
         """Replace title and metadata of stored documents; returns the rows changed."""

@@ -39,6 +39,8 @@ def writer_lock(
     timeout: float | None = None,
     on_wait: Callable[[str], None] | None = _say,
     poll: float = 0.1,
+    name: str = LOCK_NAME,
+    doing: str = "writing to this store",
 ) -> Iterator[None]:
     """Hold the writer lock of the store folder ``folder`` (created if missing) in the block.
 
@@ -53,7 +55,7 @@ def writer_lock(
         raise ValueError(f"lock_timeout must be >= 0 seconds (None: no limit), got {timeout!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_NAME
+    path = folder / name  # LOCK_NAME; a model swap holds its own (swap.LOCK_NAME)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if not _try_lock(fd):
@@ -61,14 +63,14 @@ def writer_lock(
             if on_wait is not None:
                 limit = "" if timeout is None else f" (up to {timeout:g}s)"
                 on_wait(
-                    f"{folder}: another process is writing to this store ({holder}); "
+                    f"{folder}: another process is {doing} ({holder}); "
                     f"waiting for it to finish{limit}"
                 )
             deadline = None if timeout is None else time.monotonic() + timeout
             while not _try_lock(fd):
                 if deadline is not None and time.monotonic() >= deadline:
                     raise StoreLockedError(
-                        f"{folder}: another process ({holder}) is still writing to this store "
+                        f"{folder}: another process ({holder}) is still {doing} "
                         f"after {timeout:g}s: wait for it to finish, or raise --lock-timeout"
                     )
                 time.sleep(poll)

@@ -37,6 +37,7 @@ __all__ = [
     "PROBE_TEXTS",
     "SettingsMismatchError",
     "StoreRecord",
+    "SwapTarget",
     "VectorSettings",
     "canonical_model_name",
     "check_search_settings",
@@ -332,6 +333,39 @@ class StoreRecord:
             f"embeds with {name}={given!r}: {fix}, or pass --reembed (reembed=True in Python) to "
             "re-embed every document with the new settings, or index into a new --store"
         )
+
+
+@dataclass
+class SwapTarget:
+    """The model a store is being re-embedded with (a model swap,
+    :mod:`densefit.retrieval.index.swap`): its record, and the vector-file generation its
+    vectors go to. Kept in the store's meta table until the switch."""
+
+    record: StoreRecord
+    generation: int
+
+    def to_json(self) -> str:
+        return json.dumps({"record": self.record.to_meta(), "generation": self.generation})
+
+    @classmethod
+    def from_json(cls, text: str | None, where: Path) -> SwapTarget | None:
+        if not text:
+            return None
+        data = json.loads(text)
+        return cls(StoreRecord.from_meta(data["record"], where), int(data["generation"]))
+
+    def same_vectors(self, other: SwapTarget) -> bool:
+        """Whether ``other`` makes the same vectors: same size and settings, and a
+        fingerprint of the same weights (a rebuild for it may resume this one's)."""
+        a, b = self.record, other.record
+        if (a.dim, a.similarity) != (b.dim, b.similarity) or a.fingerprint.shape != (
+            b.fingerprint.shape
+        ):
+            return False
+        if a.settings is not None and b.settings is not None and a.settings.differences(b.settings):
+            return False
+        cosine = np.min(np.sum(a.fingerprint * b.fingerprint, axis=1))
+        return bool(cosine >= SAME_WEIGHTS_COSINE)
 
 
 def search_options(

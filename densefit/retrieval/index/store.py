@@ -4,7 +4,8 @@ Layout of a store folder::
 
     store.sqlite          documents (id, text, title, meta, hashes, vector row) and meta
     densefit.lock         the writer lock (creation and indexing hold it)
-    vectors-<gen>.f32     committed embeddings, row-major (``.f16`` for float16 stores)
+    vectors-<gen>.f32     committed embeddings, row-major (``.f16`` for float16 stores); during
+                          a model swap also the next generation's, made by the new model
     bm25-<gen>.npz        the BM25 index of the documents' texts (a cache, checked before use)
     faiss-<gen>-*.index   FAISS cache, only when searched with the FAISS backend
 
@@ -20,6 +21,10 @@ Every write is one SQLite transaction: the new vectors are appended to the vecto
 fsync'd, then the rows are recorded and committed (see :mod:`densefit.retrieval.index.vectors`). A
 process killed at any point leaves the last committed state readable, and re-running
 ``densefit index`` resumes: unchanged documents are recognised by their text hash and skipped.
+
+A model swap (``densefit reembed``, :mod:`densefit.retrieval.index.swap`) embeds every
+document again with another model into the next generation's vector file while the store
+keeps answering from the current one, and switches to it in one commit.
 
 Updated and deleted documents leave dead rows in the vector file that searches skip;
 :meth:`LocalDocumentStore.compact` rewrites the file without them (a new generation, swapped
@@ -76,10 +81,32 @@ from densefit.retrieval.index.filters import (
 from densefit.retrieval.index.lexical import StoreBm25
 from densefit.retrieval.index.locking import LOCK_NAME, writer_lock
 from densefit.retrieval.index.searching import scaled_scores
-from densefit.retrieval.index.settings import StoreRecord, VectorSettings, model_fingerprint
+from densefit.retrieval.index.settings import (
+    StoreRecord,
+    SwapTarget,
+    VectorSettings,
+    model_fingerprint,
+)
 from densefit.retrieval.index.vectors import CommittedVectors, make_backend
 
-__all__ = ["LocalDocumentStore", "make_backend", "meta_hash", "open_store", "text_hash"]
+__all__ = [
+    "LocalDocumentStore",
+    "ModelSwappedError",
+    "make_backend",
+    "meta_hash",
+    "open_store",
+    "record_for",
+    "text_hash",
+]
+
+SWAP_KEY = "swap"  # meta: the SwapTarget of a model swap under way
+SWAP_ROWS_KEY = "swap_rows"  # meta: the rows committed to the swap's vector file
+MODEL_GENERATION_KEY = "model_generation"  # meta: how many model swaps the store went through
+
+
+class ModelSwappedError(StoreError):
+    """The store switched to another model since the caller embedded its queries: embed
+    them again with the store's model (:attr:`LocalDocumentStore.model_generation`)."""
 
 
 def _locked(method):
@@ -237,9 +264,10 @@ class LocalDocumentStore:
         self.similarity: str = self.record.similarity
         self.vector_kind: str = self.record.vector_kind
         self.backend_spec = backend
-        self._vectors = CommittedVectors(
-            self.path, dim=self.dim, kind=self.vector_kind, backend=backend, rescore=rescore
-        )
+        self._rescore = rescore
+        self._vectors: CommittedVectors | None = None  # made by _reload, for the record's model
+        self.model_generation = -1  # the model swaps the store went through; -1: not read yet
+        self._swap: SwapTarget | None = None
         self._bm25 = StoreBm25(self.path)
         self._wrote = False  # this object committed text changes (flush saves the BM25 index)
         self._checked: dict[int, tuple[weakref.ref, int]] = {}
@@ -356,6 +384,12 @@ class LocalDocumentStore:
         """
         settings = VectorSettings.of(model, runtime)
         with self.transaction() as fresh:
+            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
+            if swap is not None:
+                raise StoreError(
+                    f"{self.path}: a model swap to {swap.record.model_name!r} is under way: "
+                    "finish it (densefit reembed) before re-embedding with new settings"
+                )
             for key, value in settings.to_meta().items():
                 self._table.set_meta(key, value)
             self._table.set_meta("stale_below_row", self._table.meta_value("n_rows"))
@@ -386,6 +420,110 @@ class LocalDocumentStore:
             raise StoreError(f"{self.path}: documents still hold vectors made before --reembed")
         with self.transaction():
             self._table.set_meta("stale_below_row", 0)
+
+    # -- a model swap: the next generation of vectors ----------------------------------------
+    # The steps of densefit.retrieval.index.swap.reembed_store; each one commit.
+
+    @_locked
+    def swap_target(self) -> SwapTarget | None:
+        """The model swap under way (None: none)."""
+        self._refresh()
+        return self._swap
+
+    @_locked
+    def begin_swap(self, target: StoreRecord) -> tuple[SwapTarget, bool]:
+        """Start re-embedding every document for ``target`` (the new model's record), or go
+        on with the swap under way when it is for the same vectors; returns the swap and
+        whether it resumed one. A swap for another model is started afresh (its vectors
+        discarded); the current generation is untouched either way."""
+        if target.vector_kind != self.vector_kind:
+            raise StoreError(f"a {self.vector_kind} store swaps to {self.vector_kind} vectors")
+        with self.transaction():
+            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
+            fresh = SwapTarget(target, int(self._table.meta_value("generation")) + 1)
+            if swap is not None and swap.same_vectors(fresh):
+                return swap, True
+            self._table.add_next_rows()
+            self._table.set_meta(SWAP_KEY, fresh.to_json())
+            self._table.set_meta(SWAP_ROWS_KEY, 0)
+        self._reload()
+        return fresh, False
+
+    @_locked
+    def swap_pending(self, after_row: int, limit: int) -> list[tuple[int, str, str]]:
+        """``(row, id, text)`` of up to ``limit`` documents past ``after_row`` that the swap
+        has still to embed, by row."""
+        self._refresh()
+        return self._table.without_next_rows(after_row, limit)
+
+    @_locked
+    def write_swap(
+        self, target: SwapTarget, pending: Sequence[tuple[int, str]], embeddings: np.ndarray
+    ) -> int:
+        """Commit the new model's ``embeddings`` of the ``(row, id)`` documents ``pending``
+        gave; a document rewritten or deleted since (its row moved or gone) is left for the
+        swap to meet again. Returns the vectors recorded."""
+        vectors = checked_vectors(target.record, [Document(i, "") for _, i in pending], embeddings)
+        with self.transaction():
+            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
+            if swap is None or not swap.same_vectors(target):
+                raise StoreError(f"{self.path}: the model swap was cancelled or restarted")
+            current = self._table.rows_of([i for _, i in pending])
+            keep = [k for k, (row, i) in enumerate(pending) if current.get(i) == row]
+            if not keep:
+                return 0
+            start = int(self._table.meta_value(SWAP_ROWS_KEY))
+            self._swap_file(swap).write(start, vectors[keep])
+            self._table.set_next_rows([(pending[k][1], start + n) for n, k in enumerate(keep)])
+            self._table.set_meta(SWAP_ROWS_KEY, start + len(keep))
+        return len(keep)
+
+    @_locked
+    def finish_swap(self, target: SwapTarget) -> bool:
+        """Switch to the new model's vectors in one commit when every document has one, and
+        return True; False (nothing changed) while documents are left to embed. Searches
+        prepared for the old model get :class:`ModelSwappedError` from now on."""
+        with self.transaction():
+            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
+            if swap is None or not swap.same_vectors(target):
+                raise StoreError(f"{self.path}: the model swap was cancelled or restarted")
+            if self._table.count_without_next_rows():
+                return False
+            self._table.promote_next_rows()
+            meta = swap.record.to_meta()
+            for key in ("model_name", "dim", "similarity", "fingerprint"):
+                self._table.set_meta(key, meta[key])
+            for key, value in (swap.record.settings or VectorSettings()).to_meta().items():
+                self._table.set_meta(key, value)
+            self._table.set_meta("n_rows", self._table.meta_value(SWAP_ROWS_KEY))
+            self._table.set_meta("generation", swap.generation)
+            self._table.set_meta("stale_below_row", 0)
+            generation = int(self._table.meta_value(MODEL_GENERATION_KEY, "0"))
+            self._table.set_meta(MODEL_GENERATION_KEY, generation + 1)
+            self._table.conn.execute(
+                "DELETE FROM meta WHERE key IN (?, ?)", (SWAP_KEY, SWAP_ROWS_KEY)
+            )
+        self._wrote = True
+        self._reload()
+        self._remove_stale_files()
+        return True
+
+    @_locked
+    def cancel_swap(self) -> bool:
+        """Drop the model swap under way (its vectors are deleted; the current generation
+        serves on). Returns whether there was one."""
+        with self.transaction():
+            if self._table.meta_value(SWAP_KEY) is None:
+                return False
+            self._table.conn.execute(
+                "DELETE FROM meta WHERE key IN (?, ?)", (SWAP_KEY, SWAP_ROWS_KEY)
+            )
+        self._reload()
+        self._remove_stale_files()
+        return True
+
+    def _swap_file(self, swap: SwapTarget):
+        return self._vectors.file_for(swap.generation, swap.record.dim)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -464,6 +602,7 @@ class LocalDocumentStore:
         query_texts: Sequence[str] | None = None,
         fusion: Fusion | None = None,
         dense_filters: dict | None = None,
+        model_generation: int | None = None,
     ) -> list[list[SearchHit]]:
         """The ``top_k`` best documents for each query, best first.
 
@@ -482,12 +621,21 @@ class LocalDocumentStore:
         ``expit(score / 8)`` (Haystack's in-memory BM25), fused scores by
         :meth:`Fusion.scaled <densefit.retrieval.fusion.Fusion.scaled>`. ``dense_filters``
         are further conditions for the dense side only (the Haystack store leaves documents
-        without an embedding out of it, not out of BM25).
+        without an embedding out of it, not out of BM25). ``model_generation``: the
+        :attr:`model_generation` the query embeddings were made for; when the store has
+        switched to another model since (a model swap), :class:`ModelSwappedError` instead
+        of a ranking by the wrong model.
         """
         if mode not in SEARCH_MODES:
             raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
         if top_k < 1:
             raise ValueError(f"top_k must be at least 1, got {top_k}")
+        self._refresh()  # first: the record the queries are checked against is current
+        if model_generation is not None and model_generation != self.model_generation:
+            raise ModelSwappedError(
+                f"{self.path}: the store switched to the model {self.model_name!r}; embed the "
+                "queries with it"
+            )
         texts = None if mode == "dense" else _checked_query_texts(query_texts, mode)
         queries = None
         if mode != "bm25":
@@ -502,7 +650,6 @@ class LocalDocumentStore:
         if normalise_filters(dense_filters) is not None:
             both = [f for f in (filters, dense_filters) if f]
             dense_where = compiled_filters({"operator": "AND", "conditions": both})
-        self._refresh()
         subset = None if where is None else np.asarray(self._table.rows_matching(*where))
         dense_subset = subset
         if dense_where is not where:
@@ -644,13 +791,28 @@ class LocalDocumentStore:
     # -- writing ---------------------------------------------------------------------------
 
     @_locked
-    def write(self, documents: Sequence[Document], embeddings: np.ndarray) -> WriteResult:
+    def write(
+        self,
+        documents: Sequence[Document],
+        embeddings: np.ndarray,
+        *,
+        swap_embeddings: np.ndarray | None = None,
+        swap_target: SwapTarget | None = None,
+    ) -> WriteResult:
         """Add or replace ``documents`` (by id) with their embeddings, in one transaction.
 
-        Ids must be unique within one call. Cosine stores normalise the embeddings.
+        Ids must be unique within one call. Cosine stores normalise the embeddings. While a
+        model swap is under way the documents are embedded for both generations: by the new
+        model too when ``swap_embeddings`` (made for ``swap_target``, the swap under way:
+        :meth:`swap_target`) are given, else by the swap itself before it switches.
         """
         documents = list(documents)
         vectors = checked_vectors(self.record, documents, embeddings)
+        next_vectors = None
+        if swap_embeddings is not None:
+            if swap_target is None:
+                raise ValueError("swap_embeddings need the swap_target they were made for")
+            next_vectors = checked_vectors(swap_target.record, documents, swap_embeddings)
         if not documents:
             return WriteResult()
         self._wrote = True
@@ -658,7 +820,15 @@ class LocalDocumentStore:
             start = int(self._table.meta_value("n_rows"))
             replaced = self._table.rows_of([d.id for d in documents])
             self._vectors.file.write(start, vectors)
-            self._table.upsert(documents, start=start)
+            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
+            next_start = None
+            if swap is not None and next_vectors is not None and swap.same_vectors(swap_target):
+                next_start = int(self._table.meta_value(SWAP_ROWS_KEY))
+                self._swap_file(swap).write(next_start, next_vectors)
+                self._table.set_meta(SWAP_ROWS_KEY, next_start + len(documents))
+            self._table.upsert(
+                documents, start=start, swapping=swap is not None, next_start=next_start
+            )
             self._table.set_meta("n_rows", start + len(documents))
         self._after_commit(fresh, dead=list(replaced.values()), n_rows=start + len(documents))
         return WriteResult(added=len(documents) - len(replaced), updated=len(replaced))
@@ -691,8 +861,11 @@ class LocalDocumentStore:
 
     @_locked
     def compact(self) -> int:
-        """Rewrite the vector file without dead rows; returns how many were dropped."""
+        """Rewrite the vector file without dead rows; returns how many were dropped (none
+        while a model swap is under way: the swap's switch starts a new file anyway)."""
         self._refresh()
+        if self._swap is not None:
+            return 0
         bm25_current = self._bm25.is_current(
             self._vectors.generation, np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
         )
@@ -778,6 +951,16 @@ class LocalDocumentStore:
             "bm25": "current"
             if self._bm25.is_current(self._vectors.generation, live)
             else "updated at the next BM25 search",
+            "model_swaps": self.model_generation,
+            "swap": None if self._swap is None else self._swap_progress(),
+        }
+
+    def _swap_progress(self) -> dict:
+        """The swap under way: its model and how many documents it has still to embed."""
+        return {
+            "model": self._swap.record.model_name,
+            "dim": self._swap.record.dim,
+            "remaining": self._table.count_without_next_rows(),
         }
 
     def transaction(self) -> _StoreTransaction:
@@ -811,7 +994,21 @@ class LocalDocumentStore:
             rows = table.all_rows()
         finally:
             table.conn.execute("COMMIT")
-        self.record = StoreRecord.from_meta(meta, self.path / DB_NAME)
+        record = StoreRecord.from_meta(meta, self.path / DB_NAME)
+        model_generation = int(meta.get(MODEL_GENERATION_KEY, "0"))
+        if model_generation != self.model_generation:  # opened, or another model swapped in
+            self._vectors = CommittedVectors(
+                self.path,
+                dim=record.dim,
+                kind=record.vector_kind,
+                backend=self.backend_spec,
+                rescore=self._rescore,
+            )
+            self._checked.clear()
+        self.record, self.model_generation = record, model_generation
+        self.model_name, self.dim = record.model_name, record.dim
+        self.similarity, self.vector_kind = record.similarity, record.vector_kind
+        self._swap = SwapTarget.from_json(meta.get(SWAP_KEY), self.path / DB_NAME)
         try:
             self._vectors.load(
                 n_rows=int(meta["n_rows"]), generation=int(meta["generation"]), live_rows=rows
@@ -838,7 +1035,9 @@ class LocalDocumentStore:
         try:
             conn.execute("CREATE INDEX IF NOT EXISTS documents_text_hash ON documents(text_hash)")
             generation = int(self._table.meta_value("generation"))
-            self._vectors.remove_other_generations(generation)
+            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
+            building = swap.generation if swap is not None else None
+            self._vectors.remove_other_generations(generation, building)
             self._bm25.remove_other_generations(generation)
         finally:
             conn.execute("COMMIT")
@@ -858,6 +1057,14 @@ class _StoreTransaction:
             raise StoreError(f"{store.path}: the store is closed")
         self.inner = store._table.transaction()
         self.inner.__enter__()
+        swapped = int(store._table.meta_value(MODEL_GENERATION_KEY, "0"))
+        if swapped != store.model_generation:  # another process switched to a new model
+            self.inner.__exit__(None, None, None)
+            store._reload()
+            raise ModelSwappedError(
+                f"{store.path}: the store switched to the model {store.model_name!r} while "
+                "this write was prepared; embed the documents with it and write again"
+            )
         version = store._table.data_version()
         generation = int(store._table.meta_value("generation"))
         if generation != store._vectors.generation:  # another process compacted
@@ -935,7 +1142,24 @@ def open_store(
 
 def _create_for(path, model, *, backend, vectors: str, rescore) -> LocalDocumentStore:
     """A new store recording ``model``: its name, dimension, fingerprint and settings."""
+    record = record_for(model, vectors)
+    return LocalDocumentStore.create(
+        path,
+        model_name=record.model_name,
+        dim=record.dim,
+        fingerprint=record.fingerprint,
+        similarity=record.similarity,
+        vectors=vectors,
+        backend=backend,
+        rescore=rescore,
+        settings=record.settings,
+    )
 
+
+def record_for(model, vectors: str, runtime=None) -> StoreRecord:
+    """What a store of ``vectors`` records about vectors ``model`` makes (by ``runtime``,
+    None: torch): its name (a local folder's absolute path), dimension, similarity,
+    fingerprint and settings."""
     name = model_name_of(model)
     if Path(name).expanduser().is_dir():
         name = str(Path(name).expanduser().resolve())
@@ -945,14 +1169,11 @@ def _create_for(path, model, *, backend, vectors: str, rescore) -> LocalDocument
             f"model {name!r} scores by {similarity!r} similarity; the store searches by inner "
             "product and supports cosine and dot models only"
         )
-    return LocalDocumentStore.create(
-        path,
-        model_name=name,
-        dim=embedding_dimension(model),
-        fingerprint=model_fingerprint(model),
-        similarity=similarity,
-        vectors=vectors,
-        backend=backend,
-        rescore=rescore,
-        settings=VectorSettings.of(model),
+    return StoreRecord(
+        name,
+        embedding_dimension(model),
+        similarity,
+        vectors,
+        model_fingerprint(model),
+        VectorSettings.of(model, runtime),
     )

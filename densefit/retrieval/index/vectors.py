@@ -163,11 +163,12 @@ class CommittedVectors:
         self.alive = np.zeros(0, dtype=bool)
         self.file: VectorFile | None = None
 
-    def file_for(self, generation: int) -> VectorFile:
-        """The vector file of ``generation`` (``vectors-<gen>.f32`` or ``.f16``)."""
+    def file_for(self, generation: int, dim: int | None = None) -> VectorFile:
+        """The vector file of ``generation`` (``vectors-<gen>.f32`` or ``.f16``), of
+        ``dim``-d rows (default: this store's; a model swap's next generation may differ)."""
         suffix = _SUFFIXES[self.dtype]
         return VectorFile(
-            self.folder / f"vectors-{generation}.{suffix}", dim=self.dim, dtype=self.dtype
+            self.folder / f"vectors-{generation}.{suffix}", dim=dim or self.dim, dtype=self.dtype
         )
 
     def use_generation(self, generation: int) -> None:
@@ -226,11 +227,12 @@ class CommittedVectors:
             return self.backend.search(queries, k)
         return search_rows(self.backend, self.view(), queries, k, rows)
 
-    def remove_other_generations(self, generation: int) -> None:
-        """Delete vector files and FAISS caches of every generation but ``generation``."""
-        keep = self.file_for(generation).path.name
+    def remove_other_generations(self, generation: int, building: int | None = None) -> None:
+        """Delete vector files and FAISS caches of every generation but ``generation`` (and
+        ``building``, the generation a model swap is writing)."""
+        keep = {f"vectors-{g}.{_SUFFIXES[self.dtype]}" for g in (generation, building)}
         for path in self.folder.glob("vectors-*.*"):
-            if path.name != keep:
+            if path.name not in keep:
                 path.unlink(missing_ok=True)
         for path in self.folder.glob("faiss-*.index*"):
             if not path.name.startswith(f"faiss-{generation}-"):

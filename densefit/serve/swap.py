@@ -1,0 +1,216 @@
+"""The served model, and a model swap while the server keeps answering.
+
+:class:`ServedModel` is what the batcher, the writer and the embeddings routes embed with:
+one immutable :class:`ModelState` (model, runtime, document encoder, the store's model
+generation it belongs to), replaced in one assignment when the store switches to another
+model. That happens two ways:
+
+- ``POST /admin/reembed`` (behind the API key): :class:`AdminSwap` loads the new model and
+  runs :func:`~densefit.retrieval.index.swap.reembed_store` in a thread, while the writer
+  embeds every write for both models; at the switch the new model becomes the served one.
+- ``densefit reembed`` in another process: the next search finds the store switched
+  (:class:`~densefit.retrieval.index.store.ModelSwappedError`), and the server loads the
+  model the store now records (as ``densefit serve`` picks it at start).
+
+Either way a query embedded by the old model a moment before the switch is embedded again by
+the new one and searched: no request fails because of a swap.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from densefit.models import load_model, resolve_device
+from densefit.retrieval.encode import configure_model, encode_texts
+from densefit.retrieval.index.searching import model_for_store, query_runtime
+from densefit.retrieval.index.settings import StoreRecord, SwapTarget
+from densefit.retrieval.index.store import ModelSwappedError, record_for
+from densefit.retrieval.index.swap import reembed_store
+from densefit.retrieval.runtimes import resolve_runtime
+
+__all__ = ["AdminSwap", "ModelState", "ServedModel", "retrying_swaps"]
+
+SWAP_RETRIES = 3  # a batch embedded again after a switch; a second switch in between is rare
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """What the server embeds with for one model generation of the store."""
+
+    model: object
+    runtime: str  # the query runtime's name (resolved again in each worker thread)
+    generation: int  # the store's model_generation these embeddings are for
+    encode_documents: Callable[[list[str]], object]
+    matryoshka: bool
+
+
+@dataclass(frozen=True)
+class _Next:
+    """The model a swap under way embeds with, for the writer's second vectors."""
+
+    model: object
+    runtime: object  # a resolved Runtime
+    record: StoreRecord
+
+
+class ServedModel:
+    """The current :class:`ModelState`, brought in step with the store's model on demand.
+
+    ``make_state(model)`` builds the state of a model (the app's runtime rules); ``device``
+    is where a model loaded after an outside swap runs.
+    """
+
+    def __init__(self, store, model, make_state: Callable[[object], ModelState], device):
+        self.store = store
+        self._make_state = make_state
+        self.device = device
+        self._lock = threading.Lock()
+        self.next: _Next | None = None
+        self.state = make_state(model)
+
+    def current(self) -> ModelState:
+        """The state for the store's current model (loading it after a swap)."""
+        state = self.state
+        if state.generation == self.store.model_generation:
+            return state
+        with self._lock:
+            if self.state.generation != self.store.model_generation:
+                nxt = self.next
+                if nxt is not None and _records_agree(nxt.record, self.store.record):
+                    model = nxt.model
+                else:  # swapped by another process: the model the store records now
+                    model = model_for_store(self.store, None, device=self.device)
+                self.state = self._make_state(model)
+            return self.state
+
+    def swap_vectors(self, texts: list[str]):
+        """``(swap target, the next model's document vectors)`` for a write while a swap
+        this server runs is under way; None otherwise (the swap embeds the write itself)."""
+        nxt = self.next
+        if nxt is None:
+            return None
+        target = self.store.swap_target()
+        if target is None or not target.same_vectors(SwapTarget(nxt.record, target.generation)):
+            return None
+        vectors = encode_texts(
+            nxt.model, texts, batch_size=32, prompt_name="document", runtime=nxt.runtime
+        )
+        return target, vectors
+
+
+def _records_agree(a: StoreRecord, b: StoreRecord) -> bool:
+    return SwapTarget(a, 0).same_vectors(SwapTarget(b, 0))
+
+
+def retrying_swaps(run: Callable[[ModelState], list], served: ServedModel) -> list:
+    """``run(state)`` for the current model; again, with the new one, when a result says the
+    store switched model meanwhile (:class:`ModelSwappedError`)."""
+    results = run(served.current())
+    for _ in range(SWAP_RETRIES):
+        if not any(isinstance(r, ModelSwappedError) for r in results):
+            break
+        results = run(served.current())
+    return results
+
+
+class AdminSwap:
+    """``POST /admin/reembed``: one model swap at a time, in a thread; its status for
+    ``GET /admin/reembed``."""
+
+    def __init__(self, served: ServedModel, *, runtime: str, batch_size: int = 32):
+        self.served = served
+        self.runtime = runtime
+        self.batch_size = batch_size
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.status: dict = {"state": "idle"}
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, model_name: str) -> dict:
+        """Load ``model_name`` and start swapping to it; the status. RuntimeError when a swap
+        is running, ValueError when the model cannot be loaded (nothing started)."""
+        if self.running:
+            raise RuntimeError(f"a model swap to {self.status.get('model')!r} is running")
+        try:
+            model = configure_model(
+                load_model(model_name, device=resolve_device(self.served.device))
+            )
+        except Exception as exc:  # noqa: BLE001 - the request's model: say why, serve on
+            raise ValueError(
+                f"model: cannot load {model_name!r} ({exc.__class__.__name__}: {str(exc)[:300]})"
+            ) from None
+        self.status = {"state": "running", "model": model_name, "started": time.time()}
+        self._thread = threading.Thread(
+            target=self._run, args=(model,), name="densefit-reembed", daemon=True
+        )
+        self._thread.start()
+        return dict(self.status)
+
+    def stop(self) -> None:
+        """Stop between commits (the swap stays resumable) and wait for the thread."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def report(self) -> dict:
+        """The status, with the documents left while it runs."""
+        status = dict(self.status)
+        if status.get("state") == "running":
+            swap = self.served.store.info().get("swap")
+            status["remaining"] = swap["remaining"] if swap else 0
+        return status
+
+    def _run(self, model) -> None:
+        store = self.served.store
+        try:
+            runner = resolve_runtime(model, self.runtime)
+            self.served.next = _Next(model, runner, record_for(model, store.vector_kind, runner))
+            report = reembed_store(
+                store,
+                model,
+                runtime=runner,
+                batch_size=self.batch_size,
+                should_stop=self._stopping.is_set,
+            )
+            if report.switched:
+                self.served.current()  # the new model serves from the next batch on
+            self.status.update(
+                state="done" if report.switched else "stopped", report=report.to_dict()
+            )
+        except Exception as exc:  # noqa: BLE001 - reported by GET /admin/reembed, server lives
+            self.status.update(
+                state="failed",
+                error=f"{exc.__class__.__name__}: {exc}",
+                where=traceback.format_exc(limit=-1).strip().splitlines()[-1],
+            )
+        finally:
+            self.served.next = None
+
+
+def query_state_maker(store, config, document_encoder, matryoshka_of) -> Callable:
+    """``make_state(model)`` for :class:`ServedModel`: the query runtime by the store's rules
+    (:func:`~densefit.retrieval.index.searching.query_runtime`), the writer's document
+    encoder, and whether the model was trained for shorter embeddings."""
+
+    def make_state(model) -> ModelState:
+        store.check_model(model)
+        runtime = query_runtime(store, model, config.runtime).name
+        matryoshka = config.matryoshka
+        if matryoshka is None:
+            matryoshka = matryoshka_of(store, model)
+        return ModelState(
+            model=model,
+            runtime=runtime,
+            generation=store.model_generation,
+            encode_documents=document_encoder(store, model, config.runtime),
+            matryoshka=matryoshka,
+        )
+
+    return make_state
