@@ -40,7 +40,7 @@ from densefit.retrieval.index.settings import SettingsMismatchError
 from densefit.retrieval.runtimes import disagreement, resolve_runtime
 from densefit.serve.batcher import MicroBatcher, Query
 from densefit.serve.config import ServeConfig, is_local_host, worker_threads
-from densefit.serve.embeddings import add_embedding_routes, run_batch
+from densefit.serve.embeddings import add_embedding_routes, measure_request, run_batch
 from densefit.serve.errors import (
     JSON_BODY_HINT,
     ClientError,
@@ -93,6 +93,7 @@ def search_queries(
             prompt_name="query",
             pass_cost_tokens=PASS_COST_TOKENS,
             runtime=runtime,
+            tokens=[queries[i].tokens for i in embedded],  # measured by the batcher
         )
     row_of = {query: row for row, query in enumerate(embedded)}
     groups: dict[tuple, list[int]] = defaultdict(list)
@@ -349,6 +350,9 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     """
     config = config or ServeConfig()
     store.check_model(model)
+    # Inference only, from several threads at once: encode_texts' own eval()/train() around
+    # each call would let one worker's restore switch dropout on in another's forward pass.
+    model.eval()
     # Queries get the model's query prompt and documents its document prompt, as the store's
     # were indexed (SettingsMismatchError when the model's prompts are not the store's), and
     # are embedded by config.runtime where its vectors may meet the store's (the same error
@@ -366,6 +370,8 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
         workers=config.query_workers,
         threads_per_worker=worker_threads(config, torch.get_num_threads()),
         on_batch=metrics.observe_batch,
+        max_batch_tokens=config.max_batch_tokens,
+        measure=functools.partial(measure_request, model),
     )
     writer = DocumentWriter(
         store,
