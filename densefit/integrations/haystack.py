@@ -32,6 +32,13 @@ embedding, or by both fused (``mode="hybrid"``, the default: connect the text to
 the embedder's output to ``query_embedding``; ``run`` and ``run_async``); the store keeps the BM25 index of the
 documents' content itself (:mod:`densefit.retrieval.index.lexical`).
 
+Both retrievers also take the query text alone (``query``): without ``query_embedding`` they
+embed it with the model the store records, through ``runtime`` (the vocabulary and default of
+``--runtime``: ``auto`` picks the fastest exported runtime whose check passed, else torch),
+with the store's query prompt and vector size, and a runtime whose vectors may not meet the
+store's is refused as ``densefit search --runtime`` refuses it
+(:func:`~densefit.retrieval.index.searching.query_runtime`).
+
 Where the vectors come from: Haystack's embedders compute them, so the store takes them as
 given. With ``model=`` (the path or name the embedders load) a new store records that model
 like ``densefit index`` does (name, fingerprint, settings), and ``densefit search`` works on
@@ -74,14 +81,16 @@ except ImportError:  # pragma: no cover - depends on the environment
         "densefit.integrations.haystack needs Haystack 3: pip install 'densefit[haystack]'"
     ) from None
 
-from densefit.choices import FUSIONS, SEARCH_MODES, VECTOR_KINDS
-from densefit.config.shared import DENSE_WEIGHT, FUSION, FUSION_DEPTH, RRF_K
+from densefit.choices import FUSIONS, RUNTIME_CHOICES, SEARCH_MODES, VECTOR_KINDS
+from densefit.config.shared import DENSE_WEIGHT, FUSION, FUSION_DEPTH, RRF_K, RUNTIME
 from densefit.data.text import InvalidText, checked_text
 from densefit.data.types import Document as DensefitDocument
 from densefit.models import load_model
+from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.documents import DB_NAME
 from densefit.retrieval.index.filters import validate_filters
+from densefit.retrieval.index.searching import model_for_store, query_runtime
 from densefit.retrieval.index.store import LocalDocumentStore, checked_vectors, open_store
 
 __all__ = [
@@ -197,6 +206,8 @@ class DensefitDocumentStore:
         self._store: LocalDocumentStore | None = None
         self._indexed = False  # the "has no embedding" field has its index
         self._lock = threading.RLock()  # see _locked: one call at a time
+        self._query_model = None  # the model embed_queries loads once
+        self._model_lock = threading.Lock()
         if self.path is not None and (Path(self.path) / DB_NAME).is_file():
             self._store = LocalDocumentStore(self.path, backend=backend, rescore=rescore)
 
@@ -515,6 +526,26 @@ class DensefitDocumentStore:
         )[0]
         return self._scored(hits, return_embedding)
 
+    def embed_queries(self, queries: list[str], runtime: str = RUNTIME.default) -> np.ndarray:
+        """The ``(len(queries), dim)`` embeddings of ``queries`` by the model the store
+        records (or ``model=``; loaded once), with its query prompt and vector size, the
+        transformer run by ``runtime`` (:data:`densefit.choices.RUNTIME_CHOICES`). A runtime
+        whose vectors may not meet the store's raises
+        :class:`~densefit.retrieval.index.settings.SettingsMismatchError` (a ValueError), a
+        store of external embeddings (no model recorded) a ValueError."""
+        if self._store is None or self._store.model_name == EXTERNAL_MODEL:
+            raise ValueError(
+                "this store records no model to embed queries with (its embeddings came from "
+                "an external embedder): pass query_embedding, or create the store with model="
+            )
+        with self._model_lock:
+            if self._query_model is None:
+                self._query_model = model_for_store(self._store, self.model)
+        model = self._query_model
+        self._store.check_model(model)
+        runner = query_runtime(self._store, model, runtime)  # the store's runtime rule
+        return encode_texts(model, list(queries), prompt_name="query", runtime=runner)
+
     def _query_vector(self, query_embedding) -> np.ndarray:
         query = np.asarray(query_embedding, dtype=np.float32)
         if query.ndim != 1 or len(query) != self._store.dim:
@@ -665,13 +696,23 @@ def _unb64(text: str) -> bytes:
 
 
 def _retriever_init(
-    retriever, document_store, filters, top_k, scale_score, return_embedding, filter_policy
+    retriever,
+    document_store,
+    filters,
+    top_k,
+    scale_score,
+    return_embedding,
+    filter_policy,
+    runtime,
 ) -> None:
     """The settings every densefit retriever component checks and keeps."""
     if not isinstance(document_store, DensefitDocumentStore):
         raise TypeError("document_store must be a DensefitDocumentStore")
     if top_k <= 0:
         raise ValueError(f"top_k must be greater than 0, got {top_k}")
+    if runtime not in RUNTIME_CHOICES:
+        raise ValueError(f"runtime must be one of {', '.join(RUNTIME_CHOICES)}, not {runtime!r}")
+    retriever.runtime = runtime
     retriever.document_store = document_store
     retriever.filters = _checked_filters(filters)
     retriever.top_k = top_k
@@ -682,6 +723,25 @@ def _retriever_init(
         if isinstance(filter_policy, FilterPolicy)
         else FilterPolicy.from_str(filter_policy)
     )
+
+
+def _query_embedding(retriever, query, query_embedding, what: str):
+    """``query_embedding``, else ``query`` embedded by the store's model through the
+    retriever's runtime (None when the store holds nothing yet: nothing to search)."""
+    if query_embedding is not None:
+        return query_embedding
+    store = retriever.document_store
+    if store.store is None:
+        return None
+    if query is None:
+        raise ValueError(f"{what} needs the query embedding or the query text: connect one")
+    if store.store.model_name == EXTERNAL_MODEL:
+        raise ValueError(
+            f"{what} needs the query embedding: connect `query_embedding` (this store's "
+            "embeddings came from an external embedder and it records no model to embed "
+            "`query` with; create it with model= to embed queries here)"
+        )
+    return store.embed_queries([query], retriever.runtime)[0]
 
 
 def _retriever_from_dict(cls, data: dict[str, Any]):
@@ -710,6 +770,9 @@ class DensefitEmbeddingRetriever:
     :param return_embedding: return the documents' embeddings too.
     :param filter_policy: how run-time filters combine with ``filters``: ``REPLACE``
         (default) or ``MERGE``.
+    :param runtime: what runs the store's model when a query comes as text (``query``, no
+        ``query_embedding``): ``"auto"`` (default), ``"torch"``, ``"onnx"``... as
+        ``--runtime`` (:meth:`DensefitDocumentStore.embed_queries`).
     """
 
     def __init__(
@@ -720,9 +783,17 @@ class DensefitEmbeddingRetriever:
         scale_score: bool = False,
         return_embedding: bool = False,
         filter_policy: FilterPolicy = FilterPolicy.REPLACE,
+        runtime: str = RUNTIME.default,
     ) -> None:
         _retriever_init(
-            self, document_store, filters, top_k, scale_score, return_embedding, filter_policy
+            self,
+            document_store,
+            filters,
+            top_k,
+            scale_score,
+            return_embedding,
+            filter_policy,
+            runtime,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -735,6 +806,7 @@ class DensefitEmbeddingRetriever:
             scale_score=self.scale_score,
             return_embedding=self.return_embedding,
             filter_policy=self.filter_policy.value,
+            runtime=self.runtime,
         )
 
     @classmethod
@@ -745,28 +817,35 @@ class DensefitEmbeddingRetriever:
     @component.output_types(documents=list[Document])
     def run(
         self,
-        query_embedding: list[float],
+        query_embedding: list[float] | None = None,
         filters: dict[str, Any] | None = None,
         top_k: int | None = None,
         scale_score: bool | None = None,
         return_embedding: bool | None = None,
+        query: str | None = None,
     ) -> dict[str, list[Document]]:
-        """The best ``top_k`` documents for ``query_embedding`` among those matching the
-        filters: ``{"documents": [...]}``, best first, each with ``score``."""
+        """The best ``top_k`` documents for ``query_embedding`` (or ``query``, embedded by
+        the store's model through ``runtime``) among those matching the filters:
+        ``{"documents": [...]}``, best first, each with ``score``."""
+        query_embedding = _query_embedding(self, query, query_embedding, "the retriever")
         arguments = self._arguments(query_embedding, filters, top_k, scale_score, return_embedding)
         return {"documents": self.document_store.embedding_retrieval(**arguments)}
 
     @component.output_types(documents=list[Document])
     async def run_async(
         self,
-        query_embedding: list[float],
+        query_embedding: list[float] | None = None,
         filters: dict[str, Any] | None = None,
         top_k: int | None = None,
         scale_score: bool | None = None,
         return_embedding: bool | None = None,
+        query: str | None = None,
     ) -> dict[str, list[Document]]:
-        """:meth:`run` for ``AsyncPipeline``: the search runs in a worker thread, so it
-        does not block the event loop."""
+        """:meth:`run` for ``AsyncPipeline``: the embedding and the search run in a worker
+        thread, so they do not block the event loop."""
+        query_embedding = await asyncio.to_thread(
+            _query_embedding, self, query, query_embedding, "the retriever"
+        )
         arguments = self._arguments(query_embedding, filters, top_k, scale_score, return_embedding)
         return {"documents": await self.document_store.embedding_retrieval_async(**arguments)}
 
@@ -809,6 +888,9 @@ class DensefitHybridRetriever:
     :param rrf_k: the reciprocal rank fusion constant (60).
     :param alpha: the dense side's weight in weighted fusion (0.5).
     :param depth: documents each side ranks before fusion (100).
+    :param runtime: what runs the store's model when ``query_embedding`` is not given and
+        the mode needs it (the ``query`` text is embedded): ``"auto"`` (default),
+        ``"torch"``, ``"onnx"``... as ``--runtime``.
     """
 
     def __init__(
@@ -824,13 +906,21 @@ class DensefitHybridRetriever:
         rrf_k: int = RRF_K.default,
         alpha: float = DENSE_WEIGHT.default,
         depth: int = FUSION_DEPTH.default,
+        runtime: str = RUNTIME.default,
     ) -> None:
         if mode not in SEARCH_MODES:
             raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
         if fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, not {fusion!r}")
         _retriever_init(
-            self, document_store, filters, top_k, scale_score, return_embedding, filter_policy
+            self,
+            document_store,
+            filters,
+            top_k,
+            scale_score,
+            return_embedding,
+            filter_policy,
+            runtime,
         )
         self.mode = mode
         self.fusion, self.rrf_k, self.alpha, self.depth = fusion, rrf_k, alpha, depth
@@ -851,6 +941,7 @@ class DensefitHybridRetriever:
             rrf_k=self.rrf_k,
             alpha=self.alpha,
             depth=self.depth,
+            runtime=self.runtime,
         )
 
     @classmethod
@@ -869,11 +960,14 @@ class DensefitHybridRetriever:
         return_embedding: bool | None = None,
     ) -> dict[str, list[Document]]:
         """The best ``top_k`` documents for the query (its text for BM25, its embedding for
-        dense, both for hybrid) among those matching the filters: ``{"documents": [...]}``,
-        best first, each with ``score``."""
+        dense, both for hybrid; without ``query_embedding`` the text is embedded by the
+        store's model through ``runtime``) among those matching the filters:
+        ``{"documents": [...]}``, best first, each with ``score``."""
         method, arguments = self._call(
             query, query_embedding, filters, top_k, scale_score, return_embedding
         )
+        if "query_embedding" in arguments:
+            arguments["query_embedding"] = self._embedding(query, arguments["query_embedding"])
         return {"documents": getattr(self.document_store, method)(**arguments)}
 
     @component.output_types(documents=list[Document])
@@ -886,12 +980,19 @@ class DensefitHybridRetriever:
         scale_score: bool | None = None,
         return_embedding: bool | None = None,
     ) -> dict[str, list[Document]]:
-        """:meth:`run` for ``AsyncPipeline``: the search runs in a worker thread, so it
-        does not block the event loop."""
+        """:meth:`run` for ``AsyncPipeline``: the embedding and the search run in a worker
+        thread, so they do not block the event loop."""
         method, arguments = self._call(
             query, query_embedding, filters, top_k, scale_score, return_embedding
         )
+        if "query_embedding" in arguments:
+            arguments["query_embedding"] = await asyncio.to_thread(
+                self._embedding, query, arguments["query_embedding"]
+            )
         return {"documents": await getattr(self.document_store, f"{method}_async")(**arguments)}
+
+    def _embedding(self, query, query_embedding):
+        return _query_embedding(self, query, query_embedding, f"mode {self.mode!r}")
 
     def _call(
         self, query, query_embedding, filters, top_k, scale_score, return_embedding
@@ -904,9 +1005,10 @@ class DensefitHybridRetriever:
             raise ValueError(f"top_k must be at least 0, got {top_k}")
         if self.mode != "dense" and query is None:
             raise ValueError(f"mode {self.mode!r} needs the query text: connect `query`")
-        if self.mode != "bm25" and query_embedding is None:
+        if self.mode != "bm25" and query_embedding is None and query is None:
             raise ValueError(
-                f"mode {self.mode!r} needs the query embedding: connect `query_embedding`"
+                f"mode {self.mode!r} needs the query embedding: connect `query_embedding` "
+                "(or `query`, embedded by the store's model)"
             )
         options = {
             "filters": filters,

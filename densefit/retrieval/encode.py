@@ -20,11 +20,17 @@ retrieval.runtimes.Runtime`) picks what runs the transformer: ``torch`` (the def
 ``onnx``, ``onnx-int8``, ``openvino``... (:mod:`densefit.retrieval.runtimes`); the batches,
 prompts, pooling and everything else above stay the same, so ``onnx`` equals ``torch`` to
 ~1e-7 cosine. The jobs (indexing, search, evaluation, mining) default to ``auto``.
+
+:func:`tokenize_texts` tokenizes texts as :func:`encode_texts` does (prompt, truncation) and
+gives each one's token count; handed back to :func:`encode_texts` (``tokens=``), its token
+ids are embedded as they are, without tokenizing again (``densefit serve`` counts a batch's
+tokens before forming it, then embeds it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -36,18 +42,36 @@ from densefit.prompts import apply_prompt, model_prompts, set_prompts
 from densefit.retrieval.runtimes import Runtime, resolve_runtime
 
 __all__ = [
+    "TextTokens",
     "configure_model",
     "embedding_dimension",
     "encode_texts",
     "encode_with_callback",
     "fast_path_tokenizer",
     "padding_aware_cuts",
+    "tokenize_texts",
 ]
 
 # Texts are tokenized in windows of this many batches: bounded memory on million-text inputs,
 # and enough texts per window for the token-length sort to leave little padding.
 _BATCHES_PER_WINDOW = 32
 _FEATURE_KEYS = {"input_ids", "attention_mask", "token_type_ids"}
+
+
+@dataclass(frozen=True)
+class TextTokens:
+    """One text tokenized as :func:`encode_texts` tokenizes it (:func:`tokenize_texts`).
+
+    ``count``: its tokens, prompt and special tokens included; ``features``: its token ids
+    (``input_ids``, ``attention_mask``...), which :func:`encode_texts` reuses when they were
+    made by the tokenizer it would use (``key``) for the same ``text`` (prompt included), else
+    None (the model's general path, or a text over ``max_seq_length`` counted untruncated).
+    """
+
+    text: str
+    count: int
+    features: dict | None = None
+    key: tuple = ()
 
 
 def embedding_dimension(model: SentenceTransformer) -> int:
@@ -76,6 +100,7 @@ def encode_texts(
     prompt_name: str | None = None,
     pass_cost_tokens: int | None = None,
     runtime: str | Runtime = "torch",
+    tokens: Sequence[TextTokens | None] | None = None,
 ) -> np.ndarray:
     """Embed ``texts`` into a ``(len(texts), dim)`` float32 array, row i for ``texts[i]``.
 
@@ -86,7 +111,9 @@ def encode_texts(
     ``pass_cost_tokens``: cut the length-sorted texts where padding would cost more than
     another forward pass (:func:`padding_aware_cuts`) instead of every ``batch_size`` texts.
     ``runtime``: what runs the transformer (:func:`~densefit.retrieval.runtimes.
-    resolve_runtime`; ``"torch"``, ``"onnx"``, ``"auto"``...).
+    resolve_runtime`; ``"torch"``, ``"onnx"``, ``"auto"``...). ``tokens``: each text's
+    :func:`tokenize_texts` (with the same ``prompt_name``), whose token ids are embedded
+    instead of tokenizing the text again (one that does not match is tokenized as usual).
 
     >>> from densefit.testing import tiny_model
     >>> model = tiny_model()
@@ -105,6 +132,7 @@ def encode_texts(
             prompt_name=prompt_name,
             pass_cost_tokens=pass_cost_tokens,
             runtime=runtime,
+            tokens=tokens,
         )
 
 
@@ -118,6 +146,7 @@ def encode_with_callback(
     prompt_name: str | None = None,
     pass_cost_tokens: int | None = None,
     runtime: str | Runtime = "torch",
+    tokens: Sequence[TextTokens | None] | None = None,
 ) -> np.ndarray:
     """:func:`encode_texts` reporting each finished batch's size to ``on_batch``.
 
@@ -139,6 +168,8 @@ def encode_with_callback(
                 "densefit does not support: use it without --query-prompt/--document-prompt"
             )
         texts = apply_prompt(texts, model_prompts(model)[prompt_name])
+    if tokens is not None and len(tokens) != len(texts):
+        raise ValueError(f"{len(tokens)} tokenized texts for {len(texts)} texts")
     dim = embedding_dimension(model)
     # Identical texts are encoded once and share one row: fewer forward passes, and copies
     # of a document get exactly equal scores (a float-level difference from landing in
@@ -147,6 +178,7 @@ def encode_with_callback(
     index_of: dict[str, int] = {}
     inverse = np.array([index_of.setdefault(t, len(index_of)) for t in texts], dtype=np.int64)
     if len(index_of) < len(texts):
+        copy_of = {j: i for i, j in enumerate(inverse.tolist())}  # any copy: the same text
         distinct = encode_with_callback(
             model,
             list(index_of),
@@ -155,6 +187,7 @@ def encode_with_callback(
             on_batch=on_batch,
             pass_cost_tokens=pass_cost_tokens,
             runtime=runner,
+            tokens=None if tokens is None else [tokens[copy_of[j]] for j in range(len(index_of))],
         )
         if on_batch is not None:
             on_batch(len(texts) - len(index_of))
@@ -165,6 +198,7 @@ def encode_with_callback(
     was_training = model.training
     model.eval()
     tokenizer = fast_path_tokenizer(model)
+    reused = _reusable(model, tokenizer, texts, tokens)
     # Coarse order by characters (free); each window is then re-sorted by exact token count.
     order = np.argsort([-len(t) for t in texts], kind="stable")
     window = batch_size * _BATCHES_PER_WINDOW
@@ -173,7 +207,7 @@ def encode_with_callback(
             for start in range(0, len(texts), window):
                 rows = order[start : start + window]
                 for batch_rows, features in _batches(
-                    model, tokenizer, texts, rows, batch_size, pass_cost_tokens
+                    model, tokenizer, texts, rows, batch_size, pass_cost_tokens, reused
                 ):
                     features = {
                         k: v.to(model.device) if isinstance(v, torch.Tensor) else v
@@ -189,6 +223,75 @@ def encode_with_callback(
     finally:
         model.train(was_training)
     return out
+
+
+def tokenize_texts(
+    model: SentenceTransformer,
+    texts: Sequence[str],
+    *,
+    prompt_name: str | None = None,
+    truncation: bool = True,
+) -> list[TextTokens]:
+    """Each text tokenized as :func:`encode_texts` tokenizes it with ``prompt_name``: its
+    token count (prompt and special tokens included, truncated to the model's
+    ``max_seq_length``) and its token ids, for :func:`encode_texts` (``tokens=``) to embed
+    without tokenizing again. ``truncation=False`` counts the tokens of the whole text (a
+    text over ``max_seq_length`` keeps no token ids: embedding it truncates it).
+
+    >>> from densefit.testing import tiny_model
+    >>> model = tiny_model()
+    >>> [t.count for t in tokenize_texts(model, ["cells", "cells genes"])]
+    [3, 4]
+    >>> long = "cells " * 100
+    >>> tokenize_texts(model, [long])[0].count, tokenize_texts(model, [long], truncation=False)[0].count
+    (64, 102)
+    """
+    texts = _checked_texts(texts, 1)
+    if prompt_name is not None and model_prompts(model).get(prompt_name):
+        texts = apply_prompt(texts, model_prompts(model)[prompt_name])
+    if not texts:
+        return []
+    tokenizer = fast_path_tokenizer(model)
+    if tokenizer is None:  # not the fast path: count what the model's own tokenize() makes
+        if not truncation:
+            first = model[0] if len(model) else None
+            plain = getattr(first, "tokenizer", None) or getattr(model, "tokenizer", None)
+            if plain is not None:
+                ids = plain(texts, truncation=False, verbose=False)["input_ids"]
+                return [TextTokens(t, len(row)) for t, row in zip(texts, ids, strict=True)]
+        counts = model.tokenize(texts)["attention_mask"].sum(dim=1).tolist()
+        return [TextTokens(t, int(n)) for t, n in zip(texts, counts, strict=True)]
+    if truncation:
+        encoded = _tokenize(tokenizer, texts)
+    else:
+        encoded = tokenizer(texts, truncation=False, padding=False, verbose=False)
+    limit = model.max_seq_length or None
+    key = _fast_path_key(model)
+    keys = _FEATURE_KEYS & encoded.keys()
+    out = []
+    for i, text in enumerate(texts):
+        count = len(encoded["input_ids"][i])
+        keep = limit is None or count <= limit
+        features = {k: encoded[k][i] for k in keys} if keep else None
+        out.append(TextTokens(text, count, features, key))
+    return out
+
+
+def _reusable(model, tokenizer, texts: list[str], tokens) -> list[dict] | None:
+    """The token ids of ``tokens`` when every one of them was made by ``tokenizer`` (the fast
+    path's, with the model's current settings) for the text at its place, else None."""
+    if tokens is None or tokenizer is None:
+        return None
+    key = _fast_path_key(model)
+    for text, tokenized in zip(texts, tokens, strict=True):
+        if (
+            tokenized is None
+            or tokenized.features is None
+            or tokenized.key != key
+            or tokenized.text != text
+        ):
+            return None
+    return [t.features for t in tokens]
 
 
 def configure_model(
@@ -266,17 +369,27 @@ def padding_aware_cuts(lengths: np.ndarray, batch_size: int, pass_cost: int) -> 
 
 
 def _batches(
-    model, tokenizer, texts, rows: np.ndarray, batch_size: int, pass_cost: int | None = None
+    model,
+    tokenizer,
+    texts,
+    rows: np.ndarray,
+    batch_size: int,
+    pass_cost: int | None = None,
+    reused: list[dict] | None = None,
 ):
     """Yield (rows, features) for one window of texts, batches of similar token length
-    (cut by :func:`padding_aware_cuts` when ``pass_cost`` is given)."""
+    (cut by :func:`padding_aware_cuts` when ``pass_cost`` is given); ``reused``: every text's
+    token ids, already made (:func:`tokenize_texts`)."""
     if tokenizer is None:
         # General path: the model's own preprocessing, per batch, in character-length order.
         for start in range(0, len(rows), batch_size):
             batch_rows = rows[start : start + batch_size]
             yield batch_rows, model.preprocess([texts[i] for i in batch_rows])
         return
-    encoded = _tokenize(tokenizer, [texts[i] for i in rows])
+    if reused is None:
+        encoded = _tokenize(tokenizer, [texts[i] for i in rows])
+    else:
+        encoded = {k: [reused[i][k] for i in rows] for k in reused[rows[0]]}
     lengths = np.array([len(ids) for ids in encoded["input_ids"]])
     by_tokens = np.argsort(-lengths, kind="stable")
     if pass_cost is None:
@@ -319,21 +432,27 @@ def fast_path_tokenizer(model: SentenceTransformer) -> object | None:
     model until its tokenizer, maximum length, prompt or padding side change (the check costs
     a few milliseconds: too much to pay on every single-query call).
     """
-    first = model[0] if len(model) else None
-    tokenizer = getattr(first, "tokenizer", None)
-    key = (
-        id(first),
-        id(tokenizer),
-        getattr(model, "max_seq_length", None),
-        getattr(model, "default_prompt_name", None),
-        getattr(tokenizer, "padding_side", None),
-    )
+    key = _fast_path_key(model)
     cached = getattr(model, "_densefit_fast_path", None)
     if cached is not None and cached[0] == key:
         return cached[1]
     decision = _check_fast_path(model)
     model._densefit_fast_path = (key, decision)
     return decision
+
+
+def _fast_path_key(model: SentenceTransformer) -> tuple:
+    """What the fast-path decision depends on: the tokenizer, maximum length, prompt and
+    padding side (token ids made under another key are not reused)."""
+    first = model[0] if len(model) else None
+    tokenizer = getattr(first, "tokenizer", None)
+    return (
+        id(first),
+        id(tokenizer),
+        getattr(model, "max_seq_length", None),
+        getattr(model, "default_prompt_name", None),
+        getattr(tokenizer, "padding_side", None),
+    )
 
 
 def _check_fast_path(model: SentenceTransformer):

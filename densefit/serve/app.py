@@ -40,7 +40,12 @@ from densefit.retrieval.index.settings import SettingsMismatchError
 from densefit.retrieval.runtimes import disagreement, resolve_runtime
 from densefit.serve.batcher import MicroBatcher, Query
 from densefit.serve.config import ServeConfig, is_local_host, worker_threads
-from densefit.serve.embeddings import add_embedding_routes, matryoshka_trained, run_batch
+from densefit.serve.embeddings import (
+    add_embedding_routes,
+    matryoshka_trained,
+    measure_request,
+    run_batch,
+)
 from densefit.serve.errors import (
     JSON_BODY_HINT,
     ClientError,
@@ -102,6 +107,7 @@ def search_queries(
             prompt_name="query",
             pass_cost_tokens=PASS_COST_TOKENS,
             runtime=runtime,
+            tokens=[queries[i].tokens for i in embedded],  # measured by the batcher
         )
     row_of = {query: row for row, query in enumerate(embedded)}
     groups: dict[tuple, list[int]] = defaultdict(list)
@@ -392,6 +398,8 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
         workers=config.query_workers,
         threads_per_worker=worker_threads(config, torch.get_num_threads()),
         on_batch=metrics.observe_batch,
+        max_batch_tokens=config.max_batch_tokens,
+        measure=lambda items: measure_request(served.current().model, items),
     )
     writer = DocumentWriter(
         store,

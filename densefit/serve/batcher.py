@@ -14,6 +14,12 @@ request has yet to queue its queries, nothing is on its way and the batch starts
 a lone client's query does not wait ``max_wait`` for company that is not coming. Each
 worker thread runs its forward passes with ``threads_per_worker`` torch
 threads, so that the workers together use the CPU cores without competing for them.
+
+A batch is capped by tokens as well as by count (``max_batch_tokens``, as
+text-embeddings-inference's ``--max-batch-tokens``): each item carries its token count
+(``measure``, run as a request queues its items: the texts tokenized once, as the forward
+pass will read them), and the item that would take a batch over the budget starts the next
+batch instead (nothing overtakes it). An item over the budget by itself forms a batch alone.
 Throughput and latency against a server that encodes per request:
 bench/results/serve.json (``bench/serve.py``). Batched and single-query encodings differ at
 the float level (padding), so near-tied hits may swap places; the benchmark counts them.
@@ -28,6 +34,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from densefit.retrieval.encode import TextTokens
+
 __all__ = ["MicroBatcher", "Query"]
 
 
@@ -41,6 +49,19 @@ class Query:
     scale_score: bool = False
     mode: str = "dense"  # densefit.choices.SEARCH_MODES: bm25 queries are not embedded
     future: asyncio.Future | None = field(default=None, repr=False)
+    tokens: TextTokens | None = field(default=None, repr=False)  # set by the batcher's measure
+
+
+# Requests with more characters than this are measured (tokenized) in a thread, not on the
+# event loop: a search of a few queries takes tens of microseconds, 2,048 long inputs seconds.
+_INLINE_CHARS = 8192
+
+
+def tokens_of(item) -> int:
+    """The tokens ``item`` adds to a batch: its measured count (0 when not measured, and for
+    BM25 queries, which are not embedded)."""
+    tokens = getattr(item, "tokens", None)
+    return 0 if tokens is None else tokens.count
 
 
 class MicroBatcher:
@@ -48,7 +69,9 @@ class MicroBatcher:
 
     ``run_batch(queries)`` runs in a worker thread and returns one result per query, in
     order (an exception object fails only that query). ``on_batch(size)`` is told each
-    batch's size (metrics).
+    batch's size (metrics). ``measure(items)`` sets each item's ``tokens`` before it is
+    queued (an exception refuses the request); a batch holds at most ``max_batch`` items and
+    ``max_batch_tokens`` tokens (:func:`tokens_of`; None: no token cap), or one item.
 
     >>> import asyncio
     >>> async def demo():
@@ -70,9 +93,13 @@ class MicroBatcher:
         workers: int = 1,
         threads_per_worker: int | None = None,
         on_batch: Callable[[int], None] | None = None,
+        max_batch_tokens: int | None = None,
+        measure: Callable[[Sequence[object]], None] | None = None,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
         if max_wait < 0:
             raise ValueError(f"max_wait must be >= 0 seconds, got {max_wait}")
         if workers < 1:
@@ -80,6 +107,8 @@ class MicroBatcher:
         self.run_batch = run_batch
         self.workers = workers
         self.max_batch = max_batch
+        self.max_batch_tokens = max_batch_tokens
+        self.measure = measure
         self.max_wait = max_wait
         self.on_batch = on_batch
         self.batches = 0
@@ -87,6 +116,7 @@ class MicroBatcher:
         self._announced = False  # True once the app announces requests (else: always wait)
         self._running = 0  # batches in the workers
         self._queue: asyncio.Queue | None = None
+        self._held: object | None = None  # left out of a full batch: it starts the next one
         self._task: asyncio.Task | None = None
         if threads_per_worker is not None and threads_per_worker < 1:
             raise ValueError(f"threads_per_worker must be at least 1, got {threads_per_worker}")
@@ -108,6 +138,7 @@ class MicroBatcher:
         """Queue ``query`` and wait for its result (or its exception)."""
         if self._task is None or self._task.done():
             raise RuntimeError("the query batcher is not running")
+        await self._measure([query])
         query.future = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(query)
         return await query.future
@@ -119,6 +150,7 @@ class MicroBatcher:
         ``arrived`` (from :meth:`announce`) is called once they are all queued."""
         if self._task is None or self._task.done():
             raise RuntimeError("the query batcher is not running")
+        await self._measure(queries)
         loop = asyncio.get_running_loop()
         for query in queries:
             query.future = loop.create_future()
@@ -126,6 +158,16 @@ class MicroBatcher:
         if arrived is not None:
             arrived()
         return list(await asyncio.gather(*(q.future for q in queries)))
+
+    async def _measure(self, items: Sequence[object]) -> None:
+        """``measure(items)``: on the event loop for a small request, in a thread for a large
+        one (the loop keeps answering the others meanwhile)."""
+        if self.measure is None:
+            return
+        if sum(len(getattr(item, "text", "")) for item in items) <= _INLINE_CHARS:
+            self.measure(items)
+        else:
+            await asyncio.get_running_loop().run_in_executor(None, self.measure, items)
 
     def announce(self) -> Callable[[], None]:
         """Say that a search request has arrived whose queries will follow (unless it is
@@ -156,9 +198,11 @@ class MicroBatcher:
         self._executor.shutdown(wait=True)
 
     async def _collect(self, first: Query) -> tuple[list[Query], bool]:
-        """``first`` and whatever arrives within ``max_wait``; True when told to stop."""
+        """``first`` and whatever arrives within ``max_wait``, up to ``max_batch`` items and
+        ``max_batch_tokens`` tokens; True when told to stop."""
         loop = asyncio.get_running_loop()
         batch, deadline = [first], loop.time() + self.max_wait
+        budget, used = self.max_batch_tokens, tokens_of(first)
         while len(batch) < self.max_batch:
             try:
                 item = self._queue.get_nowait()
@@ -174,7 +218,11 @@ class MicroBatcher:
                     break
             if item is None:
                 return batch, True
+            if budget is not None and used + tokens_of(item) > budget:
+                self._held = item  # the batch is full: this item is the next one's first
+                break
             batch.append(item)
+            used += tokens_of(item)
         return batch, False
 
     async def _run(self) -> None:
@@ -187,7 +235,9 @@ class MicroBatcher:
         stopping = False
         while not stopping:
             await slots.acquire()
-            first = await self._queue.get()
+            first, self._held = self._held, None
+            if first is None:
+                first = await self._queue.get()
             if first is None:
                 break
             batch, stopping = await self._collect(first)

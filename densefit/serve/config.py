@@ -42,6 +42,16 @@ class ServeConfig(Options):
         4 * 1024 * 1024, "Larger request bodies get 413.", ge=1, group=_LIMITS
     )
     max_batch: int = option(64, "Queries per forward pass.", ge=1, group=_LIMITS)
+    max_batch_tokens: int = option(
+        4096,
+        "Tokens per batch of queries and embeddings inputs (their sum, prompts and special "
+        "tokens included; a longer text runs alone). 4,096 holds 64 queries of up to 64 "
+        "tokens and bounds each pass's time and memory (about 0.9 s of MiniLM on a CPU core) "
+        "at under 1% of throughput, a pass's fixed cost being about 24 tokens "
+        "(bench/results/pass_cost.json); on a GPU raise it (text-embeddings-inference: 16,384).",
+        ge=1,
+        group=_LIMITS,
+    )
     runtime: str = RUNTIME()
     max_wait_ms: float = option(
         2.0,

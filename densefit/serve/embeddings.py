@@ -39,7 +39,7 @@ import numpy as np
 from densefit.choices import EMBED_PROMPTS
 from densefit.losses.matryoshka import truncate
 from densefit.prompts import model_prompts
-from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.encode import TextTokens, encode_texts, tokenize_texts
 from densefit.serve.batcher import Query
 from densefit.serve.errors import ClientError, checked_request_text
 
@@ -60,6 +60,8 @@ __all__ = [
     "TEIEmbedRequest",
     "add_embedding_routes",
     "matryoshka_trained",
+    "measure_request",
+    "measure_tokens",
     "run_batch",
 ]
 
@@ -75,6 +77,7 @@ class EmbedInput:
     prompt_name: str = "query"
     truncate: bool = True
     future: asyncio.Future | None = field(default=None, repr=False)
+    tokens: TextTokens | None = field(default=None, repr=False)  # set by measure_tokens
 
 
 @dataclass(frozen=True)
@@ -100,37 +103,24 @@ def run_batch(
     ones are not embedded: ``embeddings`` holds the others' rows, in order); one result
     (hit list, :class:`Embedded` or exception) per item, in order. ``runtime`` runs the
     model (:func:`~densefit.retrieval.runtimes.resolve_runtime`; resolved in the calling
-    worker thread, so its sessions use that worker's threads).
+    worker thread, so its sessions use that worker's threads). Items the batcher measured
+    (:func:`measure_tokens`) are embedded from their token ids; others are measured here.
 
     A batch of search queries only is handed to ``search`` as it is (it embeds them itself).
     """
     if all(isinstance(item, Query) for item in items):
         return search(store, model, list(items))
     results: list[object] = [None] * len(items)
+    unmeasured = [i for i, item in enumerate(items) if item.tokens is None and _embedded(item)]
+    refused = measure_tokens(model, [items[i] for i in unmeasured])
+    for i, refusal in zip(unmeasured, refused, strict=True):
+        results[i] = refusal
     prompts = model_prompts(model)
-    inputs = [i for i, item in enumerate(items) if isinstance(item, EmbedInput)]
-    tokens = _token_counts(model, [_prompted(items[i], prompts) for i in inputs])
-    limit = model.max_seq_length
-    to_embed = []
-    for i, n in zip(inputs, tokens, strict=True):
-        if limit and n > limit and not items[i].truncate:
-            results[i] = ClientError(
-                413,
-                f"inputs: a text has {n} tokens (its prompt and special tokens included); "
-                f'the model reads at most {limit}: shorten it or send "truncate": true',
-                param="inputs",
-            )
-        else:
-            to_embed.append(i)
-    # BM25 queries are searched by their text alone: not embedded.
-    to_embed += [
-        i for i, item in enumerate(items) if isinstance(item, Query) and item.mode != "bm25"
-    ]
     # Texts wanting the same prompt share a pass; without such a prompt they all share one.
     groups: dict[str | None, list[int]] = {}
-    for i in to_embed:
-        name = "query" if isinstance(items[i], Query) else items[i].prompt_name
-        groups.setdefault(name if prompts.get(name) else None, []).append(i)
+    for i, item in enumerate(items):
+        if results[i] is None and _embedded(item):
+            groups.setdefault(_prompt_of(item, prompts), []).append(i)
     vectors: dict[int, np.ndarray] = {}
     for name, indices in groups.items():
         try:
@@ -141,16 +131,16 @@ def run_batch(
                 prompt_name=name,
                 pass_cost_tokens=pass_cost_tokens,
                 runtime=runtime,
+                tokens=[items[i].tokens for i in indices],
             )
         except Exception as exc:  # noqa: BLE001 - fails only this group's items
             for i in indices:
                 results[i] = exc
             continue
         vectors.update(zip(indices, embedded, strict=True))
-    counted = dict(zip(inputs, tokens, strict=True))
-    for i in inputs:
-        if results[i] is None and i in vectors:
-            results[i] = Embedded(vectors[i], min(counted[i], limit or counted[i]))
+    for i, item in enumerate(items):
+        if isinstance(item, EmbedInput) and i in vectors:
+            results[i] = Embedded(vectors[i], item.tokens.count)
     queries = [
         i
         for i, item in enumerate(items)
@@ -169,20 +159,55 @@ def run_batch(
     return results
 
 
-def _prompted(item: EmbedInput, prompts: dict[str, str]) -> str:
-    return prompts.get(item.prompt_name, "") + item.text
+def measure_tokens(model, items: Sequence[Query | EmbedInput]) -> list[ClientError | None]:
+    """Tokenize each item the forward pass embeds (not BM25 queries) as its batch will embed
+    it (:func:`~densefit.retrieval.encode.tokenize_texts`: its prompt, truncated to the
+    model's ``max_seq_length``) and set its ``tokens``: the batch's token budget counts them
+    and the pass embeds their token ids. An embeddings input with ``truncate=False`` over
+    ``max_seq_length`` gets no tokens: its entry is the 413 saying so (None for the others).
+    """
+    prompts = model_prompts(model)
+    groups: dict[tuple[str | None, bool], list[int]] = {}
+    for i, item in enumerate(items):
+        if _embedded(item):
+            truncation = isinstance(item, Query) or item.truncate
+            groups.setdefault((_prompt_of(item, prompts), truncation), []).append(i)
+    refused: list[ClientError | None] = [None] * len(items)
+    limit = model.max_seq_length
+    for (name, truncation), indices in groups.items():
+        texts = [items[i].text for i in indices]
+        measured = tokenize_texts(model, texts, prompt_name=name, truncation=truncation)
+        for i, tokens in zip(indices, measured, strict=True):
+            if not truncation and limit and tokens.count > limit:
+                refused[i] = ClientError(
+                    413,
+                    f"inputs: a text has {tokens.count} tokens (its prompt and special tokens "
+                    f'included); the model reads at most {limit}: shorten it or send "truncate": '
+                    "true",
+                    param="inputs",
+                )
+            else:
+                items[i].tokens = tokens
+    return refused
 
 
-def _token_counts(model, texts: list[str]) -> list[int]:
-    """Tokens of each text before truncation, special tokens included."""
-    if not texts:
-        return []
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is None:  # not a plain text model: count what its own tokenize() makes
-        features = model.tokenize(texts)
-        return [int(n) for n in features["attention_mask"].sum(dim=1)]
-    ids = tokenizer(texts, truncation=False, verbose=False)["input_ids"]
-    return [len(row) for row in ids]
+def measure_request(model, items: Sequence[Query | EmbedInput]) -> None:
+    """:func:`measure_tokens` for one request's items, raising the first refusal (the
+    batcher's ``measure``: the request is answered with it, nothing is queued)."""
+    for refusal in measure_tokens(model, items):
+        if refusal is not None:
+            raise refusal
+
+
+def _embedded(item: Query | EmbedInput) -> bool:
+    """Whether the forward pass embeds ``item``: BM25 queries are searched by their text."""
+    return not (isinstance(item, Query) and item.mode == "bm25")
+
+
+def _prompt_of(item: Query | EmbedInput, prompts: dict[str, str]) -> str | None:
+    """The prompt name ``item`` is embedded with (None: the model has no such prompt)."""
+    name = "query" if isinstance(item, Query) else item.prompt_name
+    return name if prompts.get(name) else None
 
 
 def matryoshka_trained(store, model) -> bool:

@@ -141,7 +141,7 @@ class AdminSwap:
         try:
             model = configure_model(
                 load_model(model_name, device=resolve_device(self.served.device))
-            )
+            ).eval()  # embedded from the swap's and the writer's threads at once
         except Exception as exc:  # noqa: BLE001 - the request's model: say why, serve on
             raise ValueError(
                 f"model: cannot load {model_name!r} ({exc.__class__.__name__}: {str(exc)[:300]})"
@@ -201,6 +201,9 @@ def query_state_maker(store, config, document_encoder, matryoshka_of) -> Callabl
 
     def make_state(model) -> ModelState:
         store.check_model(model)
+        # Inference only, from several threads at once: encode_texts' own eval()/train()
+        # around each call would let one worker's restore switch dropout on in another's pass.
+        model.eval()
         runtime = query_runtime(store, model, config.runtime).name
         matryoshka = config.matryoshka
         if matryoshka is None:
