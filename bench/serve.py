@@ -4,6 +4,7 @@
     python bench/serve.py --prepare                       # only embed and cache the corpus
     python bench/serve.py --skip-load --skip-scale --skip-embeddings   # only the fault scripts
     python bench/serve.py --skip-load --skip-faults --skip-scale       # only /v1/embeddings
+    python bench/serve.py --swap-only                     # only search during a model swap
     python bench/serve.py --systems densefit,handwritten --writer off --seconds 10 \
         --skip-faults --skip-scale                        # a short load run (~5 min)
 
@@ -47,6 +48,16 @@ refused with a 4xx except the well-formed filters among the injections (a value 
 SQL text such as ``"x' OR '1'='1"``, or ``{"$gt": ""}``): values are bound parameters, so
 those are valid filters that match nothing, and must get 200 with no hits (hits would mean
 an injection); the results count them apart (``expected_200_no_hits``).
+
+Model swap (``--swap-only``, or with the other parts unless ``--skip-swap``): a densefit
+server (API key set) over ``--swap-docs`` of the documents, searched by ``--swap-clients``
+clients one query at a time while a writer upserts ``--write-batch`` documents every
+``--write-interval`` seconds, first for ``--seconds`` (before), then through ``POST
+/admin/reembed`` to the same model at its own 256 tokens (the server's vectors are made at 128,
+so every vector changes) until ``GET /admin/reembed`` says done, then for ``--seconds``
+(after). Recorded: searches and their errors (any non-200) in each phase, p50/p99, writes
+acknowledged, the swap's duration, and the top-10 of 50 queries from the server after the
+swap against a fresh in-process index of the final documents by the new model.
 
 Scale: a store of the real vectors plus random unit vectors up to ``--scale-rows``
 (1,000,000), searched in-process one query at a time, unfiltered and with metadata filters.
@@ -198,7 +209,8 @@ def serve_densefit(store_path: Path, port: int) -> None:
     from densefit.serve.server import run_server
 
     model = load_model(MODEL, max_seq_length=MAX_SEQ_LENGTH)
-    app = create_app(LocalDocumentStore(store_path), model, ServeConfig())
+    config = ServeConfig(api_key=os.environ.get("BENCH_SERVE_API_KEY") or None)
+    app = create_app(LocalDocumentStore(store_path), model, config)
     run_server(app, port=port, graceful_seconds=10)
 
 
@@ -369,7 +381,7 @@ def run_server_process(name: str, port: int, store_path: Path) -> None:
 class Server:
     """A benchmark server in a subprocess on a free loopback port; killed on exit."""
 
-    def __init__(self, name: str, store_path: Path, threads: int):
+    def __init__(self, name: str, store_path: Path, threads: int, api_key: str | None = None):
         import socket
         import subprocess
 
@@ -385,8 +397,10 @@ class Server:
             "TOKENIZERS_PARALLELISM": "false",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
+            "BENCH_SERVE_API_KEY": api_key or "",
         }
         self.name = name
+        self.headers = {"X-API-Key": api_key} if api_key else {}
         self.log = open(CACHE / f"server-{name}.log", "ab")
         self.proc = subprocess.Popen(
             [
@@ -413,7 +427,8 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} server exited: see {self.log.name}")
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                health = httpx.get(f"{self.url}/health", timeout=2, headers=self.headers)
+                if health.status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -674,6 +689,166 @@ def equality_check(url: str, store_path: Path, model, queries: list[str]) -> dic
         "different": len(queries) - same_ids - same_up_to_ties,
         "max_score_diff": max_diff,
     }
+
+
+# -- a model swap -------------------------------------------------------------------------------
+
+
+async def _swap_phase(url, headers, queries, clients, write_docs, write_batch, write_interval,
+                      until) -> dict:  # fmt: skip
+    """Search (and write) until ``until()`` is true; statuses and latencies."""
+    import asyncio
+
+    import httpx
+
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    acked = 0
+    counter = iter(range(10**9))
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits, headers=headers) as c:
+
+        async def reader():
+            while not await until(c):
+                q = queries[next(counter) % len(queries)]
+                t0 = time.perf_counter()
+                r = await c.post("/search", json={"query": q, "k": 10})
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                if r.status_code == 200:
+                    latencies.append(time.perf_counter() - t0)
+
+        async def writer():
+            nonlocal acked
+            for start in range(0, len(write_docs), write_batch):
+                if await until(c):
+                    return
+                batch = write_docs[start : start + write_batch]
+                next_at = time.perf_counter() + write_interval
+                r = await c.post("/documents", json={"documents": batch})
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                if r.status_code == 200:
+                    acked += len(batch)
+                await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*[reader() for _ in range(clients)], writer())
+        elapsed = time.perf_counter() - t0
+    lat = np.array(latencies) * 1000
+    return {
+        "searches": int(sum(v for k, v in statuses.items())),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "errors": int(sum(v for k, v in statuses.items() if k != 200)),
+        "qps": len(latencies) / elapsed,
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else None,
+        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else None,
+        "documents_written": acked,
+        "seconds": elapsed,
+    }
+
+
+def swap_point(store_path: Path, model, documents, vectors, docs, queries, args, threads):
+    """Search during ``POST /admin/reembed``: errors, latency, and the results after it."""
+    import asyncio
+
+    from densefit.data.types import Document
+    from densefit.models import load_model
+    from densefit.retrieval.encode import encode_texts
+    from densefit.retrieval.index import index_documents, open_store
+
+    n = min(args.swap_docs, len(documents))
+    build_store(store_path, model, documents[:n], vectors[:n])
+    key = "bench-swap-key"
+    server = Server("densefit", store_path, threads, api_key=key)
+    headers = {"X-API-Key": key}
+    written: list[dict] = []
+    try:
+        load_cell_warm = asyncio.run(
+            _swap_phase(server.url, headers, queries[:20], 2, [], 1, 1.0, _after(2.0))
+        )
+        del load_cell_warm
+        row: dict = {"documents": n, "clients": args.swap_clients, "new_model": MODEL,
+                     "old_max_seq_length": MAX_SEQ_LENGTH, "new_max_seq_length": 256}  # fmt: skip
+        wdocs = writer_documents(docs, "swap", 4000, seed=11)
+        phases = (("before", wdocs[:1000]), ("during", wdocs[1000:3000]), ("after", wdocs[3000:]))
+        for phase, phase_docs in phases:
+            before = loadavg()
+            if phase == "during":
+                import httpx
+
+                started = time.perf_counter()
+                r = httpx.post(f"{server.url}/admin/reembed", json={"model": MODEL},
+                               headers=headers, timeout=120)  # fmt: skip
+                if r.status_code != 202:
+                    raise RuntimeError(f"/admin/reembed: {r.status_code} {r.text}")
+                until = _swap_done
+            else:
+                until = _after(args.seconds)
+            cell = asyncio.run(
+                _swap_phase(server.url, headers, queries, args.swap_clients, phase_docs,
+                            args.write_batch, args.write_interval, until)
+            )  # fmt: skip
+            if phase == "during":
+                cell["swap_seconds"] = time.perf_counter() - started
+                status = httpx.get(f"{server.url}/admin/reembed", headers=headers).json()
+                cell["swap_state"] = status["state"]
+                cell["swap_report"] = status.get("report")
+            written += phase_docs[: cell["documents_written"]]
+            row[phase] = {**cell, "loadavg_before": before, "loadavg_after": loadavg()}
+            print(phase, json.dumps(cell), flush=True)
+        sample = queries[-50:]
+        got = asyncio.run(_fetch_results_with(server.url, sample, 4, 10, headers))
+    finally:
+        server.stop()
+    new = load_model(MODEL)
+    fresh = open_store(None, new)
+    final = documents[:n] + [Document(d["id"], d["text"], meta=d["meta"]) for d in written]
+    index_documents(fresh, new, final)
+    same = 0
+    for q, hits in zip(sample, got):
+        want = fresh.search(encode_texts(new, [q], prompt_name="query"), top_k=10)[0]
+        same += [h["id"] for h in hits] == [w.id for w in want]
+    row["after_swap_identical_top10"] = f"{same}/{len(sample)}"
+    return row
+
+
+def _after(seconds: float):
+    deadline = time.perf_counter() + seconds
+
+    async def until(client) -> bool:
+        return time.perf_counter() >= deadline
+
+    return until
+
+
+_SWAP_POLL = {"at": 0.0, "done": False}
+
+
+async def _swap_done(client) -> bool:
+    """Whether the server's model swap has ended (polled at most every half second)."""
+    if _SWAP_POLL["done"]:
+        return True
+    now = time.perf_counter()
+    if now - _SWAP_POLL["at"] >= 0.5:
+        _SWAP_POLL["at"] = now
+        state = (await client.get("/admin/reembed")).json()["state"]
+        _SWAP_POLL["done"] = state not in ("running", "loading")
+    return _SWAP_POLL["done"]
+
+
+async def _fetch_results_with(url, queries, clients, k, headers) -> list[list]:
+    import asyncio
+
+    import httpx
+
+    sem = asyncio.Semaphore(clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, headers=headers) as client:
+
+        async def one(q):
+            async with sem:
+                r = await client.post("/search", json={"query": q, "k": k})
+                return r.json()["results"][0]["hits"]
+
+        return await asyncio.gather(*(one(q) for q in queries))
 
 
 # -- faults -------------------------------------------------------------------------------------
@@ -1224,6 +1399,10 @@ def main() -> None:
     parser.add_argument("--skip-faults", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
     parser.add_argument("--skip-embeddings", action="store_true")
+    parser.add_argument("--skip-swap", action="store_true")
+    parser.add_argument("--swap-only", action="store_true", help="only the model-swap point")
+    parser.add_argument("--swap-docs", type=int, default=3000)
+    parser.add_argument("--swap-clients", type=int, default=4)
     parser.add_argument(
         "--embed-inputs", default="1,32", help="texts per /v1/embeddings request, one cell each"
     )
@@ -1270,7 +1449,10 @@ def main() -> None:
     result = {
         "note": "shared 2-core machine: the load client runs on the same cores as the server; "
         "compare systems within one run only (each row records the load average around it)",
-        "documents": len(documents),
+        # a swap-only run may read fewer datasets (BENCH_SERVE_DATASETS): it records its own
+        "documents": previous.get("documents", len(documents))
+        if args.swap_only
+        else len(documents),
         "model": MODEL,
         "max_seq_length": MAX_SEQ_LENGTH,
         "load_settings": previous.get("load_settings"),
@@ -1282,6 +1464,7 @@ def main() -> None:
         "scale": previous.get("scale", []),
         "embeddings_settings": previous.get("embeddings_settings"),
         "embeddings": previous.get("embeddings", []),
+        "swap": previous.get("swap"),
         "embedding_vectors": previous.get("embedding_vectors"),
         "ratios_embeddings_densefit_over_handwritten": previous.get(
             "ratios_embeddings_densefit_over_handwritten"
@@ -1295,12 +1478,23 @@ def main() -> None:
         used = {r.get("run") for r in result["load"] + result["scale"] + result["embeddings"]}
         used |= {
             (result[k] or {}).get("run")
-            for k in ("equality", "faults", "load_settings", "embeddings_settings")
+            for k in ("equality", "faults", "load_settings", "embeddings_settings", "swap")
         }
         result["runs"] = [r for r in result["runs"] if r["id"] in used or r is run]
         write_results(result)
 
     clients = [int(c) for c in args.clients.split(",")]
+    if args.swap_only or not args.skip_swap:
+        run["parts"].append("swap")
+        swap_store = args.store.with_name(args.store.name + "-swap")
+        result["swap"] = {
+            "run": run_id,
+            **swap_point(swap_store, model, documents, vectors, docs, qs, args, threads),
+        }
+        save()
+        if args.swap_only:
+            print(summary(result))
+            return
     if args.equality_only:
         run["parts"].append("equality")
         build_store(args.store, model, documents, vectors)
@@ -1512,6 +1706,15 @@ def summary(result: dict) -> str:
             f" texts/s={r['texts_per_s']:7.1f} p50={r['p50_ms'] or 0:8.1f} ms "
             f"p99={r['p99_ms'] or 0:8.1f} ms errors={r['errors']}"
         )
+    swap = result.get("swap")
+    if swap:
+        for phase in ("before", "during", "after"):
+            p = swap[phase]
+            lines.append(
+                f"swap {phase:6s} searches={p['searches']} errors={p['errors']} "
+                f"qps={p['qps']:.1f} p99={p['p99_ms'] or 0:.1f} ms written={p['documents_written']}"
+            )
+        lines.append(f"swap: after it, identical top-10 {swap['after_swap_identical_top10']}")
     return "\n".join(lines)
 
 
