@@ -66,6 +66,7 @@ ROUTES = {
     "openai input list": ("POST", "/v1/embeddings", lambda t: {"input": ["ok", t]}, "input[1]", ""),
     "tei inputs": ("POST", "/embed", lambda t: {"inputs": t}, "inputs", ""),
     "tei inputs list": ("POST", "/embed", lambda t: {"inputs": ["ok", t]}, "inputs[1]", ""),
+    "admin reembed model": ("POST", "/admin/reembed", lambda t: {"model": t}, "model", ""),
 }  # fmt: skip
 TEXTS = {**HOSTILE, "huge": HUGE}
 
@@ -99,8 +100,9 @@ def client(tiny_models, tmp_path_factory):
     path = tmp_path_factory.mktemp("texts") / "store"
     with open_store(path, model) as store:
         index_documents(store, model, [Document(f"d{i}", f"cells genes {i}") for i in range(5)])
-    app = create_app(LocalDocumentStore(path), model, ServeConfig(max_text_chars=MAX_CHARS))
-    with TestClient(app, raise_server_exceptions=False) as test_client:
+    config = ServeConfig(max_text_chars=MAX_CHARS, api_key="k")  # a key: the admin routes exist
+    app = create_app(LocalDocumentStore(path), model, config)
+    with TestClient(app, raise_server_exceptions=False, headers={"X-API-Key": "k"}) as test_client:
         yield test_client
 
 

@@ -435,7 +435,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     app.state.served, app.state.admin = served, admin
     _add_error_handlers(app, metrics)
     _add_routes(app, store, config, batcher, writer, metrics)
-    _add_admin_routes(app, admin)
+    _add_admin_routes(app, admin, config)
     add_embedding_routes(app, store, served, config, batcher, _ARRIVAL)
     app.add_middleware(Guard, config=config, metrics=metrics, batcher=batcher)
     return app
@@ -449,10 +449,10 @@ class ReembedRequest(_Strict):
     )
 
 
-def _add_admin_routes(app, admin: AdminSwap) -> None:
+def _add_admin_routes(app, admin: AdminSwap, config: ServeConfig) -> None:
     @app.post(_ADMIN, summary="Swap the store to another model, with no downtime", status_code=202)
     def start_reembed(request: Annotated[ReembedRequest, Body()]) -> dict:
-        checked_request_text(request.model, "model", max_chars=4096)
+        checked_request_text(request.model, "model", max_chars=config.max_text_chars)
         try:
             return admin.start(request.model)
         except RuntimeError as exc:
