@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ __all__ = [
     "err",
     "fail",
     "invocation",
+    "launch_torchrun",
     "out",
     "plural",
     "print_error",
@@ -131,6 +133,39 @@ def invocation(*, drop: tuple[str, ...] = (), add: tuple[str, ...] = ()) -> str:
             args.append(arg)
     args += [a for a in add if a not in args]
     return shlex.join(["densefit", *args])
+
+
+def launch_torchrun(command: str, nproc: int | None) -> None:
+    """``--nproc N`` of ``densefit train`` and ``densefit index``: re-run this very command
+    line under torchrun with N processes on this machine, without ``--nproc``, and exit with
+    torchrun's status. Returns at once when N is None or 1, or when this process is one that
+    torchrun started. The processes get ``OMP_NUM_THREADS=1`` unless it is set: N processes
+    using every core each would oversubscribe the CPU."""
+    if nproc is None or nproc <= 1:
+        return
+    from densefit.training.distributed import launched_by_torchrun  # torch: a run starts
+
+    if launched_by_torchrun():
+        return
+    argv = sys.argv[1:]
+    if command not in argv:
+        fail(
+            f"--nproc: cannot find the {command} command in the command line; run "
+            f"torchrun --nproc-per-node N -m densefit {command} ... yourself"
+        )
+    rest, skip = [], False
+    for arg in argv[argv.index(command) :]:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            rest.append(arg)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "densefit", *rest]  # fmt: skip
+    err.print(f"launching: {' '.join(cmd)}")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    raise typer.Exit(subprocess.call(cmd, env=env))
 
 
 def rerun_for_training() -> None:
