@@ -72,6 +72,7 @@ __all__ = [
     "EvalOutcome",
     "IndexOutcome",
     "TrainOutcome",
+    "check_index_job",
     "eval_job",
     "fusion_of",
     "export_job",
@@ -444,6 +445,16 @@ def count_rows(path: Path) -> int | None:
     return None
 
 
+def check_index_job(job: IndexJob) -> None:
+    """What :func:`index_job` refuses before loading anything (``densefit index --nproc``
+    asks before it starts the processes): a corpus that is not there, a bad
+    ``--index-field``."""
+    if not Path(job.corpus).exists():
+        raise FileNotFoundError(f"{job.corpus}: no such file or folder")
+    for name in job.index_fields:
+        meta_index_sql(name)  # a bad field name fails before any work
+
+
 def index_job(job: IndexJob) -> IndexOutcome:
     """Embed ``job.corpus`` into ``job.store`` (created for the model when new; resumed, and
     unchanged documents skipped, when not). ``prune`` deletes stored documents that are not
@@ -454,10 +465,7 @@ def index_job(job: IndexJob) -> IndexOutcome:
     corpus, decides what to embed, opens the store and writes it, as one process would: the
     same documents and vectors, resumed and pruned the same way."""
     device = resolve_device(job.device)
-    if not Path(job.corpus).exists():
-        raise FileNotFoundError(f"{job.corpus}: no such file or folder")
-    for name in job.index_fields:
-        meta_index_sql(name)  # a bad field name fails before any work
+    check_index_job(job)
     device, world, main = _start_processes(device)
     name = model_or_default(job.model, recorded_model(job.store) if main else None)
     if world > 1:

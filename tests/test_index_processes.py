@@ -136,38 +136,49 @@ def test_index_nproc_two_equals_one_process(model, tmp_path):
     assert reference["reused"] == 1
 
 
-def test_each_rank_embeds_a_share_and_only_rank_0_opens_the_store(model, tmp_path):
-    corpus = write_corpus(tmp_path / "corpus.jsonl", rows())
-    reference = one_process(corpus, tmp_path / "one", model)
-    job = {"corpus": corpus, "store": tmp_path / "two", "model": str(model), **SETTINGS}
-    first, second = two_ranks(tmp_path, {"job": job})
-    assert_same_store(tmp_path / "two", tmp_path / "one")
-    assert [first["opened_store"], second["opened_store"]] == [True, False]
-    assert second["report"] is None
-    report = first["report"]
-    assert {k: report[k] for k in ("seen", "added", "reused", "encoded", "commits")} == {
-        k: reference[k] for k in ("seen", "added", "reused", "encoded", "commits")
-    }
-    # Every text embedded once, by one rank; batches of 3 dealt in turn: balanced shares.
-    assert first["embedded"] + second["embedded"] == report["encoded"]
-    assert first["embedded"] > 0 and second["embedded"] > 0
-    assert abs(first["embedded"] - second["embedded"]) <= 3 * report["commits"]
-
-
 def test_a_killed_two_process_index_resumes_to_the_one_process_store(model, tmp_path):
     """Rank 0 killed after its second commit: the store keeps 14 documents; the same run
-    again on 2 processes skips them and ends with one uninterrupted process's store."""
+    again on 2 processes skips them and ends with one uninterrupted process's store, each
+    rank having embedded a share of the rest and only rank 0 having opened the store."""
     corpus = write_corpus(tmp_path / "corpus.jsonl", rows())
-    one_process(corpus, tmp_path / "one", model)
+    reference = one_process(corpus, tmp_path / "one", model)
     job = {"corpus": corpus, "store": tmp_path / "two", "model": str(model), **SETTINGS}
     crashed = two_ranks(tmp_path, {"job": job, "crash_after": 2}, check=False)
     assert crashed == [None, None]  # neither rank finished
     with LocalDocumentStore(tmp_path / "two") as store:
         assert store.count() == 14
-    first, _ = two_ranks(tmp_path, {"job": job})
-    assert first["report"]["unchanged"] == 14
-    assert first["report"]["added"] == 41 - 14
+    first, second = two_ranks(tmp_path, {"job": job})
     assert_same_store(tmp_path / "two", tmp_path / "one")
+    report = first["report"]
+    assert (report["unchanged"], report["added"]) == (14, 41 - 14)
+    assert report["reused"] == reference["reused"] == 1  # doc-0040: doc-0000's vector
+    assert [first["opened_store"], second["opened_store"]] == [True, False]
+    assert second["report"] is None
+    # Every text embedded once, by one rank; batches of 3 dealt in turn: balanced shares.
+    assert first["embedded"] + second["embedded"] == report["encoded"] == 41 - 14 - 1
+    assert first["embedded"] > 0 and second["embedded"] > 0
+    assert abs(first["embedded"] - second["embedded"]) <= 3 * report["commits"]
+
+
+def test_a_bad_input_on_two_processes_is_one_error_line_and_exit_2(model, tiny_models, tmp_path):
+    """The store refuses another model on rank 0: one error line, exit 2, no traceback."""
+    corpus = write_corpus(tmp_path / "corpus.jsonl", rows()[:5])
+    one_process(corpus, tmp_path / "store", model)
+    cmd = [sys.executable, "-m", "densefit", "index", str(corpus), "--store",
+           str(tmp_path / "store"), "--model", str(tiny_models / "tiny-other"), "--no-progress",
+           "--nproc", "2"]  # fmt: skip
+    done = subprocess.run(cmd, env={**os.environ, **ENV}, capture_output=True, text=True,
+                          timeout=TIMEOUT)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-4000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "does not reproduce its embeddings" in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+    missing = subprocess.run([*cmd[:4], str(tmp_path / "missing.jsonl"), *cmd[5:]],
+                             env={**os.environ, **ENV}, capture_output=True, text=True,
+                             timeout=TIMEOUT)  # fmt: skip
+    assert missing.returncode == 2
+    assert missing.stderr.count("no such file or folder") == 1, missing.stderr
+    assert "launching" not in missing.stderr  # refused before any process started
 
 
 def test_prune_on_two_processes_equals_one_process(model, tmp_path):
@@ -189,3 +200,23 @@ def test_prune_on_two_processes_equals_one_process(model, tmp_path):
     assert report["unchanged"] == reference["unchanged"]
     assert second["embedded"] + first["embedded"] == 1  # the changed text, once
     assert_same_store(tmp_path / "two", tmp_path / "one")
+
+
+def test_cuda_gives_each_process_its_own_gpu(monkeypatch):
+    """Started by torchrun with --device cuda, the process of LOCAL_RANK 1 joins over nccl on
+    cuda:1 (no GPU needed: the process-group calls are recorded, not made)."""
+    import torch
+    import torch.distributed as dist
+
+    from densefit.jobs import _start_processes
+
+    calls, joined = [], []
+    for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(str(device)))
+    monkeypatch.setattr(dist, "is_initialized", lambda: bool(joined))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: joined.append(backend))
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    assert _start_processes("cuda") == ("cuda:1", 2, False)
+    assert calls == ["cuda:1"] and joined == ["nccl"]

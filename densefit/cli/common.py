@@ -11,9 +11,9 @@ the output conventions (docs/architecture.md, "Output").
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
-import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
@@ -137,10 +137,12 @@ def invocation(*, drop: tuple[str, ...] = (), add: tuple[str, ...] = ()) -> str:
 
 def launch_torchrun(command: str, nproc: int | None) -> None:
     """``--nproc N`` of ``densefit train`` and ``densefit index``: re-run this very command
-    line under torchrun with N processes on this machine, without ``--nproc``, and exit with
-    torchrun's status. Returns at once when N is None or 1, or when this process is one that
-    torchrun started. The processes get ``OMP_NUM_THREADS=1`` unless it is set: N processes
-    using every core each would oversubscribe the CPU."""
+    line under torchrun (its agent, in this process) with N processes on this machine,
+    without ``--nproc``, and exit with the status of the process that failed first (2 for a
+    bad input, whose one error line that process printed) or 0. Returns at once when N is
+    None or 1, or when this process is one that torchrun started. The processes get
+    ``OMP_NUM_THREADS=1`` unless it is set: N processes using every core each would
+    oversubscribe the CPU."""
     if nproc is None or nproc <= 1:
         return
     from densefit.training.distributed import launched_by_torchrun  # torch: a run starts
@@ -161,11 +163,25 @@ def launch_torchrun(command: str, nproc: int | None) -> None:
             skip = True
         elif not arg.startswith("--nproc="):
             rest.append(arg)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "densefit", *rest]  # fmt: skip
-    err.print(f"launching: {' '.join(cmd)}")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    raise typer.Exit(subprocess.call(cmd, env=env))
+    # torch's launcher: only when launching processes
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    args = ["--standalone", f"--nproc-per-node={nproc}", "-m", "densefit", *rest]
+    err.print(f"launching {plural(nproc, 'process', 'processes')}: torchrun {shlex.join(args)}")
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed"):  # the processes say what went wrong
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        torchrun.run(torchrun.parse_args(args))
+    except ChildFailedError as exc:
+        _, failure = exc.get_first_failure()
+        raise typer.Exit(failure.exitcode if failure.exitcode > 0 else 1) from None
+    except SignalException:  # Ctrl-C: torchrun stopped every process
+        raise typer.Exit(130) from None
+    raise typer.Exit(0)
 
 
 def rerun_for_training() -> None:

@@ -31,9 +31,10 @@ def index(options: IndexJob) -> None:
     --device cuda --nproc 4, or torchrun --nproc-per-node 4 -m densefit index ...
     """
     job = options.replace(show_progress=progress_of(options))
-    from densefit.jobs import index_job  # the framework: only when indexing
+    from densefit.jobs import check_index_job, index_job  # the framework: only when indexing
     from densefit.training import distributed  # torch.distributed: only when indexing
 
+    check_index_job(job)  # with --nproc: one error line, before any process starts
     launch_torchrun("index", job.nproc)
     try:
         outcome = index_job(job)
