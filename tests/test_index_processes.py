@@ -83,12 +83,11 @@ def two_ranks(tmp: Path, spec: dict, *, check: bool = True) -> list[dict | None]
     out.mkdir()
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps({**spec, "out": str(out)}, default=str))
-    port = free_port()
+    group = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     procs = [
         subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "_index_child.py"), str(spec_path)],
-            env={**os.environ, **ENV, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},  # fmt: skip
+            env={**os.environ, **ENV, **group, "RANK": str(r), "LOCAL_RANK": str(r)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

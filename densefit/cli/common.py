@@ -163,10 +163,9 @@ def launch_torchrun(command: str, nproc: int | None) -> None:
             skip = True
         elif not arg.startswith("--nproc="):
             rest.append(arg)
-    # torch's launcher: only when launching processes
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed import run as torchrun  # torch's launcher: only when launching
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # the same
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # the same
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = ["--standalone", f"--nproc-per-node={nproc}", "-m", "densefit", *rest]
