@@ -461,12 +461,12 @@ def index_job(job: IndexJob) -> IndexOutcome:
     in the corpus. The model defaults to the store's own.
 
     Started by torchrun (``densefit index --nproc N``), every process loads the model and
-    embeds a share of each commit's texts (:class:`_SharedEncoder`); rank 0 alone reads the
+    embeds a share of each commit's texts (:func:`_encode_on_every_process`); rank 0 alone reads the
     corpus, decides what to embed, opens the store and writes it, as one process would: the
     same documents and vectors, resumed and pruned the same way."""
-    device = resolve_device(job.device)
-    check_index_job(job)
-    device, world, main = _start_processes(device)
+    device, world, main = _start_processes(resolve_device(job.device))
+    if main:  # the one process that reads the corpus
+        check_index_job(job)
     name = model_or_default(job.model, recorded_model(job.store) if main else None)
     if world > 1:
         name = distributed.broadcast_object(name)  # the store's model, as rank 0 read it
@@ -483,7 +483,7 @@ def index_job(job: IndexJob) -> IndexOutcome:
             IndexReport(str(job.store), name), ReadReport(str(job.corpus)), {}, False
         )
     try:
-        outcome = _index_into_store(job, model, _SharedEncoder())
+        outcome = _index_into_store(job, model, _encode_on_every_process)
     except KeyboardInterrupt:
         raise  # torchrun interrupts every process
     except BaseException:
@@ -538,26 +538,26 @@ def _index_into_store(job: IndexJob, model, encoder) -> IndexOutcome:  # noqa: A
     return IndexOutcome(report, read, info)
 
 
-class _SharedEncoder:
-    """Rank 0's encoder when indexing on several processes: each call's texts go to every
-    rank with the batch size, prompt and runtime; each embeds its share of the batches
+def _encode_on_every_process(  # noqa: ANN001
+    model, texts: list[str], *, batch_size: int, on_batch, prompt_name: str | None, runtime
+) -> np.ndarray:
+    """Rank 0's encoder when indexing on several processes: the texts go to every rank with
+    the batch size, prompt and runtime; each embeds its share of the batches
     (:func:`~densefit.retrieval.encode.encode_with_callback`'s ``share``) and rank 0 adds
     the shares up: every vector made in the batch one process would make it in."""
+    runner = resolve_runtime(model, runtime)
+    distributed.broadcast_object((texts, batch_size, prompt_name, runner.name, runner.source))
+    done = [0]  # texts this rank embedded
 
-    def __call__(self, model, texts, *, batch_size, on_batch, prompt_name, runtime):  # noqa: ANN001
-        runner = resolve_runtime(model, runtime)
-        distributed.broadcast_object((texts, batch_size, prompt_name, runner.name, runner.source))
-        done = [0]  # texts this rank embedded
-
-        def own_batch(n: int) -> None:
-            done[0] += n
-            if on_batch is not None:
-                on_batch(n)
-
-        vectors = _encode_share(model, texts, batch_size, prompt_name, runner, own_batch)
+    def own_batch(n: int) -> None:
+        done[0] += n
         if on_batch is not None:
-            on_batch(len(texts) - done[0])  # the other ranks' batches, now that they are in
-        return vectors
+            on_batch(n)
+
+    vectors = _encode_share(model, texts, batch_size, prompt_name, runner, own_batch)
+    if on_batch is not None:
+        on_batch(len(texts) - done[0])  # the other ranks' batches, now that they are in
+    return vectors
 
 
 def _encode_share(model, texts, batch_size, prompt_name, runner, on_batch):  # noqa: ANN001
@@ -578,8 +578,8 @@ def _encode_share(model, texts, batch_size, prompt_name, runner, on_batch):  # n
 
 
 def _embed_shares(model) -> None:  # noqa: ANN001
-    """A rank other than 0: embed its share of each call of rank 0's :class:`_SharedEncoder`
-    until rank 0 says it is done (:func:`_stop_sharing`)."""
+    """A rank other than 0: embed its share of each call of rank 0's
+    :func:`_encode_on_every_process` until rank 0 says it is done (:func:`_stop_sharing`)."""
     while (call := distributed.broadcast_object(None)) is not None:
         texts, batch_size, prompt_name, runtime, source = call
         runner = resolve_runtime(model, runtime)

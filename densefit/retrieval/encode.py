@@ -190,7 +190,7 @@ def encode_with_callback(
             for start in range(0, len(texts), window):
                 rows = order[start : start + window]
                 for batch_rows, features in _batches(
-                    model, tokenizer, texts, rows, batch_size, pass_cost_tokens, skip
+                    model, tokenizer, texts, rows, batch_size, pass_cost_tokens, skip=skip
                 ):
                     features = {
                         k: v.to(model.device) if isinstance(v, torch.Tensor) else v
@@ -289,6 +289,7 @@ def _batches(
     rows: np.ndarray,
     batch_size: int,
     pass_cost: int | None = None,
+    *,
     skip: Callable[[], bool] | None = None,
 ):
     """Yield (rows, features) for one window of texts, batches of similar token length
