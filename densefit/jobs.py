@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from densefit.config.commands import (
     EvalJob,
     ExportJob,
@@ -45,7 +47,7 @@ from densefit.memory.planner import for_the_data, plan_memory
 from densefit.mine import MiningReport, mine_files
 from densefit.models import apply_lora, load_model, resolve_device
 from densefit.prompts import set_prompts
-from densefit.retrieval.encode import configure_model
+from densefit.retrieval.encode import configure_model, encode_with_callback
 from densefit.retrieval.export import (
     CheckTexts,
     ExportCheckError,
@@ -61,7 +63,7 @@ from densefit.retrieval.index.indexing import IndexReport, index_documents, prun
 from densefit.retrieval.index.searching import model_for_store, search_batch
 from densefit.retrieval.index.store import LocalDocumentStore, open_store
 from densefit.retrieval.index.swap import SwapReport, reembed_store
-from densefit.retrieval.runtimes import check_supported
+from densefit.retrieval.runtimes import check_supported, resolve_runtime
 from densefit.training import distributed
 from densefit.training.checkpoint import CHECKPOINTS, list_checkpoints
 from densefit.training.evaluation import eval_data_for
@@ -72,6 +74,7 @@ __all__ = [
     "EvalOutcome",
     "IndexOutcome",
     "TrainOutcome",
+    "check_index_job",
     "eval_job",
     "fusion_of",
     "export_job",
@@ -190,16 +193,13 @@ class TrainOutcome:
     sources: list | None = None  # several sources: each one's name, files and rows
 
 
-def _start_processes(config: TrainConfig) -> tuple[TrainConfig, int, bool]:
-    """Join torchrun's process group when launched by it: (config, world size, main)."""
+def _start_processes(device: str) -> tuple[str, int, bool]:
+    """Join torchrun's process group when launched by it: (this process's device, world
+    size, main). ``cuda`` becomes ``cuda:LOCAL_RANK``; alone: (``device``, 1, True)."""
     if distributed.launched_by_torchrun() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        device = str(distributed.init_distributed(resolve_device(config.device)))
-        return (
-            config.replace(device=device),
-            distributed.world_size(),
-            distributed.is_main_process(),
-        )
-    return config, 1, True
+        device = str(distributed.init_distributed(device))
+        return device, distributed.world_size(), distributed.is_main_process()
+    return device, 1, True
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -223,7 +223,8 @@ def train_job(
     if job.output is not None:
         check_output_dir(job.output, config, resume=bool(resume), overwrite=job.overwrite)
     evaluate_on = eval_data_for(config, job.eval_data, _single_path(job.data))
-    config, world, main = _start_processes(config)
+    device, world, main = _start_processes(config.device)
+    config = config.replace(device=device)
     examples = read_training(job.data, on_bad_row=job.on_bad_row, split=job.split or "train")
     model = load_model(
         model_or_default(job.model), max_seq_length=config.max_seq_length, device=config.device
@@ -409,11 +410,15 @@ def mine_job(job: MineJob, *, say: Say = None) -> MiningReport:
 
 @dataclass
 class IndexOutcome:
-    """What :func:`index_job` did: the indexing report, what the reader skipped, the store."""
+    """What :func:`index_job` did: the indexing report, what the reader skipped, the store.
+
+    With several processes only rank 0 (``main``) writes and reports; the others' outcome
+    holds an empty report."""
 
     report: IndexReport
     read: ReadReport
     store: dict  # LocalDocumentStore.info()
+    main: bool = True
 
 
 def recorded_model(store: str | os.PathLike | None) -> str | None:
@@ -442,20 +447,58 @@ def count_rows(path: Path) -> int | None:
     return None
 
 
-def index_job(job: IndexJob) -> IndexOutcome:
-    """Embed ``job.corpus`` into ``job.store`` (created for the model when new; resumed, and
-    unchanged documents skipped, when not). ``prune`` deletes stored documents that are not
-    in the corpus. The model defaults to the store's own."""
-    device = resolve_device(job.device)
+def check_index_job(job: IndexJob) -> None:
+    """What :func:`index_job` refuses before loading anything (``densefit index --nproc``
+    asks before it starts the processes): a corpus that is not there, a bad
+    ``--index-field``."""
     if not Path(job.corpus).exists():
         raise FileNotFoundError(f"{job.corpus}: no such file or folder")
     for name in job.index_fields:
         meta_index_sql(name)  # a bad field name fails before any work
-    name = model_or_default(job.model, recorded_model(job.store))
+
+
+def index_job(job: IndexJob) -> IndexOutcome:
+    """Embed ``job.corpus`` into ``job.store`` (created for the model when new; resumed, and
+    unchanged documents skipped, when not). ``prune`` deletes stored documents that are not
+    in the corpus. The model defaults to the store's own.
+
+    Started by torchrun (``densefit index --nproc N``), every process loads the model and
+    embeds a share of each commit's texts (:func:`_encode_on_every_process`); rank 0 alone reads the
+    corpus, decides what to embed, opens the store and writes it, as one process would: the
+    same documents and vectors, resumed and pruned the same way."""
+    device, world, main = _start_processes(resolve_device(job.device))
+    if main:  # the one process that reads the corpus
+        check_index_job(job)
+    name = model_or_default(job.model, recorded_model(job.store) if main else None)
+    if world > 1:
+        name = distributed.broadcast_object(name)  # the store's model, as rank 0 read it
     model = load_model(name, max_seq_length=job.max_seq_length, device=device)
     configure_model(
         model, query_prompt=job.query_prompt, document_prompt=job.document_prompt, dim=job.dim
     )
+    if world == 1:
+        return _index_into_store(job, model, encode_with_callback)
+    if not main:
+        _embed_shares(model)
+        distributed.teardown_distributed()
+        return IndexOutcome(
+            IndexReport(str(job.store), name), ReadReport(str(job.corpus)), {}, False
+        )
+    try:
+        outcome = _index_into_store(job, model, _encode_on_every_process)
+    except KeyboardInterrupt:
+        raise  # torchrun interrupts every process
+    except BaseException:
+        _stop_sharing()  # the other ranks stop waiting for texts and leave
+        raise
+    _stop_sharing()
+    outcome.report.processes = world
+    return outcome
+
+
+def _index_into_store(job: IndexJob, model, encoder) -> IndexOutcome:  # noqa: ANN001
+    """Open (or create) the store for ``model`` and index the corpus into it with ``encoder``
+    (:func:`~densefit.retrieval.index.indexing.index_documents`): the one writer."""
     store = open_store(
         job.store, model, backend=job.backend, vectors=job.vectors, lock_timeout=job.lock_timeout
     )
@@ -464,7 +507,7 @@ def index_job(job: IndexJob) -> IndexOutcome:
             f"{job.store} stores {store.vector_kind} vectors; --vectors {job.vectors} applies "
             "to new stores only (index into a new --store to change the kind)",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     read = ReadReport(str(job.corpus))
     documents = iter_corpus(job.corpus, on_bad_row=job.on_bad_row, report=read)
@@ -487,6 +530,7 @@ def index_job(job: IndexJob) -> IndexOutcome:
             reembed=job.reembed,
             lock_timeout=job.lock_timeout,
             runtime=job.runtime,
+            encoder=encoder,
         )
         if job.prune:
             report.pruned = prune_documents(store, seen)
@@ -525,6 +569,67 @@ def reembed_job(job: ReembedJob) -> SwapReport | None:
             show_progress=job.show_progress,
             lock_timeout=job.lock_timeout,
         )
+
+
+def _encode_on_every_process(  # noqa: ANN001
+    model, texts: list[str], *, batch_size: int, on_batch, prompt_name: str | None, runtime
+) -> np.ndarray:
+    """Rank 0's encoder when indexing on several processes: the texts go to every rank with
+    the batch size, prompt and runtime; each embeds its share of the batches
+    (:func:`~densefit.retrieval.encode.encode_with_callback`'s ``share``) and rank 0 adds
+    the shares up: every vector made in the batch one process would make it in."""
+    runner = resolve_runtime(model, runtime)
+    distributed.broadcast_object((texts, batch_size, prompt_name, runner.name, runner.source))
+    done = [0]  # texts this rank embedded
+
+    def own_batch(n: int) -> None:
+        done[0] += n
+        if on_batch is not None:
+            on_batch(n)
+
+    vectors = _encode_share(model, texts, batch_size, prompt_name, runner, own_batch)
+    if on_batch is not None:
+        on_batch(len(texts) - done[0])  # the other ranks' batches, now that they are in
+    return vectors
+
+
+def _encode_share(model, texts, batch_size, prompt_name, runner, on_batch):  # noqa: ANN001
+    """This rank's share of ``texts`` embedded, gathered on rank 0: the whole array there
+    (each row is one rank's vector plus the others' zeros: exact), None elsewhere."""
+    share = (distributed.rank(), distributed.world_size())
+    vectors = encode_with_callback(
+        model,
+        texts,
+        batch_size=batch_size,
+        on_batch=on_batch,
+        prompt_name=prompt_name,
+        runtime=runner,
+        share=share,
+    )
+    parts = distributed.gather_object(vectors)
+    return None if parts is None else np.sum(parts, axis=0, dtype=np.float32)
+
+
+def _embed_shares(model) -> None:  # noqa: ANN001
+    """A rank other than 0: embed its share of each call of rank 0's
+    :func:`_encode_on_every_process` until rank 0 says it is done (:func:`_stop_sharing`)."""
+    while (call := distributed.broadcast_object(None)) is not None:
+        texts, batch_size, prompt_name, runtime, source = call
+        runner = resolve_runtime(model, runtime)
+        if runner.source != source:
+            raise RuntimeError(
+                f"rank {distributed.rank()} would embed with {runner.source.describe()} but "
+                f"rank 0 embeds with {source.describe()}: give every process the same model "
+                "folder and its exports"
+            )
+        _encode_share(model, texts, batch_size, prompt_name, runner, None)
+
+
+def _stop_sharing() -> None:
+    """Rank 0 is done: the other ranks leave :func:`_embed_shares`; every rank leaves the
+    process group."""
+    distributed.broadcast_object(None)
+    distributed.teardown_distributed()
 
 
 # ----------------------------------------------------------------------------- search

@@ -138,6 +138,8 @@ CASES = [
     ("eval", ["--mode", "sparse"], "--mode must be one of dense, bm25, hybrid"),
     ("eval", ["--mode", "bm25", "--dims", "16"], "--dims cuts the embeddings"),
     ("index", ["--encode-batch-size", "0"], "--encode-batch-size must be >= 1"),
+    ("index", ["--nproc", "0"], "--nproc must be >= 1, got 0"),
+    ("index", ["--nproc", "-2"], "--nproc must be >= 1, got -2"),
     ("search", ["--top-k", "0"], "--top-k must be >= 1, got 0"),
     ("eval", ["--top-k", "0"], "--top-k must be >= 1, got 0"),
     ("eval", ["--queries", "q.jsonl"], "--dataset brings its own queries"),

@@ -11,6 +11,7 @@ the output conventions (docs/architecture.md, "Output").
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import sys
@@ -31,6 +32,7 @@ __all__ = [
     "err",
     "fail",
     "invocation",
+    "launch_torchrun",
     "out",
     "plural",
     "print_error",
@@ -131,6 +133,54 @@ def invocation(*, drop: tuple[str, ...] = (), add: tuple[str, ...] = ()) -> str:
             args.append(arg)
     args += [a for a in add if a not in args]
     return shlex.join(["densefit", *args])
+
+
+def launch_torchrun(command: str, nproc: int | None) -> None:
+    """``--nproc N`` of ``densefit train`` and ``densefit index``: re-run this very command
+    line under torchrun (its agent, in this process) with N processes on this machine,
+    without ``--nproc``, and exit with the status of the process that failed first (2 for a
+    bad input, whose one error line that process printed) or 0. Returns at once when N is
+    None or 1, or when this process is one that torchrun started. The processes get
+    ``OMP_NUM_THREADS=1`` unless it is set: N processes using every core each would
+    oversubscribe the CPU."""
+    if nproc is None or nproc <= 1:
+        return
+    from densefit.training.distributed import launched_by_torchrun  # torch: a run starts
+
+    if launched_by_torchrun():
+        return
+    argv = sys.argv[1:]
+    if command not in argv:
+        fail(
+            f"--nproc: cannot find the {command} command in the command line; run "
+            f"torchrun --nproc-per-node N -m densefit {command} ... yourself"
+        )
+    rest, skip = [], False
+    for arg in argv[argv.index(command) :]:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            rest.append(arg)
+    from torch.distributed import run as torchrun  # torch's launcher: only when launching
+    from torch.distributed.elastic.multiprocessing.api import SignalException  # the same
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # the same
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    args = ["--standalone", f"--nproc-per-node={nproc}", "-m", "densefit", *rest]
+    err.print(f"launching {plural(nproc, 'process', 'processes')}: torchrun {shlex.join(args)}")
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed"):  # the processes say what went wrong
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        torchrun.run(torchrun.parse_args(args))
+    except ChildFailedError as exc:
+        _, failure = exc.get_first_failure()
+        raise typer.Exit(failure.exitcode if failure.exitcode > 0 else 1) from None
+    except SignalException:  # Ctrl-C: torchrun stopped every process
+        raise typer.Exit(130) from None
+    raise typer.Exit(0)
 
 
 def rerun_for_training() -> None:

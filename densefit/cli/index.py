@@ -12,7 +12,7 @@ import json
 import typer
 from rich.table import Table
 
-from densefit.cli.common import err, out, progress_of, quiet_libraries
+from densefit.cli.common import err, launch_torchrun, out, progress_of, quiet_libraries
 from densefit.cli.options import options_command
 from densefit.config.commands import IndexJob, SearchJob
 
@@ -26,18 +26,27 @@ def index(options: IndexJob) -> None:
     The model defaults to the store's own (a new store: all-MiniLM-L6-v2).
 
     Example: densefit index datasets/scifact --model all-MiniLM-L6-v2 --store stores/scifact
+
+    Several processes (each GPU embeds a share, one process writes): densefit index ...
+    --device cuda --nproc 4, or torchrun --nproc-per-node 4 -m densefit index ...
     """
     job = options.replace(show_progress=progress_of(options))
-    from densefit.jobs import index_job  # the framework: only when indexing
+    from densefit.jobs import check_index_job, index_job  # the framework: only when indexing
+    from densefit.training import distributed  # torch.distributed: only when indexing
 
+    check_index_job(job)  # with --nproc: one error line, before any process starts
+    launch_torchrun("index", job.nproc)
     try:
         outcome = index_job(job)
     except KeyboardInterrupt:
-        err.print(
-            f"\ninterrupted: {job.store} keeps every committed document; run the same command "
-            "again to resume"
-        )
+        if distributed.is_main_process():
+            err.print(
+                f"\ninterrupted: {job.store} keeps every committed document; run the same "
+                "command again to resume"
+            )
         raise typer.Exit(130) from None
+    if not outcome.main:
+        return  # rank 0 reports
     if job.json:
         payload = {
             "report": outcome.report.to_dict(),

@@ -8,16 +8,13 @@ section); :mod:`densefit.jobs` runs them.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import typer
 
 from densefit.cli.common import (
     err,
-    fail,
     invocation,
+    launch_torchrun,
     out,
     plural,
     print_error,
@@ -29,29 +26,6 @@ from densefit.cli.options import options_command
 from densefit.config.commands import PlanJob, TrainJob
 
 __all__ = ["plan", "register", "train"]
-
-
-def _launch_torchrun(nproc: int) -> None:
-    """Re-run this very command under torchrun with ``nproc`` processes, without --nproc."""
-    argv = sys.argv[1:]
-    if "train" not in argv:
-        fail(
-            "--nproc: cannot find the train command in the command line; run "
-            "torchrun --nproc-per-node N -m densefit train ... yourself"
-        )
-    rest, skip = [], False
-    for arg in argv[argv.index("train") :]:
-        if skip:
-            skip = False
-        elif arg == "--nproc":
-            skip = True
-        elif not arg.startswith("--nproc="):
-            rest.append(arg)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "densefit", *rest]  # fmt: skip
-    err.print(f"launching: {' '.join(cmd)}")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    raise typer.Exit(subprocess.call(cmd, env=env))
 
 
 def _interrupted(output) -> typer.Exit:  # noqa: ANN001
@@ -146,8 +120,7 @@ def train(options: TrainJob) -> None:
     from densefit.jobs import train_job  # the training framework: only when a run starts
     from densefit.training import distributed  # torch.distributed: only when a run starts
 
-    if job.nproc is not None and job.nproc > 1 and not distributed.launched_by_torchrun():
-        _launch_torchrun(job.nproc)
+    launch_torchrun("train", job.nproc)
     try:
         outcome = train_job(job, say=say if distributed.is_main_process() else None)
     except KeyboardInterrupt:

@@ -30,6 +30,7 @@ from densefit.config.shared import (
     LOCK_TIMEOUT,
     MAX_SEQ_LENGTH,
     MODEL,
+    NPROC,
     ON_BAD_ROW_OPTION,
     OUTPUT,
     PROGRESS,
@@ -92,13 +93,7 @@ class TrainJob(Options):
         group="Evaluation during training",
     )
     on_bad_row: str = ON_BAD_ROW_OPTION()
-    nproc: int | None = option(
-        None,
-        "Train with N processes on this machine (launches torchrun; one GPU each when the "
-        "device is cuda, as auto picks on a GPU machine).",
-        ge=1,
-        group="Several processes",
-    )
+    nproc: int | None = NPROC()
     train: TrainConfig = section(TrainConfig, "The training options.")
 
 
@@ -172,6 +167,7 @@ class IndexJob(Options):
         factory=list,
     )
     on_bad_row: str = ON_BAD_ROW_OPTION()
+    nproc: int | None = NPROC()
     show_progress: bool = PROGRESS()
     json: bool = JSON()
 

@@ -27,6 +27,7 @@ __all__ = [
     "JSON",
     "MAX_SEQ_LENGTH",
     "MODEL",
+    "NPROC",
     "ON_BAD_ROW_OPTION",
     "OUTPUT",
     "PROGRESS",
@@ -96,6 +97,14 @@ DEVICE = shared(
     group="Device",
     affects_weights=False,
     run_flag=True,
+)
+NPROC = shared(
+    None,
+    "Run N processes on this machine (launches torchrun; each on its own GPU, cuda:LOCAL_RANK, "
+    "when the device is cuda, as auto picks on a GPU machine); or start the command with "
+    "torchrun yourself.",
+    ge=1,
+    group="Several processes",
 )
 MAX_SEQ_LENGTH = shared(
     None,

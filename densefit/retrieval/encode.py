@@ -29,6 +29,7 @@ tokens before forming it, then embeds it).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -147,10 +148,18 @@ def encode_with_callback(
     pass_cost_tokens: int | None = None,
     runtime: str | Runtime = "torch",
     tokens: Sequence[TextTokens | None] | None = None,
+    share: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """:func:`encode_texts` reporting each finished batch's size to ``on_batch``.
 
     For callers that drive their own progress bar (indexing counts documents, not texts).
+
+    ``share=(rank, world)``: embed only this process's share of the batches, for several
+    processes embedding the same ``texts`` together. Every process cuts the batches one
+    process would cut (so each vector is made in the very batch it would be made in alone)
+    and takes every ``world``-th of them, from batch ``rank`` on, in longest-first order: a
+    balanced share. The rows of the other processes' batches are left zero, so the sum of
+    every process's array is the array of one process, exactly.
 
     >>> from densefit.testing import tiny_model
     >>> done = []
@@ -158,8 +167,13 @@ def encode_with_callback(
     (3, 32)
     >>> done
     [2, 1]
+    >>> mine = encode_with_callback(tiny_model(), ["a", "b", "c"], batch_size=2, share=(1, 2))
+    >>> [bool(row.any()) for row in mine]  # batch 0 holds two of the texts, batch 1 the other
+    [False, False, True]
     """
     texts = _checked_texts(texts, batch_size)
+    if share is not None and not 0 <= share[0] < share[1]:
+        raise ValueError(f"share must be (rank, world) with 0 <= rank < world, got {share}")
     runner = resolve_runtime(model, runtime)
     if prompt_name is not None and model_prompts(model).get(prompt_name):
         if any(getattr(module, "include_prompt", True) is False for module in model):
@@ -188,11 +202,12 @@ def encode_with_callback(
             pass_cost_tokens=pass_cost_tokens,
             runtime=runner,
             tokens=None if tokens is None else [tokens[copy_of[j]] for j in range(len(index_of))],
+            share=share,
         )
         if on_batch is not None:
             on_batch(len(texts) - len(index_of))
         return distinct[inverse]
-    out = np.empty((len(texts), dim), dtype=np.float32)
+    out = (np.empty if share is None else np.zeros)((len(texts), dim), dtype=np.float32)
     if not texts:
         return out
     was_training = model.training
@@ -202,12 +217,14 @@ def encode_with_callback(
     # Coarse order by characters (free); each window is then re-sorted by exact token count.
     order = np.argsort([-len(t) for t in texts], kind="stable")
     window = batch_size * _BATCHES_PER_WINDOW
+    turns = itertools.count()  # batches dealt so far, all windows together (share)
+    skip = None if share is None else lambda: next(turns) % share[1] != share[0]
     try:
         with torch.inference_mode():
             for start in range(0, len(texts), window):
                 rows = order[start : start + window]
                 for batch_rows, features in _batches(
-                    model, tokenizer, texts, rows, batch_size, pass_cost_tokens, reused
+                    model, tokenizer, texts, rows, batch_size, pass_cost_tokens, reused, skip=skip
                 ):
                     features = {
                         k: v.to(model.device) if isinstance(v, torch.Tensor) else v
@@ -376,15 +393,19 @@ def _batches(
     batch_size: int,
     pass_cost: int | None = None,
     reused: list[dict] | None = None,
+    *,
+    skip: Callable[[], bool] | None = None,
 ):
     """Yield (rows, features) for one window of texts, batches of similar token length
     (cut by :func:`padding_aware_cuts` when ``pass_cost`` is given); ``reused``: every text's
-    token ids, already made (:func:`tokenize_texts`)."""
+    token ids, already made (:func:`tokenize_texts`); a batch for which ``skip()`` is true
+    (another process's) is cut but not padded nor yielded."""
     if tokenizer is None:
         # General path: the model's own preprocessing, per batch, in character-length order.
         for start in range(0, len(rows), batch_size):
             batch_rows = rows[start : start + batch_size]
-            yield batch_rows, model.preprocess([texts[i] for i in batch_rows])
+            if skip is None or not skip():
+                yield batch_rows, model.preprocess([texts[i] for i in batch_rows])
         return
     if reused is None:
         encoded = _tokenize(tokenizer, [texts[i] for i in rows])
@@ -397,6 +418,8 @@ def _batches(
     else:
         cuts = padding_aware_cuts(lengths[by_tokens], batch_size, pass_cost)
     for start, end in zip(cuts[:-1], cuts[1:], strict=True):
+        if skip is not None and skip():
+            continue
         picks = by_tokens[start:end]
         yield rows[picks], _pad(encoded, picks, int(lengths[picks].max()), tokenizer)
 

@@ -10,7 +10,7 @@ where it stopped.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -53,6 +53,7 @@ class IndexReport:
     pruned: int = 0
     compacted: int = 0
     runtime: str = "torch"  # what embedded the documents (runtime and file)
+    processes: int = 1  # that embedded them together (densefit index --nproc)
 
     @property
     def docs_per_second(self) -> float:
@@ -82,7 +83,8 @@ class IndexReport:
         if self.pruned:
             parts.append(f"{self.pruned} documents not in the input deleted")
         if self.encoded:
-            parts.append(f"{self.docs_per_second:.1f} docs/s encoding ({self.runtime})")
+            on = f", {self.processes} processes" if self.processes > 1 else ""
+            parts.append(f"{self.docs_per_second:.1f} docs/s encoding ({self.runtime}{on})")
         return "; ".join(parts) + f"; {self.seconds:.1f}s in all"
 
     def to_dict(self) -> dict:
@@ -104,6 +106,7 @@ def index_documents(
     reembed: bool = False,
     lock_timeout: float | None = None,
     runtime="auto",
+    encoder: Callable[..., np.ndarray] = encode_with_callback,
 ) -> IndexReport:
     """Embed ``documents`` with ``model`` and write them to ``store``, resuming where it left.
 
@@ -120,7 +123,10 @@ def index_documents(
     RUNTIME_CHOICES`; :func:`~densefit.retrieval.runtimes.resolve_runtime`): ``auto`` picks
     the fastest exported one that may write beside the store's vectors (an empty store takes
     the runtime of its first write; a runtime of another family is refused like other
-    settings, ``reembed`` re-embeds with it).
+    settings, ``reembed`` re-embeds with it). ``encoder`` embeds the texts to write, called
+    as :func:`~densefit.retrieval.encode.encode_with_callback` is (the default); indexing on
+    several processes passes one that shares each call's texts among them
+    (:func:`densefit.jobs.index_job`).
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.index.store import open_store
@@ -151,9 +157,10 @@ def index_documents(
             store.check_settings(model, runner)
         with _progress(total, show_progress) as bar:
             seen_ids: set[str] = set()
+            embed = _Embedder(store, model, runner, encoder, batch_size, bar, report)
             for chunk in _chunks(documents, commit_every):
-                _index_chunk(store, model, runner, chunk, seen_ids, batch_size, bar, report)
-            _reembed_the_rest(store, model, runner, commit_every, batch_size, bar, report)
+                _index_chunk(store, embed, chunk, seen_ids, bar, report)
+            _reembed_the_rest(store, embed, commit_every, bar, report)
         if compact and store.dead_rows() > max(1024, store.count()):
             report.compacted = store.compact()
         store.flush()
@@ -166,7 +173,7 @@ def _progress(total: int | None, show: bool):
     return tqdm(total=total, desc="Indexing", unit="doc", disable=not show, smoothing=0.1)
 
 
-def _index_chunk(store, model, runner, chunk, seen_ids, batch_size: int, bar, report) -> None:
+def _index_chunk(store, embed, chunk, seen_ids, bar, report) -> None:
     """Compare one chunk with the store by hash, embed what is new or changed, commit."""
     unique, repeats = _dedupe(chunk, seen_ids, report)
     stored = store.hashes(list(unique))
@@ -189,7 +196,7 @@ def _index_chunk(store, model, runner, chunk, seen_ids, batch_size: int, bar, re
             setattr(report, outcome, getattr(report, outcome) + 1)
     bar.update(len(chunk) - len(to_embed))
     if to_embed:
-        store.write(to_embed, _embeddings(store, model, runner, to_embed, batch_size, bar, report))
+        store.write(to_embed, embed(to_embed))
         report.commits += 1
     if meta_only:
         store.write_metadata(meta_only)
@@ -197,9 +204,7 @@ def _index_chunk(store, model, runner, chunk, seen_ids, batch_size: int, bar, re
     bar.set_postfix(new=report.added, changed=report.updated, skipped=report.unchanged)
 
 
-def _reembed_the_rest(
-    store, model, runner, commit_every: int, batch_size: int, bar, report
-) -> None:
+def _reembed_the_rest(store, embed, commit_every: int, bar, report) -> None:
     """Re-embed, from their stored text, the documents still holding vectors made before
     ``reembed`` (those not in this run's input), then clear the store's stale mark."""
     stale = store.all_stale_ids()
@@ -207,43 +212,53 @@ def _reembed_the_rest(
         docs = [d for d in store.get(stale[start : start + commit_every]) if d is not None]
         if bar.total is not None:
             bar.total += len(docs)
-        store.write(docs, _embeddings(store, model, runner, docs, batch_size, bar, report))
+        store.write(docs, embed(docs))
         report.commits += 1
         report.reembedded_stored += len(docs)
     store.finish_reembedding()
 
 
-def _embeddings(
-    store, model, runner, docs: list[Document], batch_size: int, bar, report
-) -> np.ndarray:
-    """Vectors for ``docs``: copied from the store for texts it already holds, else encoded.
+@dataclass
+class _Embedder:
+    """Vectors for documents: copied from the store for texts it already holds, else encoded
+    (by ``encoder``, with the run's runtime, batch size and the document prompt).
 
     Copies keep duplicate documents' vectors identical (their scores tie exactly, as when a
     whole corpus is encoded in one call), and skip the forward pass.
     """
 
-    hashes = [text_hash(d.text) for d in docs]
-    known = store.vectors_for_texts(hashes)
-    vectors = np.empty((len(docs), embedding_dimension(model)), dtype=np.float32)
-    todo = [i for i, h in enumerate(hashes) if h not in known]
-    for i, h in enumerate(hashes):
-        if h in known:
-            vectors[i] = known[h]
-    report.reused += len(docs) - len(todo)
-    bar.update(len(docs) - len(todo))
-    if todo:
-        started = time.perf_counter()
-        vectors[todo] = encode_with_callback(
-            model,
-            [docs[i].text for i in todo],
-            batch_size=batch_size,
-            on_batch=bar.update,
-            prompt_name="document",
-            runtime=runner,
-        )
-        report.encode_seconds += time.perf_counter() - started
-        report.encoded += len(todo)
-    return vectors
+    store: LocalDocumentStore
+    model: object
+    runner: object
+    encoder: Callable[..., np.ndarray]
+    batch_size: int
+    bar: object
+    report: IndexReport
+
+    def __call__(self, docs: list[Document]) -> np.ndarray:
+        report, bar = self.report, self.bar
+        hashes = [text_hash(d.text) for d in docs]
+        known = self.store.vectors_for_texts(hashes)
+        vectors = np.empty((len(docs), embedding_dimension(self.model)), dtype=np.float32)
+        todo = [i for i, h in enumerate(hashes) if h not in known]
+        for i, h in enumerate(hashes):
+            if h in known:
+                vectors[i] = known[h]
+        report.reused += len(docs) - len(todo)
+        bar.update(len(docs) - len(todo))
+        if todo:
+            started = time.perf_counter()
+            vectors[todo] = self.encoder(
+                self.model,
+                [docs[i].text for i in todo],
+                batch_size=self.batch_size,
+                on_batch=bar.update,
+                prompt_name="document",
+                runtime=self.runner,
+            )
+            report.encode_seconds += time.perf_counter() - started
+            report.encoded += len(todo)
+        return vectors
 
 
 def prune_documents(store: LocalDocumentStore, keep_ids: Iterable[str]) -> int:
