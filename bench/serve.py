@@ -766,8 +766,9 @@ def swap_point(store_path: Path, model, documents, vectors, docs, queries, args,
             _swap_phase(server.url, headers, queries[:20], 2, [], 1, 1.0, _after(2.0))
         )
         del load_cell_warm
-        row: dict = {"documents": n, "clients": args.swap_clients, "new_model": MODEL,
-                     "old_max_seq_length": MAX_SEQ_LENGTH, "new_max_seq_length": 256}  # fmt: skip
+        row: dict = {"documents": n, "datasets": list(ORDER), "clients": args.swap_clients,
+                     "new_model": MODEL, "old_max_seq_length": MAX_SEQ_LENGTH,
+                     "new_max_seq_length": 256}  # fmt: skip
         wdocs = writer_documents(docs, "swap", 4000, seed=11)
         phases = (("before", wdocs[:1000]), ("during", wdocs[1000:3000]), ("after", wdocs[3000:]))
         for phase, phase_docs in phases:
@@ -1468,9 +1469,10 @@ def main() -> None:
     result = {
         "note": "shared 2-core machine: the load client runs on the same cores as the server; "
         "compare systems within one run only (each row records the load average around it)",
-        # a swap-only run may read fewer datasets (BENCH_SERVE_DATASETS): it records its own
+        # the load part's; a run without it may read fewer datasets (BENCH_SERVE_DATASETS),
+        # and its parts record their own
         "documents": previous.get("documents", len(documents))
-        if args.swap_only
+        if args.swap_only or args.skip_load
         else len(documents),
         "model": MODEL,
         "max_seq_length": MAX_SEQ_LENGTH,
@@ -1633,6 +1635,8 @@ def main() -> None:
             "clients": clients,
             "inputs_per_request": inputs,
             "seconds_per_cell": args.seconds,
+            "datasets": list(ORDER),
+            "documents": len(documents),
             "encoding_format": "base64",
         }
         doc_texts = [d.text for d in documents[:: max(1, len(documents) // 2000)]]
