@@ -457,6 +457,15 @@ def check_index_job(job: IndexJob) -> None:
         meta_index_sql(name)  # a bad field name fails before any work
 
 
+def embedding_model(name: str, job: IndexJob | ReembedJob, device: str):
+    """``name`` loaded on ``device`` to embed documents as ``job`` says: its
+    ``--max-seq-length``, prompts and ``--dim`` (those not given: the model's own)."""
+    model = load_model(name, max_seq_length=job.max_seq_length, device=device)
+    return configure_model(
+        model, query_prompt=job.query_prompt, document_prompt=job.document_prompt, dim=job.dim
+    )
+
+
 def index_job(job: IndexJob) -> IndexOutcome:
     """Embed ``job.corpus`` into ``job.store`` (created for the model when new; resumed, and
     unchanged documents skipped, when not). ``prune`` deletes stored documents that are not
@@ -472,10 +481,7 @@ def index_job(job: IndexJob) -> IndexOutcome:
     name = model_or_default(job.model, recorded_model(job.store) if main else None)
     if world > 1:
         name = distributed.broadcast_object(name)  # the store's model, as rank 0 read it
-    model = load_model(name, max_seq_length=job.max_seq_length, device=device)
-    configure_model(
-        model, query_prompt=job.query_prompt, document_prompt=job.document_prompt, dim=job.dim
-    )
+    model = embedding_model(name, job, device)
     if world == 1:
         return _index_into_store(job, model, encode_with_callback)
     if not main:
@@ -554,12 +560,7 @@ def reembed_job(job: ReembedJob) -> SwapReport | None:
             raise ValueError(
                 "--model: name the model to swap the store to (or --cancel the swap under way)"
             )
-        model = load_model(
-            job.model, max_seq_length=job.max_seq_length, device=resolve_device(job.device)
-        )
-        configure_model(
-            model, query_prompt=job.query_prompt, document_prompt=job.document_prompt, dim=job.dim
-        )
+        model = embedding_model(job.model, job, resolve_device(job.device))
         return reembed_store(
             store,
             model,
