@@ -1291,7 +1291,7 @@ def plot(result: dict) -> None:
 
     rows = result.get("load", [])
     scale = result.get("scale", [])
-    fig, axes = plt.subplots(1, 5, figsize=(26, 4.5))
+    fig, axes = plt.subplots(1, 6, figsize=(31, 4.5))
     systems = sorted({r["system"] for r in rows}, key=["densefit", "handwritten", "haystack"].index)
     for ax, metric, title in (
         (axes[0], "qps", "queries/s (higher is better)"),
@@ -1365,6 +1365,23 @@ def plot(result: dict) -> None:
         )
         axes[4].set_title("/v1/embeddings texts/s (higher is better)")
         axes[4].legend(fontsize=7)
+    swap = result.get("swap")
+    if swap:
+        phases = ("before", "during", "after")
+        xs = np.arange(len(phases))
+        for offset, metric, label in ((-0.2, "p50_ms", "p50"), (0.2, "p99_ms", "p99")):
+            axes[5].bar(xs + offset, [swap[p][metric] or 0 for p in phases], 0.4, label=label)
+        axes[5].set_xticks(
+            xs,
+            [f"{p}\n{swap[p]['searches']:,} searches\n{swap[p]['errors']} errors" for p in phases],
+            fontsize=7,
+        )
+        axes[5].set_title(
+            f"search latency ms through a model swap ({swap['documents']:,} docs, "
+            f"{swap['clients']} clients + writer)",
+            fontsize=9,
+        )
+        axes[5].legend(fontsize=7)
     load_run = (result.get("load_settings") or {}).get("run")
     run = next((r for r in result.get("runs", []) if r["id"] == load_run), {})
     m = run.get("machine", {})
