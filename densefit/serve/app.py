@@ -399,7 +399,8 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
         threads_per_worker=worker_threads(config, torch.get_num_threads()),
         on_batch=metrics.observe_batch,
         max_batch_tokens=config.max_batch_tokens,
-        measure=lambda items: measure_request(served.current().model, items),
+        # on the event loop: the model served now, never loading one (a batch does that)
+        measure=lambda items: measure_request(served.state.model, items),
     )
     writer = DocumentWriter(
         store,
