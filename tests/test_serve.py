@@ -41,13 +41,6 @@ def corpus(n: int, seed: int = 0) -> list[Document]:
     ]
 
 
-@pytest.fixture(scope="module")
-def model(tiny_models):
-    from densefit.models import load_model
-
-    return load_model(str(tiny_models / "tiny"))
-
-
 @pytest.fixture
 def store_dir(tmp_path, model):
     path = tmp_path / "store"

@@ -28,13 +28,6 @@ from densefit.serve.app import create_app  # noqa: E402
 from densefit.serve.config import ServeConfig  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def model(tiny_models):
-    from densefit.models import load_model
-
-    return load_model(str(tiny_models / "tiny"))
-
-
 @pytest.fixture
 def store_dir(tmp_path, model):
     path = tmp_path / "store"

@@ -15,24 +15,15 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from fastapi.testclient import TestClient  # noqa: E402
-from test_serve import WORDS, corpus  # noqa: E402
+from test_serve import WORDS, client_for, corpus  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from densefit.cli.app import app as cli_app  # noqa: E402
 from densefit.errors import OptionError  # noqa: E402
 from densefit.retrieval.encode import TextTokens, encode_texts, tokenize_texts  # noqa: E402
 from densefit.retrieval.index import LocalDocumentStore, index_documents, open_store  # noqa: E402
-from densefit.serve.app import create_app  # noqa: E402
 from densefit.serve.batcher import MicroBatcher, Query  # noqa: E402
 from densefit.serve.config import ServeConfig  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def model(tiny_models):
-    from densefit.models import load_model
-
-    return load_model(str(tiny_models / "tiny"))
 
 
 @pytest.fixture
@@ -41,10 +32,6 @@ def store_dir(tmp_path, model):
     with open_store(path, model) as store:
         index_documents(store, model, corpus(40))
     return path
-
-
-def client_for(store_dir, model, **config) -> TestClient:
-    return TestClient(create_app(LocalDocumentStore(store_dir), model, ServeConfig(**config)))
 
 
 def true_tokens(model, text: str) -> int:
