@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from densefit.config.commands import (
+    DocumentEmbedding,
     EvalJob,
     ExportJob,
     IndexJob,
@@ -457,7 +458,7 @@ def check_index_job(job: IndexJob) -> None:
         meta_index_sql(name)  # a bad field name fails before any work
 
 
-def embedding_model(name: str, job: IndexJob | ReembedJob, device: str):
+def embedding_model(name: str, job: DocumentEmbedding, device: str):
     """``name`` loaded on ``device`` to embed documents as ``job`` says: its
     ``--max-seq-length``, prompts and ``--dim`` (those not given: the model's own)."""
     model = load_model(name, max_seq_length=job.max_seq_length, device=device)

@@ -47,6 +47,7 @@ from densefit.config.shared import (
 from densefit.config.train import TrainConfig, check_dims
 
 __all__ = [
+    "DocumentEmbedding",
     "EvalJob",
     "ExportJob",
     "IndexJob",
@@ -137,12 +138,12 @@ class MineJob(Options):
 
 
 @dataclass(kw_only=True)
-class IndexJob(Options):
-    """``densefit index``: embed a corpus into a store (created if new, resumed if not)."""
+class DocumentEmbedding(Options):
+    """How a job embeds documents into a store (``densefit index``, ``densefit reembed``):
+    the model and the settings its vectors are made with (:func:`densefit.jobs.
+    embedding_model`)."""
 
-    corpus: Path = option(help="JSONL(.gz), CSV, TSV, Parquet, or a BEIR folder.", positional=True)
-    store: Path = STORE(required=True)
-    model: str | None = MODEL()
+    model: str | None = MODEL()  # reembed: required unless --cancel (reembed_job says so)
     device: str | None = DEVICE()
     max_seq_length: int | None = MAX_SEQ_LENGTH()
     query_prompt: str | None = QUERY_PROMPT()
@@ -150,15 +151,23 @@ class IndexJob(Options):
     dim: int | None = DIM()
     encode_batch_size: int = ENCODE_BATCH_SIZE()
     runtime: str = RUNTIME()
+    commit_every: int = COMMIT_EVERY()
+    lock_timeout: float = LOCK_TIMEOUT()
+
+
+@dataclass(kw_only=True)
+class IndexJob(DocumentEmbedding):
+    """``densefit index``: embed a corpus into a store (created if new, resumed if not)."""
+
+    corpus: Path = option(help="JSONL(.gz), CSV, TSV, Parquet, or a BEIR folder.", positional=True)
+    store: Path = STORE(required=True)
     backend: str = BACKEND()
     vectors: str = VECTORS()
-    commit_every: int = COMMIT_EVERY()
     reembed: bool = option(
         False,
         "Re-embed every stored document with this run's settings (e.g. a new "
         "--max-seq-length) instead of refusing to mix vectors made two ways.",
     )
-    lock_timeout: float = LOCK_TIMEOUT()
     prune: bool = option(False, "Delete stored documents that are not in CORPUS.")
     index_fields: list[str] = option(
         help="Add an SQLite index on a metadata field (meta.NAME) that search --filter "
@@ -173,20 +182,10 @@ class IndexJob(Options):
 
 
 @dataclass(kw_only=True)
-class ReembedJob(Options):
+class ReembedJob(DocumentEmbedding):
     """``densefit reembed``: swap a store to another model while it keeps serving."""
 
     store: Path = STORE(required=True)
-    model: str | None = MODEL()  # required unless --cancel (reembed_job says so)
-    device: str | None = DEVICE()
-    max_seq_length: int | None = MAX_SEQ_LENGTH()
-    query_prompt: str | None = QUERY_PROMPT()
-    document_prompt: str | None = DOCUMENT_PROMPT()
-    dim: int | None = DIM()
-    encode_batch_size: int = ENCODE_BATCH_SIZE()
-    runtime: str = RUNTIME()
-    commit_every: int = COMMIT_EVERY()
-    lock_timeout: float = LOCK_TIMEOUT()
     cancel: bool = option(
         False, "Drop the model swap under way (the store keeps serving its current model)."
     )
