@@ -18,7 +18,7 @@ Metrics by pytrec_eval (densefit.evaluate), with a paired randomization test of 
 against dense. Each (dataset, model) point runs in a fresh process; points already in the
 JSONL are kept (rerun to add datasets or models: ``--datasets``, ``--models``). Writes bench/results/hybrid.{jsonl,json,csv,png}.
 
-Latency (``--latency``, not committed: measure it on a quiet machine): per mode, one query at
+Latency (``--latency``; measure it on a quiet machine): per mode, one query at
 a time (``Retriever.retrieve``: embed + search), p50/p99 over ``--latency-queries`` queries of
 each dataset's base store, after warm-up; and the search alone (query embedded beforehand).
 Writes bench/results/hybrid_latency.{json,png}.
