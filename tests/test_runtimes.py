@@ -403,7 +403,7 @@ def test_openvino_fp32_equals_torch_and_int8_is_checked(tmp_path):
 
 def test_serve_refuses_writes_that_would_mix_runtime_families(exported):
     pytest.importorskip("fastapi")
-    from densefit.serve.app import _document_encoder
+    from densefit.serve.swap import document_encoder as _document_encoder
 
     folder, _ = exported
     model = load_model(folder, device="cpu")

@@ -36,16 +36,9 @@ from densefit.choices import SEARCH_MODES
 from densefit.data.types import Document
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index.filters import validate_filters
-from densefit.retrieval.index.settings import SettingsMismatchError
-from densefit.retrieval.runtimes import disagreement, resolve_runtime
 from densefit.serve.batcher import MicroBatcher, Query
 from densefit.serve.config import ServeConfig, is_local_host, worker_threads
-from densefit.serve.embeddings import (
-    add_embedding_routes,
-    matryoshka_trained,
-    measure_request,
-    run_batch,
-)
+from densefit.serve.embeddings import add_embedding_routes, measure_request, run_batch
 from densefit.serve.errors import (
     JSON_BODY_HINT,
     ClientError,
@@ -337,30 +330,6 @@ def _replay(body: bytes):
 # -- the app -----------------------------------------------------------------------------------
 
 
-def _document_encoder(store, model, runtime: str = "auto"):
-    """How written documents are embedded: by ``runtime`` when its vectors may be written
-    beside the store's, else by a runtime of the store's vectors' family (found as
-    ``densefit index`` finds it); writes that would mix families are refused."""
-    settings = getattr(store, "settings", None)
-    stored = settings.source if settings is not None else None
-    runner = resolve_runtime(model, "auto", stored=stored, mixing=True)
-    if runtime != "auto":
-        chosen = resolve_runtime(model, runtime)
-        if stored is None or disagreement(stored, chosen.source, mixing=True) is None:
-            runner = chosen
-    reason = stored and disagreement(stored, runner.source, mixing=True)
-
-    def encode(texts):
-        if reason:
-            raise SettingsMismatchError(
-                f"{getattr(store, 'path', 'the store')}: cannot add documents: {reason} "
-                f"(export {stored.runtime} for this model to write here)"
-            )
-        return encode_texts(model, texts, batch_size=32, prompt_name="document", runtime=runner)
-
-    return encode
-
-
 def create_app(store, model, config: ServeConfig | None = None, *, close_store: bool = True):
     """A FastAPI app serving ``store`` with ``model`` (which must have made its embeddings:
     :class:`~densefit.retrieval.index.base.ModelMismatchError` otherwise, with the prompts
@@ -377,7 +346,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     # are embedded by config.runtime where its vectors may meet the store's (the same error
     # otherwise). The query workers resolve it by name again: their sessions use their threads.
     # After a model swap the served model is the store's new one (densefit.serve.swap).
-    make_state = query_state_maker(store, config, _document_encoder, matryoshka_trained)
+    make_state = query_state_maker(store, config)
     served = ServedModel(store, model, make_state, device=str(getattr(model, "device", "cpu")))
     metrics = Metrics(documents=store.count)
 

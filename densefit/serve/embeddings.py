@@ -314,7 +314,8 @@ def add_embedding_routes(app, store, served, config, batcher, arrival_key: str) 
     ) -> JSONResponse:
         texts = _texts(request.input, "input", config)
         served_dim, name = store.dim, store.model_name
-        matryoshka, cosine = served.current().matryoshka, store.similarity == "cosine"
+        # on the event loop: the model served now, never loading one (a batch does that)
+        matryoshka, cosine = served.state.matryoshka, store.similarity == "cosine"
         dims = request.dimensions
         if dims is not None and not 1 <= dims <= served_dim:
             raise ClientError(

@@ -27,14 +27,24 @@ from dataclasses import dataclass
 from densefit.models import load_model, resolve_device
 from densefit.retrieval.encode import configure_model, encode_texts
 from densefit.retrieval.index.searching import model_for_store, query_runtime
-from densefit.retrieval.index.settings import StoreRecord, SwapTarget
+from densefit.retrieval.index.settings import SettingsMismatchError, StoreRecord
 from densefit.retrieval.index.store import ModelSwappedError, record_for
 from densefit.retrieval.index.swap import reembed_store
-from densefit.retrieval.runtimes import resolve_runtime
+from densefit.retrieval.runtimes import disagreement, resolve_runtime
+from densefit.serve.embeddings import matryoshka_trained
 
-__all__ = ["AdminSwap", "ModelState", "ServedModel", "retrying_swaps"]
+__all__ = [
+    "SWAP_RETRIES",
+    "AdminSwap",
+    "ModelState",
+    "ServedModel",
+    "document_encoder",
+    "retrying_swaps",
+]
 
-SWAP_RETRIES = 3  # a batch embedded again after a switch; a second switch in between is rare
+# A batch or a write prepared for the old model is embedded again after a switch, up to this
+# many times (a second switch in between is rare).
+SWAP_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,7 @@ class ServedModel:
         with self._lock:
             if self.state.generation != self.store.model_generation:
                 nxt = self.next
-                if nxt is not None and _records_agree(nxt.record, self.store.record):
+                if nxt is not None and nxt.record.same_vectors(self.store.record):
                     model = nxt.model
                 else:  # swapped by another process: the model the store records now
                     model = model_for_store(self.store, None, device=self.device)
@@ -94,16 +104,12 @@ class ServedModel:
         if nxt is None:
             return None
         target = self.store.swap_target()
-        if target is None or not target.same_vectors(SwapTarget(nxt.record, target.generation)):
+        if target is None or not target.record.same_vectors(nxt.record):
             return None
         vectors = encode_texts(
             nxt.model, texts, batch_size=32, prompt_name="document", runtime=nxt.runtime
         )
         return target, vectors
-
-
-def _records_agree(a: StoreRecord, b: StoreRecord) -> bool:
-    return SwapTarget(a, 0).same_vectors(SwapTarget(b, 0))
 
 
 def retrying_swaps(run: Callable[[ModelState], list], served: ServedModel) -> list:
@@ -194,10 +200,35 @@ class AdminSwap:
             self.served.next = None
 
 
-def query_state_maker(store, config, document_encoder, matryoshka_of) -> Callable:
+def document_encoder(store, model, runtime: str = "auto"):
+    """How written documents are embedded: by ``runtime`` when its vectors may be written
+    beside the store's, else by a runtime of the store's vectors' family (found as
+    ``densefit index`` finds it); writes that would mix families are refused."""
+    settings = getattr(store, "settings", None)
+    stored = settings.source if settings is not None else None
+    runner = resolve_runtime(model, "auto", stored=stored, mixing=True)
+    if runtime != "auto":
+        chosen = resolve_runtime(model, runtime)
+        if stored is None or disagreement(stored, chosen.source, mixing=True) is None:
+            runner = chosen
+    reason = stored and disagreement(stored, runner.source, mixing=True)
+
+    def encode(texts):
+        if reason:
+            raise SettingsMismatchError(
+                f"{getattr(store, 'path', 'the store')}: cannot add documents: {reason} "
+                f"(export {stored.runtime} for this model to write here)"
+            )
+        return encode_texts(model, texts, batch_size=32, prompt_name="document", runtime=runner)
+
+    return encode
+
+
+def query_state_maker(store, config) -> Callable:
     """``make_state(model)`` for :class:`ServedModel`: the query runtime by the store's rules
     (:func:`~densefit.retrieval.index.searching.query_runtime`), the writer's document
-    encoder, and whether the model was trained for shorter embeddings."""
+    encoder (:func:`document_encoder`), and whether the model was trained for shorter
+    embeddings (:func:`~densefit.serve.embeddings.matryoshka_trained`)."""
 
     def make_state(model) -> ModelState:
         store.check_model(model)
@@ -207,7 +238,7 @@ def query_state_maker(store, config, document_encoder, matryoshka_of) -> Callabl
         runtime = query_runtime(store, model, config.runtime).name
         matryoshka = config.matryoshka
         if matryoshka is None:
-            matryoshka = matryoshka_of(store, model)
+            matryoshka = matryoshka_trained(store, model)
         return ModelState(
             model=model,
             runtime=runtime,

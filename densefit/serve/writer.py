@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 from densefit.data.types import Document
 from densefit.retrieval.index.store import ModelSwappedError
-
-SWAP_RETRIES = 3  # a write embedded again when the store switched model before its commit
+from densefit.serve.swap import SWAP_RETRIES
 
 __all__ = ["DocumentWriter", "WriteAck"]
 

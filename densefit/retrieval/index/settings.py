@@ -272,6 +272,22 @@ class StoreRecord:
             settings=VectorSettings.from_meta(meta),
         )
 
+    def same_vectors(self, other: StoreRecord) -> bool:
+        """Whether ``other`` records the same vectors: same size, similarity and settings,
+        and a fingerprint of the same weights (a model swap for it may resume this one's)."""
+        if (self.dim, self.similarity) != (other.dim, other.similarity) or (
+            self.fingerprint.shape != other.fingerprint.shape
+        ):
+            return False
+        if (
+            self.settings is not None
+            and other.settings is not None
+            and (self.settings.differences(other.settings))
+        ):
+            return False
+        cosine = np.min(np.sum(self.fingerprint * other.fingerprint, axis=1))
+        return bool(cosine >= SAME_WEIGHTS_COSINE)
+
     def check_model(self, model, where: Path) -> None:
         """Raise :class:`ModelMismatchError` unless ``model`` made these vectors.
 
@@ -353,19 +369,6 @@ class SwapTarget:
             return None
         data = json.loads(text)
         return cls(StoreRecord.from_meta(data["record"], where), int(data["generation"]))
-
-    def same_vectors(self, other: SwapTarget) -> bool:
-        """Whether ``other`` makes the same vectors: same size and settings, and a
-        fingerprint of the same weights (a rebuild for it may resume this one's)."""
-        a, b = self.record, other.record
-        if (a.dim, a.similarity) != (b.dim, b.similarity) or a.fingerprint.shape != (
-            b.fingerprint.shape
-        ):
-            return False
-        if a.settings is not None and b.settings is not None and a.settings.differences(b.settings):
-            return False
-        cosine = np.min(np.sum(a.fingerprint * b.fingerprint, axis=1))
-        return bool(cosine >= SAME_WEIGHTS_COSINE)
 
 
 def search_options(

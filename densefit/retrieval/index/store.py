@@ -102,6 +102,7 @@ __all__ = [
 SWAP_KEY = "swap"  # meta: the SwapTarget of a model swap under way
 SWAP_ROWS_KEY = "swap_rows"  # meta: the rows committed to the swap's vector file
 MODEL_GENERATION_KEY = "model_generation"  # meta: how many model swaps the store went through
+_DROP_SWAP = "DELETE FROM meta WHERE key IN (?, ?)"  # a swap switched or cancelled
 
 
 class ModelSwappedError(StoreError):
@@ -384,7 +385,7 @@ class LocalDocumentStore:
         """
         settings = VectorSettings.of(model, runtime)
         with self.transaction() as fresh:
-            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
+            swap = self._swap_under_way()
             if swap is not None:
                 raise StoreError(
                     f"{self.path}: a model swap to {swap.record.model_name!r} is under way: "
@@ -439,10 +440,10 @@ class LocalDocumentStore:
         if target.vector_kind != self.vector_kind:
             raise StoreError(f"a {self.vector_kind} store swaps to {self.vector_kind} vectors")
         with self.transaction():
-            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
-            fresh = SwapTarget(target, int(self._table.meta_value("generation")) + 1)
-            if swap is not None and swap.same_vectors(fresh):
+            swap = self._swap_under_way()
+            if swap is not None and swap.record.same_vectors(target):
                 return swap, True
+            fresh = SwapTarget(target, int(self._table.meta_value("generation")) + 1)
             self._table.add_next_rows()
             self._table.set_meta(SWAP_KEY, fresh.to_json())
             self._table.set_meta(SWAP_ROWS_KEY, 0)
@@ -465,9 +466,7 @@ class LocalDocumentStore:
         swap to meet again. Returns the vectors recorded."""
         vectors = checked_vectors(target.record, [Document(i, "") for _, i in pending], embeddings)
         with self.transaction():
-            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
-            if swap is None or not swap.same_vectors(target):
-                raise StoreError(f"{self.path}: the model swap was cancelled or restarted")
+            swap = self._swap_for(target)
             current = self._table.rows_of([i for _, i in pending])
             keep = [k for k, (row, i) in enumerate(pending) if current.get(i) == row]
             if not keep:
@@ -484,9 +483,7 @@ class LocalDocumentStore:
         return True; False (nothing changed) while documents are left to embed. Searches
         prepared for the old model get :class:`ModelSwappedError` from now on."""
         with self.transaction():
-            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
-            if swap is None or not swap.same_vectors(target):
-                raise StoreError(f"{self.path}: the model swap was cancelled or restarted")
+            swap = self._swap_for(target)
             if self._table.count_without_next_rows():
                 return False
             self._table.promote_next_rows()
@@ -500,9 +497,7 @@ class LocalDocumentStore:
             self._table.set_meta("stale_below_row", 0)
             generation = int(self._table.meta_value(MODEL_GENERATION_KEY, "0"))
             self._table.set_meta(MODEL_GENERATION_KEY, generation + 1)
-            self._table.conn.execute(
-                "DELETE FROM meta WHERE key IN (?, ?)", (SWAP_KEY, SWAP_ROWS_KEY)
-            )
+            self._table.conn.execute(_DROP_SWAP, (SWAP_KEY, SWAP_ROWS_KEY))
         self._wrote = True
         self._reload()
         self._remove_stale_files()
@@ -515,15 +510,24 @@ class LocalDocumentStore:
         with self.transaction():
             if self._table.meta_value(SWAP_KEY) is None:
                 return False
-            self._table.conn.execute(
-                "DELETE FROM meta WHERE key IN (?, ?)", (SWAP_KEY, SWAP_ROWS_KEY)
-            )
+            self._table.conn.execute(_DROP_SWAP, (SWAP_KEY, SWAP_ROWS_KEY))
         self._reload()
         self._remove_stale_files()
         return True
 
     def _swap_file(self, swap: SwapTarget):
         return self._vectors.file_for(swap.generation, swap.record.dim)
+
+    def _swap_under_way(self) -> SwapTarget | None:
+        """The swap the meta table records now (inside the caller's transaction)."""
+        return SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
+
+    def _swap_for(self, target: SwapTarget) -> SwapTarget:
+        """The swap under way, which must be ``target``'s (inside the caller's transaction)."""
+        swap = self._swap_under_way()
+        if swap is None or not swap.record.same_vectors(target.record):
+            raise StoreError(f"{self.path}: the model swap was cancelled or restarted")
+        return swap
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -820,9 +824,13 @@ class LocalDocumentStore:
             start = int(self._table.meta_value("n_rows"))
             replaced = self._table.rows_of([d.id for d in documents])
             self._vectors.file.write(start, vectors)
-            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
+            swap = self._swap_under_way()
             next_start = None
-            if swap is not None and next_vectors is not None and swap.same_vectors(swap_target):
+            if (
+                swap is not None
+                and next_vectors is not None
+                and swap.record.same_vectors(swap_target.record)
+            ):
                 next_start = int(self._table.meta_value(SWAP_ROWS_KEY))
                 self._swap_file(swap).write(next_start, next_vectors)
                 self._table.set_meta(SWAP_ROWS_KEY, next_start + len(documents))
@@ -1035,7 +1043,7 @@ class LocalDocumentStore:
         try:
             conn.execute("CREATE INDEX IF NOT EXISTS documents_text_hash ON documents(text_hash)")
             generation = int(self._table.meta_value("generation"))
-            swap = SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
+            swap = self._swap_under_way()
             building = swap.generation if swap is not None else None
             self._vectors.remove_other_generations(generation, building)
             self._bm25.remove_other_generations(generation)
