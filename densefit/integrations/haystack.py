@@ -535,8 +535,9 @@ class DensefitDocumentStore:
         store of external embeddings (no model recorded) a ValueError."""
         if self._store is None or self._store.model_name == EXTERNAL_MODEL:
             raise ValueError(
-                "this store records no model to embed queries with (its embeddings came from "
-                "an external embedder): pass query_embedding, or create the store with model="
+                "this store needs the query embedding: connect `query_embedding` (its "
+                "embeddings came from an external embedder and it records no model to embed "
+                "`query` with; create it with model= to embed queries here)"
             )
         with self._model_lock:
             if self._query_model is None:
@@ -735,12 +736,6 @@ def _query_embedding(retriever, query, query_embedding, what: str):
         return None
     if query is None:
         raise ValueError(f"{what} needs the query embedding or the query text: connect one")
-    if store.store.model_name == EXTERNAL_MODEL:
-        raise ValueError(
-            f"{what} needs the query embedding: connect `query_embedding` (this store's "
-            "embeddings came from an external embedder and it records no model to embed "
-            "`query` with; create it with model= to embed queries here)"
-        )
     return store.embed_queries([query], retriever.runtime)[0]
 
 

@@ -175,13 +175,7 @@ def encode_with_callback(
     if share is not None and not 0 <= share[0] < share[1]:
         raise ValueError(f"share must be (rank, world) with 0 <= rank < world, got {share}")
     runner = resolve_runtime(model, runtime)
-    if prompt_name is not None and model_prompts(model).get(prompt_name):
-        if any(getattr(module, "include_prompt", True) is False for module in model):
-            raise ValueError(
-                "this model leaves the prompt out of its pooling (include_prompt=False), which "
-                "densefit does not support: use it without --query-prompt/--document-prompt"
-            )
-        texts = apply_prompt(texts, model_prompts(model)[prompt_name])
+    texts = _prompted(model, texts, prompt_name)
     if tokens is not None and len(tokens) != len(texts):
         raise ValueError(f"{len(tokens)} tokenized texts for {len(texts)} texts")
     dim = embedding_dimension(model)
@@ -263,9 +257,7 @@ def tokenize_texts(
     >>> tokenize_texts(model, [long])[0].count, tokenize_texts(model, [long], truncation=False)[0].count
     (64, 102)
     """
-    texts = _checked_texts(texts, 1)
-    if prompt_name is not None and model_prompts(model).get(prompt_name):
-        texts = apply_prompt(texts, model_prompts(model)[prompt_name])
+    texts = _prompted(model, _checked_texts(texts, 1), prompt_name)
     if not texts:
         return []
     tokenizer = fast_path_tokenizer(model)
@@ -292,6 +284,18 @@ def tokenize_texts(
         features = {k: encoded[k][i] for k in keys} if keep else None
         out.append(TextTokens(text, count, features, key))
     return out
+
+
+def _prompted(model, texts: list[str], prompt_name: str | None) -> list[str]:
+    """``texts`` with the model's ``prompt_name`` prompt in front, as they are embedded."""
+    if prompt_name is None or not model_prompts(model).get(prompt_name):
+        return texts
+    if any(getattr(module, "include_prompt", True) is False for module in model):
+        raise ValueError(
+            "this model leaves the prompt out of its pooling (include_prompt=False), which "
+            "densefit does not support: use it without --query-prompt/--document-prompt"
+        )
+    return apply_prompt(texts, model_prompts(model)[prompt_name])
 
 
 def _reusable(model, tokenizer, texts: list[str], tokens) -> list[dict] | None:
