@@ -52,6 +52,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "cpu": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
@@ -68,6 +69,28 @@ def command_line(script: str, argv: list[str]) -> str:
         if name in os.environ
     )
     return " ".join(filter(None, [threads, f"python bench/{script}", shlex.join(argv)]))
+
+
+def cpu_model() -> str:
+    """The CPU as /proc/cpuinfo names it, with its family and model numbers (two CPUs
+    of one name can differ a lot, int8 kernels above all), and the matrix instructions
+    that int8 and bf16 inference use where it has them."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return processor()
+    fields: dict[str, str] = {}
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+        if not line.strip():
+            break  # the first processor is enough
+    flags = set(fields.get("flags", "").split())
+    isa = [
+        f for f in ("avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16") if f in flags
+    ]
+    name = fields.get("model name") or processor()
+    return f"{name} (family {fields.get('cpu family')}, model {fields.get('model')}; {' '.join(isa) or 'no VNNI/AMX'})"
 
 
 def processor() -> str:

@@ -19,7 +19,13 @@ Systems, each a uvicorn server on 127.0.0.1 in its own process with the same thr
 serving the same documents and vectors with the same model:
 
 - ``densefit``: :func:`densefit.serve.app.create_app` over a store built from the cached
-  vectors (micro-batched query encoding, one writer acknowledged after commit);
+  vectors (micro-batched query encoding, one writer acknowledged after commit), its queries
+  embedded with torch;
+- ``densefit:R`` (``densefit:openvino``, ``densefit:openvino-int8``...): the same server with
+  ``runtime=R``, the model exported for R once into bench/.cache/serve/model-exports (checked
+  on SciFact's train split); the documents keep the torch vectors, so an int8 runtime's
+  queries meet fp32 documents, as serve allows where the export's check found the mix keeps
+  the top 10 (its agreement with ``densefit`` is recorded);
 - ``handwritten``: FastAPI calling ``SentenceTransformer.encode`` per request and
   ``faiss.IndexFlatIP`` (writes: encode + ``index.add``; nothing persisted);
 - ``haystack``: a Haystack pipeline (``SentenceTransformersTextEmbedder`` ->
@@ -81,6 +87,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _runner import cpu_model
 from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,15 +208,19 @@ def query_list(queries: dict, n: int, seed: int = 0) -> list[str]:
 # -- the servers (each run in its own process: ``--server NAME``) --------------------------
 
 
-def serve_densefit(store_path: Path, port: int) -> None:
+def serve_densefit(store_path: Path, port: int, runtime: str | None = None) -> None:
+    """The densefit server; ``runtime``: its query workers run that runtime of the model's
+    exports (:func:`runtime_model`), else the packaged model with torch."""
     from densefit.models import load_model
     from densefit.retrieval.index import LocalDocumentStore
     from densefit.serve.app import create_app
     from densefit.serve.config import ServeConfig
     from densefit.serve.server import run_server
 
-    model = load_model(MODEL, max_seq_length=MAX_SEQ_LENGTH)
-    config = ServeConfig(api_key=os.environ.get("BENCH_SERVE_API_KEY") or None)
+    model = load_model(runtime_model() if runtime else MODEL, max_seq_length=MAX_SEQ_LENGTH)
+    config = ServeConfig(
+        api_key=os.environ.get("BENCH_SERVE_API_KEY") or None, runtime=runtime or "torch"
+    )
     app = create_app(LocalDocumentStore(store_path), model, config)
     run_server(app, port=port, graceful_seconds=10)
 
@@ -365,9 +376,52 @@ def serve_haystack(port: int, docs: list, vectors: np.ndarray) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
+def system_runtime(system: str) -> str | None:
+    """``densefit:R`` -> ``R`` (the densefit server running runtime R); None for the others.
+
+    >>> system_runtime("densefit:openvino-int8"), system_runtime("densefit")
+    ('openvino-int8', None)
+    """
+    base, _, runtime = system.partition(":")
+    return runtime if base == "densefit" and runtime else None
+
+
+def is_densefit(system: str) -> bool:
+    return system.partition(":")[0] == "densefit"
+
+
+def runtime_model() -> Path:
+    """The model folder whose exports the ``densefit:R`` servers run: the packaged model
+    saved under the cache and exported there (:func:`prepare_runtimes`)."""
+    return CACHE / "model-exports"
+
+
+def prepare_runtimes(runtimes: list[str]) -> dict:
+    """Export the model for ``runtimes`` into :func:`runtime_model` (once: kept in the cache),
+    checked on SciFact's train split as ``densefit export --calibration`` checks; their
+    manifest records (check numbers included) for the results."""
+    from densefit.models import load_model
+    from densefit.retrieval.export import export_model
+    from densefit.retrieval.runtimes import exports_of
+
+    folder = runtime_model()
+    missing = [r for r in runtimes if r not in exports_of(folder if folder.is_dir() else None)]
+    if missing:
+        print(f"exporting {MODEL} to {folder} ({', '.join(missing)})", flush=True)
+        export_model(
+            load_model(folder if folder.is_dir() else MODEL, device="cpu"),
+            missing,
+            folder=folder,
+            calibration=DATASETS / "scifact",
+            on_check_failure="warn",
+        )
+    records = exports_of(folder)
+    return {r: {k: v for k, v in records[r][0].items() if k != "recipes_tried"} for r in runtimes}
+
+
 def run_server_process(name: str, port: int, store_path: Path) -> None:
-    if name == "densefit":
-        serve_densefit(store_path, port)
+    if is_densefit(name):
+        serve_densefit(store_path, port, system_runtime(name))
         return
     from densefit.models import load_model
 
@@ -1231,6 +1285,7 @@ def machine(threads: int) -> dict:
     config = ServeConfig()
     return {
         "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
         "threads_per_server": threads,
         "server_env": {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)},
         "densefit_query_workers": config.query_workers,
@@ -1292,7 +1347,10 @@ def plot(result: dict) -> None:
     rows = result.get("load", [])
     scale = result.get("scale", [])
     fig, axes = plt.subplots(1, 6, figsize=(31, 4.5))
-    systems = sorted({r["system"] for r in rows}, key=["densefit", "handwritten", "haystack"].index)
+    base_order = ["densefit", "handwritten", "haystack"]
+    systems = sorted(
+        {r["system"] for r in rows}, key=lambda s: (base_order.index(s.partition(":")[0]), s)
+    )
     for ax, metric, title in (
         (axes[0], "qps", "queries/s (higher is better)"),
         (axes[1], "p99_ms", "p99 latency ms (lower is better)"),
@@ -1406,10 +1464,14 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prepare", action="store_true", help="only embed and cache")
-    parser.add_argument("--server", choices=["densefit", "handwritten", "haystack"])
+    parser.add_argument("--server", help=argparse.SUPPRESS)  # a server process: its system
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--store", type=Path, default=CACHE / "store-bench")
-    parser.add_argument("--systems", default="densefit,handwritten,haystack")
+    parser.add_argument(
+        "--systems",
+        default="densefit,densefit:openvino,densefit:openvino-int8,handwritten,haystack",
+        help="densefit:R: the densefit server with --runtime R (the model exported for it)",
+    )
     parser.add_argument("--clients", default="1,4,16")
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument(
@@ -1447,6 +1509,13 @@ def main() -> None:
     parser.add_argument("--equality-only", action="store_true", help="only the equality check")
     parser.add_argument("--plot-only", action="store_true", help="redraw serve.png from serve.json")
     args = parser.parse_args()
+    for system in args.systems.split(","):
+        if system.partition(":")[0] not in ("densefit", "handwritten", "haystack") or (
+            ":" in system and not is_densefit(system)
+        ):
+            parser.error(
+                f"--systems: unknown system {system!r} (densefit[:RUNTIME], handwritten, haystack)"
+            )
     if args.server:
         run_server_process(args.server, args.port, args.store)
         return
@@ -1560,6 +1629,9 @@ def main() -> None:
             "write_interval_s": args.write_interval,
             "queries_k": 10,
         }
+        runtimes = [r for r in map(system_runtime, args.systems.split(",")) if r]
+        if runtimes:
+            result["load_settings"]["exports"] = prepare_runtimes(runtimes)
         result["load"] = []
         top_ids: dict[str, list] = {}
         for system in args.systems.split(","):
@@ -1704,9 +1776,10 @@ def main() -> None:
 
 
 def ratios(rows: list[dict]) -> list[dict]:
-    """densefit / handwritten queries per second and p99 at each (clients, writer) point."""
+    """Each densefit system / handwritten: queries per second and p99 at each (clients,
+    writer) point."""
     out = []
-    for d in (r for r in rows if r["system"] == "densefit"):
+    for d in (r for r in rows if is_densefit(r["system"])):
         h = next(
             (
                 r
@@ -1721,6 +1794,7 @@ def ratios(rows: list[dict]) -> list[dict]:
             continue
         out.append(
             {
+                "system": d["system"],
                 "clients": d["clients"],
                 "writer": d["writer"],
                 "qps_ratio": d["qps"] / h["qps"],

@@ -2,7 +2,7 @@
 # Set up (idempotent) and run the test suite, offline. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh models,eval,index,test,onnx,datasets,tensorboard,mlflow,wandb
+bash scripts/setup.sh models,eval,index,test,onnx,openvino,datasets,tensorboard,mlflow,wandb
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Lint and format first: a style slip fails in seconds, with the command that fixes it.
 .venv/bin/ruff check . || { echo "fix: .venv/bin/ruff check --fix ." >&2; exit 1; }
