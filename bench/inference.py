@@ -316,7 +316,7 @@ def summarise_throughput(records: list[dict]) -> list[dict]:
                 "max_seq_length": length,
                 "threads": threads,
                 "method": method,
-                "docs_per_second": round(statistics.median(g["docs_per_second"] for g in group), 2),
+                "docs_per_second": _median(group, "docs_per_second"),
                 "first_pass_docs_per_second": _median(group, "first_pass_docs_per_second"),
                 "repeats": len(group),
                 "documents": group[0]["documents"],

@@ -96,6 +96,7 @@ RESULTS = ROOT / "bench" / "results"
 CACHE = ROOT / "bench" / ".cache" / "serve"
 DATASETS = ROOT.parent / "shared" / "datasets"
 MODEL = "all-MiniLM-L6-v2"
+SYSTEMS = ("densefit", "handwritten", "haystack")  # densefit also as densefit:RUNTIME
 # Documents are cut at 128 tokens (the model's default is 256): embedding 15k documents on
 # the shared 2-core CPU at 256 tokens would take about an hour; every system in the benchmark
 # uses the same model with the same setting.
@@ -388,6 +389,20 @@ def system_runtime(system: str) -> str | None:
 
 def is_densefit(system: str) -> bool:
     return system.partition(":")[0] == "densefit"
+
+
+def system_error(system: str) -> str | None:
+    """What is wrong with the ``--systems`` entry ``system``, or None.
+
+    >>> system_error("densefit:openvino-int8") is None, system_error("densefit:tflite")
+    (True, "unknown system 'densefit:tflite' (densefit[:RUNTIME], handwritten, haystack)")
+    """
+    from densefit.choices import RUNTIMES  # stdlib only: the runtimes serve's --runtime takes
+
+    base, colon, runtime = system.partition(":")
+    if base in SYSTEMS and (not colon or (base == "densefit" and runtime in RUNTIMES)):
+        return None
+    return f"unknown system {system!r} (densefit[:RUNTIME], handwritten, haystack)"
 
 
 def runtime_model() -> Path:
@@ -1347,9 +1362,8 @@ def plot(result: dict) -> None:
     rows = result.get("load", [])
     scale = result.get("scale", [])
     fig, axes = plt.subplots(1, 6, figsize=(31, 4.5))
-    base_order = ["densefit", "handwritten", "haystack"]
     systems = sorted(
-        {r["system"] for r in rows}, key=lambda s: (base_order.index(s.partition(":")[0]), s)
+        {r["system"] for r in rows}, key=lambda s: (SYSTEMS.index(s.partition(":")[0]), s)
     )
     for ax, metric, title in (
         (axes[0], "qps", "queries/s (higher is better)"),
@@ -1509,13 +1523,9 @@ def main() -> None:
     parser.add_argument("--equality-only", action="store_true", help="only the equality check")
     parser.add_argument("--plot-only", action="store_true", help="redraw serve.png from serve.json")
     args = parser.parse_args()
-    for system in args.systems.split(","):
-        if system.partition(":")[0] not in ("densefit", "handwritten", "haystack") or (
-            ":" in system and not is_densefit(system)
-        ):
-            parser.error(
-                f"--systems: unknown system {system!r} (densefit[:RUNTIME], handwritten, haystack)"
-            )
+    for system in [*args.systems.split(","), *args.embed_systems.split(",")]:
+        if error := system_error(system):
+            parser.error(f"--systems / --embed-systems: {error}")
     if args.server:
         run_server_process(args.server, args.port, args.store)
         return
@@ -1731,7 +1741,7 @@ def main() -> None:
         doc_texts = [d.text for d in documents[:: max(1, len(documents) // 2000)]]
         result["embeddings"], result["embedding_vectors"] = [], {"run": run_id}
         for system in systems:
-            if system == "densefit":
+            if is_densefit(system):
                 build_store(args.store, model, documents, vectors)
             server = Server(system, args.store, threads)
             try:
