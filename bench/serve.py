@@ -119,7 +119,7 @@ def read_jsonl(path: Path):
 def load_corpus(datasets: Path) -> tuple[dict[str, list], dict[str, list[str]]]:
     """``{dataset: [Document]}`` (ids prefixed ``dataset/``, meta ``{"dataset": name}``) and
     ``{dataset: [query text]}`` for SciFact, NFCorpus, manpages (BEIR) and pydoc (pairs)."""
-    from densefit.data.corpus import iter_corpus
+    from densefit.data.corpus import find_beir_file, iter_corpus, read_queries
     from densefit.data.types import Document
 
     docs: dict[str, list] = {}
@@ -130,10 +130,7 @@ def load_corpus(datasets: Path) -> tuple[dict[str, list], dict[str, list[str]]]:
             Document(f"{name}/{d.id}", d.text, d.title, {"dataset": name})
             for d in iter_corpus(folder)
         ]
-        qfile = next(
-            p for p in (folder / "queries.jsonl", folder / "queries.jsonl.gz") if p.exists()
-        )
-        queries[name] = [row["text"] for row in read_jsonl(qfile)]
+        queries[name] = list(read_queries(find_beir_file(folder, "queries")).values())
     if "pydoc" not in ORDER:
         return docs, queries
     rows = list(read_jsonl(datasets / "pydoc" / "train.jsonl"))

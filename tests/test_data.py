@@ -344,7 +344,9 @@ def test_examples_from_records_reports_bad_records():
 # ----------------------------------------------------------------------------- BEIR
 
 
-def make_beir(root: Path, corpus_name: str = "corpus.jsonl") -> Path:
+def make_beir(
+    root: Path, corpus_name: str = "corpus.jsonl", queries_name: str = "queries.jsonl"
+) -> Path:
     write(
         root / corpus_name,
         jsonl(
@@ -354,9 +356,7 @@ def make_beir(root: Path, corpus_name: str = "corpus.jsonl") -> Path:
             {"_id": "d4", "title": "Only title", "text": ""},
         ),
     )
-    write(
-        root / "queries.jsonl", jsonl(*({"_id": f"q{i}", "text": f"query {i}"} for i in (1, 2, 3)))
-    )
+    write(root / queries_name, jsonl(*({"_id": f"q{i}", "text": f"query {i}"} for i in (1, 2, 3))))
     write(
         root / "qrels" / "train.tsv",
         "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t2\nq2\td3\t0\nq2\td4\t1\n",
@@ -365,9 +365,12 @@ def make_beir(root: Path, corpus_name: str = "corpus.jsonl") -> Path:
     return root
 
 
-@pytest.mark.parametrize("corpus_name", ["corpus.jsonl", "corpus.jsonl.gz"])
-def test_beir_folder_as_training_pairs(tmp_path, corpus_name):
-    folder = make_beir(tmp_path / "beir", corpus_name)
+@pytest.mark.parametrize(
+    ("corpus_name", "queries_name"),
+    [("corpus.jsonl", "queries.jsonl"), ("corpus.jsonl.gz", "queries.jsonl.gz")],
+)
+def test_beir_folder_as_training_pairs(tmp_path, corpus_name, queries_name):
+    folder = make_beir(tmp_path / "beir", corpus_name, queries_name)
     examples, report = read_training_data(folder)
     assert [(e.query, e.positive) for e in examples] == [
         ("query 1", "Title one body one"),
@@ -396,6 +399,10 @@ def test_beir_folder_missing_parts(tmp_path):
         read_training_data(folder, split="dev")
     (folder / "corpus.jsonl").unlink()
     with pytest.raises(FileNotFoundError, match="no corpus.jsonl or corpus.jsonl.gz"):
+        load_beir(folder)
+    make_beir(folder)
+    (folder / "queries.jsonl").unlink()
+    with pytest.raises(FileNotFoundError, match="no queries.jsonl or queries.jsonl.gz"):
         load_beir(folder)
 
 

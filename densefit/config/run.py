@@ -99,7 +99,7 @@ class RunConfig(Options):
     """
 
     data: str = option(
-        help="BEIR folder (corpus.jsonl[.gz], queries.jsonl, qrels/<split>.tsv): the corpus to "
+        help="BEIR folder (corpus.jsonl[.gz], queries.jsonl[.gz], qrels/<split>.tsv): the corpus to "
         "evaluate on and, unless --train-data is set, the training pairs (its --train-split).",
     )
     model: str | None = MODEL()

@@ -1,7 +1,7 @@
 """Read corpora, queries and qrels (BEIR layout) for indexing, evaluation and mining.
 
 A BEIR folder holds ``corpus.jsonl`` (or ``corpus.jsonl.gz``) with ``_id``, ``title``,
-``text``; ``queries.jsonl`` with ``_id``, ``text``; and ``qrels/<split>.tsv`` with the header
+``text``; ``queries.jsonl`` (or ``queries.jsonl.gz``) with ``_id``, ``text``; and ``qrels/<split>.tsv`` with the header
 ``query-id corpus-id score``. Errors follow :mod:`densefit.data.readers`: ``path:line``, the
 field, and what to do.
 """
@@ -150,12 +150,17 @@ def find_corpus_file(path: str | os.PathLike) -> Path:
     PosixPath('corpus.parquet')
     """
     path = Path(path)
-    if not path.is_dir():
-        return path
-    for name in ("corpus.jsonl", "corpus.jsonl.gz"):
-        if (path / name).is_file():
-            return path / name
-    raise FileNotFoundError(f"{path}: no corpus.jsonl or corpus.jsonl.gz in this BEIR folder")
+    return find_beir_file(path, "corpus") if path.is_dir() else path
+
+
+def find_beir_file(folder: str | os.PathLike, stem: str) -> Path:
+    """``<stem>.jsonl`` of a BEIR folder, or ``<stem>.jsonl.gz`` when only that is there;
+    FileNotFoundError when the folder holds neither."""
+    folder = Path(folder)
+    for name in (f"{stem}.jsonl", f"{stem}.jsonl.gz"):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"{folder}: no {stem}.jsonl or {stem}.jsonl.gz in this BEIR folder")
 
 
 # ----------------------------------------------------------------------------- queries, qrels
@@ -227,7 +232,7 @@ def load_beir(
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(
-            f"{folder}: no such folder (a BEIR folder holds corpus.jsonl, queries.jsonl and "
+            f"{folder}: no such folder (a BEIR folder holds corpus.jsonl[.gz], queries.jsonl[.gz] and "
             "qrels/<split>.tsv)"
         )
     qrels_path = folder / "qrels" / f"{split}.tsv"
@@ -242,13 +247,14 @@ def load_beir(
         corpus_file = find_corpus_file(folder)
         corpus_name = corpus_file.name
         corpus = dict(_unique_rows(corpus_file, bad, _document, "document"))
-    all_queries = _read_queries(folder / "queries.jsonl", bad)
+    queries_file = find_beir_file(folder, "queries")
+    all_queries = _read_queries(queries_file, bad)
 
     qrels: dict[str, dict[str, int]] = {}
     judgments = []
     for j in _judgments(qrels_path, bad):
         if j.query_id not in all_queries:
-            bad(_unknown(j, "query-id", "query", "queries.jsonl"))
+            bad(_unknown(j, "query-id", "query", queries_file.name))
         elif j.doc_id not in corpus:
             bad(_unknown(j, "corpus-id", "document", corpus_name))
         else:

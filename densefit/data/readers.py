@@ -59,7 +59,7 @@ def read_training_data(
 
     Folders:
 
-    - a BEIR folder (``corpus.jsonl[.gz]``, ``queries.jsonl``, ``qrels/<split>.tsv``) gives
+    - a BEIR folder (``corpus.jsonl[.gz]``, ``queries.jsonl[.gz]``, ``qrels/<split>.tsv``) gives
       one (query, document) pair per judgment with score > 0, and every pair carries all
       positive document ids of its query in ``positive_ids``; ``corpus`` reuses an already
       read corpus of that folder instead of reading it again;
@@ -94,8 +94,8 @@ def read_training_data(
             return parquet_folder_examples(path, split=split, on_bad_row=on_bad_row)
         if not (path / "qrels").is_dir():
             raise ValueError(
-                f"{path}: not a training data folder; densefit reads a BEIR folder (corpus.jsonl, "
-                "queries.jsonl, qrels/<split>.tsv), a folder written by Dataset.save_to_disk, "
+                f"{path}: not a training data folder; densefit reads a BEIR folder (corpus.jsonl[.gz], "
+                "queries.jsonl[.gz], qrels/<split>.tsv), a folder written by Dataset.save_to_disk, "
                 "or a folder of .parquet shards"
             )
     if path.is_dir():

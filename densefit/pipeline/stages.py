@@ -36,7 +36,7 @@ from rich.console import Console
 from densefit.config.commands import EvalJob, MineJob, TrainJob
 from densefit.config.run import RunConfig, train_paths
 from densefit.config.shared import model_or_default
-from densefit.data.corpus import find_corpus_file
+from densefit.data.corpus import find_beir_file, find_corpus_file
 from densefit.evaluate import format_table
 from densefit.jobs import eval_job, mine_job, train_job
 from densefit.models import load_model, resolve_device, resolve_model_path
@@ -120,7 +120,7 @@ def beir_digest(folder: str | os.PathLike, split: str) -> dict:
         raise FileNotFoundError(f"{qrels}: no such file; the splits in {folder} are {splits}")
     return {
         "corpus": file_digest(find_corpus_file(folder)),
-        "queries": file_digest(folder / "queries.jsonl"),
+        "queries": file_digest(find_beir_file(folder, "queries")),
         f"qrels/{split}": file_digest(qrels),
     }
 
