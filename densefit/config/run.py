@@ -99,8 +99,8 @@ class RunConfig(Options):
     """
 
     data: str = option(
-        help="BEIR folder (corpus.jsonl[.gz], queries.jsonl[.gz], qrels/<split>.tsv): the corpus to "
-        "evaluate on and, unless --train-data is set, the training pairs (its --train-split).",
+        help="BEIR folder (corpus.jsonl[.gz], queries.jsonl[.gz], qrels/<split>.tsv): the corpus "
+        "to evaluate on and, unless --train-data is set, the training pairs (its --train-split).",
     )
     model: str | None = MODEL()
     output: str | None = OUTPUT()

@@ -1,8 +1,8 @@
 """Read corpora, queries and qrels (BEIR layout) for indexing, evaluation and mining.
 
 A BEIR folder holds ``corpus.jsonl`` (or ``corpus.jsonl.gz``) with ``_id``, ``title``,
-``text``; ``queries.jsonl`` (or ``queries.jsonl.gz``) with ``_id``, ``text``; and ``qrels/<split>.tsv`` with the header
-``query-id corpus-id score``. Errors follow :mod:`densefit.data.readers`: ``path:line``, the
+``text``; ``queries.jsonl`` (or ``queries.jsonl.gz``) with ``_id``, ``text``; and
+``qrels/<split>.tsv`` with the header ``query-id corpus-id score``. Errors follow :mod:`densefit.data.readers`: ``path:line``, the
 field, and what to do.
 """
 
@@ -232,8 +232,8 @@ def load_beir(
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(
-            f"{folder}: no such folder (a BEIR folder holds corpus.jsonl[.gz], queries.jsonl[.gz] and "
-            "qrels/<split>.tsv)"
+            f"{folder}: no such folder (a BEIR folder holds corpus.jsonl[.gz], "
+            "queries.jsonl[.gz] and qrels/<split>.tsv)"
         )
     qrels_path = folder / "qrels" / f"{split}.tsv"
     if not qrels_path.is_file():

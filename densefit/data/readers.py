@@ -94,9 +94,9 @@ def read_training_data(
             return parquet_folder_examples(path, split=split, on_bad_row=on_bad_row)
         if not (path / "qrels").is_dir():
             raise ValueError(
-                f"{path}: not a training data folder; densefit reads a BEIR folder (corpus.jsonl[.gz], "
-                "queries.jsonl[.gz], qrels/<split>.tsv), a folder written by Dataset.save_to_disk, "
-                "or a folder of .parquet shards"
+                f"{path}: not a training data folder; densefit reads a BEIR folder "
+                "(corpus.jsonl[.gz], queries.jsonl[.gz], qrels/<split>.tsv), a folder written by "
+                "Dataset.save_to_disk, or a folder of .parquet shards"
             )
     if path.is_dir():
         beir = load_beir(path, split, on_bad_row=on_bad_row, corpus=corpus)
