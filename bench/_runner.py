@@ -4,7 +4,7 @@
 bench script runs a point in a fresh interpreter (:func:`child_env` its environment) and
 reads its ``RESULT {json}`` line; :func:`environment` is the one record of the machine and
 the software a run used, :func:`command_line` of the command; :data:`DATASETS` is where the
-BEIR folders are. :func:`run_point` / :func:`run_all` run the memory benchmarks' points.
+BEIR folders are, :func:`untitled_copy` a folder's copy without titles. :func:`run_point` / :func:`run_all` run the memory benchmarks' points.
 """
 
 from __future__ import annotations
@@ -25,6 +25,35 @@ RESULTS = HERE / "results"
 # The BEIR folders (scifact, nfcorpus, manpages, pydoc): $DENSEFIT_DATASETS, else the shared
 # copy beside the checkout.
 DATASETS = Path(os.environ.get("DENSEFIT_DATASETS", ROOT.parent / "shared" / "datasets"))
+
+
+def untitled_copy(source: Path, target: Path) -> Path:
+    """A plain-JSONL copy of the BEIR folder ``source`` at ``target`` with every document's
+    title left out, made once (manpages' README: its gcloud pages' titles spell out the
+    command the query asks for, so the benchmarks read it untitled)."""
+    import gzip
+    import shutil
+
+    from densefit.data.corpus import find_beir_file
+
+    if (target / "corpus.jsonl").is_file():
+        return target
+    (target / "qrels").mkdir(parents=True, exist_ok=True)
+
+    def read(stem: str):
+        path = find_beir_file(source, stem)
+        return gzip.open(path, "rt") if path.suffix == ".gz" else open(path)
+
+    with read("queries") as f:
+        (target / "queries.jsonl").write_text(f.read())
+    for split in source.glob("qrels/*.tsv"):
+        shutil.copy(split, target / "qrels" / split.name)
+    with read("corpus") as f, open(target / "corpus.jsonl.tmp", "w") as g:
+        for line in f:
+            row = json.loads(line)
+            g.write(json.dumps({"_id": row["_id"], "title": "", "text": row["text"]}) + "\n")
+    os.replace(target / "corpus.jsonl.tmp", target / "corpus.jsonl")
+    return target
 
 
 def git_commit(*, short: bool = True) -> str:

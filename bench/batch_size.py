@@ -32,18 +32,16 @@ Writes bench/results/batch_size.{jsonl,json,csv,md,png}.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from _common import finished, grid_point, pyplot, run_grid_point, training_rows, write_report
-from _runner import DATASETS, RESULTS, ROOT, environment
+from _runner import DATASETS, RESULTS, ROOT, environment, untitled_copy
 
 JSONL = RESULTS / "batch_size.jsonl"
 METRICS = ("ndcg@10", "recall@100")
@@ -79,42 +77,11 @@ def learning_rate(rule: str, batch_size: int) -> float:
 # ----------------------------------------------------------------------------- data
 
 
-def untitled_copy(source: Path, target: Path) -> Path:
-    """A plain-JSONL copy of a BEIR folder with every document's title left out."""
-    if (target / "corpus.jsonl").is_file():
-        return target
-    (target / "qrels").mkdir(parents=True, exist_ok=True)
-    opener = gzip.open if (source / "corpus.jsonl.gz").is_file() else open
-    corpus = source / ("corpus.jsonl.gz" if opener is gzip.open else "corpus.jsonl")
-    with opener(corpus, "rt") as f, open(target / "corpus.jsonl.tmp", "w") as g:
-        for line in f:
-            row = json.loads(line)
-            g.write(json.dumps({"_id": row["_id"], "title": "", "text": row["text"]}) + "\n")
-    queries = source / "queries.jsonl"
-    with gzip.open(f"{queries}.gz", "rt") if not queries.is_file() else open(queries) as f:
-        (target / "queries.jsonl").write_text(f.read())
-    for split in source.glob("qrels/*.tsv"):
-        shutil.copy(split, target / "qrels" / split.name)
-    os.replace(target / "corpus.jsonl.tmp", target / "corpus.jsonl")
-    return target
-
-
 def dataset_folder(name: str, datasets: Path, work: Path) -> Path:
-    """manpages: the untitled copy; the others: a plain copy (titles kept, as in BEIR)."""
+    """manpages: its untitled copy; the others as they are (titles kept, as in BEIR)."""
     if name == "manpages":
         return untitled_copy(datasets / name, work / "manpages-notitle")
-    source = datasets / name
-    if (source / "queries.jsonl").is_file() and (source / "corpus.jsonl").is_file():
-        return source
-    target = work / name
-    if not (target / "corpus.jsonl").is_file():
-        (target / "qrels").mkdir(parents=True, exist_ok=True)
-        with gzip.open(source / "corpus.jsonl.gz", "rt") as f:
-            (target / "corpus.jsonl").write_text(f.read())
-        shutil.copy(source / "queries.jsonl", target / "queries.jsonl")
-        for split in source.glob("qrels/*.tsv"):
-            shutil.copy(split, target / "qrels" / split.name)
-    return target
+    return datasets / name
 
 
 # ----------------------------------------------------------------------------- the plan

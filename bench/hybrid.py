@@ -35,7 +35,16 @@ import time
 from pathlib import Path
 
 from _common import finished, pyplot
-from _runner import DATASETS, RESULTS, ROOT, command_line, environment, loadavg, run_child
+from _runner import (
+    DATASETS,
+    RESULTS,
+    ROOT,
+    command_line,
+    environment,
+    loadavg,
+    run_child,
+    untitled_copy,
+)
 
 NAMES = {"scifact": "SciFact", "nfcorpus": "NFCorpus", "manpages": "manpages"}
 METRICS = ["ndcg@10", "recall@100"]
@@ -55,28 +64,10 @@ def modes(alphas: list[float]) -> dict[str, tuple[str, dict | None]]:
 
 
 def folder_of(dataset: str) -> Path:
-    """The BEIR folder of ``dataset``; manpages without its titles, as bench/batch_size.py
-    reads it (its README: the gcloud pages' titles spell out the command the query asks for),
-    in a plain-JSONL copy made once under bench/.cache."""
-    import gzip
-    import shutil
-
-    source = DATASETS / dataset
+    """The BEIR folder of ``dataset``; manpages untitled, as bench/batch_size.py reads it."""
     if dataset != "manpages":
-        return source
-    target = ROOT / "bench" / ".cache" / "manpages-notitle"
-    if not (target / "corpus.jsonl").is_file():
-        (target / "qrels").mkdir(parents=True, exist_ok=True)
-        with gzip.open(source / "corpus.jsonl.gz", "rt") as f, open(target / "c.tmp", "w") as g:
-            for line in f:
-                row = json.loads(line)
-                g.write(json.dumps({"_id": row["_id"], "title": "", "text": row["text"]}) + "\n")
-        with gzip.open(source / "queries.jsonl.gz", "rt") as f:
-            (target / "queries.jsonl").write_text(f.read())
-        for split in source.glob("qrels/*.tsv"):
-            shutil.copy(split, target / "qrels" / split.name)
-        os.replace(target / "c.tmp", target / "corpus.jsonl")
-    return target
+        return DATASETS / dataset
+    return untitled_copy(DATASETS / dataset, ROOT / "bench" / ".cache" / "manpages-notitle")
 
 
 def test_split(dataset: str, sample: int):
