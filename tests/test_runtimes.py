@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -399,6 +400,40 @@ def test_openvino_fp32_equals_torch_and_int8_is_checked(tmp_path):
     a = encode_texts(model, texts, runtime="torch")
     b = encode_texts(model, texts, runtime="openvino")
     assert _cosines(a, b).min() >= 1 - 1e-5
+
+
+def test_openvino_calls_from_several_threads_run_side_by_side_and_agree(tmp_path):
+    """Unpinned, a stream per caller's threads, an infer request per thread: two threads on
+    one session get what one thread gets (bench/openvino_streams.py measures the speed)."""
+    pytest.importorskip("openvino")
+    import threading
+
+    from densefit.retrieval.runtimes import _cores, resolve_runtime
+
+    tiny_model(tmp_path / "build", normalize=True).save(str(tmp_path / "model"))
+    model = load_model(tmp_path / "model", device="cpu")
+    export_model(model, ["openvino"])
+    runtime = resolve_runtime(model, "openvino")
+    compiled = runtime.session.compiled
+    assert compiled.get_property("ENABLE_CPU_PINNING") is False
+    streams = max(1, _cores() // torch.get_num_threads())
+    assert compiled.get_property("NUM_STREAMS") == streams
+    assert compiled.get_property("INFERENCE_NUM_THREADS") == streams * torch.get_num_threads()
+    texts = [_texts(12)[i::3] for i in range(3)]
+    alone = [encode_texts(model, t, runtime=runtime) for t in texts]
+    together: dict = {}
+
+    def embed(i: int) -> None:
+        together[i] = [encode_texts(model, texts[i], runtime=runtime) for _ in range(5)]
+
+    workers = [threading.Thread(target=embed, args=(i,)) for i in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for i in range(3):
+        for got in together[i]:
+            assert np.abs(got - alone[i]).max() < 1e-6
 
 
 def test_serve_refuses_writes_that_would_mix_runtime_families(exported):

@@ -65,6 +65,7 @@ __all__ = [
     "export_onnx",
     "exports_of",
     "model_folder",
+    "openvino_properties",
     "read_manifest",
     "resolve_runtime",
     "runtime_inputs",
@@ -636,7 +637,16 @@ def _onnx_session(model: str | bytes):
 
 def _openvino_session(model: str | bytes | Path):
     """A callable running the transformer in OpenVINO (CPU, fp32 arithmetic outside the
-    quantized operations: OpenVINO would pick bf16 on CPUs that have it)."""
+    quantized operations: OpenVINO would pick bf16 on CPUs that have it).
+
+    Each call runs on torch's thread count (of the thread that opened the session); calls
+    from several threads at once (a server's query workers) run side by side, as ONNX
+    Runtime's do: one stream of that many threads per core group, one infer request per
+    calling thread. Threads are not pinned to cores: OpenVINO pins a latency stream to the
+    first cores, so two compiled models (a server's query and document runtimes) or two
+    processes (``--nproc``) would share one core while the others idle
+    (bench/results/openvino_streams.json).
+    """
     import openvino as ov  # the optional extra openvino
 
     core = ov.Core()
@@ -647,27 +657,45 @@ def _openvino_session(model: str | bytes | Path):
             network = ov.convert_model(str(onnx_path))
     else:
         network = core.read_model(str(model))
-    compiled = core.compile_model(
-        network,
-        "CPU",
-        {
-            "INFERENCE_NUM_THREADS": torch.get_num_threads(),
-            "INFERENCE_PRECISION_HINT": "f32",
-            "PERFORMANCE_HINT": "LATENCY",
-        },
-    )
+    compiled = core.compile_model(network, "CPU", openvino_properties(torch.get_num_threads()))
     inputs = [port.get_any_name() for port in compiled.inputs]
     output = compiled.output(0)
-    request = compiled.create_infer_request()
-    lock = threading.Lock()  # an infer request serves one call at a time (a server's workers)
+    local = threading.local()  # an infer request serves one call at a time: one per thread
 
     def run(features: dict) -> np.ndarray:
         feed = {k: _int64(features[k]) for k in inputs}
-        with lock:
-            result = request.infer(feed)
-            return np.array(result[output], dtype=np.float32, copy=True)
+        request = getattr(local, "request", None)
+        if request is None:
+            request = local.request = compiled.create_infer_request()
+        result = request.infer(feed)
+        return np.array(result[output], dtype=np.float32, copy=True)
 
+    run.compiled = compiled  # its settings, for tests and reports
     return run
+
+
+def openvino_properties(threads: int) -> dict:
+    """The CPU plugin's settings for calls of ``threads`` threads each (see
+    :func:`_openvino_session`): as many streams as such calls fit on the cores, unpinned.
+
+    >>> openvino_properties(1)["ENABLE_CPU_PINNING"]
+    False
+    """
+    streams = max(1, _cores() // max(1, threads))
+    return {
+        "NUM_STREAMS": streams,
+        "INFERENCE_NUM_THREADS": streams * threads,
+        "INFERENCE_PRECISION_HINT": "f32",
+        "ENABLE_CPU_PINNING": False,
+    }
+
+
+def _cores() -> int:
+    """The CPU cores this process may run on (its affinity, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 def _int64(value) -> np.ndarray:
