@@ -12,8 +12,8 @@ process per point (two for the two-process case), for two settings:
 
 - ``pinned``: ``PERFORMANCE_HINT=LATENCY``, ``INFERENCE_NUM_THREADS`` = torch's threads, one
   infer request behind a lock (the way densefit compiled its files before);
-- ``densefit``: :func:`densefit.retrieval.runtimes._openvino_session` as it is
-  (:func:`~densefit.retrieval.runtimes.openvino_properties`: a stream per caller's threads,
+- ``densefit``: densefit's session as it is (``Runtime.from_file``,
+  :func:`~densefit.retrieval.runtimes.openvino_properties`: a stream per caller's threads,
   unpinned, an infer request per thread).
 
 Cases (the query: 1 text of 24 tokens; documents: 8 texts of 128 tokens):
@@ -75,9 +75,9 @@ def session(setting: str, path: Path):
     import torch
 
     if setting == "densefit":
-        from densefit.retrieval.runtimes import _openvino_session
+        from densefit.retrieval.runtimes import Runtime
 
-        return _openvino_session(path)
+        return Runtime.from_file("openvino", path).session
     import numpy as np
     import openvino as ov
 
