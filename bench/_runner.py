@@ -4,7 +4,8 @@
 bench script runs a point in a fresh interpreter (:func:`child_env` its environment) and
 reads its ``RESULT {json}`` line; :func:`environment` is the one record of the machine and
 the software a run used, :func:`command_line` of the command; :data:`DATASETS` is where the
-BEIR folders are, :func:`untitled_copy` a folder's copy without titles. :func:`run_point` / :func:`run_all` run the memory benchmarks' points.
+BEIR folders are, :func:`untitled_copy` a folder's copy without titles. :func:`run_point` /
+:func:`run_all` run the memory benchmarks' points.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ lands on the same core. This script measures calls/s of all-MiniLM-L6-v2's OpenV
 process per point (two for the two-process case), for two settings:
 
 - ``pinned``: ``PERFORMANCE_HINT=LATENCY``, ``INFERENCE_NUM_THREADS`` = torch's threads, one
-  infer request behind a lock (the way densefit compiled its files before);
+  infer request behind a lock (OpenVINO's latency default);
 - ``densefit``: densefit's session as it is (``Runtime.from_file``,
   :func:`~densefit.retrieval.runtimes.openvino_properties`: a stream per caller's threads,
   unpinned, an infer request per thread).

@@ -4,6 +4,7 @@ the store's rule for vectors made by different runtimes."""
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from densefit.retrieval.runtimes import (  # noqa: E402
     MANIFEST,
     RuntimeUnavailableError,
     VectorSource,
+    openvino_properties,
     resolve_runtime,
 )
 from densefit.testing import tiny_model  # noqa: E402
@@ -406,19 +408,15 @@ def test_openvino_calls_from_several_threads_run_side_by_side_and_agree(tmp_path
     """Unpinned, a stream per caller's threads, an infer request per thread: two threads on
     one session get what one thread gets (bench/openvino_streams.py measures the speed)."""
     pytest.importorskip("openvino")
-    import threading
-
-    from densefit.retrieval.runtimes import _cores, resolve_runtime
-
     tiny_model(tmp_path / "build", normalize=True).save(str(tmp_path / "model"))
     model = load_model(tmp_path / "model", device="cpu")
     export_model(model, ["openvino"])
     runtime = resolve_runtime(model, "openvino")
     compiled = runtime.session.compiled
     assert compiled.get_property("ENABLE_CPU_PINNING") is False
-    streams = max(1, _cores() // torch.get_num_threads())
-    assert compiled.get_property("NUM_STREAMS") == streams
-    assert compiled.get_property("INFERENCE_NUM_THREADS") == streams * torch.get_num_threads()
+    wanted = openvino_properties(torch.get_num_threads())
+    assert compiled.get_property("NUM_STREAMS") == wanted["NUM_STREAMS"]
+    assert compiled.get_property("INFERENCE_NUM_THREADS") == wanted["INFERENCE_NUM_THREADS"]
     texts = [_texts(12)[i::3] for i in range(3)]
     alone = [encode_texts(model, t, runtime=runtime) for t in texts]
     together: dict = {}
