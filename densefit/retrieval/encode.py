@@ -39,6 +39,7 @@ from sentence_transformers import SentenceTransformer
 from tqdm.auto import tqdm
 
 from densefit.losses.matryoshka import truncate
+from densefit.models import eval_mode
 from densefit.prompts import apply_prompt, model_prompts, set_prompts
 from densefit.retrieval.runtimes import Runtime, resolve_runtime
 
@@ -204,8 +205,6 @@ def encode_with_callback(
     out = (np.empty if share is None else np.zeros)((len(texts), dim), dtype=np.float32)
     if not texts:
         return out
-    was_training = model.training
-    model.eval()
     tokenizer = fast_path_tokenizer(model)
     reused = _reusable(model, tokenizer, texts, tokens)
     # Coarse order by characters (free); each window is then re-sorted by exact token count.
@@ -213,26 +212,23 @@ def encode_with_callback(
     window = batch_size * _BATCHES_PER_WINDOW
     turns = itertools.count()  # batches dealt so far, all windows together (share)
     skip = None if share is None else lambda: next(turns) % share[1] != share[0]
-    try:
-        with torch.inference_mode():
-            for start in range(0, len(texts), window):
-                rows = order[start : start + window]
-                for batch_rows, features in _batches(
-                    model, tokenizer, texts, rows, batch_size, pass_cost_tokens, reused, skip=skip
-                ):
-                    features = {
-                        k: v.to(model.device) if isinstance(v, torch.Tensor) else v
-                        for k, v in features.items()
-                    }
-                    embeddings = runner.embed(model, features)  # (b, full dim)
-                    embeddings = truncate(embeddings, dim)  # truncate_dim: the Matryoshka cut
-                    if normalize:
-                        embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
-                    out[batch_rows] = embeddings.float().cpu().numpy()
-                    if on_batch is not None:
-                        on_batch(len(batch_rows))
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.inference_mode():
+        for start in range(0, len(texts), window):
+            rows = order[start : start + window]
+            for batch_rows, features in _batches(
+                model, tokenizer, texts, rows, batch_size, pass_cost_tokens, reused, skip=skip
+            ):
+                features = {
+                    k: v.to(model.device) if isinstance(v, torch.Tensor) else v
+                    for k, v in features.items()
+                }
+                embeddings = runner.embed(model, features)  # (b, full dim)
+                embeddings = truncate(embeddings, dim)  # truncate_dim: the Matryoshka cut
+                if normalize:
+                    embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+                out[batch_rows] = embeddings.float().cpu().numpy()
+                if on_batch is not None:
+                    on_batch(len(batch_rows))
     return out
 
 

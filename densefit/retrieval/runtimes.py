@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from densefit.choices import RUNTIME_CHOICES
-from densefit.models import resolve_model_path, transformer_of
+from densefit.models import eval_mode, resolve_model_path, transformer_of
 
 __all__ = [
     "AUTO_ORDER",
@@ -371,14 +371,9 @@ def fp32_agreement(model, runtime: Runtime) -> float:
     """The lowest cosine between ``runtime``'s and torch's embeddings of the probe texts."""
 
     features = model.preprocess(list(_PROBES))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            reference = model(dict(features))["sentence_embedding"].float()
-            ours = runtime.embed(model, dict(features)).float()
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.inference_mode():
+        reference = model(dict(features))["sentence_embedding"].float()
+        ours = runtime.embed(model, dict(features)).float()
     cosine = torch.nn.functional.cosine_similarity(reference, ours, dim=1)
     return float(cosine.min())
 
@@ -549,12 +544,8 @@ def export_onnx(model, path: str | os.PathLike | None = None) -> bytes | Path:
             kwargs = dict(zip(names, inputs, strict=True))
             return self.inner(**kwargs, return_dict=True).last_hidden_state
 
-    was_training = inner.training
-    inner.eval()
-    try:
+    with eval_mode(inner):
         model_proto = _trace_to_onnx(_Transformer(inner), example, names)
-    finally:
-        inner.train(was_training)
     import onnx  # the optional extra onnx
 
     if path is None:
