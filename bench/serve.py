@@ -25,7 +25,9 @@ serving the same documents and vectors with the same model:
   ``runtime=R``, the model exported for R once into bench/.cache/serve/model-exports (checked
   on SciFact's train split); the documents keep the torch vectors, so an int8 runtime's
   queries meet fp32 documents, as serve allows where the export's check found the mix keeps
-  the top 10 (its agreement with ``densefit`` is recorded);
+  the top 10 (its agreement with ``densefit`` is recorded); ``densefit:auto`` with every
+  export made, serve picking the fastest at one query at start (its choice and timings are
+  recorded under ``load_settings.query_runtime``);
 - ``handwritten``: FastAPI calling ``SentenceTransformer.encode`` per request and
   ``faiss.IndexFlatIP`` (writes: encode + ``index.add``; nothing persisted);
 - ``haystack``: a Haystack pipeline (``SentenceTransformersTextEmbedder`` ->
@@ -394,10 +396,10 @@ def system_error(system: str) -> str | None:
     >>> system_error("densefit:openvino-int8") is None, system_error("densefit:tflite")
     (True, "unknown system 'densefit:tflite' (densefit[:RUNTIME], handwritten, haystack)")
     """
-    from densefit.choices import RUNTIMES  # stdlib only: the runtimes serve's --runtime takes
+    from densefit.choices import RUNTIME_CHOICES  # stdlib only: what serve's --runtime takes
 
     base, colon, runtime = system.partition(":")
-    if base in SYSTEMS and (not colon or (base == "densefit" and runtime in RUNTIMES)):
+    if base in SYSTEMS and (not colon or (base == "densefit" and runtime in RUNTIME_CHOICES)):
         return None
     return f"unknown system {system!r} (densefit[:RUNTIME], handwritten, haystack)"
 
@@ -1480,7 +1482,8 @@ def main() -> None:
     parser.add_argument("--store", type=Path, default=CACHE / "store-bench")
     parser.add_argument(
         "--systems",
-        default="densefit,densefit:openvino,densefit:openvino-int8,handwritten,haystack",
+        default="densefit,densefit:auto,densefit:onnx,densefit:openvino,densefit:openvino-int8,"
+        "handwritten,haystack",
         help="densefit:R: the densefit server with --runtime R (the model exported for it)",
     )
     parser.add_argument("--clients", default="1,4,16")
@@ -1637,6 +1640,10 @@ def main() -> None:
             "queries_k": 10,
         }
         runtimes = [r for r in map(system_runtime, args.systems.split(",")) if r]
+        if "auto" in runtimes:  # densefit:auto chooses among every export
+            from densefit.choices import EXPORT_TARGETS
+
+            runtimes = list(EXPORT_TARGETS)
         if runtimes:
             result["load_settings"]["exports"] = prepare_runtimes(runtimes)
         result["load"] = []
@@ -1652,6 +1659,14 @@ def main() -> None:
                         _fetch_results(server.url, qs[-args.equality_queries :], 4, 10)
                     )
                 ]
+                if is_densefit(system):  # what embeds its queries (auto: each one's timing)
+                    import httpx
+
+                    health = httpx.get(f"{server.url}/health", timeout=10).json()
+                    result["load_settings"].setdefault("query_runtime", {})[system] = {
+                        "runtime": health["runtime"],
+                        "runtime_ms": health["runtime_ms"],
+                    }
                 if system == "densefit":
                     result["equality"] = equality_check(
                         server.url, args.store, model, qs[-args.equality_queries :]

@@ -29,6 +29,7 @@ from densefit.retrieval.index.searching import search_batch  # noqa: E402
 from densefit.retrieval.index.settings import SettingsMismatchError  # noqa: E402
 from densefit.retrieval.runtimes import (  # noqa: E402
     MANIFEST,
+    Runtime,
     RuntimeUnavailableError,
     VectorSource,
     openvino_properties,
@@ -239,6 +240,50 @@ def test_auto_picks_the_checked_int8_export_and_drops_it_when_weights_change(exp
     texts = _texts(10)
     a, b = (encode_texts(model, texts, runtime=r) for r in ("torch", onnx))
     assert _cosines(a, b).min() >= 1 - 1e-5
+
+
+def test_fastest_runtime_times_each_and_picks_the_fastest(tmp_path):
+    """Every candidate is timed on one query per call and the fastest is picked, wherever it
+    stands in the list (a runtime made 5 ms slower per call is never picked)."""
+    import time
+
+    from densefit.retrieval.encode import fastest_runtime
+
+    model = tiny_model(tmp_path / "m")
+    onnx = resolve_runtime(model, "onnx")
+
+    def slow_session(features):
+        time.sleep(0.005)
+        return onnx.session(features)
+
+    slow = Runtime("slow", onnx.source, slow_session)
+    best, timings = fastest_runtime(model, [slow, onnx], calls=5, warmup=1)
+    assert best is onnx
+    assert set(timings) == {"slow", "onnx"}
+    assert timings["slow"] > timings["onnx"] + 4
+    assert fastest_runtime(model, [slow]) == (slow, {})  # one: nothing to time
+
+
+def test_serve_auto_embeds_queries_by_the_fastest_candidate(exported):
+    """``densefit serve --runtime auto`` times every runtime auto may use against the store
+    (the checked exports and torch), serves queries with the fastest and lets the others'
+    sessions go; a named runtime is taken as it is, untimed."""
+    pytest.importorskip("fastapi")
+    from densefit.retrieval import runtimes
+    from densefit.retrieval.runtimes import auto_candidates
+    from densefit.serve.swap import query_runtime_for
+
+    folder, _ = exported
+    model = load_model(folder, device="cpu")
+    store = open_store(None, model)  # fp32 documents: every checked export may query them
+    names = [r.name for r in auto_candidates(model, stored=store.settings.source)]
+    assert names == ["onnx-int8", "onnx", "torch"]
+    runner, timings = query_runtime_for(store, model, "auto", threads=1)
+    assert set(timings) == set(names)
+    assert runner.name == min(timings, key=timings.get)
+    opened = {name for name, explicit in runtimes._RUNTIMES.get(model, {}) if not explicit}
+    assert opened <= {runner.name}
+    assert query_runtime_for(store, model, "torch") == (runtimes.TORCH, {})
 
 
 def test_unknown_runtime_lists_the_choices(tmp_path):

@@ -192,6 +192,7 @@ def test_health_metrics_and_docs(store_dir, model):
         assert client.get("/docs").status_code == 200
         assert "/search" in client.get("/openapi.json").json()["paths"]
     assert health["status"] == "ok" and health["documents"] == 40 and health["dim"] == 32
+    assert health["runtime"] == "torch" and health["runtime_ms"] == {}  # auto, nothing exported
     assert 'densefit_requests_total{route="/search",method="POST",status="200"} 1' in text
     assert 'densefit_requests_total{route="/search",method="POST",status="422"} 1' in text
     assert 'densefit_request_seconds_bucket{route="/search",le="+Inf"} 2' in text

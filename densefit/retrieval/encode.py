@@ -30,6 +30,8 @@ tokens before forming it, then embeds it).
 from __future__ import annotations
 
 import itertools
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -50,6 +52,7 @@ __all__ = [
     "encode_texts",
     "encode_with_callback",
     "fast_path_tokenizer",
+    "fastest_runtime",
     "padding_aware_cuts",
     "tokenize_texts",
 ]
@@ -230,6 +233,54 @@ def encode_with_callback(
                 if on_batch is not None:
                     on_batch(len(batch_rows))
     return out
+
+
+# Query-like texts of a search box's lengths (3 to about 20 tokens) for fastest_runtime.
+_TIMING_QUERIES = (
+    "blood pressure",
+    "how do I list open ports on linux",
+    "What is the effect of vitamin D on bone density in older adults?",
+    "python read a csv file into a dictionary keyed by the first column",
+    "statin side effects muscle pain",
+)
+
+
+def fastest_runtime(
+    model: SentenceTransformer,
+    runtimes: Sequence[Runtime],
+    *,
+    calls: int = 15,
+    warmup: int = 3,
+    prompt_name: str | None = "query",
+) -> tuple[Runtime, dict[str, float]]:
+    """The one of ``runtimes`` that embeds a single query fastest here, and each one's median
+    milliseconds per query: each is called ``warmup`` times, then ``calls`` times in turn
+    with the others (so a busy moment costs them all), one query-like text per call through
+    :func:`encode_texts`. Which runtime is fastest at one text depends on the CPU and
+    differs from the fastest at a batch of documents (``bench/results/query_parts.json``):
+    ``densefit serve`` asks this where its ``--runtime`` is ``auto``. A single runtime is
+    returned untimed (``{}``).
+
+    >>> from densefit.retrieval.runtimes import TORCH
+    >>> from densefit.testing import tiny_model
+    >>> fastest_runtime(tiny_model(), [TORCH])[0].name
+    'torch'
+    """
+    if not runtimes:
+        raise ValueError("fastest_runtime needs at least one runtime")
+    if len(runtimes) == 1:
+        return runtimes[0], {}
+    times: dict[str, list[float]] = {r.name: [] for r in runtimes}
+    for i in range(warmup + calls):
+        text = _TIMING_QUERIES[i % len(_TIMING_QUERIES)]
+        for runner in runtimes:
+            start = time.perf_counter()
+            encode_texts(model, [text], batch_size=1, prompt_name=prompt_name, runtime=runner)
+            if i >= warmup:
+                times[runner.name].append((time.perf_counter() - start) * 1000)
+    medians = {name: statistics.median(ms) for name, ms in times.items()}
+    best = min(runtimes, key=lambda r: medians[r.name])
+    return best, medians
 
 
 def tokenize_texts(

@@ -61,12 +61,14 @@ __all__ = [
     "RuntimeUnavailableError",
     "TORCH",
     "VectorSource",
+    "auto_candidates",
     "disagreement",
     "export_onnx",
     "exports_of",
     "model_folder",
     "openvino_properties",
     "read_manifest",
+    "release_runtimes",
     "resolve_runtime",
     "runtime_inputs",
     "sha256_of_file",
@@ -247,13 +249,39 @@ def resolve_runtime(
         return TORCH
     if runtime != "auto":
         return _runtime(model, runtime, explicit=True)
+    return next(_auto_runtimes(model, stored, mixing), TORCH)
+
+
+def auto_candidates(
+    model, *, stored: VectorSource | None = None, mixing: bool = False
+) -> list[Runtime]:
+    """Every runtime ``auto`` may pick for ``model`` (and the vectors of ``stored``), in
+    :data:`AUTO_ORDER`: :func:`resolve_runtime` takes the first, ``densefit serve`` times
+    them on queries (:func:`densefit.retrieval.encode.fastest_runtime`). Torch comes last;
+    where nothing may meet ``stored``, torch alone (the store's check then says why).
+
+    >>> from densefit.testing import tiny_model
+    >>> [r.name for r in auto_candidates(tiny_model())]
+    ['torch']
+    """
+    return list(_auto_runtimes(model, stored, mixing)) or [TORCH]
+
+
+def release_runtimes(model, keep: Runtime) -> None:
+    """Let go of the sessions ``auto`` opened for ``model`` other than ``keep``'s (after
+    :func:`auto_candidates` opened them all to time them); a later ``auto`` reopens one."""
+    cache = _RUNTIMES.get(model, {})
+    for key in [k for k in cache if not k[1] and k[0] not in (keep.name, "torch")]:
+        del cache[key]
+
+
+def _auto_runtimes(model, stored: VectorSource | None, mixing: bool):
     for name in AUTO_ORDER:
         found = TORCH if name == "torch" else _runtime(model, name, explicit=False)
         if found is None:
             continue
         if stored is None or disagreement(stored, found.source, mixing=mixing) is None:
-            return found
-    return TORCH
+            yield found
 
 
 def _runtime(model, name: str, *, explicit: bool) -> Runtime | None:

@@ -346,7 +346,8 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     # are embedded by config.runtime where its vectors may meet the store's (the same error
     # otherwise). The query workers resolve it by name again: their sessions use their threads.
     # After a model swap the served model is the store's new one (densefit.serve.swap).
-    make_state = query_state_maker(store, config)
+    threads = worker_threads(config, torch.get_num_threads())
+    make_state = query_state_maker(store, config, threads)
     served = ServedModel(store, model, make_state, device=str(getattr(model, "device", "cpu")))
     metrics = Metrics(documents=store.count)
 
@@ -365,7 +366,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
         max_batch=config.max_batch,
         max_wait=config.max_wait_ms / 1000,
         workers=config.query_workers,
-        threads_per_worker=worker_threads(config, torch.get_num_threads()),
+        threads_per_worker=threads,
         on_batch=metrics.observe_batch,
         max_batch_tokens=config.max_batch_tokens,
         # on the event loop: the model served now, never loading one (a batch does that)
@@ -562,12 +563,15 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
 
     @app.get("/health", summary="Liveness and what is served")
     def health() -> dict:
+        served = app.state.served.state  # the model generation answering now
         return {
             "status": "ok",
             "documents": store.count(),
             "model": store.model_name,
             "dim": store.dim,
             "vectors": getattr(store, "vector_kind", None),
+            "runtime": served.runtime,
+            "runtime_ms": {k: round(v, 2) for k, v in served.runtime_ms.items()},
             "pending_writes": writer.pending,
         }
 

@@ -19,7 +19,7 @@ from densefit.retrieval.index.store import LocalDocumentStore, open_store
 from densefit.serve.app import create_app
 from densefit.serve.config import DEFAULT_HOST, DEFAULT_PORT, is_local_host
 
-__all__ = ["run_server"]
+__all__ = ["run_server", "runtime_line"]
 
 
 def run_server(
@@ -90,4 +90,24 @@ def serve_job(job) -> None:  # noqa: ANN001 - a densefit.serve.config.ServeJob
             stacklevel=2,
         )
     config = job.serve.replace(allow_writes=local or bool(job.serve.api_key))
-    run_server(create_app(store, model, config), host=job.host, port=job.port)
+    app = create_app(store, model, config)
+    print(f"densefit serve: {runtime_line(app.state.served.state)}", file=sys.stderr, flush=True)
+    run_server(app, host=job.host, port=job.port)
+
+
+def runtime_line(state) -> str:
+    """What embeds the queries, and (``auto``) how fast each candidate was.
+
+    >>> from types import SimpleNamespace
+    >>> runtime_line(SimpleNamespace(runtime="onnx", runtime_ms={"onnx": 6.61, "torch": 17.3}))
+    'queries embedded by onnx (auto: 6.6 ms per query; torch 17.3 ms)'
+    """
+    if not state.runtime_ms:
+        return f"queries embedded by {state.runtime}"
+    others = "; ".join(
+        f"{name} {ms:.1f} ms" for name, ms in state.runtime_ms.items() if name != state.runtime
+    )
+    return (
+        f"queries embedded by {state.runtime} (auto: "
+        f"{state.runtime_ms[state.runtime]:.1f} ms per query; {others})"
+    )

@@ -22,15 +22,23 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
 
 from densefit.models import load_model, resolve_device
-from densefit.retrieval.encode import configure_model, encode_texts
+from densefit.retrieval.encode import configure_model, encode_texts, fastest_runtime
 from densefit.retrieval.index.searching import model_for_store, query_runtime
 from densefit.retrieval.index.settings import SettingsMismatchError, StoreRecord
 from densefit.retrieval.index.store import ModelSwappedError, record_for
 from densefit.retrieval.index.swap import reembed_store
-from densefit.retrieval.runtimes import disagreement, resolve_runtime
+from densefit.retrieval.runtimes import (
+    auto_candidates,
+    disagreement,
+    release_runtimes,
+    resolve_runtime,
+)
 from densefit.serve.embeddings import matryoshka_trained
 
 __all__ = [
@@ -39,6 +47,7 @@ __all__ = [
     "ModelState",
     "ServedModel",
     "document_encoder",
+    "query_runtime_for",
     "retrying_swaps",
 ]
 
@@ -56,6 +65,7 @@ class ModelState:
     generation: int  # the store's model_generation these embeddings are for
     encode_documents: Callable[[list[str]], object]
     matryoshka: bool
+    runtime_ms: dict = field(default_factory=dict)  # auto: ms per query of each candidate
 
 
 @dataclass(frozen=True)
@@ -224,27 +234,55 @@ def document_encoder(store, model, runtime: str = "auto"):
     return encode
 
 
-def query_state_maker(store, config) -> Callable:
+def query_state_maker(store, config, threads: int | None = None) -> Callable:
     """``make_state(model)`` for :class:`ServedModel`: the query runtime by the store's rules
-    (:func:`~densefit.retrieval.index.searching.query_runtime`), the writer's document
-    encoder (:func:`document_encoder`), and whether the model was trained for shorter
-    embeddings (:func:`~densefit.serve.embeddings.matryoshka_trained`)."""
+    (:func:`query_runtime_for`, timed with ``threads`` torch threads, the query workers'),
+    the writer's document encoder (:func:`document_encoder`), and whether the model was
+    trained for shorter embeddings (:func:`~densefit.serve.embeddings.matryoshka_trained`)."""
 
     def make_state(model) -> ModelState:
         store.check_model(model)
-        # Inference only, from several threads at once: encode_texts' own eval()/train()
-        # around each call would let one worker's restore switch dropout on in another's pass.
+        # Inference only, from several threads at once: in eval mode for good, so that
+        # encode_texts never switches it (one worker's switch back would turn dropout on in
+        # another's pass).
         model.eval()
-        runtime = query_runtime(store, model, config.runtime).name
+        runtime, timings = query_runtime_for(store, model, config.runtime, threads=threads)
         matryoshka = config.matryoshka
         if matryoshka is None:
             matryoshka = matryoshka_trained(store, model)
         return ModelState(
             model=model,
-            runtime=runtime,
+            runtime=runtime.name,
             generation=store.model_generation,
             encode_documents=document_encoder(store, model, config.runtime),
             matryoshka=matryoshka,
+            runtime_ms=timings,
         )
 
     return make_state
+
+
+def query_runtime_for(store, model, runtime: str = "auto", *, threads: int | None = None):
+    """``(the runtime that embeds the server's queries, its timings)``. Named: that runtime
+    (:func:`~densefit.retrieval.index.searching.query_runtime`), no timings. ``auto``: of
+    the runtimes ``auto`` may use against the store's vectors, the fastest at one query
+    (:func:`~densefit.retrieval.encode.fastest_runtime`, run in a thread with ``threads``
+    torch threads as a query worker has; median ms per query by runtime); the others'
+    sessions are let go. ``densefit index`` keeps the fixed order, fastest at batches of
+    documents; at one query another runtime can be faster (``bench/results/query_parts.json``).
+    """
+    if runtime != "auto":
+        return query_runtime(store, model, runtime), {}
+    settings = getattr(store, "settings", None)
+    stored = settings.source if settings is not None else None
+
+    def timed():
+        if threads is not None:
+            torch.set_num_threads(threads)  # per thread, as in a query worker
+        candidates = auto_candidates(model, stored=stored, mixing=False)
+        return fastest_runtime(model, candidates)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        best, timings = pool.submit(timed).result()
+    release_runtimes(model, keep=best)
+    return query_runtime(store, model, best), timings
