@@ -92,13 +92,19 @@ def environment() -> dict:
 
 def command_line(script: str, argv: list[str]) -> str:
     """This invocation as a shell line: the thread settings it ran under, then
-    ``python bench/SCRIPT`` and ``argv`` (quoted as a shell needs)."""
+    ``python bench/NAME`` (``script``'s file name: a name, a relative path or ``__file__``)
+    and ``argv`` (quoted as a shell needs).
+
+    >>> command_line("/work/x/bench/serve.py", ["--seconds", "5"]).endswith(
+    ...     "python bench/serve.py --seconds 5")
+    True
+    """
     threads = " ".join(
         f"{name}={os.environ[name]}"
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
         if name in os.environ
     )
-    return " ".join(filter(None, [threads, f"python bench/{script}", shlex.join(argv)]))
+    return " ".join(filter(None, [threads, f"python bench/{Path(script).name}", shlex.join(argv)]))
 
 
 def cpu_model() -> str:

@@ -219,7 +219,7 @@ def main() -> None:
     vectors = serve_bench.all_documents(docs, embeddings)[1]
     texts = serve_bench.query_list(queries, args.queries + args.warmup, seed=1)
     result = {
-        "command": command_line("bench/query_parts.py", sys.argv[1:]),
+        "command": command_line(__file__, sys.argv[1:]),
         "environment": environment(),
         "machine": serve_bench.machine(threads),
         "threads": threads,
