@@ -325,3 +325,12 @@ def test_the_densefit_train_flags_the_bench_passes_exist():
     assert used["budget.py"] >= {"--memory-budget", "--release-cpu-memory"}, used
     for name, flags in used.items():
         assert flags <= known, f"{name}: densefit train has no {sorted(flags - known)}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_the_script_docstring_examples_run(script, monkeypatch):
+    from test_doctests import run_doctests
+
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    _found, report = run_doctests(load_script(script, monkeypatch))
+    assert not report, f"{script.name}: a docstring example failed:\n{report}"

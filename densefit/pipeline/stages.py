@@ -549,7 +549,7 @@ def _check_dependencies(config: RunConfig) -> None:
 def run_pipeline(config: RunConfig, *, force: bool = False, console=None) -> RunResult:
     """Run every stage of ``config`` (skipping finished ones) and return what happened.
 
-    >>> from densefit.pipeline import load_run_config
+    >>> from densefit.config.run import load_run_config
     >>> result = run_pipeline(load_run_config("examples/scifact.yaml"))  # doctest: +SKIP
     >>> result.report["metrics"]["ndcg@10"]["delta"]  # doctest: +SKIP
     """
