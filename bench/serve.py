@@ -1270,6 +1270,8 @@ def versions() -> dict:
         "faiss-cpu",
         "haystack-ai",
         "numpy",
+        "onnxruntime",  # the densefit:RUNTIME servers' runtimes
+        "openvino",
     ):
         try:
             out[dist] = md.version(dist)
