@@ -148,8 +148,9 @@ RUNTIME = shared(
     "auto",
     "What runs the model when embedding: auto (the fastest runtime exported for the model's "
     "current weights whose check passed and whose vectors may meet the store's, else "
-    "torch; serve times each at one query when it starts and takes the fastest), torch, onnx (fp32, exported in memory when no file is), or a file written by "
-    "densefit export: onnx-int8, openvino, openvino-int8.",
+    "torch; serve times each at one query when it starts and takes the fastest), torch, "
+    "onnx (fp32, exported in memory when no file is), or a file written by densefit export: "
+    "onnx-int8, openvino, openvino-int8.",
     choices=RUNTIME_CHOICES,
     group="Embedding",
     affects_weights=False,
