@@ -407,3 +407,26 @@ def test_the_strategy_after_out_of_memory_halving_is_restored(tiny, tmp_path, mo
     ]
     train(reference, ROWS, cfg(memory="cache", chunk_size=2, max_steps=3, learning_rate=1e-3))
     assert torch.equal(weights(tiny), weights(reference))
+
+
+def test_a_tiny_model_without_a_folder_leaves_nothing_behind(tmp_path):
+    """``tiny_model()`` with no folder writes to a temporary folder of its own, usable while
+    the process runs (the model saves from it) and gone when the process exits."""
+    import subprocess
+
+    code = (
+        "from densefit.testing import tiny_model\n"
+        "import os, sys\n"
+        "model = tiny_model()\n"
+        "model.save(sys.argv[1])\n"
+        "print(os.listdir(os.environ['TMPDIR']))\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "saved")],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert "densefit-tiny-" in done.stdout  # it was there while the process ran
+    assert (tmp_path / "saved" / "modules.json").exists()
+    assert list((tmp_path / "tmp").iterdir()) == []

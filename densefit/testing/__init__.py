@@ -6,7 +6,9 @@ temporary folder and the weights are random from a config.
 
 from __future__ import annotations
 
+import atexit
 import inspect
+import shutil
 import string
 import tempfile
 from pathlib import Path
@@ -56,13 +58,17 @@ def tiny_model(
     seed: int = 0,
 ) -> SentenceTransformer:
     """A random BERT (mean pooling) small enough for unit tests: builds in well under a second.
+    Its files go to ``folder``, or without one to a temporary folder removed at exit.
 
     >>> model = tiny_model()
     >>> model.encode(["hello world"]).shape
     (1, 32)
     """
 
-    folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="densefit-tiny-"))
+    if folder is None:  # a folder of its own, removed when the process exits
+        folder = Path(tempfile.mkdtemp(prefix="densefit-tiny-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    folder = Path(folder)
     vocab = write_tiny_vocab(folder)
 
     # transformers 5 takes the vocabulary as `vocab`, 4.x as `vocab_file`.
