@@ -1392,7 +1392,7 @@ def plot(result: dict) -> None:
                     xs,
                     vals,
                     width,
-                    label=f"{system}{' + writer' if writer else ''}",
+                    label=None if writer else system,
                     hatch="//" if writer else None,
                     color=f"C{i}",
                     alpha=0.6 if writer else 1,
@@ -1401,7 +1401,12 @@ def plot(result: dict) -> None:
         ax.set_title(title)
         if metric == "p99_ms":
             ax.set_yscale("log")
-    axes[0].legend(fontsize=7)
+    # One legend under the three load panels: a colour per system, hatched with a writer.
+    from matplotlib.patches import Patch
+
+    handles, _ = axes[0].get_legend_handles_labels()
+    handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="+ writer"))
+    fig.legend(handles=handles, loc="lower left", ncol=len(handles), fontsize=8, frameon=False)
     if scale:
         for f in sorted({s["filter"] for s in scale}):
             pts = sorted((s["rows"], s["p50_ms"]) for s in scale if s["filter"] == f)
@@ -1466,7 +1471,7 @@ def plot(result: dict) -> None:
         f"{load_text}; {run.get('started', '')}",
         fontsize=9,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))  # room for the legend at the bottom
     fig.savefig(RESULTS / "serve.png", dpi=110)
 
 
