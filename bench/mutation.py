@@ -58,6 +58,7 @@ MODULES: dict[str, list[str]] = {
                                   "tests/test_masking.py"],
     "densefit/mine.py": ["tests/test_mine.py"],
     "densefit/retrieval/index/filters.py": ["tests/test_filters.py"],
+    "densefit/retrieval/index/quantized.py": ["tests/test_vectors.py"],
     "densefit/training/checkpoint.py": ["tests/test_checkpoint.py"],
 }  # fmt: skip
 # What the scratch copy needs besides the package and the tests (mutmut copies tests/).
