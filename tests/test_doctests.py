@@ -35,12 +35,13 @@ def run_doctests(module) -> tuple[int, str]:
     return found, "".join(report)
 
 
+def has_examples(name: str) -> bool:
+    """Whether module ``name``'s source holds ``>>>`` lines (read without importing it)."""
+    return ">>>" in (importlib.util.find_spec(name).loader.get_source(name) or "")
+
+
 def test_the_package_has_modules_with_examples():
-    with_examples = [
-        name
-        for name in MODULES
-        if ">>>" in (importlib.util.find_spec(name).loader.get_source(name) or "")
-    ]
+    with_examples = [name for name in MODULES if has_examples(name)]
     assert "densefit.retrieval.encode" in with_examples and len(with_examples) > 20
 
 
@@ -55,7 +56,7 @@ def test_docstring_examples_run(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # an example that writes files writes them here
     found, report = run_doctests(module)
     assert not report, f"{name}: a docstring example failed:\n{report}"
-    if ">>>" in (importlib.util.find_spec(name).loader.get_source(name) or ""):
+    if has_examples(name):
         assert found > 0, f"{name} has >>> lines that doctest did not find"
 
 
