@@ -33,9 +33,9 @@ from densefit.models import load_model
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.base import SearchHit, StoreError
+from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search_batch
-from densefit.retrieval.index.store import open_store
 from densefit.retrieval.runtimes import resolve_runtime
 from densefit.training.loop import TrainResult, save_model
 

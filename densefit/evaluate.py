@@ -39,9 +39,10 @@ from densefit.errors import OptionError
 from densefit.losses.matryoshka import truncate
 from densefit.models import load_model, model_name_of
 from densefit.retrieval.index.documents import DB_NAME
+from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search_batch
-from densefit.retrieval.index.store import LocalDocumentStore, open_store
+from densefit.retrieval.index.store import LocalDocumentStore
 
 __all__ = [
     "DEFAULT_METRICS",

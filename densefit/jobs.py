@@ -59,10 +59,11 @@ from densefit.retrieval.export import (
 from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.base import SearchHit
 from densefit.retrieval.index.documents import DB_NAME
+from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.filters import meta_index_sql, parse_filter_text
 from densefit.retrieval.index.indexing import IndexReport, index_documents, prune_documents
 from densefit.retrieval.index.searching import model_for_store, search_batch
-from densefit.retrieval.index.store import LocalDocumentStore, open_store
+from densefit.retrieval.index.store import LocalDocumentStore
 from densefit.retrieval.index.swap import SwapReport, reembed_store
 from densefit.retrieval.runtimes import check_supported, resolve_runtime
 from densefit.training import distributed

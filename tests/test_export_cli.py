@@ -231,8 +231,9 @@ def test_serve_embeds_queries_and_inputs_with_its_runtime(model_dir, tmp_path, m
     import densefit.serve.app as serve_app
     import densefit.serve.embeddings as serve_embeddings
     from densefit.models import load_model
+    from densefit.retrieval.index.engines import open_store
     from densefit.retrieval.index.indexing import index_documents
-    from densefit.retrieval.index.store import LocalDocumentStore, open_store
+    from densefit.retrieval.index.store import LocalDocumentStore
     from densefit.retrieval.runtimes import RuntimeUnavailableError
     from densefit.serve.config import ServeConfig
 

@@ -17,9 +17,9 @@ from densefit.losses.matryoshka import matryoshka, truncate
 from densefit.memory.planner import probe_run
 from densefit.retrieval.encode import configure_model, encode_texts
 from densefit.retrieval.index.base import ModelMismatchError
+from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search_batch
-from densefit.retrieval.index.store import open_store
 from densefit.training.objective import make_loss_fn
 from densefit.training.setup import setup_run
 from densefit.training.step import train_step

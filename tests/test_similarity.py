@@ -11,9 +11,9 @@ from densefit.choices import SIMILARITIES
 from densefit.data.types import Document
 from densefit.models import load_model, model_similarity
 from densefit.retrieval.encode import encode_texts
+from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search
-from densefit.retrieval.index.store import open_store
 
 ROWS = [
     TrainingExample("what is a cell", "the cell is a unit of life"),

@@ -20,8 +20,8 @@ from densefit.data.types import Document
 from densefit.models import load_model
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index import LocalDocumentStore, index_documents, open_store
-from densefit.retrieval.index.base import StoreError
-from densefit.retrieval.index.store import ModelSwappedError, record_for
+from densefit.retrieval.index.base import ModelSwappedError, StoreError
+from densefit.retrieval.index.settings import record_for
 from densefit.retrieval.index.swap import reembed_store
 from densefit.testing import tiny_model
 

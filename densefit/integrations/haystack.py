@@ -88,10 +88,12 @@ from densefit.data.types import Document as DensefitDocument
 from densefit.models import load_model
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.fusion import Fusion
+from densefit.retrieval.index.common import checked_vectors
 from densefit.retrieval.index.documents import DB_NAME
+from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.filters import validate_filters
 from densefit.retrieval.index.searching import model_for_store, query_runtime
-from densefit.retrieval.index.store import LocalDocumentStore, checked_vectors, open_store
+from densefit.retrieval.index.store import LocalDocumentStore
 
 __all__ = [
     "EXTERNAL_MODEL",

@@ -14,8 +14,9 @@ import warnings
 from densefit.config.shared import model_or_default
 from densefit.models import load_model, resolve_device
 from densefit.retrieval.index.documents import DB_NAME
+from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.searching import model_for_store
-from densefit.retrieval.index.store import LocalDocumentStore, open_store
+from densefit.retrieval.index.store import LocalDocumentStore
 from densefit.serve.app import create_app
 from densefit.serve.config import DEFAULT_HOST, DEFAULT_PORT, is_local_host
 

@@ -29,9 +29,9 @@ import torch
 
 from densefit.models import load_model, resolve_device
 from densefit.retrieval.encode import configure_model, encode_texts, fastest_runtime
+from densefit.retrieval.index.base import ModelSwappedError
 from densefit.retrieval.index.searching import model_for_store, query_runtime
-from densefit.retrieval.index.settings import SettingsMismatchError, StoreRecord
-from densefit.retrieval.index.store import ModelSwappedError, record_for
+from densefit.retrieval.index.settings import SettingsMismatchError, StoreRecord, record_for
 from densefit.retrieval.index.swap import reembed_store
 from densefit.retrieval.runtimes import (
     auto_candidates,

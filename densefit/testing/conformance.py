@@ -40,9 +40,10 @@ from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index import vectors
 from densefit.retrieval.index.base import ModelMismatchError
+from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search
-from densefit.retrieval.index.store import LocalDocumentStore, open_store
+from densefit.retrieval.index.store import LocalDocumentStore
 from densefit.testing import WORDS, tiny_model
 
 __all__ = ["StoreConformance", "make_corpus", "reference_match", "with_meta"]

@@ -1,8 +1,11 @@
 """Document stores and vector search.
 
-An embedded store (SQLite for documents, an append-only vector file for embeddings) with
-exact and FAISS backends behind one small Protocol, transactional indexing that resumes after
-a crash, and search::
+One store contract (:class:`~densefit.retrieval.index.base.DocumentStore`) and the engines
+behind it, opened by :func:`~densefit.retrieval.index.engines.open_store` from a target: a
+folder (the embedded store: SQLite for documents, an append-only vector file for embeddings,
+exact and FAISS backends), ``postgresql://...`` (PostgreSQL with pgvector) or
+``qdrant://...`` / ``qdrant:FOLDER`` (Qdrant); indexing that resumes after a crash, and
+search::
 
     from densefit.retrieval.index import open_store, index_documents, search
     from densefit.models import load_model
@@ -26,7 +29,10 @@ from __future__ import annotations
 from densefit._lazy import lazy_exports
 
 _EXPORTS = {
+    "Capabilities": "densefit.retrieval.index.base",
+    "CapabilityError": "densefit.retrieval.index.base",
     "DocumentStore": "densefit.retrieval.index.base",
+    "ModelSwappedError": "densefit.retrieval.index.base",
     "ModelMismatchError": "densefit.retrieval.index.base",
     "SearchHit": "densefit.retrieval.index.base",
     "StoreError": "densefit.retrieval.index.base",
@@ -38,12 +44,15 @@ _EXPORTS = {
     "IndexReport": "densefit.retrieval.index.indexing",
     "index_documents": "densefit.retrieval.index.indexing",
     "prune_documents": "densefit.retrieval.index.indexing",
-    "scaled_scores": "densefit.retrieval.index.searching",
+    "scaled_scores": "densefit.retrieval.index.common",
     "search": "densefit.retrieval.index.searching",
     "search_batch": "densefit.retrieval.index.searching",
     "LocalDocumentStore": "densefit.retrieval.index.store",
     "make_backend": "densefit.retrieval.index.store",
-    "open_store": "densefit.retrieval.index.store",
+    "ENGINES": "densefit.retrieval.index.engines",
+    "engine_of": "densefit.retrieval.index.engines",
+    "open_store": "densefit.retrieval.index.engines",
+    "record_for": "densefit.retrieval.index.settings",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -43,17 +43,23 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 __all__ = [
-    "parse_filter_text",
     "COMPARISON_OPERATORS",
     "LOGICAL_OPERATORS",
+    "Comparison",
+    "Logical",
     "compile_filters",
+    "date_seconds",
     "meta_field_sql",
     "meta_index_sql",
     "normalise_filters",
+    "parse_filter_text",
+    "parse_filters",
+    "typed_fields",
     "validate_filters",
 ]
 
@@ -122,16 +128,17 @@ def parse_filter_text(text: str | None) -> dict | None:
 def compile_filters(filters: dict) -> tuple[str, list]:
     """``(sql, params)``: a ``WHERE`` clause over the ``documents`` table and its parameters.
 
-    Raises ValueError for a malformed filter. The clause is true exactly for the documents
-    the filter matches (SQL's NULLs are folded so that ``NOT`` negates as in Python).
+    Raises ValueError for a malformed filter (:func:`parse_filters`). The clause is true
+    exactly for the documents the filter matches (SQL's NULLs are folded so that ``NOT``
+    negates as in Python).
     """
-    if not isinstance(filters, dict):
+    if isinstance(filters, dict) and not filters:
         raise ValueError(
-            f"filters must be a dict like {{'field': 'meta.lang', 'operator': '==', "
-            f"'value': 'en'}}, got {type(filters).__name__}"
+            "filter {} has neither 'field' nor 'operator': a comparison needs "
+            "field/operator/value, a logical filter operator (AND, OR, NOT) and conditions"
         )
     params: list = []
-    sql = _compile(filters, params, depth=0)
+    sql = _sql(parse_filters(filters), params)
     return sql, params
 
 
@@ -160,16 +167,56 @@ def meta_field_sql(field: str) -> tuple[str, str]:
     return _field_sql(field)
 
 
-# -- compilation ---------------------------------------------------------------------------
+# -- parsing: one checked tree every engine compiles -----------------------------------------
 
 
-def _compile(node: Any, params: list, depth: int) -> str:
+@dataclass(frozen=True)
+class Comparison:
+    """One checked comparison: ``field`` as the filter names it (``text`` read as
+    ``content``), the document-table ``column`` of a top-level field (None for ``meta.*``),
+    the metadata ``path`` (``("a", "b")`` for ``meta.a.b``; empty for a column)."""
+
+    field: str
+    operator: str
+    value: Any
+    column: str | None = None
+    path: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Logical:
+    """``AND``, ``OR`` or ``NOT`` (the negated AND) of checked ``conditions``."""
+
+    operator: str
+    conditions: tuple
+
+
+def parse_filters(filters: dict | None) -> Comparison | Logical | None:
+    """``filters`` checked and parsed into the tree the engines compile (SQL for the
+    embedded store and PostgreSQL, a payload filter for Qdrant): the one place a filter is
+    validated. None for no filter (``None`` or ``{}``); ValueError (one line: what is wrong
+    and where) for a malformed one.
+
+    >>> parse_filters({"field": "meta.a.b", "operator": "in", "value": [1, 2]})
+    Comparison(field='meta.a.b', operator='in', value=[1, 2], column=None, path=('a', 'b'))
+    """
+    if filters is None or (isinstance(filters, dict) and not filters):
+        return None
+    if not isinstance(filters, dict):
+        raise ValueError(
+            f"filters must be a dict like {{'field': 'meta.lang', 'operator': '==', "
+            f"'value': 'en'}}, got {type(filters).__name__}"
+        )
+    return _parse(filters, depth=0)
+
+
+def _parse(node: Any, depth: int) -> Comparison | Logical:
     if depth > _MAX_DEPTH:
         raise ValueError(f"filters nest deeper than {_MAX_DEPTH} levels")
     if not isinstance(node, dict):
         raise ValueError(f"a filter condition must be a dict, got {type(node).__name__} {node!r}")
     if "field" in node:
-        return _comparison(node, params)
+        return _parse_comparison(node)
     if "operator" not in node:
         raise ValueError(
             f"filter {_short(node)} has neither 'field' nor 'operator': a comparison needs "
@@ -188,19 +235,10 @@ def _compile(node: Any, params: list, depth: int) -> str:
         raise ValueError(
             f"'conditions' of {operator} must be a list, got {type(conditions).__name__}"
         )
-    parts = [_compile(c, params, depth + 1) for c in conditions]
-    if operator == "OR":
-        return "(" + " OR ".join(parts) + ")" if parts else "0"
-    conjunction = "(" + " AND ".join(parts) + ")" if parts else "1"
-    return _negate(conjunction) if operator == "NOT" else conjunction
+    return Logical(operator, tuple(_parse(c, depth + 1) for c in conditions))
 
 
-def _negate(sql: str) -> str:
-    """NOT of a clause whose NULLs mean false (a monotone AND/OR of comparisons)."""
-    return f"NOT COALESCE({sql}, 0)"
-
-
-def _comparison(node: dict, params: list) -> str:
+def _parse_comparison(node: dict) -> Comparison:
     field = node["field"]
     for key in ("operator", "value"):
         if key not in node:
@@ -211,43 +249,107 @@ def _comparison(node: dict, params: list) -> str:
             f"unknown operator {operator!r} for {field}: use one of "
             f"{', '.join(COMPARISON_OPERATORS)}"
         )
-    value_sql, type_sql = _field_sql(field)
+    column, path = _field_parts(field)
     where = f"{field} {operator}"
     for item in value if isinstance(value, list) else [value]:
         if isinstance(item, float) and not math.isfinite(item):
             raise ValueError(f"filter {where} compares with {item}: use a finite number")
     if operator in ("==", "!="):
-        sql = _scalar_equal(value_sql, type_sql, value, params)
-        return _negate(sql) if operator == "!=" else sql
-    if operator in ("in", "not in"):
+        _check_equal_value(value)
+    elif operator in ("in", "not in"):
         if not isinstance(value, list):
             raise ValueError(
                 f"filter {where} needs a list value, got {type(value).__name__} {value!r}"
             )
-        sql = _member(value_sql, type_sql, value, params)
-        return _negate(sql) if operator == "not in" else sql
-    return _ordering(value_sql, type_sql, operator, value, params, where)
+        for item in value:
+            _check_equal_value(item)
+    else:
+        _check_ordering_value(value, where)
+    field = "content" if field == "text" else field
+    return Comparison(field, operator, value, column, path)
 
 
-def _field_sql(field: Any) -> tuple[str, str]:
-    """SQL for the field's value and for its JSON type (``'text'`` for columns)."""
+def _field_parts(field: Any) -> tuple[str | None, tuple[str, ...]]:
+    """``(column, meta path)`` of a filter field, its name checked."""
     if not isinstance(field, str):
         raise ValueError(f"filter field must be a string, got {type(field).__name__} {field!r}")
     if field in COLUMNS:
-        return COLUMNS[field], "'text'"
+        return COLUMNS[field], ()
     if not field.startswith("meta.") or field == "meta.":
         raise ValueError(
             f"unknown filter field {field!r}: use meta.NAME for metadata, or id, content, title"
         )
-    names = field[len("meta.") :].split(".")
+    names = tuple(field[len("meta.") :].split("."))
     for name in names:
         if not _NAME.match(name):
             raise ValueError(
                 f"filter field {field!r}: metadata names in filters may contain letters, "
                 "digits, '_', '-' and spaces"
             )
-    path = "$" + "".join(f'."{name}"' for name in names)
-    return f"json_extract(meta, '{path}')", f"json_type(meta, '{path}')"
+    return None, names
+
+
+def _check_equal_value(value: Any) -> None:
+    if value is None or isinstance(value, (list, dict, bool, int, float, str)):
+        return
+    raise ValueError(
+        f"filter value {value!r} has type {type(value).__name__}: filters compare None, "
+        "bools, numbers, strings (ISO dates for ordering) and lists"
+    )
+
+
+def _check_ordering_value(value: Any, where: str) -> None:
+    if value is None:
+        return
+    if isinstance(value, (list, dict, tuple)):
+        raise ValueError(
+            f"filter {where} got a {type(value).__name__} value {value!r}: '>', '>=', '<', "
+            "'<=' compare numbers or ISO dates"
+        )
+    if isinstance(value, str):
+        _utc_iso(value, where)
+    elif not isinstance(value, (bool, int, float)):
+        raise ValueError(
+            f"filter {where} got a {type(value).__name__} value: compare numbers or ISO dates"
+        )
+
+
+# -- SQLite: the embedded store --------------------------------------------------------------
+
+
+def _sql(node: Comparison | Logical, params: list) -> str:
+    if isinstance(node, Logical):
+        parts = [_sql(c, params) for c in node.conditions]
+        if node.operator == "OR":
+            return "(" + " OR ".join(parts) + ")" if parts else "0"
+        conjunction = "(" + " AND ".join(parts) + ")" if parts else "1"
+        return _negate(conjunction) if node.operator == "NOT" else conjunction
+    value_sql, type_sql = _sql_of(node.column, node.path)
+    operator, value = node.operator, node.value
+    if operator in ("==", "!="):
+        sql = _scalar_equal(value_sql, type_sql, value, params)
+        return _negate(sql) if operator == "!=" else sql
+    if operator in ("in", "not in"):
+        sql = _member(value_sql, type_sql, value, params)
+        return _negate(sql) if operator == "not in" else sql
+    return _ordering(value_sql, type_sql, operator, value, params, f"{node.field} {operator}")
+
+
+def _negate(sql: str) -> str:
+    """NOT of a clause whose NULLs mean false (a monotone AND/OR of comparisons)."""
+    return f"NOT COALESCE({sql}, 0)"
+
+
+def _field_sql(field: Any) -> tuple[str, str]:
+    """SQL for the field's value and for its JSON type (``'text'`` for columns)."""
+    return _sql_of(*_field_parts(field))
+
+
+def _sql_of(column: str | None, path: tuple[str, ...]) -> tuple[str, str]:
+    if column is not None:
+        return column, "'text'"
+    json_path = "$" + "".join(f'."{name}"' for name in path)
+    return f"json_extract(meta, '{json_path}')", f"json_type(meta, '{json_path}')"
 
 
 # In every comparison the value test comes before the type test: it fails for most rows, and
@@ -267,13 +369,8 @@ def _scalar_equal(value_sql: str, type_sql: str, value: Any, params: list) -> st
             return "0"  # a column holds text, which never equals a number
         params.append(value)
         return f"({value_sql} = ? AND {type_sql} IN ('integer', 'real', 'true', 'false'))"
-    if isinstance(value, str):
-        params.append(value)
-        return f"{value_sql} = ?"
-    raise ValueError(
-        f"filter value {value!r} has type {type(value).__name__}: filters compare None, "
-        "bools, numbers, strings (ISO dates for ordering) and lists"
-    )
+    params.append(value)  # a string (parse_filters let nothing else through)
+    return f"{value_sql} = ?"
 
 
 def _member(value_sql: str, type_sql: str, values: list, params: list) -> str:
@@ -301,24 +398,15 @@ def _ordering(
 ) -> str:
     if value is None:
         return "0"  # Haystack: None is not ordered
-    if isinstance(value, (list, dict, tuple)):
-        raise ValueError(
-            f"filter {where} got a {type(value).__name__} value {value!r}: '>', '>=', '<', "
-            "'<=' compare numbers or ISO dates"
-        )
     if isinstance(value, str):
         params.append(_utc_iso(value, where))
         op = _ORDERING[operator]
         return f"(julianday({value_sql}) {op} julianday(?) AND {type_sql} = 'text')"
-    if isinstance(value, (bool, int, float)):
-        if type_sql == "'text'":
-            return "0"
-        params.append(value)
-        numbers = "'integer', 'real', 'true', 'false'"  # bools are 1 and 0, as in Python
-        return f"({value_sql} {_ORDERING[operator]} ? AND {type_sql} IN ({numbers}))"
-    raise ValueError(
-        f"filter {where} got a {type(value).__name__} value: compare numbers or ISO dates"
-    )
+    if type_sql == "'text'":
+        return "0"
+    params.append(value)  # a number (parse_filters let nothing else through)
+    numbers = "'integer', 'real', 'true', 'false'"  # bools are 1 and 0, as in Python
+    return f"({value_sql} {_ORDERING[operator]} ? AND {type_sql} IN ({numbers}))"
 
 
 def _utc_iso(value: str, where: str) -> str:
@@ -339,3 +427,90 @@ def _utc_iso(value: str, where: str) -> str:
 def _short(node: Any, width: int = 120) -> str:
     text = json.dumps(node, default=repr, ensure_ascii=False)
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+# -- typed fields: the same semantics on engines without SQLite's JSON functions ------------
+
+# A date as SQLite's julianday() reads one: YYYY-MM-DD, then optionally [T ]HH:MM[:SS[.SSS]]
+# and a timezone (Z or +HH:MM); other strings are not dates.
+_SQLITE_DATE = re.compile(
+    r"^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?(?:Z|[+-]\d{2}:\d{2})?$"
+)
+_JSON_TYPES = {
+    bool: None,
+    int: "integer",
+    float: "real",
+    str: "text",
+    list: "array",
+    dict: "object",
+}
+
+
+def typed_fields(doc_id: str, text: str, title: str, meta: dict) -> dict[str, dict[str, Any]]:
+    """Every filterable field of a document with its value split by type, as an engine
+    without SQLite's JSON functions stores it beside the document so that its filters
+    (compiled from :func:`parse_filters`) keep the embedded store's semantics exactly:
+    ``{field: {"t": JSON type, "n": number, "s": string, "d": date, "j": JSON text}}``.
+
+    Fields are named as filters name them (``id``, ``content``, ``title``, ``meta.a.b``;
+    nested objects give an entry for themselves and for each of their fields). ``t`` is
+    SQLite's ``json_type`` name (a column is ``text``); ``n`` a number, bools as 1 and 0
+    (``>``, ``==`` with numbers); ``s`` a string (``==``, ``in``); ``d`` the seconds since
+    1970 (UTC) of a string SQLite reads as a date (``>`` with an ISO date, naive dates UTC);
+    ``j`` a list's or object's compact JSON (``==`` with a list or dict). A missing or null
+    field has no entry: ``== None`` matches exactly the documents without one.
+
+    >>> typed_fields("d1", "cells", "", {"year": 2020, "a": {"b": True}})["meta.a.b"]
+    {'t': 'true', 'n': 1.0}
+    >>> typed_fields("d1", "cells", "", {"when": "2024-01-02"})["meta.when"]
+    {'t': 'text', 's': '2024-01-02', 'd': 1704153600.0}
+    """
+    fields = {
+        name: _typed_text(value)
+        for name, value in (("id", doc_id), ("content", text), ("title", title))
+    }
+    _add_typed(fields, "meta", meta)
+    del fields["meta"]
+    return fields
+
+
+def _typed_text(value: str) -> dict[str, Any]:
+    typed: dict[str, Any] = {"t": "text", "s": value}
+    if _SQLITE_DATE.match(value):
+        try:
+            typed["d"] = date_seconds(value)
+        except ValueError:  # shaped like a date, not one (2024-13-45): SQLite's NULL
+            pass
+    return typed
+
+
+def _add_typed(fields: dict, name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool):
+        fields[name] = {"t": "true" if value else "false", "n": float(value)}
+    elif isinstance(value, (int, float)):
+        fields[name] = {"t": "integer" if isinstance(value, int) else "real", "n": float(value)}
+    elif isinstance(value, str):
+        fields[name] = _typed_text(value)
+    elif isinstance(value, (list, dict)):
+        kind = "array" if isinstance(value, list) else "object"
+        fields[name] = {"t": kind, "j": json_text(value)}
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if _NAME.match(str(key)):  # other names cannot be filtered on
+                    _add_typed(fields, f"{name}.{key}", item)
+
+
+def json_text(value: Any) -> str:
+    """The compact JSON text a list or dict is compared by (``==`` with a list or dict)."""
+    return json.dumps(value, separators=(",", ":"))
+
+
+def date_seconds(value: str, where: str = "filter") -> float:
+    """The seconds since 1970 (UTC) of an ISO 8601 date string; a naive date is UTC.
+
+    >>> date_seconds("1970-01-02T00:00:00+01:00")
+    82800.0
+    """
+    return datetime.fromisoformat(_utc_iso(value, where)).replace(tzinfo=timezone.utc).timestamp()

@@ -19,8 +19,8 @@ from tqdm.auto import tqdm
 from densefit.data.types import Document
 from densefit.models import model_name_of
 from densefit.retrieval.encode import embedding_dimension, encode_with_callback
-from densefit.retrieval.index.locking import writer_lock
-from densefit.retrieval.index.store import LocalDocumentStore, meta_hash, text_hash
+from densefit.retrieval.index.base import DocumentStore
+from densefit.retrieval.index.documents import meta_hash, text_hash
 from densefit.retrieval.runtimes import resolve_runtime
 
 __all__ = ["IndexReport", "index_documents", "prune_documents"]
@@ -94,7 +94,7 @@ class IndexReport:
 
 
 def index_documents(
-    store: LocalDocumentStore,
+    store: DocumentStore,
     model,
     documents: Iterable[Document],
     *,
@@ -129,7 +129,7 @@ def index_documents(
     (:func:`densefit.jobs.index_job`).
 
     >>> from densefit.testing import tiny_model
-    >>> from densefit.retrieval.index.store import open_store
+    >>> from densefit.retrieval.index.engines import open_store
     >>> model = tiny_model()
     >>> store = open_store(None, model)
     >>> docs = [Document("a", "cells divide"), Document("b", "python functions")]
@@ -143,9 +143,9 @@ def index_documents(
     store.check_model(model)
     if total is None and isinstance(documents, Sequence):
         total = len(documents)
-    report = IndexReport(store=str(store.path), model=model_name_of(model))
+    report = IndexReport(store=store.location, model=model_name_of(model))
     started = time.perf_counter()
-    with writer_lock(store.path, timeout=lock_timeout):
+    with store.writer_lock(lock_timeout):
         settings = store.settings
         stored = None if reembed or settings is None or not store.count() else settings.source
         runner = resolve_runtime(model, runtime, stored=stored, mixing=True)
@@ -227,7 +227,7 @@ class _Embedder:
     whole corpus is encoded in one call), and skip the forward pass.
     """
 
-    store: LocalDocumentStore
+    store: DocumentStore
     model: object
     runner: object
     encoder: Callable[..., np.ndarray]
@@ -261,11 +261,11 @@ class _Embedder:
         return vectors
 
 
-def prune_documents(store: LocalDocumentStore, keep_ids: Iterable[str]) -> int:
+def prune_documents(store: DocumentStore, keep_ids: Iterable[str]) -> int:
     """Delete every stored document whose id is not in ``keep_ids``; returns how many.
 
     >>> from densefit.testing import tiny_model
-    >>> from densefit.retrieval.index.store import open_store
+    >>> from densefit.retrieval.index.engines import open_store
     >>> model = tiny_model()
     >>> store = open_store(None, model)
     >>> _ = index_documents(store, model, [Document("a", "x"), Document("b", "y")])

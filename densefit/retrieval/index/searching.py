@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
-from densefit.choices import SEARCH_MODES
 from densefit.data.text import checked_texts
 from densefit.models import load_model
 from densefit.retrieval.encode import configure_model, encode_texts
 from densefit.retrieval.index.base import DocumentStore, SearchHit, StoreError
+from densefit.retrieval.index.common import checked_mode, scaled_scores
 from densefit.retrieval.index.filters import validate_filters
-from densefit.retrieval.index.lexical import BM25_SCALE
 from densefit.retrieval.index.settings import check_search_settings, search_options
 from densefit.retrieval.runtimes import resolve_runtime
 
@@ -45,11 +42,11 @@ def model_for_store(
         if model:
             raise
         raise StoreError(
-            f"{getattr(store, 'path', 'the store')} was indexed with {name!r}, which cannot be "
+            f"{store.location} was indexed with {name!r}, which cannot be "
             f"loaded here ({exc.__class__.__name__}: {str(exc)[:200]}): "
             "pass --model PATH_TO_THAT_MODEL (model= in Python)"
         ) from None
-    settings = getattr(store, "settings", None)
+    settings = store.settings
     return configure_model(loaded, **search_options(settings, query_prompt, document_prompt, dim))
 
 
@@ -64,31 +61,11 @@ def query_runtime(store, model, runtime="auto"):
     >>> query_runtime(open_store(None, model), model).name
     'torch'
     """
-    settings = getattr(store, "settings", None)
+    settings = store.settings
     stored = settings.source if settings is not None else None
     runner = resolve_runtime(model, runtime, stored=stored, mixing=False)
-    check_search_settings(settings, model, getattr(store, "path", ""), runner)
+    check_search_settings(settings, model, store.location, runner)
     return runner
-
-
-def scaled_scores(scores: np.ndarray, similarity: str) -> np.ndarray:
-    """Scores mapped to [0, 1] as Haystack does with ``scale_score=True``: cosine
-    ``(s + 1) / 2``, dot product ``expit(s / 100)`` (its embedding retrievers), ``"bm25"``
-    ``expit(s / 8)`` (its in-memory BM25 retriever). Order is kept.
-
-    >>> scaled_scores(np.array([-1.0, 0.0, 1.0]), "cosine").tolist()
-    [0.0, 0.5, 1.0]
-    >>> scaled_scores(np.array([0.0]), "dot").tolist()
-    [0.5]
-    """
-    scores = np.asarray(scores, dtype=np.float64)
-    if similarity == "cosine":
-        return (scores + 1) / 2
-    if similarity == "dot":
-        return 1 / (1 + np.exp(-scores / 100))
-    if similarity == "bm25":
-        return 1 / (1 + np.exp(-scores / BM25_SCALE))
-    raise ValueError(f"no score scaling for similarity {similarity!r}: use cosine, dot or bm25")
 
 
 def search(
@@ -176,8 +153,7 @@ def search_batch(
     if isinstance(queries, str):
         raise TypeError("search_batch takes a list of queries; use search for one string")
     queries = checked_texts(list(queries), "queries")  # InvalidText (a ValueError) names it
-    if mode not in SEARCH_MODES:
-        raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
+    checked_mode(mode, store.capabilities)
     validate_filters(filters)  # before the model runs: a typo fails fast
     if not queries:
         return []

@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 from sentence_transformers.models import Normalize
 
-from densefit.models import model_name_of
+from densefit.choices import SIMILARITIES
+from densefit.models import model_name_of, model_similarity
 from densefit.prompts import model_prompts
 from densefit.retrieval.encode import embedding_dimension, encode_texts
 from densefit.retrieval.index.base import ModelMismatchError, StoreError
@@ -44,6 +45,7 @@ __all__ = [
     "search_options",
     "model_fingerprint",
     "model_truncate_dim",
+    "record_for",
 ]
 
 FORMAT = "densefit-store/1"
@@ -369,6 +371,29 @@ class SwapTarget:
             return None
         data = json.loads(text)
         return cls(StoreRecord.from_meta(data["record"], where), int(data["generation"]))
+
+
+def record_for(model, vectors: str, runtime=None) -> StoreRecord:
+    """What a store of ``vectors`` records about vectors ``model`` makes (by ``runtime``,
+    None: torch): its name (a local folder's absolute path), dimension, similarity,
+    fingerprint and settings."""
+    name = model_name_of(model)
+    if Path(name).expanduser().is_dir():
+        name = str(Path(name).expanduser().resolve())
+    similarity = model_similarity(model)
+    if similarity not in SIMILARITIES:
+        raise StoreError(
+            f"model {name!r} scores by {similarity!r} similarity; the store searches by inner "
+            "product and supports cosine and dot models only"
+        )
+    return StoreRecord(
+        name,
+        embedding_dimension(model),
+        similarity,
+        vectors,
+        model_fingerprint(model),
+        VectorSettings.of(model, runtime),
+    )
 
 
 def search_options(

@@ -51,20 +51,24 @@ import os
 import shutil
 import sqlite3
 import tempfile
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from functools import wraps
 from pathlib import Path
 
 import numpy as np
 
-from densefit.choices import SEARCH_MODES, SIMILARITIES, VECTOR_KINDS
+from densefit.choices import SIMILARITIES, VECTOR_KINDS
 from densefit.data.types import Document
-from densefit.models import model_name_of, model_similarity
-from densefit.retrieval.encode import embedding_dimension
-from densefit.retrieval.fusion import Fusion
-from densefit.retrieval.index.base import ModelMismatchError, SearchHit, StoreError, WriteResult
+from densefit.retrieval.index.base import (
+    Capabilities,
+    ModelSwappedError,
+    SearchHit,
+    StoreError,
+    WriteResult,
+)
+from densefit.retrieval.index.common import StoreCommon, checked_vectors
 from densefit.retrieval.index.documents import (
     DB_NAME,
     DocumentTable,
@@ -80,34 +84,39 @@ from densefit.retrieval.index.filters import (
 )
 from densefit.retrieval.index.lexical import StoreBm25
 from densefit.retrieval.index.locking import LOCK_NAME, writer_lock
-from densefit.retrieval.index.searching import scaled_scores
 from densefit.retrieval.index.settings import (
     StoreRecord,
     SwapTarget,
     VectorSettings,
-    model_fingerprint,
 )
 from densefit.retrieval.index.vectors import CommittedVectors, make_backend
 
 __all__ = [
+    "CAPABILITIES",
     "LocalDocumentStore",
-    "ModelSwappedError",
+    "create",
     "make_backend",
     "meta_hash",
-    "open_store",
-    "record_for",
+    "open_existing",
     "text_hash",
 ]
 
+CAPABILITIES = Capabilities(
+    engine="embedded",
+    vector_kinds=VECTOR_KINDS,
+    backends=("exact", "faiss"),
+    lexical="bm25 (a side index of the texts, bm25s's tokens and scores)",
+    hybrid=True,
+    model_swap=True,
+    transactions=True,
+    crash_safe=True,
+    compaction=True,
+    shared=False,  # one machine: several processes, but one folder
+)
 SWAP_KEY = "swap"  # meta: the SwapTarget of a model swap under way
 SWAP_ROWS_KEY = "swap_rows"  # meta: the rows committed to the swap's vector file
 MODEL_GENERATION_KEY = "model_generation"  # meta: how many model swaps the store went through
 _DROP_SWAP = "DELETE FROM meta WHERE key IN (?, ?)"  # a swap switched or cancelled
-
-
-class ModelSwappedError(StoreError):
-    """The store switched to another model since the caller embedded its queries: embed
-    them again with the store's model (:attr:`LocalDocumentStore.model_generation`)."""
 
 
 def _locked(method):
@@ -130,93 +139,10 @@ def _json_value(kind: str, value):
     return value
 
 
-def _normalise_rows(vectors: np.ndarray) -> np.ndarray:
-    """Unit-length rows. Rows already of unit length (to 1e-6) are left bit-for-bit alone, so
-    that writing back a stored vector (an identical text's) gives exactly the same vector."""
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    norms = np.where((norms == 0) | (np.abs(norms - 1) <= 1e-6), 1, norms)
-    return vectors / norms
-
-
-def _parameter_version(model) -> int:
-    """Changes whenever a parameter is modified in place (optimizer steps, load_state_dict)."""
-    try:
-        return sum(p._version for p in model.parameters())
-    except (AttributeError, TypeError):  # pragma: no cover - not a torch module
-        return -1
-
-
-def checked_queries(record: StoreRecord, query_embeddings: np.ndarray, top_k: int) -> np.ndarray:
-    """``(q, dim)`` float32 queries for a search of ``record``'s store, or ValueError."""
-    queries = np.asarray(query_embeddings, dtype=np.float32)
-    if queries.ndim == 1:
-        queries = queries[None, :]
-    if queries.ndim != 2 or queries.shape[1] != record.dim:
-        raise ValueError(
-            f"query embeddings have shape {np.shape(query_embeddings)}, but this store "
-            f"holds {record.dim}-d embeddings from {record.model_name!r}"
-        )
-    if top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if not np.isfinite(queries).all():
-        raise ValueError("query embeddings contain NaN or infinite values")
-    return _normalise_rows(queries) if record.similarity == "cosine" else queries
-
-
 def compiled_filters(filters: dict | None) -> tuple[str, list] | None:
     """The SQL clause and parameters of ``filters``; None when there is nothing to filter."""
     filters = normalise_filters(filters)
     return None if filters is None else compile_filters(filters)
-
-
-def checked_vectors(record: StoreRecord, documents: list, embeddings: np.ndarray) -> np.ndarray:
-    """The float32 (normalised, for cosine stores) vectors of a write, or an error naming
-    the document at fault (unique non-empty ids, the store's dimension, finite values)."""
-    vectors = np.asarray(embeddings, dtype=np.float32)
-    if vectors.ndim != 2 or vectors.shape != (len(documents), record.dim):
-        raise ValueError(
-            f"expected embeddings of shape ({len(documents)}, {record.dim}) for "
-            f"{len(documents)} documents in a {record.dim}-d store, got {np.shape(embeddings)}"
-        )
-    seen: set[str] = set()
-    for i, doc in enumerate(documents):
-        if not isinstance(doc, Document):
-            raise TypeError(f"documents[{i}] is a {type(doc).__name__}, not a Document")
-        if not isinstance(doc.id, str) or not doc.id:
-            raise ValueError(f"documents[{i}] has an empty or non-string id {doc.id!r}")
-        if doc.id in seen:
-            raise ValueError(
-                f"document id {doc.id!r} appears twice in one write: ids must be unique "
-                "(index_documents keeps the last occurrence and reports duplicates)"
-            )
-        seen.add(doc.id)
-    if not np.isfinite(vectors).all():
-        bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
-        raise ValueError(f"the embedding of document {documents[bad].id!r} has NaN/inf values")
-    if record.similarity == "cosine":
-        vectors = _normalise_rows(vectors)
-    if record.vector_kind == "float16" and np.abs(vectors).max(initial=0) > 65504:
-        raise ValueError("embeddings exceed the float16 range: use a float32 store")
-    return vectors
-
-
-def _checked_query_texts(texts, mode: str) -> list[str]:
-    """``texts`` as a list of strings, or an error saying that ``mode`` needs them."""
-    if texts is None:
-        raise ValueError(f"{mode} search needs the query texts (query_texts=[...])")
-    if isinstance(texts, str):
-        texts = [texts]
-    texts = list(texts)
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise TypeError(f"query_texts[{i}] is a {type(text).__name__}, not a string")
-    return texts
-
-
-def _required(query_embeddings, mode: str):
-    if query_embeddings is None:
-        raise ValueError(f"{mode} search needs the query embeddings")
-    return query_embeddings
 
 
 def _ranked(scores: np.ndarray, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -224,16 +150,17 @@ def _ranked(scores: np.ndarray, rows: np.ndarray) -> list[tuple[np.ndarray, np.n
     return [(r[r >= 0], s[r >= 0]) for s, r in zip(scores, rows, strict=True)]
 
 
-class LocalDocumentStore:
+class LocalDocumentStore(StoreCommon):
     """Documents in SQLite, embeddings in a vector file, searched by a pluggable backend.
 
-    Create one with :func:`open_store` (or :meth:`create`), which records the model; open an
-    existing folder with ``LocalDocumentStore(path)``. ``path=None`` makes a temporary store
-    that is deleted when closed or garbage-collected.
+    Get one from :func:`~densefit.retrieval.index.engines.open_store` with a folder (or
+    None: a temporary store, deleted when closed or garbage-collected), which creates it for
+    a model and records it; ``LocalDocumentStore(path)`` opens an existing folder.
 
     >>> from densefit.testing import tiny_model
     >>> from densefit.data.types import Document
     >>> from densefit.retrieval.encode import encode_texts
+    >>> from densefit.retrieval.index.engines import open_store
     >>> model = tiny_model()
     >>> store = open_store(None, model)
     >>> docs = [Document("a", "cells divide"), Document("b", "python functions")]
@@ -243,35 +170,30 @@ class LocalDocumentStore:
     'b'
     """
 
+    capabilities = CAPABILITIES
+
     def __init__(
         self,
         path: str | os.PathLike,
         *,
-        backend: str | Callable = "exact",
+        backend: str | Callable | None = None,
         rescore: int | None = None,
     ):
+        super().__init__()
         self.path = Path(path)
+        self.location = str(self.path)
         db = self.path / DB_NAME
         if not db.is_file():
-            raise StoreError(
-                f"{self.path} is not a densefit store (no {DB_NAME}): create it with "
-                f"`densefit index CORPUS --model MODEL --store {self.path}`"
-            )
-        self._lock = threading.RLock()
+            raise StoreError(_not_a_store(self.path))
         self._table = DocumentTable(db)  # one connection shared by threads, under self._lock
-        self.record = StoreRecord.from_meta(self._table.read_meta(), db)
-        self.model_name: str = self.record.model_name
-        self.dim: int = self.record.dim
-        self.similarity: str = self.record.similarity
-        self.vector_kind: str = self.record.vector_kind
-        self.backend_spec = backend
+        self._record = StoreRecord.from_meta(self._table.read_meta(), db)
+        self.backend_spec = backend or CAPABILITIES.backends[0]
         self._rescore = rescore
         self._vectors: CommittedVectors | None = None  # made by _reload, for the record's model
         self.model_generation = -1  # the model swaps the store went through; -1: not read yet
         self._swap: SwapTarget | None = None
         self._bm25 = StoreBm25(self.path)
         self._wrote = False  # this object committed text changes (flush saves the BM25 index)
-        self._checked: dict[int, tuple[weakref.ref, int]] = {}
         self._data_version = None
         self._cleanup: Callable | None = None
         self._reload()
@@ -282,77 +204,54 @@ class LocalDocumentStore:
         """The search backend over the committed vectors (rebuilt after a compaction)."""
         return self._vectors.backend
 
-    @property
-    def settings(self) -> VectorSettings | None:
-        """The settings the vectors were made with (None: not recorded, an older store)."""
-        return self.record.settings
-
     # -- creation --------------------------------------------------------------------------
 
     @classmethod
     def create(
         cls,
         path: str | os.PathLike | None,
+        record: StoreRecord,
         *,
-        model_name: str,
-        dim: int,
-        fingerprint: np.ndarray,
-        similarity: str = "cosine",
-        vectors: str = "float32",
-        backend: str | Callable = "exact",
+        backend: str | Callable | None = None,
         rescore: int | None = None,
-        settings: VectorSettings | None = None,
     ) -> LocalDocumentStore:
-        """Create an empty store for embeddings of ``dim`` dimensions from ``model_name``.
-
-        ``vectors`` is the vector kind (:data:`densefit.choices.VECTOR_KINDS`). ``settings``
-        records how the vectors are made (:func:`open_store` records the model's). The
-        caller holds the folder's writer lock when others may create it too.
-        """
-        if similarity not in SIMILARITIES:
+        """Create an empty store for the vectors ``record`` describes (model, dimension,
+        similarity, vector kind, settings) in the folder ``path`` (None: a temporary one).
+        The caller holds the folder's writer lock when others may create it too
+        (:func:`create` does)."""
+        if record.similarity not in SIMILARITIES:
             raise StoreError(
-                f"similarity {similarity!r} is not supported by the store: it searches by "
-                f"inner product, which serves {' and '.join(SIMILARITIES)} models"
+                f"similarity {record.similarity!r} is not supported by the store: it searches "
+                f"by inner product, which serves {' and '.join(SIMILARITIES)} models"
             )
-        if vectors not in VECTOR_KINDS:
+        if record.vector_kind not in VECTOR_KINDS:
             raise StoreError(
-                f"vector kind {vectors!r} is not supported: use one of {', '.join(VECTOR_KINDS)}"
+                f"vector kind {record.vector_kind!r} is not supported: use one of "
+                f"{', '.join(VECTOR_KINDS)}"
             )
-        make_backend(backend, dim, kind=vectors, rescore=rescore)  # a bad pair fails first
+        backend = backend or CAPABILITIES.backends[0]
+        make_backend(backend, record.dim, kind=record.vector_kind, rescore=rescore)  # fails first
         temporary = path is None
         folder = Path(tempfile.mkdtemp(prefix="densefit-store-")) if temporary else Path(path)
         _check_new_folder(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        record = StoreRecord(model_name, dim, similarity, vectors, fingerprint, settings)
         write_new_database(folder / DB_NAME, record.to_meta())
         store = cls(folder, backend=backend, rescore=rescore)
         if temporary:
             store._cleanup = weakref.finalize(store, shutil.rmtree, folder, True)
         return store
 
+    def writer_lock(
+        self, timeout: float | None = None, *, name: str | None = None, doing: str | None = None
+    ) -> AbstractContextManager:
+        """The folder's lock file ``name`` (the writer lock by default), held across
+        processes (:func:`~densefit.retrieval.index.locking.writer_lock`)."""
+        options = {"name": name} if name else {}
+        if doing:
+            options["doing"] = doing
+        return writer_lock(self.path, timeout=timeout, **options)
+
     # -- the model -------------------------------------------------------------------------
-
-    @_locked
-    def check_model(self, model) -> None:
-        """Raise :class:`ModelMismatchError` unless ``model`` made this store's embeddings.
-
-        See :meth:`StoreRecord.check_model <densefit.retrieval.index.settings.StoreRecord.
-        check_model>`. Checked once per model object until its parameters are modified.
-        """
-        version = _parameter_version(model)
-        cached = self._checked.get(id(model))
-        if cached is not None and cached[0]() is model and cached[1] == version:
-            return
-        self.record.check_model(model, self.path)
-        self._checked[id(model)] = (weakref.ref(model), version)
-
-    @_locked
-    def check_settings(self, model, runtime=None) -> None:
-        """Raise :class:`~densefit.retrieval.index.settings.SettingsMismatchError` when
-        ``model`` would embed documents differently (truncation, prompts, normalisation, or a
-        ``runtime`` of another family than the stored vectors'; None: torch)."""
-        self._refresh()
-        self.record.check_settings(VectorSettings.of(model, runtime), self.path)
 
     @_locked
     def adopt_runtime(self, source) -> bool:
@@ -537,9 +436,6 @@ class LocalDocumentStore:
         self._refresh()
         return self._table.count()
 
-    def __len__(self) -> int:
-        return self.count()
-
     @_locked
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         """The documents with these ids, None where an id is unknown."""
@@ -595,90 +491,22 @@ class LocalDocumentStore:
         return dict(zip(rows, found, strict=True))
 
     @_locked
-    def search(
-        self,
-        query_embeddings: np.ndarray | None = None,
-        top_k: int = 10,
-        *,
-        filters: dict | None = None,
-        scale_score: bool = False,
-        mode: str = "dense",
-        query_texts: Sequence[str] | None = None,
-        fusion: Fusion | None = None,
-        dense_filters: dict | None = None,
-        model_generation: int | None = None,
-    ) -> list[list[SearchHit]]:
-        """The ``top_k`` best documents for each query, best first.
+    def search(self, *args, **kwargs) -> list[list[SearchHit]]:
+        return super().search(*args, **kwargs)
 
-        ``mode`` (:data:`densefit.choices.SEARCH_MODES`): ``"dense"`` ranks by the query
-        embeddings (``query_embeddings``, ``(q, dim)`` or one ``(dim,)`` vector; cosine stores
-        normalise them); ``"bm25"`` by BM25 over the documents' texts (``query_texts``, one
-        text per query; documents sharing no token with a query are not found, so fewer than
-        ``top_k`` may come back); ``"hybrid"`` fuses both rankings (``fusion``, default
-        reciprocal rank fusion: :class:`~densefit.retrieval.fusion.Fusion`) and needs both.
+    search.__doc__ = StoreCommon.search.__doc__
 
-        ``filters`` (Haystack's syntax, :mod:`~densefit.retrieval.index.filters`) restricts
-        the search to the matching documents *before* ranking, on both sides of a hybrid
-        search: the best ``top_k`` that match, not the ``top_k`` filtered afterwards.
-        ``scale_score`` maps scores to [0, 1]: dense as
-        :func:`~densefit.retrieval.index.searching.scaled_scores`, BM25 as
-        ``expit(score / 8)`` (Haystack's in-memory BM25), fused scores by
-        :meth:`Fusion.scaled <densefit.retrieval.fusion.Fusion.scaled>`. ``dense_filters``
-        are further conditions for the dense side only (the Haystack store leaves documents
-        without an embedding out of it, not out of BM25). ``model_generation``: the
-        :attr:`model_generation` the query embeddings were made for; when the store has
-        switched to another model since (a model swap), :class:`ModelSwappedError` instead
-        of a ranking by the wrong model.
-        """
-        if mode not in SEARCH_MODES:
-            raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
-        if top_k < 1:
-            raise ValueError(f"top_k must be at least 1, got {top_k}")
-        self._refresh()  # first: the record the queries are checked against is current
-        if model_generation is not None and model_generation != self.model_generation:
-            raise ModelSwappedError(
-                f"{self.path}: the store switched to the model {self.model_name!r}; embed the "
-                "queries with it"
-            )
-        texts = None if mode == "dense" else _checked_query_texts(query_texts, mode)
-        queries = None
-        if mode != "bm25":
-            queries = checked_queries(self.record, _required(query_embeddings, mode), top_k)
-        if texts is not None and queries is not None and len(texts) != len(queries):
-            raise ValueError(
-                f"hybrid search got {len(texts)} query texts for {len(queries)} query embeddings"
-            )
-        fusion = fusion or Fusion()
-        where = compiled_filters(filters)
-        dense_where = where
-        if normalise_filters(dense_filters) is not None:
-            both = [f for f in (filters, dense_filters) if f]
-            dense_where = compiled_filters({"operator": "AND", "conditions": both})
-        subset = None if where is None else np.asarray(self._table.rows_matching(*where))
-        dense_subset = subset
-        if dense_where is not where:
-            dense_subset = np.asarray(self._table.rows_matching(*dense_where))
-        if mode == "dense":
-            ranked = _ranked(*self._vectors.search(queries, top_k, dense_subset))
-            if scale_score:
-                ranked = [(r, scaled_scores(s, self.similarity)) for r, s in ranked]
-        elif mode == "bm25":
-            ranked = self._bm25_search(texts, top_k, subset)
-            if scale_score:
-                ranked = [(r, scaled_scores(s, "bm25")) for r, s in ranked]
-        else:
-            depth = max(top_k, fusion.depth)
-            dense = _ranked(*self._vectors.search(queries, depth, dense_subset))
-            lexical = self._bm25_search(texts, depth, subset)
-            ranked = []
-            for (dense_rows, dense_scores), (bm25_rows, bm25_scores) in zip(
-                dense, lexical, strict=True
-            ):
-                rows, fused = fusion.fuse(
-                    [dense_rows, bm25_rows], top_k, [dense_scores, bm25_scores]
-                )
-                ranked.append((rows, fusion.scaled(fused) if scale_score else fused))
-        return self._hits(ranked)
+    # The engine's parts of a search (StoreCommon.search): keys are rows of the vector file.
+
+    def _where(self, filters: dict) -> np.ndarray:
+        """The rows of the documents matching ``filters``."""
+        return np.asarray(self._table.rows_matching(*compile_filters(filters)))
+
+    def _dense(self, queries: np.ndarray, k: int, rows) -> list[tuple[np.ndarray, np.ndarray]]:
+        return _ranked(*self._vectors.search(queries, k, rows))
+
+    def _lexical(self, texts: list[str], k: int, rows) -> list[tuple[np.ndarray, np.ndarray]]:
+        return self._bm25_search(texts, k, rows)
 
     def _hits(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[SearchHit]]:
         """Search hits for each query's ``(rows, scores)``, best first."""
@@ -924,12 +752,6 @@ class LocalDocumentStore:
             if self._cleanup is not None:
                 self._cleanup()
 
-    def __enter__(self) -> LocalDocumentStore:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return (
             f"LocalDocumentStore({str(self.path)!r}, model={self.model_name!r}, dim={self.dim}, "
@@ -943,6 +765,7 @@ class LocalDocumentStore:
         settings = self.settings
         live = np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
         return {
+            "engine": CAPABILITIES.engine,
             "path": str(self.path),
             "model": self.model_name,
             "dim": self.dim,
@@ -1013,9 +836,7 @@ class LocalDocumentStore:
                 rescore=self._rescore,
             )
             self._checked.clear()
-        self.record, self.model_generation = record, model_generation
-        self.model_name, self.dim = record.model_name, record.dim
-        self.similarity, self.vector_kind = record.similarity, record.vector_kind
+        self._record, self.model_generation = record, model_generation
         self._swap = SwapTarget.from_json(meta.get(SWAP_KEY), self.path / DB_NAME)
         try:
             self._vectors.load(
@@ -1096,92 +917,52 @@ def _check_new_folder(folder: Path) -> None:
         )
 
 
-def open_store(
+def _not_a_store(folder: Path) -> str:
+    """Why ``folder`` cannot be opened as a store, and what to do."""
+    if (folder / "meta.json").is_file() and (folder / "collection").is_dir():
+        return f"{folder} holds a Qdrant local store: open it as qdrant:{folder}"
+    return (
+        f"{folder} is not a densefit store (no {DB_NAME}): create it with "
+        f"`densefit index CORPUS --model MODEL --store {folder}`"
+    )
+
+
+def open_existing(
     path: str | os.PathLike | None,
-    model=None,
     *,
     backend: str | Callable | None = None,
-    vectors: str = "float32",
     rescore: int | None = None,
-    create: bool = True,
+    lock_timeout: float | None = None,
+) -> LocalDocumentStore | None:
+    """The store in the folder ``path``; None when there is none (nothing there, or an empty
+    folder), StoreError when ``path`` is a file or a folder holding something else."""
+    if path is None:
+        return None
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise StoreError(f"{folder} is a file; --store needs a folder")
+    if (folder / DB_NAME).is_file():
+        return LocalDocumentStore(folder, backend=backend, rescore=rescore)
+    if folder.is_dir() and any(p.name != LOCK_NAME for p in folder.iterdir()):
+        raise StoreError(_not_a_store(folder))
+    return None
+
+
+def create(
+    path: str | os.PathLike | None,
+    record: StoreRecord,
+    *,
+    backend: str | Callable | None = None,
+    rescore: int | None = None,
     lock_timeout: float | None = None,
 ) -> LocalDocumentStore:
-    """Open the store at ``path``, creating it for ``model`` when it does not exist yet.
-
-    With a ``model`` the store is checked against it (:class:`ModelMismatchError` when the
-    embeddings came from another model). ``path=None`` gives a temporary store. ``backend``
-    is ``"exact"`` (default), ``"faiss"`` (HNSW32) or ``"faiss:FACTORY"``; it is a search-time
-    choice and can differ between opens of the same store. ``vectors`` is the vector kind of
-    a new store (float32, float16, int8, binary: :mod:`densefit.retrieval.index.vectors`;
-    an existing store keeps its own); ``rescore`` the candidates per result an int8 or binary
-    store rescores (a search-time choice, default
-    :data:`~densefit.retrieval.index.quantized.DEFAULT_RESCORE`). Creation holds the
-    folder's writer lock (waiting up to ``lock_timeout`` seconds), so concurrent callers
-    create it once.
-
-    >>> from densefit.testing import tiny_model
-    >>> store = open_store(None, tiny_model())
-    >>> store.count(), store.dim
-    (0, 32)
-    """
-    backend = backend or "exact"
-    if path is None or not (Path(path) / DB_NAME).is_file():
-        if model is None or not create:
-            raise StoreError(
-                f"no densefit store at {path}: build one with "
-                f"`densefit index CORPUS --model MODEL --store {path}`"
-            )
-        if path is None:
-            return _create_for(None, model, backend=backend, vectors=vectors, rescore=rescore)
-        if Path(path).exists() and not Path(path).is_dir():
-            raise StoreError(f"{path} is a file; --store needs a folder")
-        with writer_lock(path, timeout=lock_timeout):
-            if not (Path(path) / DB_NAME).is_file():  # nobody created it while we waited
-                return _create_for(path, model, backend=backend, vectors=vectors, rescore=rescore)
-    store = LocalDocumentStore(path, backend=backend, rescore=rescore)
-    if model is not None:
-        try:
-            store.check_model(model)
-        except ModelMismatchError:
-            store.close()
-            raise
-    return store
-
-
-def _create_for(path, model, *, backend, vectors: str, rescore) -> LocalDocumentStore:
-    """A new store recording ``model``: its name, dimension, fingerprint and settings."""
-    record = record_for(model, vectors)
-    return LocalDocumentStore.create(
-        path,
-        model_name=record.model_name,
-        dim=record.dim,
-        fingerprint=record.fingerprint,
-        similarity=record.similarity,
-        vectors=vectors,
-        backend=backend,
-        rescore=rescore,
-        settings=record.settings,
-    )
-
-
-def record_for(model, vectors: str, runtime=None) -> StoreRecord:
-    """What a store of ``vectors`` records about vectors ``model`` makes (by ``runtime``,
-    None: torch): its name (a local folder's absolute path), dimension, similarity,
-    fingerprint and settings."""
-    name = model_name_of(model)
-    if Path(name).expanduser().is_dir():
-        name = str(Path(name).expanduser().resolve())
-    similarity = model_similarity(model)
-    if similarity not in SIMILARITIES:
-        raise StoreError(
-            f"model {name!r} scores by {similarity!r} similarity; the store searches by inner "
-            "product and supports cosine and dot models only"
-        )
-    return StoreRecord(
-        name,
-        embedding_dimension(model),
-        similarity,
-        vectors,
-        model_fingerprint(model),
-        VectorSettings.of(model, runtime),
-    )
+    """A new store in the folder ``path`` (None: a temporary folder) for ``record``'s
+    vectors, created under the folder's writer lock (waiting up to ``lock_timeout`` seconds),
+    so that concurrent callers create it once: a store another process created meanwhile is
+    opened instead."""
+    if path is None:
+        return LocalDocumentStore.create(None, record, backend=backend, rescore=rescore)
+    with writer_lock(path, timeout=lock_timeout):
+        if (Path(path) / DB_NAME).is_file():  # created while we waited
+            return LocalDocumentStore(path, backend=backend, rescore=rescore)
+        return LocalDocumentStore.create(path, record, backend=backend, rescore=rescore)

@@ -32,8 +32,9 @@ from tqdm.auto import tqdm
 
 from densefit.models import model_name_of
 from densefit.retrieval.encode import encode_with_callback
-from densefit.retrieval.index.locking import writer_lock
-from densefit.retrieval.index.store import LocalDocumentStore, record_for
+from densefit.retrieval.index.base import DocumentStore
+from densefit.retrieval.index.engines import require
+from densefit.retrieval.index.settings import record_for
 from densefit.retrieval.runtimes import resolve_runtime
 
 __all__ = ["LOCK_NAME", "SwapReport", "reembed_store"]
@@ -73,7 +74,7 @@ class SwapReport:
 
 
 def reembed_store(
-    store: LocalDocumentStore,
+    store: DocumentStore,
     model,
     *,
     runtime="auto",
@@ -103,11 +104,12 @@ def reembed_store(
     """
     if commit_every < 1:
         raise ValueError(f"commit_every must be at least 1, got {commit_every}")
+    require(
+        store.capabilities, "model_swap", "swap models (densefit reembed)", None, store.location
+    )
     started = time.perf_counter()
-    report = SwapReport(str(store.path), store.model_name, model_name_of(model))
-    with writer_lock(
-        store.path, timeout=lock_timeout, name=LOCK_NAME, doing="re-embedding this store"
-    ):
+    report = SwapReport(store.location, store.model_name, model_name_of(model))
+    with store.writer_lock(lock_timeout, name=LOCK_NAME, doing="re-embedding this store"):
         runner = resolve_runtime(model, runtime)
         report.runtime = runner.source.describe()
         target, report.resumed = store.begin_swap(record_for(model, store.vector_kind, runner))
