@@ -56,3 +56,23 @@ def minilm():
     from densefit.models import load_model
 
     return load_model("all-MiniLM-L6-v2")
+
+
+@pytest.fixture(scope="session")
+def postgres_uri():
+    """A PostgreSQL server with pgvector for the session (densefit.testing.postgres: pgserver
+    in a temporary folder, stopped and removed after; or DENSEFIT_TEST_POSTGRES); skips when
+    neither is available. Tests name their own tables (postgres_target) so they do not see
+    each other. Not under pytest's temporary folder: run as root, pgserver's server runs as
+    another user, and pytest makes its folder private again whenever a session starts."""
+    import shutil
+    import tempfile
+
+    from densefit.testing.postgres import postgres_server
+
+    folder = tempfile.mkdtemp(prefix="densefit-postgres-")
+    try:
+        with postgres_server(folder) as uri:
+            yield uri
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,1178 @@
+"""The PostgreSQL engine: documents, vectors and BM25 postings in tables of a PostgreSQL
+database with the pgvector extension (``pip install 'densefit[postgres]'``).
+
+A target names the server, the database and the table::
+
+    postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE/TABLE[?params]
+
+(``postgres://`` too; libpq's query parameters such as ``?host=/run/postgresql`` or
+``?sslmode=require`` pass through; TABLE defaults to ``densefit``, and names 1-41 lower-case
+letters, digits and ``_``). A store is four tables named after TABLE:
+
+==================  ===========================================================================
+table               holds
+==================  ===========================================================================
+``TABLE``           one row per document: id, ``seq`` (write order: a new value on every
+                    write, the key of rankings), text, title, ``meta`` (JSONB, as given),
+                    ``fields`` (JSONB: its filter fields split by type,
+                    :func:`~densefit.retrieval.index.filters.typed_fields`), the hashes
+                    indexing skips by, the stale mark of ``--reembed``, its BM25 length, and
+                    ``embedding``: ``vector(dim)`` (float32) or ``halfvec(dim)`` (float16,
+                    pgvector >= 0.7), under an HNSW index (``vector_ip_ops``)
+``TABLE_postings``  BM25: one row per (token, document) with the term frequency
+``TABLE_stats``     the number of documents and of their tokens (BM25's N and avgdl)
+``TABLE_record``    the model and settings (:meth:`StoreRecord.to_meta
+                    <densefit.retrieval.index.settings.StoreRecord.to_meta>`, as the
+                    embedded store's meta table)
+==================  ===========================================================================
+
+Every write (documents, their postings and the counts) is one transaction, taken under a
+transaction-level advisory lock of the table, so a process killed at any point leaves the
+last commit and indexing resumes from it. Every search reads the database in one snapshot:
+several processes or servers on one table see each other's writes.
+
+Searches: ``backend="hnsw"`` (the default) walks the HNSW index with ``hnsw.ef_search`` at
+least ``k``; ``"exact"`` scans every row. A filtered search always scans exactly the rows
+the filter matches (filters compile to a ``WHERE`` clause over ``fields`` with bound
+parameters: :func:`where_clause`), so the top ``k`` of the matches come back. Scores are
+inner products (``<#>``; cosine stores hold unit vectors). BM25 (``mode="bm25"``) is
+computed in one SQL query per query text from the postings: bm25s's tokens
+(:func:`~densefit.retrieval.bm25.tokenize`) and its "lucene" scores
+(:mod:`densefit.retrieval.bm25`), N and avgdl over all documents, among the filter's
+matches.
+
+>>> parse_target("postgresql://me:secret@db:5432/search/docs?sslmode=require")
+Target(conninfo='postgresql://me:secret@db:5432/search?sslmode=require', table='docs', location='postgresql://me:***@db:5432/search/docs?sslmode=require')
+>>> parse_target("postgres://me@db/search").table
+'densefit'
+>>> sql_text(where_clause({"field": "meta.lang", "operator": "==", "value": "en"})[0])
+"(fields -> 'meta.lang' ->> 's') = %s"
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+import numpy as np
+
+from densefit.data.types import Document
+from densefit.retrieval.bm25 import K1, B, Tokens, tokenize
+from densefit.retrieval.index.base import (
+    Capabilities,
+    CapabilityError,
+    SearchHit,
+    StoreError,
+)
+from densefit.retrieval.index.database import DatabaseStore, StoredRow
+from densefit.retrieval.index.engines import redacted
+from densefit.retrieval.index.filters import (
+    Comparison,
+    Logical,
+    date_seconds,
+    json_text,
+    meta_field_sql,
+    parse_filters,
+    typed_fields,
+)
+from densefit.retrieval.index.locking import LOCK_NAME, StoreLockedError
+from densefit.retrieval.index.settings import StoreRecord, VectorSettings
+
+__all__ = [
+    "CAPABILITIES",
+    "PostgresStore",
+    "Target",
+    "create",
+    "open_existing",
+    "parse_target",
+    "sql_text",
+    "where_clause",
+]
+
+CAPABILITIES = Capabilities(
+    engine="postgresql",
+    vector_kinds=("float32", "float16"),  # float16: halfvec, on servers with pgvector >= 0.7
+    backends=("hnsw", "exact"),
+    lexical="bm25 in SQL over a postings table (bm25s's tokens and scores)",
+    hybrid=True,
+    model_swap=False,
+    transactions=True,
+    crash_safe=True,  # tests/test_pgvector.py kills a writer mid-transaction
+    compaction=False,  # PostgreSQL reclaims updated and deleted rows itself (VACUUM)
+    shared=True,
+)
+DEFAULT_TABLE = "densefit"
+_TABLE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+_HALFVEC = (0, 7)  # the pgvector version that added halfvec
+_HNSW_MAX_DIM = {"float32": 2000, "float16": 4000}  # pgvector's limits for an HNSW index
+_EF_SEARCH_MIN, _EF_SEARCH_MAX = 40, 1000  # pgvector's default and largest hnsw.ef_search
+_RESET = {
+    "enable_indexscan": "RESET enable_indexscan",
+    "enable_seqscan": "RESET enable_seqscan",
+    "hnsw.ef_search": "RESET hnsw.ef_search",
+}
+_CONNECT_TIMEOUT = 10  # seconds, unless the target sets connect_timeout
+_INSTALL = "pip install 'densefit[postgres]'"
+
+
+def _psycopg():
+    """``import psycopg``, or an ImportError that says what to install."""
+    try:
+        import psycopg
+    except ImportError:
+        raise ImportError(f"PostgreSQL stores need psycopg and pgvector: {_INSTALL}") from None
+    return psycopg
+
+
+def _pgvector():
+    """pgvector's Python types and their psycopg adapters, or an ImportError saying what to
+    install."""
+    try:
+        import pgvector
+        from pgvector.psycopg import register_vector
+    except ImportError:
+        raise ImportError(f"PostgreSQL stores need psycopg and pgvector: {_INSTALL}") from None
+    return pgvector, register_vector
+
+
+def _sql():
+    return _psycopg().sql
+
+
+# -- the target ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parsed target: ``conninfo`` for libpq (the URL without the table), the ``table``,
+    and the ``location`` messages show (the password redacted)."""
+
+    conninfo: str
+    table: str
+    location: str
+
+
+def parse_target(target: str) -> Target:
+    """Split ``postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE/TABLE[?params]`` into what
+    libpq connects to and the table; StoreError (one line) for another form or a table name
+    that is not 1-41 lower-case letters, digits and ``_``."""
+    location = redacted(target)
+    parts = urlsplit(str(target))
+    if parts.scheme.lower() not in ("postgresql", "postgres"):
+        raise StoreError(
+            f"{location} is not a PostgreSQL target: write "
+            "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE/TABLE"
+        )
+    names = [unquote(name) for name in parts.path.split("/")[1:]]
+    if len(names) > 2:
+        raise StoreError(
+            f"{location}: the path names more than a database and a table: write "
+            "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE/TABLE"
+        )
+    database = names[0] if names else ""
+    table = names[1] if len(names) == 2 and names[1] else DEFAULT_TABLE
+    if not _TABLE.match(table):
+        raise StoreError(
+            f"{location}: table name {table!r} is not allowed: use 1-41 lower-case letters, "
+            "digits and '_', starting with a letter or '_' (e.g. docs_v2)"
+        )
+    path = "/" + parts.path.split("/")[1] if database else ""
+    conninfo = urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
+    return Target(conninfo, table, location)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first line of a server's message, whitespace folded."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return " ".join(lines[0].split()) if lines else type(exc).__name__
+
+
+def _connection_error(target: Target, exc: BaseException) -> StoreError:
+    """A one-line StoreError for a failed connection: what went wrong and what to do."""
+    text = str(exc)
+    detail = _one_line(exc)
+    missing = re.search(r'database "([^"]*)" does not exist', text)
+    if missing:
+        fix = f"create it (createdb {missing.group(1)}) or name another database in the target"
+    elif "password authentication failed" in text or "no password supplied" in text:
+        fix = "check the user and password in the target (postgresql://USER:PASSWORD@...)"
+    elif re.search(r'role "[^"]*" does not exist', text):
+        fix = "name an existing user in the target (postgresql://USER@...)"
+    else:
+        fix = "start the server, or fix the host, port or ?host= socket folder in the target"
+    return StoreError(f"{target.location}: cannot connect to PostgreSQL ({detail}): {fix}")
+
+
+def _connect(target: Target):
+    """A new autocommit connection with pgvector's types registered, or a one-line
+    StoreError naming the target and the fix."""
+    psycopg = _psycopg()
+    _, register_vector = _pgvector()
+    options: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
+    if "connect_timeout" not in target.conninfo:
+        options["connect_timeout"] = _CONNECT_TIMEOUT
+    try:
+        conn = psycopg.connect(target.conninfo, **options)
+    except psycopg.OperationalError as exc:
+        raise _connection_error(target, exc) from None
+    # Metadata as the embedded store writes it: values JSON cannot hold as text, no NaN.
+    psycopg.types.json.set_json_dumps(_json_dumps, context=conn)
+    try:
+        if _pgvector_version(conn) is not None:
+            register_vector(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _json_dumps(value) -> str:
+    return json.dumps(value, default=str, allow_nan=False)
+
+
+def _pgvector_version(conn) -> tuple[int, ...] | None:
+    """The version of the vector extension installed in the database (None: not installed)."""
+    row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+    if row is None:
+        return None
+    return tuple(int(part) for part in re.findall(r"\d+", row[0]))
+
+
+def _lock_key(*parts: str) -> int:
+    """A signed 64-bit advisory-lock key for ``parts`` (stable across processes)."""
+    digest = hashlib.sha256(":".join(("densefit", *parts)).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+# -- filters: the checked tree compiled to SQL over the typed fields -------------------------
+
+
+def where_clause(filters: dict):
+    """``(sql, params)``: a ``WHERE`` clause over the documents table's ``fields`` column
+    that is true exactly for the documents ``filters`` match, with the embedded store's
+    semantics (:mod:`densefit.retrieval.index.filters`); values are bound parameters, and
+    field names (checked by :func:`~densefit.retrieval.index.filters.parse_filters`) are
+    quoted literals of a JSON path. ValueError (one line) for a malformed filter.
+
+    >>> clause, params = where_clause({"field": "meta.n", "operator": "in", "value": [1, "a"]})
+    >>> sql_text(clause), params
+    ("((fields -> 'meta.n' ->> 's') = ANY(%s) OR ((fields -> 'meta.n' ->> 'n')::float8) = ANY(%s))", [['a'], [1.0]])
+    """
+    node = parse_filters(filters)
+    if node is None:
+        raise ValueError(
+            "filter {} has neither 'field' nor 'operator': a comparison needs "
+            "field/operator/value, a logical filter operator (AND, OR, NOT) and conditions"
+        )
+    params: list = []
+    return _clause(node, params), params
+
+
+def sql_text(clause) -> str:
+    """The SQL text of a composed clause (identifiers and literals quoted; no connection
+    needed), for messages and doctests."""
+    return clause.as_string()
+
+
+def _clause(node: Comparison | Logical, params: list):
+    sql = _sql()
+    if isinstance(node, Logical):
+        parts = [_clause(c, params) for c in node.conditions]
+        if node.operator == "OR":
+            return (
+                sql.SQL("({})").format(sql.SQL(" OR ").join(parts)) if parts else sql.SQL("FALSE")
+            )
+        both = sql.SQL("({})").format(sql.SQL(" AND ").join(parts)) if parts else sql.SQL("TRUE")
+        return _negate(both) if node.operator == "NOT" else both
+    operator, value = node.operator, node.value
+    if operator in ("==", "!="):
+        clause = _equal(node.field, value, params)
+        return _negate(clause) if operator == "!=" else clause
+    if operator in ("in", "not in"):
+        clause = _member(node.field, value, params)
+        return _negate(clause) if operator == "not in" else clause
+    return _ordering(node.field, operator, value, params)
+
+
+def _negate(clause):
+    """NOT of a clause whose NULLs mean false (a missing field compares as NULL)."""
+    return _sql().SQL("NOT COALESCE({}, FALSE)").format(clause)
+
+
+def _typed(field: str, part: str):
+    """The typed value ``part`` (``s`` string, ``n`` number, ``d`` date, ``j`` JSON) of a
+    document's filter field, as SQL (NULL where the field has none)."""
+    sql = _sql()
+    text = sql.SQL("(fields -> {} ->> {})").format(sql.Literal(field), sql.Literal(part))
+    if part in ("n", "d"):
+        return sql.SQL("({}::float8)").format(text)
+    return text
+
+
+def _equal(field: str, value: Any, params: list):
+    sql = _sql()
+    if value is None:  # a missing or null field has no entry
+        return sql.SQL("NOT (fields ? {})").format(sql.Literal(field))
+    if isinstance(value, (list, dict)):
+        params.append(json_text(value))
+        return sql.SQL("{} = %s").format(_typed(field, "j"))
+    if isinstance(value, (bool, int, float)):  # numbers and bools (1 == True), never strings
+        params.append(float(value))
+        return sql.SQL("{} = %s").format(_typed(field, "n"))
+    params.append(value)  # a string (parse_filters let nothing else through)
+    return sql.SQL("{} = %s").format(_typed(field, "s"))
+
+
+def _member(field: str, values: list, params: list):
+    sql = _sql()
+    strings = [v for v in values if isinstance(v, str)]
+    numbers = [float(v) for v in values if isinstance(v, (bool, int, float))]
+    others = [v for v in values if not isinstance(v, (str, bool, int, float))]
+    parts = []
+    if strings:
+        params.append(strings)
+        parts.append(sql.SQL("{} = ANY(%s)").format(_typed(field, "s")))
+    if numbers:
+        params.append(numbers)
+        parts.append(sql.SQL("{} = ANY(%s)").format(_typed(field, "n")))
+    parts += [_equal(field, v, params) for v in others]
+    return sql.SQL("({})").format(sql.SQL(" OR ").join(parts)) if parts else sql.SQL("FALSE")
+
+
+def _ordering(field: str, operator: str, value: Any, params: list):
+    sql = _sql()
+    if value is None:
+        return sql.SQL("FALSE")  # Haystack: None is not ordered
+    if isinstance(value, str):  # an ISO date: documents whose value is a date string
+        params.append(date_seconds(value, f"{field} {operator}"))
+        part = "d"
+    else:
+        params.append(float(value))  # numbers and bools (1 and 0)
+        part = "n"
+    return sql.SQL("{} {} %s").format(_typed(field, part), sql.SQL(operator))
+
+
+# -- the store ------------------------------------------------------------------------------
+
+
+def _locked(method):
+    """Serialise calls on one store object (its connection is shared by a server's threads)."""
+
+    @wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
+class _Names:
+    """The tables, sequence and indexes of one store, as SQL identifiers."""
+
+    def __init__(self, table: str):
+        sql = _sql()
+        self.table = table
+        self.docs = sql.Identifier(table)
+        self.postings = sql.Identifier(f"{table}_postings")
+        self.stats = sql.Identifier(f"{table}_stats")
+        self.record = sql.Identifier(f"{table}_record")
+        self.seq_name = f"{table}_seq"
+        self.seq = sql.Identifier(self.seq_name)
+        self.hnsw = sql.Identifier(f"{table}_hnsw")
+
+    def index(self, suffix: str):
+        return _sql().Identifier(f"{self.table}_{suffix}")
+
+
+class PostgresStore(DatabaseStore):
+    """A densefit store in a PostgreSQL table (see the module docstring); get one from
+    :func:`~densefit.retrieval.index.engines.open_store` with a ``postgresql://`` target.
+
+    >>> from densefit.testing import tiny_model
+    >>> from densefit.retrieval.index.engines import open_store
+    >>> store = open_store("postgresql://me@db/search/docs", tiny_model())  # doctest: +SKIP
+    >>> store.capabilities.engine  # doctest: +SKIP
+    'postgresql'
+    """
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, target: Target, conn, *, backend: str, rescore: int | None = None):
+        super().__init__()
+        self.location = target.location
+        self._target = target
+        self._conn = conn
+        self._names = _Names(target.table)
+        self.backend_name = backend
+        self._write_key = _lock_key(target.table, "write")
+        self._meta: dict[str, str] = {}
+        self._read_record()
+        self.pgvector_version = _pgvector_version(conn)
+        kind = self._record.vector_kind
+        if kind not in CAPABILITIES.vector_kinds:
+            raise StoreError(
+                f"{self.location}: the table holds {kind} vectors, which this densefit does "
+                f"not read from PostgreSQL ({', '.join(CAPABILITIES.vector_kinds)})"
+            )
+        _check_rescore(rescore, kind, self.location)
+
+    # -- connection and transactions ------------------------------------------------------
+
+    def _connection(self):
+        if self._conn is None:
+            raise StoreError(f"{self.location}: the store is closed")
+        if self._conn.closed:  # lost (the server restarted): connect again
+            self._conn = _connect(self._target)
+        return self._conn
+
+    @contextmanager
+    def _snapshot(self) -> Iterator:
+        """A cursor reading one consistent snapshot (REPEATABLE READ), or in the transaction
+        already open (a search's parts read the same state)."""
+        psycopg = _psycopg()
+        conn = self._connection()
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            with conn.cursor(binary=True) as cur:
+                yield cur
+            return
+        with self._errors(), conn.transaction(), conn.cursor(binary=True) as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield cur
+
+    @contextmanager
+    def _writing(self) -> Iterator:
+        """A cursor in a write transaction holding the table's write lock (writers one at a
+        time, so the counts stay exact); committed when the block ends, else rolled back."""
+        with self._lock:
+            conn = self._connection()
+            with self._errors(), conn.transaction(), conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._write_key,))
+                yield cur
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """The server's errors as one-line StoreErrors naming the store."""
+        psycopg = _psycopg()
+        try:
+            yield
+        except psycopg.OperationalError as exc:
+            raise StoreError(
+                f"{self.location}: PostgreSQL failed ({_one_line(exc)}): check that the server "
+                "is running; the store connects again at its next call"
+            ) from None
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.location}: PostgreSQL refused ({_one_line(exc)})") from None
+
+    # -- the record ------------------------------------------------------------------------
+
+    def _read_record(self) -> None:
+        with self._snapshot() as cur:
+            cur.execute(_sql().SQL("SELECT key, value FROM {}").format(self._names.record))
+            meta = dict(cur.fetchall())
+        if meta == self._meta:
+            return
+        record = StoreRecord.from_meta(meta, self.location)
+        if self._meta and (
+            meta.get("model_name") != self._meta.get("model_name")
+            or meta.get("fingerprint") != self._meta.get("fingerprint")
+        ):
+            self._checked.clear()
+        self._meta, self._record = meta, record
+
+    def _refresh(self) -> None:
+        """Re-read the record (another process may have changed the settings)."""
+        self._read_record()
+
+    def _save_settings(self, settings: VectorSettings) -> None:
+        sql = _sql()
+        upsert = sql.SQL(
+            "INSERT INTO {} (key, value) VALUES (%s, %s) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+        ).format(self._names.record)
+        with self._writing() as cur:
+            cur.executemany(upsert, list(settings.to_meta().items()))
+        self._read_record()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @_locked
+    def count(self) -> int:
+        """The number of documents."""
+        with self._snapshot() as cur:
+            cur.execute(_sql().SQL("SELECT documents FROM {}").format(self._names.stats))
+            return int(cur.fetchone()[0])
+
+    @_locked
+    def count_matching(self, filters: dict | None = None) -> int:
+        """How many documents match ``filters`` (all of them for None or ``{}``)."""
+        where, params = self._where_or_all(filters)
+        query = _sql().SQL("SELECT count(*) FROM {} WHERE {}").format(self._names.docs, where)
+        with self._snapshot() as cur:
+            return int(cur.execute(query, params).fetchone()[0])
+
+    @_locked
+    def get(self, ids: Sequence[str]) -> list[Document | None]:
+        """The documents with these ids, None where an id is unknown."""
+        ids = list(ids)
+        query = _sql().SQL("SELECT id, text, title, meta FROM {} WHERE id = ANY(%s)")
+        with self._snapshot() as cur:
+            rows = cur.execute(query.format(self._names.docs), (ids,)).fetchall()
+        found = {i: Document(i, text, title, meta) for i, text, title, meta in rows}
+        return [found.get(i) for i in ids]
+
+    @_locked
+    def hashes(self, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """``{id: (text hash, meta hash)}`` of the stored ids."""
+        query = _sql().SQL("SELECT id, text_hash, meta_hash FROM {} WHERE id = ANY(%s)")
+        with self._snapshot() as cur:
+            rows = cur.execute(query.format(self._names.docs), (list(ids),)).fetchall()
+        return {i: (th, mh) for i, th, mh in rows}
+
+    @_locked
+    def _ids_after(self, last: str, limit: int) -> list[str]:
+        query = _sql().SQL("SELECT id FROM {} WHERE id > %s ORDER BY id LIMIT %s")
+        with self._snapshot() as cur:
+            return [i for (i,) in cur.execute(query.format(self._names.docs), (last, limit))]
+
+    def _float32_embedding(self):
+        """SQL for a row's embedding as float32 (``vector``)."""
+        sql = _sql()
+        if self._record.vector_kind == "float16":
+            return sql.SQL("embedding::vector({})").format(sql.Literal(self._record.dim))
+        return sql.SQL("embedding")
+
+    @_locked
+    def vectors(self, ids: Sequence[str]) -> np.ndarray:
+        """The stored float32 embeddings of ``ids`` (KeyError for an unknown id)."""
+        ids = list(ids)
+        query = _sql().SQL("SELECT id, {} FROM {} WHERE id = ANY(%s)")
+        with self._snapshot() as cur:
+            query = query.format(self._float32_embedding(), self._names.docs)
+            found = {i: v.to_numpy() for i, v in cur.execute(query, (ids,))}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise KeyError(f"{len(missing)} ids are not in the store, e.g. {missing[:3]}")
+        if not ids:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([found[i] for i in ids]).astype(np.float32)
+
+    @_locked
+    def vectors_for_texts(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:
+        """A current (not stale) stored vector per text hash, the earliest written."""
+        query = _sql().SQL(
+            "SELECT DISTINCT ON (text_hash) text_hash, {} FROM {} "
+            "WHERE text_hash = ANY(%s) AND NOT stale ORDER BY text_hash, seq"
+        )
+        with self._snapshot() as cur:
+            query = query.format(self._float32_embedding(), self._names.docs)
+            rows = cur.execute(query, (list(set(hashes)),)).fetchall()
+        return {h: v.to_numpy().astype(np.float32) for h, v in rows}
+
+    @_locked
+    def filter_documents(self, filters: dict | None = None) -> list[Document]:
+        """The documents matching ``filters``, in the order they were written (an updated
+        document counts as written last)."""
+        where, params = self._where_or_all(filters)
+        query = _sql().SQL("SELECT id, text, title, meta FROM {} WHERE {} ORDER BY seq")
+        with self._snapshot() as cur:
+            rows = cur.execute(query.format(self._names.docs, where), params).fetchall()
+        return [Document(i, text, title, meta) for i, text, title, meta in rows]
+
+    @_locked
+    def index_meta_field(self, field: str) -> None:
+        """Expression indexes on the metadata field ``field`` (``"meta.lang"``): its string
+        and its number, which ``==``, ``in`` and ``>``-style filters compare. Idempotent."""
+        meta_field_sql(field)  # the name checked as filters check theirs
+        sql = _sql()
+        name = hashlib.sha256(field.encode("utf-8")).hexdigest()[:12]
+        with self._writing() as cur:
+            for part in ("s", "n"):
+                cur.execute(
+                    sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (({}))").format(
+                        self._names.index(f"f{name}{part}"), self._names.docs, _typed(field, part)
+                    )
+                )
+
+    # -- stale vectors (--reembed) -----------------------------------------------------------
+
+    def _mark_stale(self) -> None:
+        with self._writing() as cur:
+            cur.execute(_sql().SQL("UPDATE {} SET stale = TRUE").format(self._names.docs))
+
+    @_locked
+    def _stale(self, ids: list[str] | None) -> list[str]:
+        sql = _sql()
+        query = sql.SQL("SELECT id FROM {} WHERE stale").format(self._names.docs)
+        params: list = []
+        if ids is not None:
+            query = sql.SQL("{} AND id = ANY(%s)").format(query)
+            params.append(list(ids))
+        with self._snapshot() as cur:
+            rows = cur.execute(sql.SQL("{} ORDER BY seq").format(query), params).fetchall()
+        return [i for (i,) in rows]
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _upsert(self, rows: list[StoredRow], vectors: np.ndarray) -> set[str]:
+        """Delete the documents' old rows and postings, COPY the new ones in with new
+        ``seq`` values, update the counts: one transaction."""
+        sql, names = _sql(), self._names
+        documents = [r.document for r in rows]
+        ids = [d.id for d in documents]
+        texts = [_checked_text(d) for d in documents]
+        metas = [_checked_meta(d) for d in documents]
+        postings, lengths = _postings(texts)
+        embeddings = self._vectors_for_copy(vectors)
+        embedding_type = "halfvec" if self._record.vector_kind == "float16" else "vector"
+        with self._writing() as cur:
+            cur.execute(
+                sql.SQL("DELETE FROM {} WHERE id = ANY(%s) RETURNING id, seq, length").format(
+                    names.docs
+                ),
+                (ids,),
+            )
+            old = cur.fetchall()
+            if old:
+                cur.execute(
+                    sql.SQL("DELETE FROM {} WHERE seq = ANY(%s)").format(names.postings),
+                    ([seq for _, seq, _ in old],),
+                )
+            cur.execute(
+                "SELECT nextval(%s::regclass) FROM generate_series(1, %s)",
+                (names.seq_name, len(rows)),
+            )
+            seqs = sorted(s for (s,) in cur.fetchall())
+            copy = sql.SQL(
+                "COPY {} (id, seq, text, title, meta, fields, text_hash, meta_hash, length, "
+                "embedding) FROM STDIN (FORMAT BINARY)"
+            ).format(names.docs)
+            with cur.copy(copy) as writer:
+                writer.set_types(
+                    ["text", "int8", "text", "text", "jsonb", "jsonb", "text", "text", "int4"]
+                    + [embedding_type]
+                )
+                for i, row in enumerate(rows):
+                    writer.write_row(
+                        (
+                            row.document.id,
+                            seqs[i],
+                            texts[i],
+                            row.document.title or "",
+                            metas[i],
+                            row.fields,
+                            row.text_hash,
+                            row.meta_hash,
+                            int(lengths[i]),
+                            embeddings[i],
+                        )
+                    )
+            positions, tokens, tfs = postings
+            if tokens:
+                doc_seqs = np.asarray(seqs, dtype=np.int64)[positions]
+                cur.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (token, seq, tf, length) "
+                        "SELECT * FROM unnest(%s::text[], %s::int8[], %s::int4[], %s::int4[])"
+                    ).format(names.postings),
+                    (tokens, doc_seqs.tolist(), tfs, lengths[positions].tolist()),
+                )
+            cur.execute(
+                sql.SQL("UPDATE {} SET documents = documents + %s, tokens = tokens + %s").format(
+                    names.stats
+                ),
+                (len(rows) - len(old), int(lengths.sum()) - sum(n for _, _, n in old)),
+            )
+        return {doc_id for doc_id, _, _ in old}
+
+    def _vectors_for_copy(self, vectors: np.ndarray) -> list:
+        """The rows of ``vectors`` as pgvector's types for a binary COPY."""
+        pgvector, _ = _pgvector()
+        if self._record.vector_kind == "float16":
+            return [pgvector.HalfVector(v) for v in vectors]
+        return [pgvector.Vector(v) for v in vectors]
+
+    def write_metadata(self, documents: Sequence[Document]) -> int:
+        """Replace title and metadata of stored documents (their text, vector and place in
+        the write order stay); returns how many were stored."""
+        psycopg = _psycopg()
+        rows = []
+        for doc in documents:
+            fields = typed_fields(doc.id, "", doc.title or "", doc.meta or {})
+            del fields["content"]  # the stored text's entry stays
+            rows.append(
+                (
+                    doc.title or "",
+                    psycopg.types.json.Jsonb(_checked_meta(doc)),
+                    StoredRow.of(doc).meta_hash,
+                    psycopg.types.json.Jsonb(fields),
+                    doc.id,
+                )
+            )
+        query = _sql().SQL(
+            "UPDATE {} SET title = %s, meta = %s, meta_hash = %s, "
+            "fields = jsonb_build_object('content', fields -> 'content') || %s WHERE id = %s"
+        )
+        changed = 0
+        with self._writing() as cur:
+            for row in rows:
+                cur.execute(query.format(self._names.docs), row)
+                changed += cur.rowcount
+        return changed
+
+    def delete(self, ids: Iterable[str]) -> int:
+        """Delete documents by id in one transaction; returns how many existed."""
+        sql, names = _sql(), self._names
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return 0
+        with self._writing() as cur:
+            cur.execute(
+                sql.SQL("DELETE FROM {} WHERE id = ANY(%s) RETURNING seq, length").format(
+                    names.docs
+                ),
+                (ids,),
+            )
+            gone = cur.fetchall()
+            if gone:
+                cur.execute(
+                    sql.SQL("DELETE FROM {} WHERE seq = ANY(%s)").format(names.postings),
+                    ([seq for seq, _ in gone],),
+                )
+                cur.execute(
+                    sql.SQL(
+                        "UPDATE {} SET documents = documents - %s, tokens = tokens - %s"
+                    ).format(names.stats),
+                    (len(gone), sum(n for _, n in gone)),
+                )
+        return len(gone)
+
+    def writer_lock(
+        self, timeout: float | None = None, *, name: str | None = None, doing: str | None = None
+    ) -> AbstractContextManager:
+        """Hold the store's lock ``name`` (the writer lock by default) across processes and
+        servers: a PostgreSQL advisory lock on a connection of its own, dropped by the
+        server when its holder exits, killed or not. Waits up to ``timeout`` seconds (None:
+        for ever), saying once for whom; :class:`~densefit.retrieval.index.locking.
+        StoreLockedError` after that."""
+        return _advisory_lock(
+            self._target,
+            timeout=timeout,
+            name=name or LOCK_NAME,
+            doing=doing or "writing to this store",
+        )
+
+    # -- searching -------------------------------------------------------------------------
+
+    def search(self, *args, **kwargs) -> list[list[SearchHit]]:
+        with self._lock, self._snapshot():
+            return super().search(*args, **kwargs)
+
+    search.__doc__ = DatabaseStore.search.__doc__
+
+    def _where(self, filters: dict):
+        return where_clause(filters)
+
+    def _where_or_all(self, filters: dict | None):
+        if parse_filters(filters) is None:
+            return _sql().SQL("TRUE"), []
+        return where_clause(filters)
+
+    def _dense(self, queries: np.ndarray, k: int, where) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The best ``k`` rows per query by inner product: the HNSW index (``backend="hnsw"``,
+        no filter, ``k`` within ``hnsw.ef_search``'s range) or a scan of the (matching) rows."""
+        sql = _sql()
+        pgvector, _ = _pgvector()
+        half = self._record.vector_kind == "float16"
+        exact = (
+            self.backend_name == "exact"
+            or where is not None
+            or k > _EF_SEARCH_MAX
+            or self._record.dim > _HNSW_MAX_DIM[self._record.vector_kind]
+        )
+        clause, params = where if where is not None else (sql.SQL("TRUE"), [])
+        score = sql.SQL("{} <#> %s").format(self._float32_embedding())
+        if exact:
+            order = sql.SQL("{}, seq").format(score)
+        elif half:  # the index's operator: halfvec with halfvec
+            order = sql.SQL("embedding <#> %s")
+        else:
+            order = score
+        query = sql.SQL("SELECT seq, {} FROM {} WHERE {} ORDER BY {} LIMIT %s").format(
+            score, self._names.docs, clause, order
+        )
+        results = []
+        with self._snapshot() as cur:
+            settings = (
+                [("enable_indexscan", "off")]
+                if exact
+                else [("enable_seqscan", "off"), ("hnsw.ef_search", str(max(k, _EF_SEARCH_MIN)))]
+            )
+            for name, value in settings:
+                cur.execute("SELECT set_config(%s, %s, TRUE)", (name, value))
+            for q in queries:
+                vector = pgvector.Vector(q)
+                ordered = pgvector.HalfVector(q) if half and not exact else vector
+                rows = cur.execute(query, [vector, *params, ordered, k]).fetchall()
+                rows.sort(key=lambda row: (row[1], row[0]))  # ties in write order
+                keys = np.array([seq for seq, _ in rows], dtype=np.int64)
+                scores = -np.array([d for _, d in rows], dtype=np.float64)
+                results.append((keys, scores.astype(np.float32)))
+            for name, _ in settings:  # BM25 and the hits read on in this transaction
+                cur.execute(_RESET[name])
+        return results
+
+    def _lexical(self, texts: list[str], k: int, where) -> list[tuple[np.ndarray, np.ndarray]]:
+        """BM25 of each text among the (matching) documents, computed from the postings in
+        one query: bm25s's "lucene" scores, each (document, token) score rounded to float32
+        as bm25s stores it, ties in write order; documents sharing no token are left out."""
+        sql, names = _sql(), self._names
+        if where is None:
+            source = sql.SQL("{} p").format(names.postings)
+        else:
+            clause, _ = where
+            source = sql.SQL("{} p JOIN {} d ON d.seq = p.seq AND {}").format(
+                names.postings, names.docs, clause
+            )
+        query = sql.SQL(
+            "WITH q(token, n) AS (SELECT * FROM unnest(%s::text[], %s::int4[])), "
+            "s AS (SELECT documents::float8 AS n, tokens::float8 / NULLIF(documents, 0) AS avgdl "
+            "FROM {stats}), "
+            "w AS (SELECT q.token, q.n, ln(1 + (s.n - df.df + 0.5) / (df.df + 0.5))::float4 AS idf "
+            "FROM q JOIN (SELECT token, count(*)::float8 AS df FROM {postings} "
+            "WHERE token = ANY(%s::text[]) GROUP BY token) df USING (token) CROSS JOIN s) "
+            "SELECT p.seq, sum(w.n * (w.idf::float8 * (p.tf / "
+            "(p.tf + %s * (1 - %s + %s * p.length / s.avgdl))))::float4::float8)::float4 AS score "
+            "FROM {source} JOIN w ON w.token = p.token CROSS JOIN s "
+            "GROUP BY p.seq ORDER BY score DESC, p.seq LIMIT %s"
+        ).format(stats=names.stats, postings=names.postings, source=source)
+        where_params = [] if where is None else where[1]
+        results = []
+        with self._snapshot() as cur:
+            for tokens in tokenize(texts):
+                counts: dict[str, int] = {}
+                for token in tokens:
+                    counts[token] = counts.get(token, 0) + 1
+                if not counts:
+                    results.append((np.zeros(0, np.int64), np.zeros(0, np.float32)))
+                    continue
+                unique = list(counts)
+                params = [unique, [counts[t] for t in unique], unique, K1, B, B]
+                rows = cur.execute(query, [*params, *where_params, k]).fetchall()
+                keys = np.array([seq for seq, _ in rows], dtype=np.int64)
+                results.append((keys, np.array([s for _, s in rows], dtype=np.float32)))
+        return results
+
+    def _hits(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[SearchHit]]:
+        seqs = sorted({int(s) for keys, _ in ranked for s in keys})
+        query = _sql().SQL("SELECT seq, id, text, title, meta FROM {} WHERE seq = ANY(%s)")
+        with self._snapshot() as cur:
+            rows = cur.execute(query.format(self._names.docs), (seqs,)).fetchall()
+        docs = {seq: rest for seq, *rest in rows}
+        results = []
+        for keys, scores in ranked:
+            hits = []
+            for seq, score in zip(keys.tolist(), np.asarray(scores).tolist(), strict=True):
+                if seq not in docs:
+                    continue
+                doc_id, text, title, meta = docs[seq]
+                hits.append(SearchHit(doc_id, float(score), len(hits) + 1, text, title, meta))
+            results.append(hits)
+        return results
+
+    # -- closing ---------------------------------------------------------------------------
+
+    @_locked
+    def close(self) -> None:
+        """Close the connection (idempotent); documents are durable once written."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __repr__(self) -> str:
+        return (
+            f"PostgresStore({self.location!r}, model={self.model_name!r}, dim={self.dim}, "
+            f"backend={self.backend_name!r})"
+        )
+
+
+def _checked_text(document: Document) -> str:
+    """The document's text, or an error naming it where PostgreSQL cannot store it."""
+    for name, value in (("id", document.id), ("text", document.text), ("title", document.title)):
+        if value and "\x00" in value:
+            raise ValueError(
+                f"document {document.id!r}: its {name} holds a NUL character, which "
+                "PostgreSQL text cannot store: remove it"
+            )
+    return document.text
+
+
+def _checked_meta(document: Document) -> dict:
+    """The metadata as the embedded store keeps it (values JSON cannot hold as text), or an
+    error naming the document where JSONB cannot store it (NaN, infinities, NUL)."""
+    try:
+        text = _json_dumps(document.meta or {})
+    except ValueError:
+        raise ValueError(
+            f"document {document.id!r}: its metadata holds NaN or an infinite number, which "
+            "JSON cannot store: use null or a finite number"
+        ) from None
+    if "\\u0000" in text:
+        raise ValueError(
+            f"document {document.id!r}: its metadata holds a NUL character, which PostgreSQL "
+            "JSONB cannot store: remove it"
+        )
+    return json.loads(text)
+
+
+def _postings(texts: list[str]) -> tuple[tuple[np.ndarray, list[str], list[int]], np.ndarray]:
+    """``((document positions, tokens, term frequencies), lengths)``: one posting per
+    (document, token) of ``texts`` with bm25s's tokens, and each text's token count."""
+    tokens = Tokens.of(texts)
+    lengths = np.diff(tokens.indptr)
+    if len(tokens.ids) == 0:
+        return (np.zeros(0, np.int64), [], []), lengths
+    vocab = len(tokens.vocab)
+    docs = np.repeat(np.arange(len(texts), dtype=np.int64), lengths)
+    pairs, tf = np.unique(docs * vocab + tokens.ids, return_counts=True)
+    words = np.array(tokens.vocab, dtype=object)[pairs % vocab].tolist()
+    return (pairs // vocab, words, tf.tolist()), lengths
+
+
+def _check_rescore(rescore: int | None, kind: str, location: str) -> None:
+    if rescore is not None:
+        raise StoreError(
+            f"{location}: rescore applies to int8 and binary stores; this store holds {kind} "
+            "vectors, searched as they are: leave --rescore out"
+        )
+
+
+def _check_backend(backend, location: str) -> str:
+    if backend is None:
+        return CAPABILITIES.backends[0]
+    if backend not in CAPABILITIES.backends:
+        raise CapabilityError(
+            f"{location}: PostgreSQL searches by backend 'hnsw' (its HNSW index) or 'exact' "
+            f"(a scan of every row), not {backend!r}"
+        )
+    return backend
+
+
+@contextmanager
+def _advisory_lock(target: Target, *, timeout: float | None, name: str, doing: str):
+    """A session-level advisory lock keyed by the table and ``name``, on a connection of
+    its own whose application name says who holds it."""
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"lock_timeout must be >= 0 seconds (None: no limit), got {timeout!r}")
+    key = _lock_key(target.table, name)
+    conn = _connect(target)
+    try:
+        holder_name = (
+            f"densefit pid {os.getpid()} on {socket.gethostname()} since "
+            f"{time.strftime('%H:%M:%S')}"
+        )[:63]
+        conn.execute("SELECT set_config('application_name', %s, FALSE)", (holder_name,))
+        if not _try_lock(conn, key):
+            holder = _holder(conn, key)
+            limit = "" if timeout is None else f" (up to {timeout:g}s)"
+            print(
+                f"{target.location}: another process is {doing} ({holder}); "
+                f"waiting for it to finish{limit}",
+                file=sys.stderr,
+                flush=True,
+            )
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not _try_lock(conn, key):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise StoreLockedError(
+                        f"{target.location}: another process ({holder}) is still {doing} "
+                        f"after {timeout:g}s: wait for it to finish, or raise --lock-timeout"
+                    )
+                time.sleep(0.1)
+        yield
+    finally:
+        conn.close()  # the server drops the lock with the session
+
+
+def _try_lock(conn, key: int) -> bool:
+    return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0])
+
+
+def _holder(conn, key: int) -> str:
+    """Who holds the advisory lock ``key``: its connection's application name."""
+    row = conn.execute(
+        "SELECT a.application_name, a.client_addr::text, a.pid FROM pg_locks l "
+        "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+        "AND l.classid::int8 = %s AND l.objid::int8 = %s AND l.objsubid = 1",
+        ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
+    ).fetchone()
+    if row is None:
+        return "unknown"
+    application, address, pid = row
+    return application or f"server process {pid}" + (f" for {address}" if address else "")
+
+
+# -- the engine's functions (densefit.retrieval.index.engines) ---------------------------------
+
+
+def open_existing(
+    target: str,
+    *,
+    backend: str | None = None,
+    rescore: int | None = None,
+    lock_timeout: float | None = None,
+) -> PostgresStore | None:
+    """The store in the target's table; None when the database holds none there;
+    StoreError when the table exists but is not a densefit store, or the server cannot be
+    reached."""
+    parsed = parse_target(target)
+    backend = _check_backend(backend, parsed.location)
+    conn = _connect(parsed)
+    try:
+        names = _Names(parsed.table)
+        if _exists(conn, f"{parsed.table}_record"):
+            return PostgresStore(parsed, conn, backend=backend, rescore=rescore)
+        if _exists(conn, parsed.table):
+            raise StoreError(
+                f"{parsed.location}: table {names.table} exists and is not a densefit store: "
+                "name another table in the target (postgresql://.../DATABASE/TABLE)"
+            )
+    except BaseException:
+        conn.close()
+        raise
+    conn.close()
+    return None
+
+
+def _exists(conn, relation: str) -> bool:
+    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (relation,)).fetchone()[0]
+
+
+def create(
+    target: str,
+    record: StoreRecord,
+    *,
+    backend: str | None = None,
+    rescore: int | None = None,
+    lock_timeout: float | None = None,
+) -> PostgresStore:
+    """A new store in the target's table for ``record``'s vectors: the tables, the HNSW
+    index and the record made in one transaction under a database-wide advisory lock
+    (waiting up to ``lock_timeout`` seconds), so that concurrent creators make it once; a
+    store another process created meanwhile is opened instead."""
+    parsed = parse_target(target)
+    backend = _check_backend(backend, parsed.location)
+    _check_rescore(rescore, record.vector_kind, parsed.location)
+    if record.vector_kind not in CAPABILITIES.vector_kinds:
+        raise CapabilityError(
+            f"{parsed.location}: PostgreSQL stores hold {' or '.join(CAPABILITIES.vector_kinds)} "
+            f"vectors, not {record.vector_kind}"
+        )
+    psycopg = _psycopg()
+    conn = _connect(parsed)
+    try:
+        registered = _pgvector_version(conn) is not None  # _connect registered its types
+        try:
+            with conn.transaction():
+                if lock_timeout is not None:
+                    conn.execute(
+                        "SELECT set_config('lock_timeout', %s, TRUE)",
+                        (f"{max(1, int(lock_timeout * 1000))}ms",),
+                    )
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("create"),))
+                _create_tables(conn, parsed, record)
+        except psycopg.errors.LockNotAvailable:
+            raise StoreLockedError(
+                f"{parsed.location}: another process is still creating a store after "
+                f"{lock_timeout:g}s: wait for it to finish, or raise --lock-timeout"
+            ) from None
+        if not registered:  # the extension is new: register its types on a new connection
+            conn.close()
+            conn = _connect(parsed)
+        return PostgresStore(parsed, conn, backend=backend, rescore=rescore)
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _create_tables(conn, target: Target, record: StoreRecord) -> None:
+    """Create the store's tables inside the caller's transaction (nothing when another
+    process created them first)."""
+    psycopg = _psycopg()
+    sql = psycopg.sql
+    names = _Names(target.table)
+    if _exists(conn, f"{target.table}_record"):
+        return
+    if _exists(conn, target.table):
+        raise StoreError(
+            f"{target.location}: table {target.table} exists and is not a densefit store: "
+            "name another table in the target (postgresql://.../DATABASE/TABLE)"
+        )
+    version = _pgvector_version(conn)
+    if version is None:
+        try:
+            with conn.transaction():
+                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"{target.location}: the database has no pgvector and this user cannot add it "
+                f"({_one_line(exc)}): install pgvector on the server and run CREATE EXTENSION "
+                "vector in the database as its owner"
+            ) from None
+        version = _pgvector_version(conn)
+    kind, dim = record.vector_kind, int(record.dim)
+    if kind == "float16" and version < _HALFVEC:
+        raise CapabilityError(
+            f"{target.location}: the server's pgvector {'.'.join(map(str, version))} has no "
+            "halfvec type (0.7 added it): store float32 vectors, or upgrade pgvector"
+        )
+    vector_type = sql.SQL("{}({})").format(
+        sql.SQL("halfvec" if kind == "float16" else "vector"), sql.Literal(dim)
+    )
+    statements = [
+        sql.SQL("CREATE SEQUENCE {}").format(names.seq),
+        sql.SQL(
+            'CREATE TABLE {} (id text COLLATE "C" PRIMARY KEY, seq int8 NOT NULL, '
+            "text text NOT NULL, title text NOT NULL, meta jsonb NOT NULL, "
+            "fields jsonb NOT NULL, text_hash text NOT NULL, meta_hash text NOT NULL, "
+            "stale boolean NOT NULL DEFAULT FALSE, length int4 NOT NULL, "
+            "embedding {} NOT NULL)"
+        ).format(names.docs, vector_type),
+        sql.SQL("CREATE UNIQUE INDEX {} ON {} (seq)").format(names.index("by_seq"), names.docs),
+        sql.SQL("CREATE INDEX {} ON {} (text_hash)").format(names.index("text_hash"), names.docs),
+        sql.SQL(
+            'CREATE TABLE {} (token text COLLATE "C" NOT NULL, seq int8 NOT NULL, '
+            "tf int4 NOT NULL, length int4 NOT NULL, PRIMARY KEY (token, seq))"
+        ).format(names.postings),
+        sql.SQL("CREATE INDEX {} ON {} (seq)").format(names.index("postings_seq"), names.postings),
+        sql.SQL(
+            "CREATE TABLE {} (one boolean PRIMARY KEY DEFAULT TRUE CHECK (one), "
+            "documents int8 NOT NULL, tokens int8 NOT NULL)"
+        ).format(names.stats),
+        sql.SQL("INSERT INTO {} (documents, tokens) VALUES (0, 0)").format(names.stats),
+        sql.SQL("CREATE TABLE {} (key text PRIMARY KEY, value text NOT NULL)").format(names.record),
+    ]
+    if dim <= _HNSW_MAX_DIM[kind]:
+        ops = sql.SQL("halfvec_ip_ops" if kind == "float16" else "vector_ip_ops")
+        statements.append(
+            sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding {})").format(
+                names.hnsw, names.docs, ops
+            )
+        )
+    for statement in statements:
+        conn.execute(statement)
+    with conn.cursor() as cur:
+        cur.executemany(
+            sql.SQL("INSERT INTO {} (key, value) VALUES (%s, %s)").format(names.record),
+            list(record.to_meta().items()),
+        )

@@ -1,0 +1,92 @@
+"""A real PostgreSQL server with pgvector for tests, started in a folder and stopped after.
+
+:func:`postgres_server` starts one with pgserver (``pip install pgserver``: PostgreSQL and
+pgvector in a wheel, nothing else to install), or uses the server named by the
+``DENSEFIT_TEST_POSTGRES`` environment variable (a ``postgresql://`` URI of a database
+where pgvector is available; nothing is started or stopped then). Inside pytest, a missing
+pgserver or a server that cannot start skips the tests that need it, saying why.
+:func:`postgres_target` names a table in it for :func:`~densefit.retrieval.index.engines.
+open_store`::
+
+    with postgres_server(tmp_path) as uri:
+        store = open_store(postgres_target(uri, "docs"), model)
+
+>>> postgres_target("postgresql://postgres:@/postgres?host=/tmp/pg", "docs")
+'postgresql://postgres:@/postgres/docs?host=/tmp/pg'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = ["ENV", "postgres_server", "postgres_target"]
+
+ENV = "DENSEFIT_TEST_POSTGRES"
+
+
+def _skip(reason: str):
+    """Skip the test (inside pytest) or fail with ``reason`` (anywhere else)."""
+    try:
+        import pytest
+    except ImportError:
+        raise RuntimeError(reason) from None
+    pytest.skip(reason)
+
+
+@contextmanager
+def postgres_server(folder: str | os.PathLike) -> Iterator[str]:
+    """A PostgreSQL server with the vector extension created in its ``postgres`` database,
+    its data in ``folder/pgdata``; yields its URI (a Unix socket in ``folder``) and stops the
+    server when the block ends. ``DENSEFIT_TEST_POSTGRES`` names a running server instead.
+    """
+    given = os.environ.get(ENV)
+    if given:
+        _create_extension(given)
+        yield given
+        return
+    try:
+        import pgserver
+    except ImportError:
+        _skip(f"pgserver is not installed (pip install pgserver), and {ENV} names no server")
+    data = Path(folder) / "pgdata"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        server = pgserver.get_server(data, cleanup_mode="stop")
+    except Exception as exc:  # noqa: BLE001 - any failure to start is a reason to skip
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        _skip(f"the PostgreSQL server of pgserver did not start in {data}: {detail}")
+    try:
+        uri = server.get_uri()
+        _create_extension(uri, throwaway=True)
+        yield uri
+    finally:
+        server.cleanup()
+
+
+def _create_extension(uri: str, *, throwaway: bool = False) -> None:
+    """``CREATE EXTENSION vector``; on a ``throwaway`` server (its data deleted after the
+    tests) commits are not flushed to disk: the tests kill clients, never the server."""
+    try:
+        import psycopg
+    except ImportError:
+        _skip("psycopg is not installed: pip install 'densefit[postgres]'")
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        if throwaway:
+            conn.execute("ALTER SYSTEM SET fsync = off")
+            conn.execute("ALTER SYSTEM SET synchronous_commit = off")
+            conn.execute("ALTER SYSTEM SET full_page_writes = off")
+            conn.execute("SELECT pg_reload_conf()")
+
+
+def postgres_target(uri: str, table: str) -> str:
+    """The store target of ``table`` in the database of the server URI ``uri``."""
+    parts = urlsplit(uri)
+    database = parts.path.strip("/") or parts.username or "postgres"  # libpq's default
+    return urlunsplit(
+        (parts.scheme, parts.netloc, f"/{database}/{table}", parts.query, parts.fragment)
+    )

@@ -1,0 +1,584 @@
+"""The PostgreSQL engine against a real server (pgserver, started for the session and stopped
+after: the ``postgres_uri`` fixture): filters equal to the embedded store's on the shared
+filter table and on random filters, BM25 equal to a fresh Bm25Index, hybrid equal to the
+fusion of both rankings, exact search equal to the embedded store's, HNSW recall, the model
+record, two store objects sharing a table, locks, crashes and errors.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+import traceback
+import uuid
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+pytest.importorskip("psycopg", reason="psycopg is not installed (densefit[postgres])")
+pytest.importorskip("pgvector", reason="pgvector is not installed (densefit[postgres])")
+
+import psycopg  # noqa: E402
+import test_filters  # noqa: E402 - a sibling test module: the shared filter table
+import torch  # noqa: E402
+from test_filters import METAS, _random_filter, _random_value  # noqa: E402
+
+from densefit.data.types import Document  # noqa: E402
+from densefit.models import load_model  # noqa: E402
+from densefit.retrieval.bm25 import Bm25Index, Tokens  # noqa: E402
+from densefit.retrieval.encode import encode_texts  # noqa: E402
+from densefit.retrieval.fusion import Fusion  # noqa: E402
+from densefit.retrieval.index import pgvector as engine  # noqa: E402
+from densefit.retrieval.index.base import (  # noqa: E402
+    CapabilityError,
+    ModelMismatchError,
+    StoreError,
+)
+from densefit.retrieval.index.engines import open_store  # noqa: E402
+from densefit.retrieval.index.indexing import index_documents  # noqa: E402
+from densefit.retrieval.index.locking import StoreLockedError  # noqa: E402
+from densefit.retrieval.index.settings import StoreRecord  # noqa: E402
+from densefit.testing import tiny_model  # noqa: E402
+from densefit.testing.conformance import (  # noqa: E402
+    make_corpus,
+    reference_match,
+    with_meta,
+)
+from densefit.testing.postgres import postgres_target  # noqa: E402
+
+
+def _new_target(uri: str) -> str:
+    return postgres_target(uri, f"t_{uuid.uuid4().hex[:16]}")
+
+
+@pytest.fixture
+def target(postgres_uri) -> str:
+    """A table of its own for each test."""
+    return _new_target(postgres_uri)
+
+
+def _record(dim: int, kind: str = "float32") -> StoreRecord:
+    """What a store of random ``dim``-d vectors records (no model made them)."""
+    return StoreRecord("random", dim, "cosine", kind, np.zeros((3, dim), np.float32), None)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _pairs(results) -> list[list[tuple[str, float]]]:
+    return [[(h.id, h.score) for h in hits] for hits in results]
+
+
+def _same_ranking(got, expected, *, atol: float = 1e-5, rtol: float = 0.0) -> None:
+    """Same scores in order (within tolerance) and the same ids wherever a score is not tied
+    with another of the expected list."""
+    assert len(got) == len(expected)
+    for query_got, query_expected in zip(got, expected, strict=True):
+        assert len(query_got) == len(query_expected), (query_got, query_expected)
+        scores = np.array([s for _, s in query_expected])
+        for (id_got, s_got), (id_expected, s_expected) in zip(
+            query_got, query_expected, strict=True
+        ):
+            tolerance = atol + rtol * abs(s_expected)
+            assert abs(s_got - s_expected) <= tolerance, (query_got, query_expected)
+            tied = np.sum(np.abs(scores - s_expected) <= tolerance) > 1
+            assert id_got == id_expected or tied, (query_got, query_expected)
+
+
+# -- filters: the embedded store's semantics ---------------------------------------------------
+
+
+def _filter_cases() -> list:
+    """``(filters, expected rows of METAS)``: test_filters.py's table of filter semantics."""
+    for mark in test_filters.test_filter_semantics.pytestmark:
+        if mark.name == "parametrize":
+            return list(mark.args[1])
+    raise AssertionError("test_filters.test_filter_semantics lost its parametrize table")
+
+
+@pytest.fixture(scope="module")
+def metas_store(postgres_uri):
+    """METAS (test_filters.py) as documents d0..d5 of a PostgreSQL store."""
+    store = open_store(_new_target(postgres_uri), record=_record(4))
+    docs = [Document(f"d{i}", f"text {i}", meta=m) for i, m in enumerate(METAS)]
+    store.write(docs, np.eye(len(docs), 4, dtype=np.float32) + 0.1)
+    yield store
+    store.close()
+
+
+@pytest.mark.parametrize(("filters", "expected"), _filter_cases())
+def test_filters_have_the_embedded_stores_semantics(metas_store, filters, expected):
+    assert [d.id for d in metas_store.filter_documents(filters)] == [f"d{i}" for i in expected]
+    assert metas_store.count_matching(filters) == len(expected)
+
+
+def test_random_filters_match_what_the_embedded_store_matches(target):
+    rng = random.Random(0)
+    metas = []
+    for _ in range(40):
+        meta = {key: _random_value(rng) for key in ("a", "b") if rng.random() < 0.8}
+        if rng.random() < 0.5:
+            meta["c"] = {"d": _random_value(rng)}
+        metas.append(meta)
+    ids = [rng.choice(["en", "1", f"doc{i}"]) + f"-{i}" for i in range(len(metas))]
+    docs = [Document(ids[i], f"text {i}", meta=m) for i, m in enumerate(metas)]
+    vectors = np.random.default_rng(0).standard_normal((len(docs), 4)).astype(np.float32)
+    embedded = open_store(None, record=_record(4))
+    postgres = open_store(target, record=_record(4))
+    try:
+        for store in (embedded, postgres):
+            store.write(docs, vectors)
+        for _ in range(1500):
+            filters = _random_filter(rng)
+            expected = [d.id for d in embedded.filter_documents(filters)]
+            assert [d.id for d in postgres.filter_documents(filters)] == expected, filters
+    finally:
+        embedded.close()
+        postgres.close()
+
+
+@pytest.mark.parametrize(
+    "value", ["x' OR '1'='1", "en') OR 1=1 --", "'; DROP TABLE documents; --", '"]; SELECT 1; --']
+)
+def test_filter_values_are_bound_never_sql_text(target, value):
+    clause, params = engine.where_clause({"field": "meta.lang", "operator": "==", "value": value})
+    assert value not in engine.sql_text(clause) and params == [value]
+    with open_store(target, record=_record(4)) as store:
+        docs = [Document("a", "x", meta={"lang": value}), Document("b", "y", meta={"lang": "en"})]
+        store.write(docs, np.eye(2, 4, dtype=np.float32))
+        for operator, found in (("==", ["a"]), ("!=", ["b"]), ("in", ["a"])):
+            filters = {"field": "meta.lang", "operator": operator, "value": value}
+            if operator == "in":
+                filters["value"] = [value]
+            assert [d.id for d in store.filter_documents(filters)] == found
+        assert store.count() == 2
+
+
+def test_index_meta_field_makes_filters_use_an_index(target, postgres_uri):
+    with open_store(target, record=_record(4)) as store:
+        docs = [Document(f"d{i}", "x", meta={"bucket": i % 7, "lang": "en"}) for i in range(300)]
+        store.write(docs, np.random.default_rng(0).standard_normal((300, 4)).astype(np.float32))
+        store.index_meta_field("meta.bucket")
+        store.index_meta_field("meta.bucket")  # idempotent
+        with pytest.raises(ValueError, match="meta.NAME"):
+            store.index_meta_field("bucket")
+        filters = {"field": "meta.bucket", "operator": "==", "value": 3}
+        assert store.count_matching(filters) == 43
+        clause, params = engine.where_clause(filters)
+        table = engine.parse_target(target).table
+        with psycopg.connect(postgres_uri, autocommit=True) as conn, conn.transaction():
+            conn.execute("SET LOCAL enable_seqscan = off")
+            query = psycopg.sql.SQL("EXPLAIN SELECT id FROM {} WHERE {}")
+            plan = conn.execute(query.format(psycopg.sql.Identifier(table), clause), params)
+            plan = " ".join(row[0] for row in plan)
+        assert f"{table}_f" in plan, plan
+
+
+# -- BM25 and hybrid -----------------------------------------------------------------------------
+
+
+def _fresh_bm25(store, queries, k, filters=None):
+    """BM25 of an index built now, from scratch, over the stored documents (write order)."""
+    docs = store.filter_documents()
+    index = Bm25Index(Tokens.of([d.text for d in docs]))
+    mask = None if filters is None else np.array([reference_match(filters, d) for d in docs])
+    return [
+        [(docs[p].id, float(s)) for p, s in zip(*found, strict=True)]
+        for found in index.search(list(queries), k, mask)
+    ]
+
+
+def _bm25(store, queries, k, **options):
+    return _pairs(store.search(None, k, mode="bm25", query_texts=list(queries), **options))
+
+
+BM25_QUERIES = (
+    "cells genes",
+    "cells cells genes genes genes",  # repeated tokens count as often as they come
+    "python function return",
+    "the of and",  # stop words only: nothing
+    "zebra unknownword",  # tokens no document holds: nothing
+    "banana apple memory vaccine dose",
+)
+
+
+def test_bm25_equals_a_fresh_bm25s_index_through_writes_updates_and_deletes(target, model):
+    docs = with_meta(make_corpus(80))
+    docs.append(Document("empty", "", meta={"lang": "en"}))  # no tokens: counts in N and avgdl
+    with open_store(target, model) as store:
+        store.write(docs, encode_texts(model, [d.text for d in docs]))
+        got = _bm25(store, BM25_QUERIES, 20)
+        _same_ranking(got, _fresh_bm25(store, BM25_QUERIES, 20), atol=0, rtol=1e-5)
+        assert got[0] and got[3] == [] and got[4] == []
+        changed = Document(docs[4].id, "vaccine dose trial mice", meta={"lang": "de"})
+        extra = with_meta(make_corpus(7, seed=3, prefix="extra"))
+        store.write(
+            [changed, *extra], encode_texts(model, [changed.text, *(d.text for d in extra)])
+        )
+        store.delete([docs[0].id, docs[9].id, "never-there"])
+        queries = [*BM25_QUERIES, "vaccine dose trial mice", extra[2].text]
+        got = _bm25(store, queries, 100)
+        _same_ranking(got, _fresh_bm25(store, queries, 100), atol=0, rtol=1e-5)
+        found = {d for hits in got for d, _ in hits}
+        assert docs[0].id not in found and changed.id == got[-2][0][0]
+        for filters in (
+            {"field": "meta.lang", "operator": "==", "value": "de"},
+            {"field": "meta.year", "operator": ">=", "value": 2004},
+            {"field": "meta.rare", "operator": "==", "value": True},
+        ):
+            got = _bm25(store, queries, 9, filters=filters)
+            _same_ranking(got, _fresh_bm25(store, queries, 9, filters), atol=0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["rrf", "weighted"])
+def test_hybrid_is_the_fusion_of_the_dense_and_bm25_rankings(target, model, method):
+    docs = make_corpus(50)
+    fusion = Fusion(method=method, depth=15, alpha=0.3)
+    texts = ["cells genes", "python function return", "banana memory", "the of"]
+    with open_store(target, model, backend="exact") as store:
+        store.write(docs, encode_texts(model, [d.text for d in docs]))
+        store.write(docs[:5], encode_texts(model, [d.text for d in docs[:5]]))  # moved last
+        embeddings = encode_texts(model, texts)
+        position = {d.id: i for i, d in enumerate(store.filter_documents())}
+        ids = {i: d for d, i in position.items()}
+        dense = _pairs(store.search(embeddings, 15))
+        lexical = _bm25(store, texts, 15)
+        got = _pairs(store.search(embeddings, 6, mode="hybrid", query_texts=texts, fusion=fusion))
+        for q in range(len(texts)):
+            keys = [np.array([position[d] for d, _ in side]) for side in (dense[q], lexical[q])]
+            scores = [np.array([s for _, s in side]) for side in (dense[q], lexical[q])]
+            rows, fused = fusion.fuse(keys, 6, scores)
+            assert [d for d, _ in got[q]] == [ids[int(r)] for r in rows]
+            np.testing.assert_allclose([s for _, s in got[q]], fused, rtol=1e-6)
+
+
+# -- vector search ---------------------------------------------------------------------------
+
+
+def _random_docs(n: int, dim: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    docs = [
+        Document(f"d{i:05d}", f"doc {i}", meta={"bucket": i % 7, "rare": i % 50 == 0})
+        for i in range(n)
+    ]
+    return docs, rng.standard_normal((n, dim)).astype(np.float32)
+
+
+def test_exact_search_equals_the_embedded_stores(target):
+    docs, vectors = _random_docs(500, 16)
+    queries = np.random.default_rng(1).standard_normal((6, 16)).astype(np.float32)
+    embedded = open_store(None, record=_record(16))
+    postgres = open_store(target, record=_record(16), backend="exact")
+    try:
+        for store in (embedded, postgres):
+            store.write(docs, vectors)
+            store.write(docs[:20], vectors[20:40])  # updated: new vectors, written last
+            store.delete([docs[30].id, docs[31].id])
+        for filters in (
+            None,
+            {"field": "meta.bucket", "operator": "==", "value": 3},
+            {"field": "meta.rare", "operator": "==", "value": True},  # 10 of 500
+            {"field": "meta.bucket", "operator": "in", "value": [1, 2, 99]},
+        ):
+            for k in (1, 10, 600):
+                expected = _pairs(embedded.search(queries, k, filters=filters))
+                _same_ranking(_pairs(postgres.search(queries, k, filters=filters)), expected)
+        kept = [d.id for d in docs[:30] + docs[32:40]]
+        np.testing.assert_allclose(postgres.vectors(kept), embedded.vectors(kept), atol=1e-6)
+        with pytest.raises(KeyError, match="d00030"):
+            postgres.vectors([docs[30].id])
+    finally:
+        embedded.close()
+        postgres.close()
+
+
+def _index_scans(uri: str, index: str) -> int:
+    with psycopg.connect(uri, autocommit=True) as conn:
+        query = "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = %s"
+        return int(conn.execute(query, (index,)).fetchone()[0])
+
+
+def test_hnsw_recall_at_10_against_exact_and_the_index_is_what_searches(target, postgres_uri):
+    docs, vectors = _random_docs(400, 32)
+    queries = np.random.default_rng(2).standard_normal((30, 32)).astype(np.float32)
+    hnsw_index = f"{engine.parse_target(target).table}_hnsw"
+    with open_store(target, record=_record(32)) as store:  # hnsw: the default
+        assert store.backend_name == "hnsw"
+        store.write(docs, vectors)
+        before = _index_scans(postgres_uri, hnsw_index)
+        approximate = store.search(queries, 10)
+        store._conn.execute("SELECT pg_stat_force_next_flush()")
+        filters = {"field": "meta.bucket", "operator": "==", "value": 5}
+        filtered = store.search(queries, 10, filters=filters)
+    with open_store(target, backend="exact") as exact_store:
+        exact = exact_store.search(queries, 10)
+        filtered_exact = exact_store.search(queries, 10, filters=filters)
+    scanned = 0
+    for _ in range(50):  # statistics reach other sessions within a second
+        scanned = _index_scans(postgres_uri, hnsw_index) - before
+        if scanned >= len(queries):
+            break
+        time.sleep(0.05)
+    assert scanned == len(queries)  # each unfiltered query walked the index; nothing else did
+    recall = np.mean(
+        [len({h.id for h in a} & {h.id for h in e}) / 10 for a, e in zip(approximate, exact)]
+    )
+    assert recall >= 0.9, recall
+    # a filtered search scans the matches exactly, whatever the backend
+    _same_ranking(_pairs(filtered), _pairs(filtered_exact))
+
+
+# -- the model, replicas, counts -----------------------------------------------------------
+
+
+def test_another_model_is_refused(target, model, tiny_models, tmp_path):
+    docs = make_corpus(10)
+    with open_store(target, model) as store:
+        store.write(docs, encode_texts(model, [d.text for d in docs]))
+    other = load_model(str(tiny_models / "tiny-other"))
+    with pytest.raises(ModelMismatchError, match="does not reproduce") as error:
+        open_store(target, other)
+    assert "\n" not in str(error.value) and engine.parse_target(target).location in str(error.value)
+    wider = tiny_model(tmp_path / "wide", hidden_size=48, num_heads=2)
+    with pytest.raises(ModelMismatchError, match="32-d.*48-d"):
+        open_store(target, wider)
+    with open_store(target, model) as store:  # the right model is accepted
+        assert store.count() == len(docs)
+
+
+def test_two_store_objects_see_each_others_writes(target, model):
+    docs = make_corpus(30)
+    with open_store(target, model) as first, open_store(target, model) as second:
+        first.write(docs, encode_texts(model, [d.text for d in docs]))
+        assert second.count() == len(docs)
+        extra = make_corpus(2, seed=9, prefix="extra")
+        second.write(extra, encode_texts(model, [d.text for d in extra]))
+        first.delete([docs[0].id])
+        for store in (first, second):
+            assert store.count() == len(docs) + 1
+            hit = store.search(encode_texts(model, [extra[0].text]), 1)[0][0]
+            assert hit.id == extra[0].id
+            assert _bm25(store, [extra[1].text], 1)[0][0][0] == extra[1].id
+            assert store.get([docs[0].id]) == [None]
+        second.start_reembedding(model)  # recorded settings and stale marks are shared
+        assert first.stale_ids([docs[1].id, extra[0].id]) == {docs[1].id, extra[0].id}
+        first.write(extra[:1], encode_texts(model, [extra[0].text]))
+        assert second.stale_ids([extra[0].id]) == set()
+
+
+def test_write_counts_added_and_updated_and_delete_counts_what_existed(target, model):
+    docs = make_corpus(12)
+    with open_store(target, model) as store:
+        vectors = encode_texts(model, [d.text for d in docs])
+        result = store.write(docs[:8], vectors[:8])
+        assert (result.added, result.updated) == (8, 0)
+        result = store.write(docs[4:], vectors[4:])
+        assert (result.added, result.updated) == (4, 4)
+        assert [d.id for d in store.filter_documents()][-8:] == [d.id for d in docs[4:]]
+        assert store.delete([docs[0].id, docs[0].id, "never-there", docs[5].id]) == 2
+        assert store.count() == 10 == len(list(store.ids()))
+        assert list(store.ids()) == sorted(store.ids())
+        renamed = Document(docs[2].id, "ignored text", title="renamed", meta={"lang": "de"})
+        assert store.write_metadata([renamed, Document("never-there", "x")]) == 1
+        got = store.get([docs[2].id])[0]
+        assert (got.text, got.title, got.meta) == (docs[2].text, "renamed", {"lang": "de"})
+        de = {"field": "meta.lang", "operator": "==", "value": "de"}
+        assert [d.id for d in store.filter_documents(de)] == [docs[2].id]
+        content = {"field": "content", "operator": "==", "value": docs[2].text}
+        assert store.count_matching(content) == 1  # the text's filter field stays
+        with pytest.raises(ValueError, match="NaN"):
+            bad = Document("nan", "x", meta={"score": float("nan")})
+            store.write([bad], encode_texts(model, ["x"]))
+        with pytest.raises(ValueError, match="NUL"):
+            store.write([Document("nul", "a\x00b")], encode_texts(model, ["x"]))
+        assert store.count() == 10
+
+
+# -- errors and capabilities -------------------------------------------------------------------
+
+
+def _server_part(postgres_uri: str) -> tuple[str, str]:
+    """``(user@host part, ?query)`` of the session server's URI."""
+    netloc = postgres_uri.split("://", 1)[1].split("/", 1)[0]
+    query = postgres_uri.split("?", 1)[1] if "?" in postgres_uri else ""
+    return netloc.split("@", 1)[-1], query
+
+
+def test_connection_errors_are_one_line_naming_the_target_and_the_fix(postgres_uri, tmp_path):
+    host, query = _server_part(postgres_uri)
+    cases = [
+        (f"postgresql://me:secret@/postgres/docs?host={tmp_path}/no-server", "start the server"),
+        (f"postgresql://postgres:secret@{host}/no_such_db/docs?{query}", "createdb no_such_db"),
+        (f"postgresql://nobody:secret@{host}/postgres/docs?{query}", "existing user"),
+    ]
+    for target, fix in cases:
+        with pytest.raises(StoreError) as error:
+            open_store(target, record=_record(4))
+        message = str(error.value)
+        assert "\n" not in message and "secret" not in message, message
+        assert message.startswith(engine.parse_target(target).location) and fix in message
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("Docs", "table name 'Docs' is not allowed"),
+        ("a-b", "table name 'a-b' is not allowed"),
+        ("x" * 42, "is not allowed"),
+        ("docs/more", "more than a database and a table"),
+    ],
+)
+def test_bad_table_names_are_one_line_errors(postgres_uri, table, message):
+    with pytest.raises(StoreError, match=message) as error:
+        open_store(postgres_target(postgres_uri, table), record=_record(4))
+    assert "\n" not in str(error.value)
+
+
+def test_a_table_that_is_not_a_store_is_left_alone(target, postgres_uri):
+    table = engine.parse_target(target).table
+    with psycopg.connect(postgres_uri, autocommit=True) as conn:
+        conn.execute(
+            psycopg.sql.SQL("CREATE TABLE {} (x int)").format(psycopg.sql.Identifier(table))
+        )
+    with pytest.raises(StoreError, match="exists and is not a densefit store"):
+        open_store(target, record=_record(4))
+
+
+def test_what_the_engine_cannot_do_is_refused_in_one_line(target, model, postgres_uri):
+    def one_line(call, kind=CapabilityError, match=""):
+        with pytest.raises(kind, match=match) as error:
+            call()
+        assert "\n" not in str(error.value)
+        return str(error.value)
+
+    message = one_line(lambda: open_store(target, model, vectors="int8"), match="int8")
+    assert "the embedded store can" in message
+    one_line(lambda: open_store(target, model, backend="faiss"), match="faiss")
+    one_line(lambda: open_store(target, model, rescore=4), StoreError, "rescore")
+    with open_store(target, model) as store:
+        message = one_line(lambda: store.begin_swap(store.record), match="swap models")
+        assert "the embedded store can" in message
+        assert store.swap_target() is None and store.cancel_swap() is False
+        assert store.compact() == 0 and store.dead_rows() == 0
+    half = _new_target(postgres_uri)
+    with psycopg.connect(postgres_uri) as conn:
+        version = engine._pgvector_version(conn)
+    if version < (0, 7):
+        one_line(lambda: open_store(half, model, vectors="float16"), match="halfvec")
+    else:
+        with open_store(half, model, vectors="float16") as store:
+            docs = make_corpus(20)
+            vectors = encode_texts(model, [d.text for d in docs])
+            store.write(docs, vectors)
+            np.testing.assert_allclose(store.vectors([d.id for d in docs]), vectors, atol=2e-3)
+            assert store.search(vectors[:1], 1)[0][0].id == docs[0].id
+
+
+def test_the_writer_lock_waits_names_its_holder_and_gives_up(target, model, capsys):
+    with open_store(target, model) as first, open_store(target, model) as second:
+        with first.writer_lock(), pytest.raises(StoreLockedError) as error:
+            with second.writer_lock(timeout=0.3):
+                pass
+        message = str(error.value)
+        assert "\n" not in message and f"densefit pid {os.getpid()}" in message, message
+        assert "after 0.3s" in message and "--lock-timeout" in message
+        assert "waiting for it to finish (up to 0.3s)" in capsys.readouterr().err
+        with second.writer_lock(timeout=0.3), first.writer_lock(name="swap.lock", timeout=0):
+            pass  # free again; another name is another lock
+
+
+def test_concurrent_creators_make_one_store(target, model):
+    stores, errors = [], []
+
+    def create():
+        try:
+            stores.append(open_store(target, model))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(stores) == 4
+    docs = make_corpus(3)
+    stores[0].write(docs, encode_texts(model, [d.text for d in docs]))
+    assert all(store.count() == 3 for store in stores)
+    for store in stores:
+        store.close()
+
+
+# -- crashes: a writer killed mid-transaction --------------------------------------------------
+
+
+@contextmanager
+def _forked(run):
+    """Run ``run()`` in a forked child (its own connections), which must die by SIGKILL."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            torch.set_num_threads(1)
+            run()
+        except BaseException:  # noqa: BLE001 - report and leave without running pytest code
+            traceback.print_exc()
+        os._exit(1)
+    try:
+        yield pid
+    finally:
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+
+
+def _consistent(target, model) -> int:
+    """The stored documents' vectors are their texts' embeddings, BM25 equals a fresh
+    index, and the counts agree; returns how many documents there are."""
+    with open_store(target, model) as store:
+        docs = store.filter_documents()
+        ids = [d.id for d in docs]
+        assert store.count() == len(docs) == len(set(ids))
+        np.testing.assert_allclose(
+            store.vectors(ids),
+            encode_texts(model, [d.text for d in docs], normalize=True),
+            atol=1e-5,
+        )
+        queries = ["cells genes", docs[-1].text]
+        _same_ranking(_bm25(store, queries, 50), _fresh_bm25(store, queries, 50), atol=0, rtol=1e-5)
+        return len(docs)
+
+
+def test_a_writer_killed_mid_transaction_leaves_the_last_commit_and_indexing_resumes(target, model):
+    if not hasattr(os, "fork"):
+        pytest.skip("the crash test needs os.fork")
+    n = 96
+    with open_store(target, model) as store:
+        index_documents(store, model, make_corpus(16), batch_size=8, commit_every=16)
+
+    def index_and_die_in_the_third_write():
+        original, calls = engine.PostgresStore._writing, [0]
+
+        @contextmanager
+        def writing_then_die(self):
+            with original(self) as cursor:
+                yield cursor
+                calls[0] += 1
+                if calls[0] == 3:  # the third write's rows are sent, not committed
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        engine.PostgresStore._writing = writing_then_die
+        with open_store(target, model) as store:
+            index_documents(store, model, make_corpus(n), batch_size=8, commit_every=16)
+
+    with _forked(index_and_die_in_the_third_write):
+        pass
+    # 16 unchanged documents skipped, two commits of 16, the third never committed
+    assert _consistent(target, model) == 48
+    with open_store(target, model) as store:  # the killed writer's locks went with it
+        report = index_documents(store, model, make_corpus(n), batch_size=8, commit_every=16)
+    assert (report.unchanged, report.added) == (48, n - 48)
+    assert _consistent(target, model) == n
