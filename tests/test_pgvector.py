@@ -333,6 +333,33 @@ def test_hnsw_recall_at_10_against_exact_and_the_index_is_what_searches(target, 
     _same_ranking(_pairs(filtered), _pairs(filtered_exact))
 
 
+@pytest.mark.parametrize("backend", ["exact", "hnsw"])
+def test_binary_stores_rank_the_hamming_candidates_by_their_float32_vectors(target, backend):
+    """``rescore x k`` candidates by the Hamming distance of the sign bits (ties in write
+    order; HNSW on pgvector >= 0.7), ranked by their exact float32 scores."""
+    docs, vectors = _random_docs(300, 32)
+    queries = np.random.default_rng(3).standard_normal((8, 32)).astype(np.float32)
+    record = _record(32, "binary")
+    with open_store(target, record=record, backend=backend, rescore=2) as store:
+        store.write(docs, vectors)
+        got = _pairs(store.search(queries, 10))
+        assert store.vectors([docs[7].id])[0] == pytest.approx(_unit(vectors)[7], abs=1e-6)
+        version = store.pgvector_version
+    unit, positions = _unit(vectors), np.arange(len(docs))
+    expected = []
+    for query in _unit(queries):
+        hamming = ((unit > 0) != (query > 0)).sum(axis=1)
+        candidates = np.lexsort((positions, hamming))[:20]
+        scores = unit[candidates] @ query
+        best = np.lexsort((candidates, -scores))[:10]
+        expected.append([(docs[candidates[i]].id, float(scores[i])) for i in best])
+    if backend == "exact" or version < (0, 7):  # 0.6.2 has no Hamming index: a scan
+        _same_ranking(got, expected)
+    else:
+        overlap = [len({d for d, _ in g} & {d for d, _ in e}) for g, e in zip(got, expected)]
+        assert np.mean(overlap) >= 8, overlap  # 32-bit codes tie often at the cut
+
+
 # -- the model, replicas, counts -----------------------------------------------------------
 
 

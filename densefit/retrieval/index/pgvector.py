@@ -18,7 +18,9 @@ table               holds
                     :func:`~densefit.retrieval.index.filters.typed_fields`), the hashes
                     indexing skips by, the stale mark of ``--reembed``, its BM25 length, and
                     ``embedding``: ``vector(dim)`` (float32) or ``halfvec(dim)`` (float16,
-                    pgvector >= 0.7), under an HNSW index (``vector_ip_ops``)
+                    pgvector >= 0.7) under an HNSW index (``vector_ip_ops``); a binary
+                    store keeps float32 vectors and ``code``, their sign bits as
+                    ``bit(dim)`` (HNSW ``bit_hamming_ops`` from pgvector 0.7)
 ``TABLE_postings``  BM25: one row per (token, document) with the term frequency
 ``TABLE_stats``     the number of documents and of their tokens (BM25's N and avgdl)
 ``TABLE_record``    the model and settings (:meth:`StoreRecord.to_meta
@@ -34,8 +36,11 @@ several processes or servers on one table see each other's writes.
 Searches: ``backend="hnsw"`` (the default) walks the HNSW index with ``hnsw.ef_search`` at
 least ``k``; ``"exact"`` scans every row. A filtered search always scans exactly the rows
 the filter matches (filters compile to a ``WHERE`` clause over ``fields`` with bound
-parameters: :func:`where_clause`), so the top ``k`` of the matches come back. Scores are
-inner products (``<#>``; cosine stores hold unit vectors). BM25 (``mode="bm25"``) is
+parameters: :func:`where_clause`), so the top ``k`` of the matches come back, not the top
+``k`` filtered afterwards. Scores are inner products (``<#>``; cosine stores hold unit
+vectors). A binary store takes ``rescore x k`` candidates by the Hamming distance of the
+codes (through its index, or a scan: ``bit_count(code # query)`` before pgvector 0.7) and
+ranks them by their float32 vectors, as the embedded store's binary vectors do. BM25 (``mode="bm25"``) is
 computed in one SQL query per query text from the postings: bm25s's tokens
 (:func:`~densefit.retrieval.bm25.tokenize`) and its "lucene" scores
 (:mod:`densefit.retrieval.bm25`), N and avgdl over all documents, among the filter's
@@ -87,6 +92,7 @@ from densefit.retrieval.index.filters import (
     typed_fields,
 )
 from densefit.retrieval.index.locking import LOCK_NAME, StoreLockedError
+from densefit.retrieval.index.quantized import DEFAULT_RESCORE
 from densefit.retrieval.index.settings import StoreRecord, VectorSettings
 
 __all__ = [
@@ -102,7 +108,9 @@ __all__ = [
 
 CAPABILITIES = Capabilities(
     engine="postgresql",
-    vector_kinds=("float32", "float16"),  # float16: halfvec, on servers with pgvector >= 0.7
+    # float16: halfvec, on servers with pgvector >= 0.7; binary: bit(dim) sign codes
+    # searched for candidates, rescored against the float32 vectors kept beside them
+    vector_kinds=("float32", "float16", "binary"),
     backends=("hnsw", "exact"),
     lexical="bm25 in SQL over a postings table (bm25s's tokens and scores)",
     hybrid=True,
@@ -115,7 +123,7 @@ CAPABILITIES = Capabilities(
 DEFAULT_TABLE = "densefit"
 _TABLE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 _HALFVEC = (0, 7)  # the pgvector version that added halfvec
-_HNSW_MAX_DIM = {"float32": 2000, "float16": 4000}  # pgvector's limits for an HNSW index
+_HNSW_MAX_DIM = {"float32": 2000, "float16": 4000, "binary": 64000}  # pgvector's HNSW limits
 _EF_SEARCH_MIN, _EF_SEARCH_MAX = 40, 1000  # pgvector's default and largest hnsw.ef_search
 _RESET = {
     "enable_indexscan": "RESET enable_indexscan",
@@ -425,7 +433,7 @@ class PostgresStore(DatabaseStore):
                 f"{self.location}: the table holds {kind} vectors, which this densefit does "
                 f"not read from PostgreSQL ({', '.join(CAPABILITIES.vector_kinds)})"
             )
-        _check_rescore(rescore, kind, self.location)
+        self.rescore = _check_rescore(rescore, kind, self.location)
 
     # -- connection and transactions ------------------------------------------------------
 
@@ -635,6 +643,8 @@ class PostgresStore(DatabaseStore):
         postings, lengths = _postings(texts)
         embeddings = self._vectors_for_copy(vectors)
         embedding_type = "halfvec" if self._record.vector_kind == "float16" else "vector"
+        binary = self._record.vector_kind == "binary"
+        codes = _codes(vectors) if binary else None
         with self._writing() as cur:
             cur.execute(
                 sql.SQL("DELETE FROM {} WHERE id = ANY(%s) RETURNING id, seq, length").format(
@@ -655,12 +665,13 @@ class PostgresStore(DatabaseStore):
             seqs = sorted(s for (s,) in cur.fetchall())
             copy = sql.SQL(
                 "COPY {} (id, seq, text, title, meta, fields, text_hash, meta_hash, length, "
-                "embedding) FROM STDIN (FORMAT BINARY)"
-            ).format(names.docs)
+                "embedding{}) FROM STDIN (FORMAT BINARY)"
+            ).format(names.docs, sql.SQL(", code" if binary else ""))
             with cur.copy(copy) as writer:
                 writer.set_types(
                     ["text", "int8", "text", "text", "jsonb", "jsonb", "text", "text", "int4"]
                     + [embedding_type]
+                    + (["bit"] if binary else [])
                 )
                 for i, row in enumerate(rows):
                     writer.write_row(
@@ -675,18 +686,20 @@ class PostgresStore(DatabaseStore):
                             row.meta_hash,
                             int(lengths[i]),
                             embeddings[i],
+                            *([codes[i]] if binary else []),
                         )
                     )
             positions, tokens, tfs = postings
             if tokens:
-                doc_seqs = np.asarray(seqs, dtype=np.int64)[positions]
-                cur.execute(
-                    sql.SQL(
-                        "INSERT INTO {} (token, seq, tf, length) "
-                        "SELECT * FROM unnest(%s::text[], %s::int8[], %s::int4[], %s::int4[])"
-                    ).format(names.postings),
-                    (tokens, doc_seqs.tolist(), tfs, lengths[positions].tolist()),
-                )
+                doc_seqs = np.asarray(seqs, dtype=np.int64)[positions].tolist()
+                doc_lengths = lengths[positions].tolist()
+                copy = sql.SQL(
+                    "COPY {} (token, seq, tf, length) FROM STDIN (FORMAT BINARY)"
+                ).format(names.postings)
+                with cur.copy(copy) as writer:
+                    writer.set_types(["text", "int8", "int4", "int4"])
+                    for posting in zip(tokens, doc_seqs, tfs, doc_lengths):
+                        writer.write_row(posting)
             cur.execute(
                 sql.SQL("UPDATE {} SET documents = documents + %s, tokens = tokens + %s").format(
                     names.stats
@@ -789,41 +802,60 @@ class PostgresStore(DatabaseStore):
         return where_clause(filters)
 
     def _dense(self, queries: np.ndarray, k: int, where) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The best ``k`` rows per query by inner product: the HNSW index (``backend="hnsw"``,
-        no filter, ``k`` within ``hnsw.ef_search``'s range) or a scan of the (matching) rows."""
+        """The best ``k`` rows per query by inner product: through the HNSW index
+        (``backend="hnsw"``, no filter, within ``hnsw.ef_search``'s range) or a scan of the
+        (matching) rows. A binary store takes ``rescore x k`` candidates by the Hamming
+        distance of the codes (its HNSW index on pgvector >= 0.7, else a scan) and ranks
+        them by their float32 vectors."""
         sql = _sql()
         pgvector, _ = _pgvector()
-        half = self._record.vector_kind == "float16"
+        kind, version = self._record.vector_kind, self.pgvector_version
+        depth = k * self.rescore if kind == "binary" else k  # what the index must find
         exact = (
             self.backend_name == "exact"
             or where is not None
-            or k > _EF_SEARCH_MAX
-            or self._record.dim > _HNSW_MAX_DIM[self._record.vector_kind]
+            or depth > _EF_SEARCH_MAX
+            or self._record.dim > _HNSW_MAX_DIM[kind]
+            or (kind == "binary" and version < _HALFVEC)
         )
         clause, params = where if where is not None else (sql.SQL("TRUE"), [])
         score = sql.SQL("{} <#> %s").format(self._float32_embedding())
-        if exact:
-            order = sql.SQL("{}, seq").format(score)
-        elif half:  # the index's operator: halfvec with halfvec
-            order = sql.SQL("embedding <#> %s")
+        if kind == "binary":
+            hamming = "code <~> %s" if version >= _HALFVEC else "bit_count(code # %s)"
+            query = sql.SQL(
+                "SELECT seq, embedding <#> %s FROM (SELECT seq, embedding FROM {} WHERE {} "
+                "ORDER BY {} LIMIT %s) candidates ORDER BY embedding <#> %s, seq LIMIT %s"
+            ).format(self._names.docs, clause, sql.SQL(hamming + (", seq" if exact else "")))
         else:
-            order = score
-        query = sql.SQL("SELECT seq, {} FROM {} WHERE {} ORDER BY {} LIMIT %s").format(
-            score, self._names.docs, clause, order
-        )
+            if exact:
+                order = sql.SQL("{}, seq").format(score)
+            elif kind == "float16":  # the index's operator: halfvec with halfvec
+                order = sql.SQL("embedding <#> %s")
+            else:
+                order = score
+            query = sql.SQL("SELECT seq, {} FROM {} WHERE {} ORDER BY {} LIMIT %s").format(
+                score, self._names.docs, clause, order
+            )
+        settings = [("enable_indexscan", "off")]
+        if not exact:
+            settings = [
+                ("enable_seqscan", "off"),
+                ("hnsw.ef_search", str(max(depth, _EF_SEARCH_MIN))),
+            ]
         results = []
         with self._snapshot() as cur:
-            settings = (
-                [("enable_indexscan", "off")]
-                if exact
-                else [("enable_seqscan", "off"), ("hnsw.ef_search", str(max(k, _EF_SEARCH_MIN)))]
-            )
             for name, value in settings:
                 cur.execute("SELECT set_config(%s, %s, TRUE)", (name, value))
             for q in queries:
                 vector = pgvector.Vector(q)
-                ordered = pgvector.HalfVector(q) if half and not exact else vector
-                rows = cur.execute(query, [vector, *params, ordered, k]).fetchall()
+                if kind == "binary":
+                    bits = _codes(q[None, :])[0]
+                    values = [vector, *params, bits, depth, vector, k]
+                elif kind == "float16" and not exact:
+                    values = [vector, *params, pgvector.HalfVector(q), k]
+                else:
+                    values = [vector, *params, vector, k]
+                rows = cur.execute(query, values).fetchall()
                 rows.sort(key=lambda row: (row[1], row[0]))  # ties in write order
                 keys = np.array([seq for seq, _ in rows], dtype=np.int64)
                 scores = -np.array([d for _, d in rows], dtype=np.float64)
@@ -935,6 +967,13 @@ def _checked_meta(document: Document) -> dict:
     return json.loads(text)
 
 
+def _codes(vectors: np.ndarray) -> list:
+    """Each vector's sign bits (``x > 0``, as the embedded store's binary codes) as
+    pgvector's ``Bit``."""
+    pgvector, _ = _pgvector()
+    return [pgvector.Bit(row) for row in np.asarray(vectors) > 0]
+
+
 def _postings(texts: list[str]) -> tuple[tuple[np.ndarray, list[str], list[int]], np.ndarray]:
     """``((document positions, tokens, term frequencies), lengths)``: one posting per
     (document, token) of ``texts`` with bm25s's tokens, and each text's token count."""
@@ -949,12 +988,21 @@ def _postings(texts: list[str]) -> tuple[tuple[np.ndarray, list[str], list[int]]
     return (pairs // vocab, words, tf.tolist()), lengths
 
 
-def _check_rescore(rescore: int | None, kind: str, location: str) -> None:
-    if rescore is not None:
+def _check_rescore(rescore: int | None, kind: str, location: str) -> int | None:
+    """The candidates per result a binary store rescores (None for other kinds)."""
+    if kind != "binary":
+        if rescore is not None:
+            raise StoreError(
+                f"{location}: rescore applies to int8 and binary stores; this store holds "
+                f"{kind} vectors, searched as they are: leave --rescore out"
+            )
+        return None
+    rescore = DEFAULT_RESCORE if rescore is None else rescore
+    if isinstance(rescore, bool) or not isinstance(rescore, int) or rescore < 1:
         raise StoreError(
-            f"{location}: rescore applies to int8 and binary stores; this store holds {kind} "
-            "vectors, searched as they are: leave --rescore out"
+            f"{location}: rescore must be an integer >= 1 (candidates per result), got {rescore!r}"
         )
+    return rescore
 
 
 def _check_backend(backend, location: str) -> str:
@@ -1139,6 +1187,9 @@ def _create_tables(conn, target: Target, record: StoreRecord) -> None:
     vector_type = sql.SQL("{}({})").format(
         sql.SQL("halfvec" if kind == "float16" else "vector"), sql.Literal(dim)
     )
+    code_column = sql.SQL("")
+    if kind == "binary":
+        code_column = sql.SQL(", code bit({}) NOT NULL").format(sql.Literal(dim))
     statements = [
         sql.SQL("CREATE SEQUENCE {}").format(names.seq),
         sql.SQL(
@@ -1146,8 +1197,8 @@ def _create_tables(conn, target: Target, record: StoreRecord) -> None:
             "text text NOT NULL, title text NOT NULL, meta jsonb NOT NULL, "
             "fields jsonb NOT NULL, text_hash text NOT NULL, meta_hash text NOT NULL, "
             "stale boolean NOT NULL DEFAULT FALSE, length int4 NOT NULL, "
-            "embedding {} NOT NULL)"
-        ).format(names.docs, vector_type),
+            "embedding {} NOT NULL{})"
+        ).format(names.docs, vector_type, code_column),
         sql.SQL("CREATE UNIQUE INDEX {} ON {} (seq)").format(names.index("by_seq"), names.docs),
         sql.SQL("CREATE INDEX {} ON {} (text_hash)").format(names.index("text_hash"), names.docs),
         sql.SQL(
@@ -1162,11 +1213,15 @@ def _create_tables(conn, target: Target, record: StoreRecord) -> None:
         sql.SQL("INSERT INTO {} (documents, tokens) VALUES (0, 0)").format(names.stats),
         sql.SQL("CREATE TABLE {} (key text PRIMARY KEY, value text NOT NULL)").format(names.record),
     ]
-    if dim <= _HNSW_MAX_DIM[kind]:
-        ops = sql.SQL("halfvec_ip_ops" if kind == "float16" else "vector_ip_ops")
+    if dim <= _HNSW_MAX_DIM[kind] and (kind != "binary" or version >= _HALFVEC):
+        column, ops = {
+            "float32": ("embedding", "vector_ip_ops"),
+            "float16": ("embedding", "halfvec_ip_ops"),
+            "binary": ("code", "bit_hamming_ops"),  # pgvector >= 0.7
+        }[kind]
         statements.append(
-            sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding {})").format(
-                names.hnsw, names.docs, ops
+            sql.SQL("CREATE INDEX {} ON {} USING hnsw ({} {})").format(
+                names.hnsw, names.docs, sql.Identifier(column), sql.SQL(ops)
             )
         )
     for statement in statements:
