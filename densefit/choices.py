@@ -13,6 +13,7 @@ import re
 
 __all__ = [
     "AMP",
+    "AUTO_PRECISION",
     "DEFAULT_INT8_RECIPES",
     "DEFAULT_METRICS",
     "EMBED_PROMPTS",
@@ -27,8 +28,11 @@ __all__ = [
     "MINE_SAMPLING",
     "ON_BAD_ROW",
     "ON_CHECK_FAILURE",
+    "PRECISIONS",
+    "PRECISION_CHOICES",
     "RUNTIMES",
     "RUNTIME_CHOICES",
+    "SEARCH_BACKENDS",
     "SEARCH_MODES",
     "SIMILARITIES",
     "TRAINING_EVAL_RUNTIMES",
@@ -60,6 +64,10 @@ VECTOR_KINDS = ("float32", "float16", "int8", "binary")
 # What a search ranks by: the embeddings, BM25 over the texts, or both fused
 # (densefit.retrieval.fusion), by reciprocal rank ("rrf") or by normalised scores ("weighted").
 SEARCH_MODES = ("dense", "bm25", "hybrid")
+# How the vectors are searched (each engine offers some: densefit.retrieval.index.engines):
+# every vector compared ("exact"), FAISS (the embedded store: "faiss" or "faiss:FACTORY"), or
+# the engine's HNSW graph (PostgreSQL's pgvector, Qdrant).
+SEARCH_BACKENDS = ("exact", "faiss", "hnsw")
 FUSIONS = ("rrf", "weighted")
 # Several training sources (densefit.data.batching): whether each step's rows come from one
 # source, and how the sources' steps are interleaved.
@@ -75,6 +83,14 @@ EMBED_PROMPTS = ("query", "document")
 RUNTIMES = ("torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
 # The options that pick one add "auto": the fastest exported runtime whose check passed.
 RUNTIME_CHOICES = ("auto", *RUNTIMES)
+# The number format the torch runtime runs the model's transformer in when embedding
+# (densefit.retrieval.runtimes); the options add "auto" (the device's default, or a store's).
+PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISION_CHOICES = ("auto", *PRECISIONS)
+# What "auto" runs by device type (a device not named: fp32). fp32 on CUDA too until a GPU run
+# shows fp16 at least 1.5x fp32 at a cosine >= 0.999 to it (bench/gpu_inference.py writes
+# bench/results/inference_gpu.json).
+AUTO_PRECISION = {"cpu": "fp32", "cuda": "fp32"}
 EXPORT_TARGETS = RUNTIMES[1:]  # what `densefit export --to` writes (densefit.retrieval.export)
 # ONNX Runtime int8 recipes (densefit.retrieval.export): the export tries the first two in
 # order; the per-tensor ones are the baselines bench/inference.py compares them with.

@@ -39,10 +39,9 @@ from densefit.errors import OptionError
 from densefit.losses.matryoshka import truncate
 from densefit.models import load_model, model_name_of
 from densefit.retrieval.index.documents import DB_NAME
-from densefit.retrieval.index.engines import open_store
+from densefit.retrieval.index.engines import engine_of, open_store
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search_batch
-from densefit.retrieval.index.store import LocalDocumentStore
 
 __all__ = [
     "DEFAULT_METRICS",
@@ -52,7 +51,9 @@ __all__ = [
     "compare_results",
     "evaluate",
     "evaluate_run",
+    "format_p_value",
     "format_table",
+    "search_caption",
     "is_store",
     "paired_randomization_test",
     "load_queries_and_qrels",
@@ -175,7 +176,7 @@ def retrieve_run(
 ) -> dict[str, dict[str, float]]:
     """Search ``store`` for every query: ``{query_id: {doc_id: score}}`` with ``top_k`` each,
     by ``mode`` (``dense``, ``bm25`` or ``hybrid``, fused by ``fusion``:
-    :meth:`LocalDocumentStore.search <densefit.retrieval.index.store.LocalDocumentStore.search>`).
+    :meth:`DocumentStore.search <densefit.retrieval.index.base.DocumentStore.search>`).
 
     ``runtime`` embeds the queries (:func:`~densefit.retrieval.index.searching.query_runtime`:
     ``auto`` picks one whose vectors may meet the store's).
@@ -240,7 +241,7 @@ def evaluate(
     distractors: int | None = None,
     sample_seed: int = 0,
     store_dir: str | os.PathLike | None = None,
-    backend: str = "exact",
+    backend: str | None = None,
     on_bad_row: str = "error",
     show_progress: bool = False,
     name: str | None = None,
@@ -303,7 +304,7 @@ def evaluate(
         opening = (
             nullcontext(source)
             if given
-            else LocalDocumentStore(source, backend=backend, rescore=rescore)
+            else open_store(source, backend=backend, rescore=rescore, create=False)
         )
         with opening as opened:
             results = [
@@ -362,7 +363,7 @@ def is_store(source) -> bool:
     """Whether ``source`` is a document store (an object, or a folder holding one) rather
     than a BEIR folder or dataset."""
     if isinstance(source, (str, os.PathLike)):
-        return (Path(source) / DB_NAME).is_file()
+        return engine_of(source) != "embedded" or (Path(source) / DB_NAME).is_file()
     return hasattr(source, "search") and hasattr(source, "check_model")
 
 
@@ -386,8 +387,7 @@ def _score_store(
     size below the store's) the store's vectors are cut, re-normalised, into a temporary
     store and the queries embedded with ``model.truncate_dim = dim``. ``mode`` (``dense``,
     ``bm25``, ``hybrid``) and ``fusion`` choose how the store ranks
-    (:meth:`LocalDocumentStore.search <densefit.retrieval.index.store.LocalDocumentStore.
-    search>`); ``mode="bm25"`` does not run ``model``; ``runtime`` embeds the queries (:func:`retrieve_run`)."""
+    (:meth:`DocumentStore.search <densefit.retrieval.index.base.DocumentStore.search>`); ``mode="bm25"`` does not run ``model``; ``runtime`` embeds the queries (:func:`retrieve_run`)."""
     if dim is not None and dim < store.dim:
         before = getattr(model, "truncate_dim", None)
         model.truncate_dim = dim
@@ -538,10 +538,42 @@ def compare_results(base: EvalResult, other: EvalResult) -> dict:
     return out
 
 
+def format_p_value(p: float) -> str:
+    """A p-value as every table and report prints it: three decimals, ``< 0.001`` below.
+
+    >>> format_p_value(35 / 10001), format_p_value(1 / 10001), format_p_value(1.0)
+    ('0.003', '< 0.001', '1.000')
+    """
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def search_caption(results: Sequence[EvalResult]) -> str:
+    """How the results were searched: the mode and, unless BM25, the runtime that embedded
+    each result's documents (one when all share it).
+
+    >>> a = EvalResult("base", {}, {}, info={"mode": "dense", "runtime": "torch"})
+    >>> b = EvalResult("m", {}, {}, info={"mode": "dense", "runtime": "onnx-int8 (onnx/q.onnx)"})
+    >>> search_caption([a, b])
+    'dense search; embedded by torch (base), onnx-int8 (onnx/q.onnx) (m)'
+    >>> search_caption([a])
+    'dense search; embedded by torch'
+    """
+    modes = list(dict.fromkeys(str(r.info.get("mode", "dense")) for r in results))
+    caption = f"{' / '.join(modes)} search"
+    if modes == ["bm25"]:
+        return caption  # BM25 ranks the texts: nothing embedded
+    runtimes = [str(r.info.get("runtime", "torch")) for r in results]
+    if len(set(runtimes)) == 1:
+        return f"{caption}; embedded by {runtimes[0]}"
+    each = ", ".join(f"{rt} ({r.name})" for rt, r in zip(runtimes, results))
+    return f"{caption}; embedded by {each}"
+
+
 def format_table(results: Sequence[EvalResult], *, title: str | None = None):
     """A :class:`rich.table.Table`: one row per metric, one column per result (+ delta).
 
-    With two results a delta column and the paired-test p-value are added.
+    With two results a delta column and the paired-test p-value are added; the caption says
+    how many queries, and how they were searched (:func:`search_caption`).
     """
     from rich.table import Table  # for the CLI's tables only
 
@@ -558,9 +590,11 @@ def format_table(results: Sequence[EvalResult], *, title: str | None = None):
         row = [metric] + [f"{r.metrics.get(metric, float('nan')):.4f}" for r in results]
         if comparison and metric in comparison:
             c = comparison[metric]
-            row += [f"{c['delta']:+.4f}", f"{c['wins']}/{c['losses']}", f"{c['p_value']:.3f}"]
+            row += [f"{c['delta']:+.4f}", f"{c['wins']}/{c['losses']}"]
+            row.append(format_p_value(c["p_value"]))
         table.add_row(*row)
-    table.caption = f"{results[0].n_queries} queries" + skipped_caption(results[0].skipped_rows)
+    caption = f"{results[0].n_queries} queries; {search_caption(results)}"
+    table.caption = caption + skipped_caption(results[0].skipped_rows)
     return table
 
 

@@ -14,6 +14,7 @@ console, the Python API drops them); results are returned, never printed.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import os
 import shutil
@@ -38,7 +39,7 @@ from densefit.config.commands import (
 )
 from densefit.config.evaluation import EvalConfig
 from densefit.config.shared import SEARCH_TOP_K, VECTORS, model_or_default
-from densefit.config.train import TrainConfig, auto_learning_rate
+from densefit.config.train import TrainConfig, auto_learning_rate, record_training_data
 from densefit.data.batching import effective_batch_size, planned_batches
 from densefit.data.corpus import find_corpus_file, iter_corpus, load_beir
 from densefit.data.sources import TrainingData, load_training_data, source_names
@@ -57,15 +58,23 @@ from densefit.retrieval.export import (
     export_model,
 )
 from densefit.retrieval.fusion import Fusion
-from densefit.retrieval.index.base import SearchHit
-from densefit.retrieval.index.documents import DB_NAME
+from densefit.retrieval.index.base import NoStoreError, SearchHit
 from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.filters import meta_index_sql, parse_filter_text
-from densefit.retrieval.index.indexing import IndexReport, index_documents, prune_documents
-from densefit.retrieval.index.searching import model_for_store, search_batch
-from densefit.retrieval.index.store import LocalDocumentStore
+from densefit.retrieval.index.indexing import (
+    IndexReport,
+    copy_documents,
+    index_documents,
+    prune_documents,
+)
+from densefit.retrieval.index.searching import model_for_store, query_runtime, search_batch
 from densefit.retrieval.index.swap import SwapReport, reembed_store
-from densefit.retrieval.runtimes import check_supported, resolve_runtime
+from densefit.retrieval.runtimes import (
+    check_supported,
+    model_precision,
+    resolve_runtime,
+    set_precision,
+)
 from densefit.training import distributed
 from densefit.training.checkpoint import CHECKPOINTS, list_checkpoints
 from densefit.training.evaluation import eval_data_for
@@ -262,9 +271,22 @@ def train_job(
     )
     if job.output is not None and main:
         outcome.checkpoints = _finish_checkpoints(Path(job.output), config)
+        if paths := _data_paths(job.data):  # densefit export checks int8 files on them
+            record_training_data(job.output, paths, job.split or "train")
         if config.export is not None:
             outcome.export = _export_trained(Path(job.output), config.export, export_texts, say)
     return outcome
+
+
+def _data_paths(data: Any) -> list:
+    """The files or folders the training data was read from; ``[]`` for rows in memory."""
+    sources = training_sources(data)
+    if _is_path(sources):
+        return [sources]
+    items = list(sources.values()) if isinstance(sources, dict) else sources
+    if isinstance(items, list) and items and all(_is_path(p) for p in items):
+        return items
+    return []
 
 
 def _export_texts(kind: str, examples: list) -> CheckTexts | None:
@@ -374,19 +396,47 @@ def plan_job(job: PlanJob):
 
 
 def mine_job(job: MineJob, *, say: Say = None) -> MiningReport:
-    """Mine hard negatives for ``job.pairs`` from ``job.corpus`` into ``job.output``."""
+    """Mine hard negatives for ``job.pairs`` from ``job.corpus`` (or the documents of
+    ``job.store``) into ``job.output``."""
     device = resolve_device(job.device)  # a device that is not here: refused, even for bm25
     settings = job.mine
-    low, high = settings.bounds
+    if job.store is not None:
+        return _mine_store(job, device, say)
     model = None
     if settings.method != "bm25":  # dense and hybrid embed the corpus
         model = load_model(
             model_or_default(job.model), max_seq_length=settings.max_seq_length, device=device
         )
         set_prompts(model, query=job.query_prompt, document=job.document_prompt)
+        set_precision(model, settings.precision)
+    return _mine(job, job.corpus, model, settings.runtime, say)
+
+
+def _mine_store(job: MineJob, device: str, say: Say) -> MiningReport:
+    """``densefit mine --store``: the store's documents are the corpus; dense and hybrid
+    mining take its vectors as the corpus embeddings and embed the queries with its model
+    (or ``--model``), as a search of the store would (its prompts, size and runtime rule)."""
+    settings = job.mine
+    with open_store(job.store, create=False) as store:
+        documents = store.filter_documents(None)
+        if settings.method == "bm25":
+            return _mine(job, documents, None, settings.runtime, say)
+        prompts = {"query_prompt": job.query_prompt, "document_prompt": job.document_prompt}
+        model = model_for_store(store, job.model, device=device, **prompts)
+        set_precision(model, settings.precision)
+        store.check_model(model)
+        runner = query_runtime(store, model, settings.runtime)
+        vectors = store.vectors([d.id for d in documents])
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return _mine(job, documents, model, runner, say, corpus_embeddings=vectors)
+
+
+def _mine(job: MineJob, corpus, model, runtime, say: Say, **extra) -> MiningReport:
+    settings = job.mine
+    low, high = settings.bounds
     report = mine_files(
         job.pairs,
-        job.corpus,
+        corpus,
         job.output,
         split=job.split or "train",
         on_bad_row=job.on_bad_row,
@@ -401,7 +451,8 @@ def mine_job(job: MineJob, *, say: Say = None) -> MiningReport:
         query_block=settings.query_block,
         batch_size=settings.encode_batch_size,
         show_progress=job.show_progress,
-        runtime=settings.runtime,
+        runtime=runtime,
+        **extra,
     )
     _say(say, f"wrote {job.output}: {report.summary()}")
     return report
@@ -419,16 +470,19 @@ class IndexOutcome:
 
     report: IndexReport
     read: ReadReport
-    store: dict  # LocalDocumentStore.info()
+    store: dict  # the store's info()
     main: bool = True
 
 
 def recorded_model(store: str | os.PathLike | None) -> str | None:
     """The model a store at ``store`` was indexed with, or None when there is no store."""
-    if store is None or not (Path(store) / DB_NAME).is_file():
+    if store is None:
         return None
-    with LocalDocumentStore(store) as existing:
-        return existing.model_name
+    try:
+        with open_store(store, create=False) as existing:
+            return existing.model_name
+    except NoStoreError:
+        return None
 
 
 def count_rows(path: Path) -> int | None:
@@ -453,7 +507,7 @@ def check_index_job(job: IndexJob) -> None:
     """What :func:`index_job` refuses before loading anything (``densefit index --nproc``
     asks before it starts the processes): a corpus that is not there, a bad
     ``--index-field``."""
-    if not Path(job.corpus).exists():
+    if job.corpus is not None and not Path(job.corpus).exists():
         raise FileNotFoundError(f"{job.corpus}: no such file or folder")
     for name in job.index_fields:
         meta_index_sql(name)  # a bad field name fails before any work
@@ -464,7 +518,11 @@ def embedding_model(name: str, job: DocumentEmbedding, device: str):
     ``--max-seq-length``, prompts and ``--dim`` (those not given: the model's own)."""
     model = load_model(name, max_seq_length=job.max_seq_length, device=device)
     return configure_model(
-        model, query_prompt=job.query_prompt, document_prompt=job.document_prompt, dim=job.dim
+        model,
+        query_prompt=job.query_prompt,
+        document_prompt=job.document_prompt,
+        dim=job.dim,
+        precision=job.precision,
     )
 
 
@@ -477,6 +535,8 @@ def index_job(job: IndexJob) -> IndexOutcome:
     embeds a share of each commit's texts (:func:`_encode_on_every_process`); rank 0 alone reads the
     corpus, decides what to embed, opens the store and writes it, as one process would: the
     same documents and vectors, resumed and pruned the same way."""
+    if job.from_store is not None:
+        return _copy_into_store(job)
     device, world, main = _start_processes(resolve_device(job.device))
     if main:  # the one process that reads the corpus
         check_index_job(job)
@@ -548,11 +608,34 @@ def _index_into_store(job: IndexJob, model, encoder) -> IndexOutcome:  # noqa: A
     return IndexOutcome(report, read, info)
 
 
+def _copy_into_store(job: IndexJob) -> IndexOutcome:
+    """``densefit index --from-store SOURCE --store TARGET``: every document of SOURCE with
+    its vector copied into TARGET (created recording SOURCE's model and settings, with
+    ``--vectors`` when given, else SOURCE's vector kind), nothing embedded
+    (:func:`~densefit.retrieval.index.indexing.copy_documents`)."""
+    with open_store(job.from_store, create=False) as source:
+        kind = job.vectors if job.vectors != VECTORS.default else source.vector_kind
+        record = dataclasses.replace(source.record, vector_kind=kind)
+        opening = {"backend": job.backend, "lock_timeout": job.lock_timeout}
+        with open_store(job.store, record=record, **opening) as target:
+            report = copy_documents(
+                source,
+                target,
+                commit_every=job.commit_every,
+                show_progress=job.show_progress,
+                lock_timeout=job.lock_timeout,
+            )
+            for name in job.index_fields:
+                target.index_meta_field(name)
+            info = target.info()
+    return IndexOutcome(report, ReadReport(source.location), info)
+
+
 def reembed_job(job: ReembedJob) -> SwapReport | None:
     """Swap ``job.store`` to ``job.model`` (:func:`~densefit.retrieval.index.swap.
     reembed_store`): every document embedded again, then one switch; resumes a swap to the
     same model. With ``job.cancel``, drop the swap under way instead (None)."""
-    with LocalDocumentStore(job.store) as store:  # StoreError (one line) when not a store
+    with open_store(job.store, create=False) as store:  # StoreError (one line) when none
         if job.cancel:
             if job.model is not None:
                 raise ValueError("--cancel drops the swap under way; it takes no --model")
@@ -618,6 +701,8 @@ def _embed_shares(model) -> None:  # noqa: ANN001
     :func:`_encode_on_every_process` until rank 0 says it is done (:func:`_stop_sharing`)."""
     while (call := distributed.broadcast_object(None)) is not None:
         texts, batch_size, prompt_name, runtime, source = call
+        if model_precision(model) == "auto":  # auto follows rank 0's: the store's precision
+            set_precision(model, source.precision)
         runner = resolve_runtime(model, runtime)
         if runner.source != source:
             raise RuntimeError(
@@ -655,7 +740,7 @@ def search_job(job: SearchJob) -> list[list[SearchHit]]:
     search loads no model."""
     device = resolve_device(job.device)
     filters = parse_filter_text(job.filter)
-    with LocalDocumentStore(job.store, backend=job.backend, rescore=job.rescore) as store:
+    with open_store(job.store, backend=job.backend, rescore=job.rescore, create=False) as store:
         model = None
         if job.mode != "bm25":
             model = model_for_store(
@@ -666,6 +751,7 @@ def search_job(job: SearchJob) -> list[list[SearchHit]]:
                 document_prompt=job.document_prompt,
                 dim=job.dim,
             )
+            set_precision(model, job.precision)
         return search_batch(
             store,
             model,
@@ -685,8 +771,8 @@ def search_job(job: SearchJob) -> list[list[SearchHit]]:
 
 def export_job(job: ExportJob) -> ExportReport:
     """Write ``job.model``'s runtime files (``job.to``) into its folder or ``job.output``, each
-    checked against the model on ``job.calibration`` (:func:`~densefit.retrieval.export.
-    export_model`); a file that fails its check raises ``ExportCheckError`` (a ValueError)
+    checked against the model on ``job.calibration`` (by default, for int8, the training data
+    the model folder records: :func:`~densefit.retrieval.export.export_model`); a file that fails its check raises ``ExportCheckError`` (a ValueError)
     unless ``on_check_failure`` is warn."""
     if job.calibration is not None and not Path(job.calibration).exists():
         raise FileNotFoundError(f"--calibration {job.calibration}: no such file or folder")
@@ -741,7 +827,9 @@ def eval_job(job: EvalJob, *, say: Say = None) -> EvalOutcome:
     for name in names[::-1]:  # --compare first: the delta is --model minus --compare
         _say(say, f"evaluating {name} on {job.dataset} ({split})")
         model = configure_model(
-            load_model(name, device=job.device, max_seq_length=settings.max_seq_length), **prompts
+            load_model(name, device=job.device, max_seq_length=settings.max_seq_length),
+            precision=settings.precision,
+            **prompts,
         )
         lengths[labels[name]] = model.max_seq_length
         found = evaluate(
@@ -782,10 +870,11 @@ def _eval_store(job: EvalJob, options: dict, prompts: dict) -> EvalOutcome:
     queries, qrels = load_queries_and_qrels(
         job.queries, job.qrels, on_bad_row=job.on_bad_row, report=report
     )
-    with LocalDocumentStore(job.store, backend=job.backend, rescore=job.rescore) as store:
+    with open_store(job.store, backend=job.backend, rescore=job.rescore, create=False) as store:
         model = None  # BM25 ranks by the texts alone: no model to load
         if job.eval.mode != "bm25":
             model = model_for_store(store, job.model, device=job.device, **prompts)
+            set_precision(model, job.eval.precision)
         found = evaluate(
             model,
             store,

@@ -532,7 +532,7 @@ def write_mined(
 
 def mine_files(
     pairs: str | os.PathLike,
-    corpus: str | os.PathLike,
+    corpus: str | os.PathLike | Sequence[Document],
     output: str | os.PathLike,
     *,
     split: str = "train",
@@ -541,16 +541,19 @@ def mine_files(
 ) -> MiningReport:
     """Read pairs (a BEIR folder's ``split`` or a training file) and a corpus, mine, write.
 
-    ``corpus`` is a corpus file or a BEIR folder; ``options`` go to
-    :func:`mine_hard_negatives`.
+    ``corpus`` is a corpus file or a BEIR folder, or the documents already read (a store's);
+    ``options`` go to :func:`mine_hard_negatives`.
 
     >>> mine_files("scifact", "scifact", "mined.jsonl", method="bm25")  # doctest: +SKIP
     """
 
     t0 = time.perf_counter()
-    documents, corpus_report = read_corpus(corpus, on_bad_row=on_bad_row)
-    if corpus_report.n_skipped:
-        warnings.warn(corpus_report.summary(), UserWarning, stacklevel=2)
+    if isinstance(corpus, (str, os.PathLike)):
+        documents, corpus_report = read_corpus(corpus, on_bad_row=on_bad_row)
+        if corpus_report.n_skipped:
+            warnings.warn(corpus_report.summary(), UserWarning, stacklevel=2)
+    else:
+        documents = list(corpus)
     by_id = {d.id: d for d in documents} if Path(pairs).is_dir() else None
     rows, pairs_report = read_training_data(pairs, on_bad_row=on_bad_row, split=split, corpus=by_id)
     if pairs_report.n_skipped:

@@ -2,7 +2,7 @@
 after: the ``postgres_uri`` fixture): filters equal to the embedded store's on the shared
 filter table and on random filters, BM25 equal to a fresh Bm25Index, hybrid equal to the
 fusion of both rankings, exact search equal to the embedded store's, HNSW recall, the model
-record, two store objects sharing a table, locks, crashes and errors.
+record, two store objects sharing a table, locks, crashes, errors and the conformance suite.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from densefit.retrieval.index.locking import StoreLockedError  # noqa: E402
 from densefit.retrieval.index.settings import StoreRecord  # noqa: E402
 from densefit.testing import tiny_model  # noqa: E402
 from densefit.testing.conformance import (  # noqa: E402
+    StoreConformance,
     make_corpus,
     reference_match,
     with_meta,
@@ -609,3 +610,52 @@ def test_a_writer_killed_mid_transaction_leaves_the_last_commit_and_indexing_res
         report = index_documents(store, model, make_corpus(n), batch_size=8, commit_every=16)
     assert (report.unchanged, report.added) == (48, n - 48)
     assert _consistent(target, model) == n
+
+
+# -- the conformance suite ---------------------------------------------------------------------
+
+
+class TestPostgres(StoreConformance):
+    """Every behaviour the suite states, on a fresh table of the session's server (HNSW)."""
+
+    @pytest.fixture
+    def target(self, postgres_uri):
+        return _new_target(postgres_uri)
+
+
+class TestPostgresExact(StoreConformance):
+    """The same with exact search."""
+
+    @pytest.fixture
+    def target(self, postgres_uri):
+        return _new_target(postgres_uri)
+
+    @pytest.fixture
+    def backend(self):
+        return "exact"
+
+
+class TestPostgresFloat16(StoreConformance):
+    """float16 vectors (halfvec), where the server's pgvector has them (0.7 and later)."""
+
+    vectors = "float16"
+    vector_atol = 2e-3  # float16 keeps about 3 significant digits
+
+    @pytest.fixture
+    def target(self, postgres_uri):
+        with psycopg.connect(postgres_uri) as conn:
+            version = engine._pgvector_version(conn)
+        if version < (0, 7):
+            pytest.skip(f"the server's pgvector {version} has no halfvec (0.7 added it)")
+        return _new_target(postgres_uri)
+
+
+class TestPostgresBinary(StoreConformance):
+    """Binary codes: candidates by Hamming distance, rescored against float32 vectors (the
+    suite compares with exact search: 64 candidates per result rescore every document)."""
+
+    vectors, rescore = "binary", 64
+
+    @pytest.fixture
+    def target(self, postgres_uri):
+        return _new_target(postgres_uri)

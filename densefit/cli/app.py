@@ -64,6 +64,8 @@ _EXTRAS = {
     "onnxscript": "onnx",
     "openvino": "openvino",
     "nncf": "openvino",
+    "psycopg": "postgres",
+    "qdrant_client": "qdrant",
 }
 
 

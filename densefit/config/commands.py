@@ -33,6 +33,7 @@ from densefit.config.shared import (
     NPROC,
     ON_BAD_ROW_OPTION,
     OUTPUT,
+    PRECISION,
     PROGRESS,
     QUERY_PROMPT,
     RESCORE,
@@ -123,9 +124,10 @@ class MineJob(Options):
         help="(query, positive) pairs: a BEIR folder (its --split) or a training file.",
         positional=True,
     )
-    corpus: Path = option(
-        help="Documents to mine from: a corpus file or a BEIR folder.", flag="--corpus", short="-c"
+    corpus: Path | None = option(
+        None, "Documents to mine from: a corpus file or a BEIR folder.", flag="--corpus", short="-c"
     )
+    store: str | None = STORE()  # instead of --corpus: the store's documents and vectors
     output: Path = OUTPUT(required=True)
     model: str | None = MODEL()
     split: str | None = SPLIT()
@@ -135,6 +137,13 @@ class MineJob(Options):
     document_prompt: str | None = DOCUMENT_PROMPT()
     show_progress: bool = PROGRESS()
     mine: MineConfig = section(MineConfig, "How negatives are mined.")
+
+    def check(self) -> None:
+        """--corpus or --store: one of them."""
+        if (self.corpus is None) == (self.store is None):
+            raise self.error(
+                "corpus", "names the documents to mine from: give --corpus or --store (one)"
+            )
 
 
 @dataclass(kw_only=True)
@@ -151,6 +160,7 @@ class DocumentEmbedding(Options):
     dim: int | None = DIM()
     encode_batch_size: int = ENCODE_BATCH_SIZE()
     runtime: str = RUNTIME()
+    precision: str = PRECISION()
     commit_every: int = COMMIT_EVERY()
     lock_timeout: float = LOCK_TIMEOUT()
 
@@ -159,9 +169,19 @@ class DocumentEmbedding(Options):
 class IndexJob(DocumentEmbedding):
     """``densefit index``: embed a corpus into a store (created if new, resumed if not)."""
 
-    corpus: Path = option(help="JSONL(.gz), CSV, TSV, Parquet, or a BEIR folder.", positional=True)
-    store: Path = STORE(required=True)
-    backend: str = BACKEND()
+    corpus: Path | None = option(
+        None, "JSONL(.gz), CSV, TSV, Parquet, or a BEIR folder.", positional=True
+    )
+    store: str = STORE(required=True)
+    from_store: str | None = option(
+        None,
+        "Copy every document, its metadata and its vector from this store (a folder or "
+        "another engine's target) into --store instead of embedding a CORPUS: how a store "
+        "moves to PostgreSQL or Qdrant without re-embedding; resumable.",
+        flag="--from-store",
+        metavar="STORE",
+    )
+    backend: str | None = BACKEND()
     vectors: str = VECTORS()
     reembed: bool = option(
         False,
@@ -180,12 +200,27 @@ class IndexJob(DocumentEmbedding):
     show_progress: bool = PROGRESS()
     json: bool = JSON()
 
+    def check(self) -> None:
+        """CORPUS to embed, or --from-store to copy: one of them; a copy embeds nothing."""
+        if (self.corpus is None) == (self.from_store is None):
+            raise self.error(
+                "corpus",
+                "names what to index: give CORPUS to embed, or --from-store STORE to copy "
+                "a store's documents and vectors (one of them)",
+            )
+        if self.from_store is not None:
+            for name, given in (("reembed", self.reembed), ("prune", self.prune)):
+                if given:
+                    raise self.error(name, "embeds or deletes; --from-store copies: drop one")
+            if self.nproc not in (None, 1):
+                raise self.error("nproc", "shares embedding; --from-store embeds nothing")
+
 
 @dataclass(kw_only=True)
 class ReembedJob(DocumentEmbedding):
     """``densefit reembed``: swap a store to another model while it keeps serving."""
 
-    store: Path = STORE(required=True)
+    store: str = STORE(required=True)
     cancel: bool = option(
         False, "Drop the model swap under way (the store keeps serving its current model)."
     )
@@ -198,7 +233,7 @@ class SearchJob(Options):
     """``densefit search``: the best documents of a store for each query."""
 
     queries: list[str] = option(help="One or more queries.", positional=True)
-    store: Path = STORE(required=True)
+    store: str = STORE(required=True)
     top_k: int | None = TOP_K()
     model: str | None = MODEL()
     device: str | None = DEVICE()
@@ -207,7 +242,8 @@ class SearchJob(Options):
     dim: int | None = DIM()
     encode_batch_size: int = ENCODE_BATCH_SIZE()
     runtime: str = RUNTIME()
-    backend: str = BACKEND()
+    precision: str = PRECISION()
+    backend: str | None = BACKEND()
     filter: str | None = option(
         None,
         "Metadata filter, Haystack syntax as JSON (or @FILE.json), e.g. "
@@ -245,7 +281,7 @@ class EvalJob(Options):
         "A second model (e.g. the base model) evaluated on the same queries, after --model; "
         "delta = --model minus --compare (positive: --model is better).",
     )
-    store: Path | None = STORE()
+    store: str | None = STORE()
     queries: Path | None = option(None, "queries.jsonl (_id, text).")
     qrels: Path | None = option(None, "qrels TSV (query-id, corpus-id, score).")
     dims: list[int] | str | None = option(
@@ -259,7 +295,7 @@ class EvalJob(Options):
     device: str | None = DEVICE()
     query_prompt: str | None = QUERY_PROMPT()
     document_prompt: str | None = DOCUMENT_PROMPT()
-    backend: str = BACKEND()
+    backend: str | None = BACKEND()
     vectors: str = VECTORS()
     rescore: int | None = RESCORE()
     on_bad_row: str = ON_BAD_ROW_OPTION()
@@ -339,9 +375,10 @@ class ExportJob(Options):
     )
     calibration: Path | None = option(
         None,
-        "Held-out texts the check embeds (and OpenVINO int8 calibrates on): training pairs, "
-        "a corpus or a BEIR folder; at most 200 queries and 800 documents are drawn. Needed "
-        "for the int8 targets; fp32 ones are checked on probe texts without it.",
+        "Texts the check embeds (and OpenVINO int8 calibrates on): training pairs, a corpus "
+        "or a BEIR folder; at most 200 queries and 800 documents are drawn. Default: for the "
+        "int8 targets the training data the model folder records (densefit train records "
+        "it), for fp32 ones probe texts.",
         metavar="DATA",
     )
     output: Path | None = OUTPUT()

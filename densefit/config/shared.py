@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import re
 
-from densefit.choices import FUSIONS, ON_BAD_ROW, RUNTIME_CHOICES, SEARCH_MODES, VECTOR_KINDS
+from densefit.choices import (
+    AUTO_PRECISION,
+    FUSIONS,
+    ON_BAD_ROW,
+    PRECISION_CHOICES,
+    RUNTIME_CHOICES,
+    SEARCH_BACKENDS,
+    SEARCH_MODES,
+    VECTOR_KINDS,
+)
 from densefit.config.options import shared
 
 __all__ = [
@@ -30,6 +39,7 @@ __all__ = [
     "NPROC",
     "ON_BAD_ROW_OPTION",
     "OUTPUT",
+    "PRECISION",
     "PROGRESS",
     "QUERY_PROMPT",
     "RESCORE",
@@ -156,10 +166,24 @@ RUNTIME = shared(
     affects_weights=False,
     plan=False,
 )
+PRECISION = shared(
+    "auto",
+    "Number format of the model when embedding with the torch runtime: fp32, fp16 or bf16 "
+    "(half the memory; on a GPU faster; checked against fp32 on probe texts); auto: the "
+    "store's when adding documents to one, else "
+    + ", ".join(f"{value} on {device}" for device, value in AUTO_PRECISION.items())
+    + ". A store records it; queries of any precision search it.",
+    choices=PRECISION_CHOICES,
+    group="Embedding",
+    affects_weights=False,
+    plan=False,
+)
 BACKEND = shared(
-    "exact",
-    "Vector search: exact, faiss (HNSW32) or faiss:FACTORY, e.g. faiss:IVF4096,Flat.",
-    metavar="exact|faiss|faiss:FACTORY",
+    None,
+    "Vector search (default: the engine's own, exact for a folder, hnsw for PostgreSQL and "
+    "Qdrant): exact; faiss (HNSW32) or faiss:FACTORY, e.g. faiss:IVF4096,Flat, for a folder; "
+    "hnsw for PostgreSQL and Qdrant.",
+    metavar="|".join(SEARCH_BACKENDS) + "|faiss:FACTORY",
 )
 PROGRESS = shared(
     True,
@@ -174,7 +198,15 @@ ON_BAD_ROW_OPTION = shared(
     choices=ON_BAD_ROW,
 )
 JSON = shared(False, "Print JSON instead of a table.", flag="--json")
-STORE = shared(None, "Store folder (densefit index creates it).", flag="--store", short="-s")
+STORE = shared(
+    None,
+    "The store: a folder (the embedded store; densefit index creates it), "
+    "postgresql://USER@HOST/DATABASE/TABLE (PostgreSQL + pgvector), "
+    "qdrant://HOST:PORT/COLLECTION or qdrant:FOLDER (Qdrant).",
+    flag="--store",
+    short="-s",
+    metavar="STORE",
+)
 COMMIT_EVERY = shared(
     1024,
     "Documents per transaction (reembed: new vectors per commit): a crash loses at most this many.",

@@ -8,7 +8,9 @@ field, and what to do.
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,7 +120,21 @@ def iter_corpus(
     """
     path = find_corpus_file(Path(path))
     report = report if report is not None else ReadReport(str(path))
-    documents = _unique_rows(path, BadRows(on_bad_row, report), _document, "document")
+    ignored: set[str] = set()
+
+    def document(record: Record, origin: str) -> tuple[str, Document]:
+        unknown = [k for k in record if k not in DOCUMENT_FIELDS and k not in ignored]
+        if unknown:
+            ignored.update(unknown)
+            warnings.warn(
+                f"{origin}: {', '.join(repr(k) for k in unknown)} not read (a document takes "
+                f"{', '.join(DOCUMENT_FIELDS)}): put it under 'meta' to filter on it",
+                UserWarning,
+                stacklevel=2,
+            )
+        return _document(record, origin)
+
+    documents = _unique_rows(path, BadRows(on_bad_row, report), document, "document")
 
     def counted() -> Iterator[Document]:
         for _, document in documents:
@@ -128,18 +144,65 @@ def iter_corpus(
     return counted()
 
 
+# The fields a corpus row gives a document; others are warned about once per file.
+DOCUMENT_FIELDS = (*ID_KEYS, "text", "title", "meta", "metadata")
+
+
 def _document(record: Record, origin: str) -> tuple[str, Document]:
     doc_id = _check_id(record, origin)
     text, title = (_optional_text(record, key, origin) for key in ("text", "title"))
     if not (text.strip() or title.strip()):
         raise BadRowError(origin, "text", "empty document (no text and no title)", SKIP_HINT)
-    meta = record.get("metadata")  # BEIR's per-document metadata, kept for filters
     return doc_id, Document(
         id=doc_id,
         text=f"{title} {text}".strip() if title else text,
         title=title,
-        meta=meta if isinstance(meta, dict) else {},
+        meta=_metadata(record, origin),
     )
+
+
+def _metadata(record: Record, origin: str) -> dict:
+    """The row's metadata, kept for filters: ``meta`` (Haystack's and densefit's HTTP API's
+    name) or ``metadata`` (BEIR's), an object of finite values."""
+    given = [key for key in ("meta", "metadata") if record.get(key) is not None]
+    if len(given) == 2 and record["meta"] != record["metadata"]:
+        raise BadRowError(origin, "meta", "the row gives both 'meta' and 'metadata'", SKIP_HINT)
+    if not given:
+        return {}
+    meta = record[given[0]]
+    if not isinstance(meta, dict):
+        raise BadRowError(
+            origin, given[0], f"expected an object of metadata, got {type(meta).__name__}"
+        )
+    bad = non_finite_path(meta)
+    if bad is not None:
+        raise BadRowError(
+            origin, f"{given[0]}.{bad}", "NaN or Infinity: filters compare finite numbers only"
+        )
+    return meta
+
+
+def non_finite_path(value, path: str = "") -> str | None:
+    """The path (``a.b`` or ``a.2``) of the first NaN or infinite number in a metadata value
+    (nested lists and objects), None when every number is finite.
+
+    >>> non_finite_path({"a": {"b": [1, float("nan")]}})
+    'a.b.1'
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        found = non_finite_path(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def find_corpus_file(path: str | os.PathLike) -> Path:

@@ -65,7 +65,6 @@ import functools
 import os
 import threading
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,14 +85,13 @@ from densefit.config.shared import DENSE_WEIGHT, FUSION, FUSION_DEPTH, RRF_K, RU
 from densefit.data.text import InvalidText, checked_text
 from densefit.data.types import Document as DensefitDocument
 from densefit.models import load_model
-from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.fusion import Fusion
+from densefit.retrieval.index.base import DocumentStore, NoStoreError
 from densefit.retrieval.index.common import checked_vectors
-from densefit.retrieval.index.documents import DB_NAME
 from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.filters import validate_filters
-from densefit.retrieval.index.searching import model_for_store, query_runtime
-from densefit.retrieval.index.store import LocalDocumentStore
+from densefit.retrieval.index.searching import embed_queries, model_for_store, search_embedded
+from densefit.retrieval.index.settings import StoreRecord
 
 __all__ = [
     "EXTERNAL_MODEL",
@@ -165,16 +163,20 @@ def _checked_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 class DensefitDocumentStore:
-    """Haystack's ``DocumentStore`` over a densefit store folder (or a temporary one).
+    """Haystack's ``DocumentStore`` over a densefit store, on any engine.
 
-    :param path: the store folder: opened if it holds a store, created at the first write
-        otherwise. None: a temporary store, deleted with this object.
+    :param path: the store: a folder (the embedded store), ``postgresql://.../TABLE`` or
+        ``qdrant://HOST:PORT/COLLECTION`` / ``qdrant:FOLDER`` (any target of
+        :func:`~densefit.retrieval.index.engines.open_store`); opened if it holds a store,
+        created at the first write otherwise. None: a temporary embedded store, deleted with
+        this object.
     :param model: the sentence-transformers model (path or name) Haystack's embedders use;
         a new store records it so that densefit (``densefit search``) can search it too.
     :param embedding_dim: the embedding dimension of a new store without ``model``; by
         default, the length of the first embedding written.
     :param similarity: ``"cosine"`` (default) or ``"dot_product"``, for a new store.
-    :param backend: ``"exact"``, ``"faiss"`` or ``"faiss:FACTORY"`` (see ``densefit index``).
+    :param backend: the vector search (None: the engine's default; ``"exact"``, ``"faiss"``
+        or ``"faiss:FACTORY"`` for a folder, ``"exact"`` or ``"hnsw"`` for an engine).
     :param vectors: the vector kind of a new store: ``"float32"`` (default), ``"float16"``,
         ``"int8"`` or ``"binary"`` (int8 and binary keep codes in memory and rescore against
         float32 vectors on disk: :mod:`densefit.retrieval.index.quantized`).
@@ -188,7 +190,7 @@ class DensefitDocumentStore:
         model: str | None = None,
         embedding_dim: int | None = None,
         similarity: str = "cosine",
-        backend: str = "exact",
+        backend: str | None = None,
         vectors: str = "float32",
         rescore: int | None = None,
     ) -> None:
@@ -205,23 +207,26 @@ class DensefitDocumentStore:
         self.backend = backend
         self.vectors = vectors
         self.rescore = rescore
-        self._store: LocalDocumentStore | None = None
+        self._store: DocumentStore | None = None
         self._indexed = False  # the "has no embedding" field has its index
         self._lock = threading.RLock()  # see _locked: one call at a time
         self._query_model = None  # the model embed_queries loads once
         self._model_lock = threading.Lock()
-        if self.path is not None and (Path(self.path) / DB_NAME).is_file():
-            self._store = LocalDocumentStore(self.path, backend=backend, rescore=rescore)
+        if self.path is not None:
+            try:
+                self._store = open_store(self.path, backend=backend, rescore=rescore, create=False)
+            except NoStoreError:
+                pass  # created at the first write
 
     # -- the densefit store ----------------------------------------------------------------
 
     @property
-    def store(self) -> LocalDocumentStore | None:
-        """The underlying :class:`~densefit.retrieval.index.store.LocalDocumentStore` (None
-        until the first write creates it)."""
+    def store(self) -> DocumentStore | None:
+        """The underlying :class:`~densefit.retrieval.index.base.DocumentStore` (None until
+        the first write creates it)."""
         return self._store
 
-    def _create(self, dim_hint: int | None) -> LocalDocumentStore:
+    def _create(self, dim_hint: int | None) -> DocumentStore:
         if self.model is not None:
             return open_store(
                 self.path,
@@ -236,16 +241,15 @@ class DensefitDocumentStore:
                 "DensefitDocumentStore does not know the embedding dimension yet: pass "
                 "embedding_dim= or model=, or write documents with embeddings first"
             )
-        return LocalDocumentStore.create(
-            self.path,
-            model_name=EXTERNAL_MODEL,
-            dim=dim,
-            fingerprint=np.zeros((3, dim), dtype=np.float32),
-            similarity=HAYSTACK_SIMILARITIES[self.similarity],
-            vectors=self.vectors,
-            backend=self.backend,
-            rescore=self.rescore,
+        record = StoreRecord(
+            EXTERNAL_MODEL,
+            dim,
+            HAYSTACK_SIMILARITIES[self.similarity],
+            self.vectors,
+            np.zeros((3, dim), dtype=np.float32),
+            None,
         )
+        return open_store(self.path, record=record, backend=self.backend, rescore=self.rescore)
 
     # -- serialisation ---------------------------------------------------------------------
 
@@ -450,13 +454,17 @@ class DensefitDocumentStore:
         filters = _checked_filters(filters)
         if self._store is None or top_k == 0:
             return []
-        combined = filters
-        if self._has_documents_without_embedding():
-            combined = _HAS_EMBEDDING
-            if filters:
-                combined = {"operator": "AND", "conditions": [filters, _HAS_EMBEDDING]}
         query = self._query_vector(query_embedding)
-        hits = self._store.search(query, top_k=top_k, filters=combined, scale_score=scale_score)[0]
+        dense_filters = _HAS_EMBEDDING if self._has_documents_without_embedding() else None
+        hits = search_embedded(
+            self._store,
+            [""],
+            query,
+            top_k=top_k,
+            filters=filters,
+            scale_score=scale_score,
+            dense_filters=dense_filters,
+        )[0]
         return self._scored(hits, return_embedding)
 
     @_locked
@@ -516,13 +524,14 @@ class DensefitDocumentStore:
             query_vector = self._query_vector(query_embedding)
             if self._has_documents_without_embedding():
                 dense_filters = _HAS_EMBEDDING
-        hits = self._store.search(
+        hits = search_embedded(
+            self._store,
+            [query],
             query_vector,
             top_k=top_k,
             filters=filters,
             scale_score=scale_score,
             mode=mode,
-            query_texts=[query],
             fusion=fusion,
             dense_filters=dense_filters,
         )[0]
@@ -544,10 +553,7 @@ class DensefitDocumentStore:
         with self._model_lock:
             if self._query_model is None:
                 self._query_model = model_for_store(self._store, self.model)
-        model = self._query_model
-        self._store.check_model(model)
-        runner = query_runtime(self._store, model, runtime)  # the store's runtime rule
-        return encode_texts(model, list(queries), prompt_name="query", runtime=runner)
+        return embed_queries(self._store, self._query_model, queries, runtime=runtime)
 
     def _query_vector(self, query_embedding) -> np.ndarray:
         query = np.asarray(query_embedding, dtype=np.float32)

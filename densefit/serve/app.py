@@ -34,8 +34,8 @@ import torch
 
 from densefit.choices import SEARCH_MODES
 from densefit.data.types import Document
-from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index.filters import validate_filters
+from densefit.retrieval.index.searching import embed_queries, search_embedded
 from densefit.serve.batcher import MicroBatcher, Query
 from densefit.serve.config import ServeConfig, is_local_host, worker_threads
 from densefit.serve.embeddings import add_embedding_routes, measure_request, run_batch
@@ -93,13 +93,14 @@ def search_queries(
     embedded = [i for i, q in enumerate(queries) if q.mode != "bm25"]
     vectors = embeddings
     if vectors is None and embedded:
-        vectors = encode_texts(
+        vectors = embed_queries(
+            store,
             model,
             [queries[i].text for i in embedded],
-            batch_size=max(len(embedded), 1),
-            prompt_name="query",
-            pass_cost_tokens=PASS_COST_TOKENS,
             runtime=runtime,
+            checked=True,  # when the served model's state was made (densefit.serve.swap)
+            batch_size=max(len(embedded), 1),
+            pass_cost_tokens=PASS_COST_TOKENS,
             tokens=[queries[i].tokens for i in embedded],  # measured by the batcher
         )
     row_of = {query: row for row, query in enumerate(embedded)}
@@ -111,14 +112,15 @@ def search_queries(
     for indices in groups.values():
         first = queries[indices[0]]
         try:
-            hits = store.search(
+            hits = search_embedded(
+                store,
+                [queries[i].text for i in indices],
                 vectors[[row_of[i] for i in indices]] if first.mode != "bm25" else None,
                 top_k=first.k,
                 filters=first.filters,
                 scale_score=first.scale_score,
                 mode=first.mode,
-                query_texts=[queries[i].text for i in indices],
-                model_generation=model_generation if first.mode != "bm25" else None,
+                model_generation=model_generation,
             )
         except Exception as exc:  # noqa: BLE001 - fails only this group's queries
             hits = [exc] * len(indices)
@@ -398,7 +400,7 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
 
     app = FastAPI(
         title="densefit serve",
-        description=f"Search and update the store {store.path.name!r} ({store.model_name}).",
+        description=f"Search and update the store {store.location!r} ({store.model_name}).",
         lifespan=lifespan,
     )
     app.state.metrics, app.state.batcher, app.state.writer = metrics, batcher, writer

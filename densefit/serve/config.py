@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from pathlib import Path
 
 from densefit.choices import EMBED_PROMPTS
 from densefit.config.options import Options, option, section
-from densefit.config.shared import BACKEND, DEVICE, MODEL, RESCORE, RUNTIME, STORE, VECTORS
+from densefit.config.shared import (
+    BACKEND,
+    DEVICE,
+    MODEL,
+    PRECISION,
+    RESCORE,
+    RUNTIME,
+    STORE,
+    VECTORS,
+)
 
 __all__ = ["API_KEY_ENV", "DEFAULT_HOST", "DEFAULT_PORT", "ServeConfig", "ServeJob",
            "is_local_host", "worker_threads"]  # fmt: skip
@@ -53,6 +61,7 @@ class ServeConfig(Options):
         group=_LIMITS,
     )
     runtime: str = RUNTIME()
+    precision: str = PRECISION()
     max_wait_ms: float = option(
         2.0,
         "How long a batch waits for more queries (not on an idle server with none coming).",
@@ -103,13 +112,13 @@ class ServeConfig(Options):
 class ServeJob(Options):
     """``densefit serve``: what to serve, where, and the service's limits."""
 
-    store: Path = STORE(required=True)
+    store: str = STORE(required=True)
     model: str | None = MODEL()
     device: str | None = DEVICE()
     host: str = option(DEFAULT_HOST, "Address to bind (loopback by default).")
     port: int = option(DEFAULT_PORT, "TCP port.", ge=0, le=65535)
     create: bool = option(False, "Create an empty store for --model when --store holds none.")
-    backend: str = BACKEND()
+    backend: str | None = BACKEND()
     vectors: str = VECTORS()
     rescore: int | None = RESCORE()
     serve: ServeConfig = section(ServeConfig, "The service's limits and knobs.")

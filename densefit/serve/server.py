@@ -13,10 +13,9 @@ import warnings
 
 from densefit.config.shared import model_or_default
 from densefit.models import load_model, resolve_device
-from densefit.retrieval.index.documents import DB_NAME
+from densefit.retrieval.index.base import NoStoreError
 from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.searching import model_for_store
-from densefit.retrieval.index.store import LocalDocumentStore
 from densefit.serve.app import create_app
 from densefit.serve.config import DEFAULT_HOST, DEFAULT_PORT, is_local_host
 
@@ -68,20 +67,22 @@ def serve_job(job) -> None:  # noqa: ANN001 - a densefit.serve.config.ServeJob
     API key serves read-only (writes get 403) and says so."""
 
     job = job.replace(device=resolve_device(job.device))
-    if not job.create or (job.store / DB_NAME).is_file():
-        # the store's model (or --model), embedding as the store was indexed, as search does
-        with LocalDocumentStore(job.store) as probe:  # StoreError (one line) when not a store
-            model = model_for_store(probe, job.model, device=job.device)
-    else:
+    opening = {"backend": job.backend, "rescore": job.rescore}
+    try:
+        store = open_store(job.store, create=False, **opening)
+    except NoStoreError:
+        if not job.create:
+            raise
         model = load_model(model_or_default(job.model), device=job.device)
-    store = open_store(
-        job.store,
-        model,
-        backend=job.backend,
-        vectors=job.vectors,
-        rescore=job.rescore,
-        create=job.create,
-    )
+        store = open_store(job.store, model, vectors=job.vectors, **opening)
+    else:
+        # the store's model (or --model), embedding as the store was indexed, as search does
+        try:
+            model = model_for_store(store, job.model, device=job.device)
+            store.check_model(model)
+        except BaseException:
+            store.close()
+            raise
     local = is_local_host(job.host)
     if not local and not job.serve.api_key:
         warnings.warn(

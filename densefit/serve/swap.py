@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from densefit.config.shared import ENCODE_BATCH_SIZE
 from densefit.models import load_model, resolve_device
 from densefit.retrieval.encode import configure_model, encode_texts, fastest_runtime
 from densefit.retrieval.index.base import ModelSwappedError
@@ -38,6 +39,7 @@ from densefit.retrieval.runtimes import (
     disagreement,
     release_runtimes,
     resolve_runtime,
+    set_precision,
 )
 from densefit.serve.embeddings import matryoshka_trained
 
@@ -117,7 +119,11 @@ class ServedModel:
         if target is None or not target.record.same_vectors(nxt.record):
             return None
         vectors = encode_texts(
-            nxt.model, texts, batch_size=32, prompt_name="document", runtime=nxt.runtime
+            nxt.model,
+            texts,
+            batch_size=ENCODE_BATCH_SIZE.default,
+            prompt_name="document",
+            runtime=nxt.runtime,
         )
         return target, vectors
 
@@ -137,7 +143,9 @@ class AdminSwap:
     """``POST /admin/reembed``: one model swap at a time, in a thread; its status for
     ``GET /admin/reembed``."""
 
-    def __init__(self, served: ServedModel, *, runtime: str, batch_size: int = 32):
+    def __init__(
+        self, served: ServedModel, *, runtime: str, batch_size: int = ENCODE_BATCH_SIZE.default
+    ):
         self.served = served
         self.runtime = runtime
         self.batch_size = batch_size
@@ -226,10 +234,16 @@ def document_encoder(store, model, runtime: str = "auto"):
     def encode(texts):
         if reason:
             raise SettingsMismatchError(
-                f"{getattr(store, 'path', 'the store')}: cannot add documents: {reason} "
+                f"{store.location}: cannot add documents: {reason} "
                 f"(export {stored.runtime} for this model to write here)"
             )
-        return encode_texts(model, texts, batch_size=32, prompt_name="document", runtime=runner)
+        return encode_texts(
+            model,
+            texts,
+            batch_size=ENCODE_BATCH_SIZE.default,
+            prompt_name="document",
+            runtime=runner,
+        )
 
     return encode
 
@@ -246,6 +260,7 @@ def query_state_maker(store, config, threads: int | None = None) -> Callable:
         # encode_texts never switches it (one worker's switch back would turn dropout on in
         # another's pass).
         model.eval()
+        set_precision(model, config.precision)
         runtime, timings = query_runtime_for(store, model, config.runtime, threads=threads)
         matryoshka = config.matryoshka
         if matryoshka is None:

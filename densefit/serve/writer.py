@@ -2,7 +2,7 @@
 
 The writer thread embeds a batch of documents (outside the store's lock, so searches keep
 running while it encodes) and then writes it in one store transaction; the caller's future
-is resolved only after :meth:`LocalDocumentStore.write` returned, i.e. after the vectors were
+is resolved only after :meth:`DocumentStore.write <densefit.retrieval.index.base.DocumentStore.write>` returned, i.e. after the vectors were
 fsync'd and the SQLite transaction committed. The next search sees the documents: the store
 object is shared, and its live-row mask is updated in place by the commit.
 """

@@ -33,6 +33,7 @@ _EXPORTS = {
     "CapabilityError": "densefit.retrieval.index.base",
     "DocumentStore": "densefit.retrieval.index.base",
     "ModelSwappedError": "densefit.retrieval.index.base",
+    "NoStoreError": "densefit.retrieval.index.base",
     "ModelMismatchError": "densefit.retrieval.index.base",
     "SearchHit": "densefit.retrieval.index.base",
     "StoreError": "densefit.retrieval.index.base",

@@ -42,6 +42,7 @@ __all__ = [
     "DocumentStore",
     "ModelMismatchError",
     "ModelSwappedError",
+    "NoStoreError",
     "SearchHit",
     "StoreError",
     "VectorBackend",
@@ -54,6 +55,10 @@ class StoreError(ValueError):
 
     A ValueError: like bad input, it is the user's to fix, and the CLI prints it as one line.
     """
+
+
+class NoStoreError(StoreError):
+    """There is no store at the target (and it was not to be created)."""
 
 
 class ModelMismatchError(StoreError):

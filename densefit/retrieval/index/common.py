@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from densefit.choices import SEARCH_MODES
+from densefit.data.corpus import non_finite_path
 from densefit.data.types import Document
 from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.base import ModelSwappedError, SearchHit
@@ -38,6 +39,7 @@ from densefit.retrieval.index.settings import StoreRecord, VectorSettings
 
 __all__ = [
     "StoreCommon",
+    "checked_documents",
     "checked_mode",
     "checked_queries",
     "checked_query_texts",
@@ -118,6 +120,20 @@ def checked_vectors(record: StoreRecord, documents: list, embeddings: np.ndarray
             f"expected embeddings of shape ({len(documents)}, {record.dim}) for "
             f"{len(documents)} documents in a {record.dim}-d store, got {np.shape(embeddings)}"
         )
+    checked_documents(documents)
+    if not np.isfinite(vectors).all():
+        bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
+        raise ValueError(f"the embedding of document {documents[bad].id!r} has NaN/inf values")
+    if record.similarity == "cosine":
+        vectors = normalise_rows(vectors)
+    if record.vector_kind == "float16" and np.abs(vectors).max(initial=0) > 65504:
+        raise ValueError("embeddings exceed the float16 range: use a float32 store")
+    return vectors
+
+
+def checked_documents(documents: Sequence[Document]) -> None:
+    """Raise naming the document at fault unless every one is a :class:`Document` with a
+    unique non-empty id and metadata of finite numbers (NaN would break every filter)."""
     seen: set[str] = set()
     for i, doc in enumerate(documents):
         if not isinstance(doc, Document):
@@ -130,14 +146,12 @@ def checked_vectors(record: StoreRecord, documents: list, embeddings: np.ndarray
                 "(index_documents keeps the last occurrence and reports duplicates)"
             )
         seen.add(doc.id)
-    if not np.isfinite(vectors).all():
-        bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
-        raise ValueError(f"the embedding of document {documents[bad].id!r} has NaN/inf values")
-    if record.similarity == "cosine":
-        vectors = normalise_rows(vectors)
-    if record.vector_kind == "float16" and np.abs(vectors).max(initial=0) > 65504:
-        raise ValueError("embeddings exceed the float16 range: use a float32 store")
-    return vectors
+        bad = non_finite_path(doc.meta)
+        if bad is not None:
+            raise ValueError(
+                f"document {doc.id!r}: meta.{bad} is NaN or infinite: metadata numbers must "
+                "be finite (filters compare them)"
+            )
 
 
 def checked_query_texts(texts, mode: str) -> list[str]:

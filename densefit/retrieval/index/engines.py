@@ -11,7 +11,9 @@ a folder (``runs/store``), or None (temporary)         the embedded store (SQLit
 =====================================================  ============================================
 
 An engine is one module (listed in :data:`ENGINES`) that declares what it can do
-(``CAPABILITIES``, a :class:`~densefit.retrieval.index.base.Capabilities`) and two functions:
+(``CAPABILITIES``, a :class:`~densefit.retrieval.index.base.Capabilities`), optionally
+``why_none(target)`` (why there is no store there, when it can say better than "none"), and
+two functions:
 ``open_existing(target, *, backend, rescore, lock_timeout)`` (the store there, or None when
 there is none) and ``create(target, record, *, backend, rescore, lock_timeout)`` (a new,
 empty store recording ``record``, the model's :class:`~densefit.retrieval.index.settings.
@@ -40,6 +42,7 @@ from densefit.retrieval.index.base import (
     CapabilityError,
     DocumentStore,
     ModelMismatchError,
+    NoStoreError,
     StoreError,
 )
 from densefit.retrieval.index.settings import record_for
@@ -108,8 +111,11 @@ def require(
         return
     able = [e for e in ENGINES if _has(capabilities_of(e), ability, value)]
     where = f"{location} " if location else ""
-    others = f": {' and '.join(_named(e) for e in able)} can" if able else ": no engine can"
-    raise CapabilityError(f"{where}({_named(capabilities.engine)}) cannot {doing}{others}")
+    offered = ""
+    if value is not None:
+        offered = f" (it offers {', '.join(getattr(capabilities, ability))})"
+    others = f": {' and '.join(_named(e) for e in able)} can" if able else ""
+    raise CapabilityError(f"{where}({_named(capabilities.engine)}) cannot {doing}{offered}{others}")
 
 
 def _has(capabilities: Capabilities, ability: str, value: str | None) -> bool:
@@ -175,8 +181,10 @@ def open_store(
     store = module.open_existing(target, **options)
     if store is None:
         if not create or (model is None and record is None):
-            raise StoreError(
-                f"no densefit store at {location}: build one with "
+            why = getattr(module, "why_none", None)
+            raise NoStoreError(
+                (why(target) if why is not None else None)
+                or f"no densefit store at {location}: build one with "
                 f"`densefit index CORPUS --model MODEL --store {location}`"
             )
         if record is None:

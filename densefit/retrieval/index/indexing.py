@@ -19,11 +19,11 @@ from tqdm.auto import tqdm
 from densefit.data.types import Document
 from densefit.models import model_name_of
 from densefit.retrieval.encode import embedding_dimension, encode_with_callback
-from densefit.retrieval.index.base import DocumentStore
+from densefit.retrieval.index.base import DocumentStore, ModelMismatchError
 from densefit.retrieval.index.documents import meta_hash, text_hash
 from densefit.retrieval.runtimes import resolve_runtime
 
-__all__ = ["IndexReport", "index_documents", "prune_documents"]
+__all__ = ["IndexReport", "copy_documents", "index_documents", "prune_documents"]
 
 
 @dataclass
@@ -54,6 +54,9 @@ class IndexReport:
     compacted: int = 0
     runtime: str = "torch"  # what embedded the documents (runtime and file)
     processes: int = 1  # that embedded them together (densefit index --nproc)
+    copied_from: str | None = (
+        None  # densefit index --from-store: the store copied, nothing embedded
+    )
 
     @property
     def docs_per_second(self) -> float:
@@ -61,6 +64,13 @@ class IndexReport:
         return self.encoded / self.encode_seconds if self.encode_seconds else 0.0
 
     def summary(self) -> str:
+        if self.copied_from is not None:
+            return (
+                f"{self.seen} documents copied from {self.copied_from} with their vectors: "
+                f"{self.added} added, {self.updated} replaced (text changed), "
+                f"{self.metadata_updated} title/metadata updated, {self.unchanged} unchanged "
+                f"(skipped); nothing embedded; {self.seconds:.1f}s in all"
+            )
         parts = [
             f"{self.seen} documents read: {self.added} added, {self.updated} re-embedded "
             f"(text changed), {self.unchanged} unchanged (skipped)"
@@ -261,6 +271,68 @@ class _Embedder:
         return vectors
 
 
+def copy_documents(
+    source: DocumentStore,
+    target: DocumentStore,
+    *,
+    commit_every: int = 1024,
+    show_progress: bool = False,
+    lock_timeout: float | None = None,
+) -> IndexReport:
+    """Copy every document of ``source`` with its metadata and stored vector into
+    ``target`` (another engine, usually), embedding nothing: how a store outgrows its
+    machine. ``target`` must record the same vectors (the same model and settings:
+    :class:`~densefit.retrieval.index.base.ModelMismatchError` otherwise). Documents already
+    in ``target`` with the same text keep their vector (metadata changes are written), so a
+    copy that stopped resumes where it was; ``target`` keeps documents ``source`` lacks.
+
+    >>> from densefit.testing import tiny_model
+    >>> from densefit.retrieval.index.engines import open_store
+    >>> model = tiny_model()
+    >>> small, other = open_store(None, model), open_store(None, model)
+    >>> _ = index_documents(small, model, [Document("a", "x"), Document("b", "y")])
+    >>> copy_documents(small, other).added, other.count()
+    (2, 2)
+    """
+    if commit_every < 1:
+        raise ValueError(f"commit_every must be at least 1, got {commit_every}")
+    if not target.record.same_vectors(source.record):
+        raise ModelMismatchError(
+            f"{target.location} holds vectors of {target.model_name!r} (or made with other "
+            f"settings) and {source.location} of {source.model_name!r}: copy into a new store"
+        )
+    report = IndexReport(store=target.location, model=source.model_name)
+    report.copied_from = source.location
+    started = time.perf_counter()
+    with target.writer_lock(lock_timeout), _progress(source.count(), show_progress) as bar:
+        for ids in _chunks(source.ids(), commit_every):
+            documents = [d for d in source.get(ids) if d is not None]  # deleted meanwhile: gone
+            stored = target.hashes([d.id for d in documents])
+            new, meta_only = [], []
+            for doc in documents:
+                hashes = stored.get(doc.id)
+                if hashes is None or hashes[0] != text_hash(doc.text):
+                    new.append(doc)
+                    report.added += hashes is None
+                    report.updated += hashes is not None
+                elif hashes[1] != meta_hash(doc):
+                    meta_only.append(doc)
+                    report.metadata_updated += 1
+                else:
+                    report.unchanged += 1
+            if new:
+                target.write(new, source.vectors([d.id for d in new]))
+                report.commits += 1
+            if meta_only:
+                target.write_metadata(meta_only)
+                report.commits += 1
+            report.seen += len(documents)
+            bar.update(len(documents))
+        target.flush()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
 def prune_documents(store: DocumentStore, keep_ids: Iterable[str]) -> int:
     """Delete every stored document whose id is not in ``keep_ids``; returns how many.
 
@@ -276,9 +348,9 @@ def prune_documents(store: DocumentStore, keep_ids: Iterable[str]) -> int:
     return store.delete([i for i in store.ids() if i not in keep])
 
 
-def _chunks(documents: Iterable[Document], size: int):
-    chunk: list[Document] = []
-    for doc in documents:
+def _chunks(items: Iterable, size: int):
+    chunk: list = []
+    for doc in items:
         chunk.append(doc)
         if len(chunk) == size:
             yield chunk

@@ -5,6 +5,11 @@ store never both create it and never both embed the same documents: the second w
 the first (saying so), then finds every document already stored. The operating system drops
 the lock when its holder exits, killed or not, so a crash never leaves a store locked.
 Searches do not take it.
+
+The lock file is there while the lock is held: its holder removes it before letting go, so
+a finished command leaves nothing behind (one killed while holding it leaves the file,
+unlocked: the next holder takes it and removes it). A waiter that gets the lock of a file
+removed meanwhile opens the path again, so two holders never lock two different files.
 """
 
 from __future__ import annotations
@@ -56,29 +61,52 @@ def writer_lock(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name  # LOCK_NAME; a model swap holds its own (swap.LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if not _try_lock(fd):
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
-            if on_wait is not None:
-                limit = "" if timeout is None else f" (up to {timeout:g}s)"
-                on_wait(
-                    f"{folder}: another process is {doing} ({holder}); "
-                    f"waiting for it to finish{limit}"
-                )
-            deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = None if timeout is None else time.monotonic() + timeout
+    holder = None  # who held it when we started waiting (said once)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
             while not _try_lock(fd):
+                if holder is None:
+                    holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+                    if on_wait is not None:
+                        limit = "" if timeout is None else f" (up to {timeout:g}s)"
+                        on_wait(
+                            f"{folder}: another process is {doing} ({holder}); "
+                            f"waiting for it to finish{limit}"
+                        )
                 if deadline is not None and time.monotonic() >= deadline:
                     raise StoreLockedError(
                         f"{folder}: another process ({holder}) is still {doing} "
                         f"after {timeout:g}s: wait for it to finish, or raise --lock-timeout"
                     )
                 time.sleep(poll)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _is_the_file_at(fd, path):
+            break
+        os.close(fd)  # its holder removed it as it let go: lock the file there now
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}".encode(), 0)
         yield
     finally:
+        try:
+            os.unlink(path)  # while held: whoever locks this file next sees it gone
+        except OSError:  # gone already, or a folder we may not change: left as it is
+            pass
         os.close(fd)  # releases the lock
+
+
+def _is_the_file_at(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is the file ``path`` names now (not one removed since it was opened)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 
 
 def _try_lock(fd: int) -> bool:

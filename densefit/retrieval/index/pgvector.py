@@ -80,6 +80,7 @@ from densefit.retrieval.index.base import (
     SearchHit,
     StoreError,
 )
+from densefit.retrieval.index.common import checked_documents
 from densefit.retrieval.index.database import DatabaseStore, StoredRow
 from densefit.retrieval.index.engines import redacted
 from densefit.retrieval.index.filters import (
@@ -718,6 +719,7 @@ class PostgresStore(DatabaseStore):
     def write_metadata(self, documents: Sequence[Document]) -> int:
         """Replace title and metadata of stored documents (their text, vector and place in
         the write order stay); returns how many were stored."""
+        checked_documents(documents)
         psycopg = _psycopg()
         rows = []
         for doc in documents:

@@ -104,6 +104,7 @@ from densefit.choices import SIMILARITIES
 from densefit.data.types import Document
 from densefit.retrieval.bm25 import K1, B, tokenize
 from densefit.retrieval.index.base import Capabilities, SearchHit, StoreError
+from densefit.retrieval.index.common import checked_documents
 from densefit.retrieval.index.database import DatabaseStore, StoredRow
 from densefit.retrieval.index.documents import meta_hash
 from densefit.retrieval.index.engines import require
@@ -869,6 +870,7 @@ class QdrantDocumentStore(DatabaseStore):
     def write_metadata(self, documents: Sequence[Document]) -> int:
         """Replace title and metadata of stored documents (their text and vector stay);
         returns how many were stored."""
+        checked_documents(documents)
         models = self._models
         documents = list(documents)
         with self._lock, _requests(self.target):

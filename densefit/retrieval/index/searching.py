@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from densefit.data.text import checked_texts
 from densefit.models import load_model
 from densefit.retrieval.encode import configure_model, encode_texts
@@ -14,7 +16,15 @@ from densefit.retrieval.index.filters import validate_filters
 from densefit.retrieval.index.settings import check_search_settings, search_options
 from densefit.retrieval.runtimes import resolve_runtime
 
-__all__ = ["model_for_store", "query_runtime", "scaled_scores", "search", "search_batch"]
+__all__ = [
+    "embed_queries",
+    "model_for_store",
+    "query_runtime",
+    "scaled_scores",
+    "search",
+    "search_batch",
+    "search_embedded",
+]
 
 
 def model_for_store(
@@ -157,27 +167,76 @@ def search_batch(
     validate_filters(filters)  # before the model runs: a typo fails fast
     if not queries:
         return []
-    options = {}
-    if filters:
-        options["filters"] = filters
-    if scale_score:
-        options["scale_score"] = True
-    if mode != "dense":
-        options.update(mode=mode, query_texts=queries)
-        if fusion is not None:
-            options["fusion"] = fusion
     embeddings = None
     if mode != "bm25":
         if model is None:
             raise ValueError(f"{mode} search embeds the queries: pass the store's model")
-        store.check_model(model)
-        runner = query_runtime(store, model, runtime)  # checks the store's settings too
-        embeddings = encode_texts(
+        embeddings = embed_queries(
+            store,
             model,
             queries,
+            runtime=runtime,
             batch_size=batch_size,
             show_progress=show_progress,
-            prompt_name="query",
-            runtime=runner,
         )
-    return store.search(embeddings, top_k=top_k, **options)
+    return search_embedded(
+        store,
+        queries,
+        embeddings,
+        top_k=top_k,
+        filters=filters,
+        scale_score=scale_score,
+        mode=mode,
+        fusion=fusion,
+    )
+
+
+def embed_queries(
+    store: DocumentStore,
+    model,
+    texts: Sequence[str],
+    *,
+    runtime="auto",
+    checked: bool = False,
+    **encoding,
+) -> np.ndarray:
+    """The embeddings ``store`` is searched with for ``texts``: ``model`` checked against the
+    store (:meth:`~densefit.retrieval.index.base.DocumentStore.check_model`), the model's
+    query prompt, the transformer run by ``runtime`` as the store's vectors allow
+    (:func:`query_runtime`). ``checked=True``: the caller did both for this model and
+    ``runtime`` (a server, once per model, not per batch). ``encoding``: further arguments
+    of :func:`~densefit.retrieval.encode.encode_texts` (``batch_size``, ``tokens``...).
+
+    The one place a query is embedded for a search: ``densefit search`` and ``eval``,
+    :class:`~densefit.api.Retriever`, ``densefit serve`` and the Haystack retrievers.
+    """
+    if not checked:
+        store.check_model(model)
+        runtime = query_runtime(store, model, runtime)  # checks the store's settings too
+    return encode_texts(model, list(texts), prompt_name="query", runtime=runtime, **encoding)
+
+
+def search_embedded(
+    store: DocumentStore,
+    texts: Sequence[str],
+    embeddings: np.ndarray | None,
+    *,
+    top_k: int = 10,
+    filters: dict | None = None,
+    scale_score: bool = False,
+    mode: str = "dense",
+    fusion=None,
+    dense_filters: dict | None = None,
+    model_generation: int | None = None,
+) -> list[list[SearchHit]]:
+    """Search ``store`` for the query ``texts`` by ``mode`` with their ``embeddings`` (from
+    :func:`embed_queries`; None for ``bm25``): the arguments of
+    :meth:`~densefit.retrieval.index.base.DocumentStore.search` that ``mode`` needs."""
+    options = {"filters": filters, "scale_score": scale_score, "mode": mode, "fusion": fusion}
+    if mode != "dense":
+        options["query_texts"] = list(texts)
+    if dense_filters is not None:
+        options["dense_filters"] = dense_filters
+    if model_generation is not None and mode != "bm25":
+        options["model_generation"] = model_generation
+    return store.search(embeddings if mode != "bm25" else None, top_k, **options)

@@ -68,7 +68,7 @@ from densefit.retrieval.index.base import (
     StoreError,
     WriteResult,
 )
-from densefit.retrieval.index.common import StoreCommon, checked_vectors
+from densefit.retrieval.index.common import StoreCommon, checked_documents, checked_vectors
 from densefit.retrieval.index.documents import (
     DB_NAME,
     DocumentTable,
@@ -99,6 +99,7 @@ __all__ = [
     "meta_hash",
     "open_existing",
     "text_hash",
+    "why_none",
 ]
 
 CAPABILITIES = Capabilities(
@@ -500,7 +501,7 @@ class LocalDocumentStore(StoreCommon):
 
     def _where(self, filters: dict) -> np.ndarray:
         """The rows of the documents matching ``filters``."""
-        return np.asarray(self._table.rows_matching(*compile_filters(filters)))
+        return np.asarray(self._table.rows_matching(*compile_filters(filters)), dtype=np.int64)
 
     def _dense(self, queries: np.ndarray, k: int, rows) -> list[tuple[np.ndarray, np.ndarray]]:
         return _ranked(*self._vectors.search(queries, k, rows))
@@ -672,6 +673,7 @@ class LocalDocumentStore(StoreCommon):
     @_locked
     def write_metadata(self, documents: Sequence[Document]) -> int:
         """Replace title and metadata of stored documents (their text and vector stay)."""
+        checked_documents(documents)
         with self.transaction():
             return self._table.update_metadata(documents)
 
@@ -927,6 +929,18 @@ def _not_a_store(folder: Path) -> str:
     )
 
 
+def why_none(path: str | os.PathLike | None) -> str | None:
+    """Why the folder ``path`` holds no store, when it holds something else."""
+    folder = Path(path) if path is not None else None
+    if (
+        folder is not None
+        and folder.is_dir()
+        and any(p.name != LOCK_NAME for p in folder.iterdir())
+    ):
+        return _not_a_store(folder)
+    return None
+
+
 def open_existing(
     path: str | os.PathLike | None,
     *,
@@ -934,8 +948,8 @@ def open_existing(
     rescore: int | None = None,
     lock_timeout: float | None = None,
 ) -> LocalDocumentStore | None:
-    """The store in the folder ``path``; None when there is none (nothing there, or an empty
-    folder), StoreError when ``path`` is a file or a folder holding something else."""
+    """The store in the folder ``path``; None when there is none (creating one checks that
+    the folder is new or empty), StoreError when ``path`` is a file or Qdrant's folder."""
     if path is None:
         return None
     folder = Path(path)
@@ -943,7 +957,7 @@ def open_existing(
         raise StoreError(f"{folder} is a file; --store needs a folder")
     if (folder / DB_NAME).is_file():
         return LocalDocumentStore(folder, backend=backend, rescore=rescore)
-    if folder.is_dir() and any(p.name != LOCK_NAME for p in folder.iterdir()):
+    if (folder / "meta.json").is_file() and (folder / "collection").is_dir():
         raise StoreError(_not_a_store(folder))
     return None
 
