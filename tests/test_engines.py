@@ -7,46 +7,26 @@ store's answers; the move of an embedded store into an engine (``densefit index
 from __future__ import annotations
 
 import json
-import uuid
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from conftest import STORE_ENGINES
 from typer.testing import CliRunner
 
 from densefit.retrieval.index import open_store
 from densefit.testing.conformance import make_corpus, with_meta
 
 runner = CliRunner()
-ENGINES = ["embedded", "postgresql", "qdrant"]
 
 
-def table_target(uri: str, table: str) -> str:
-    """``postgresql://.../DATABASE`` with ``/TABLE`` after the database."""
-    parts = urlsplit(uri)
-    return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{table}"))
-
-
-@pytest.fixture(params=ENGINES)
-def new_target(request, tmp_path):
-    """Makes new stores of each engine: what ``--store`` names."""
-    if request.param == "qdrant":
-        pytest.importorskip("qdrant_client", reason="qdrant-client is not installed")
-    uri = request.getfixturevalue("postgres_uri") if request.param == "postgresql" else None
-
-    def make() -> str:
-        name = f"t_{uuid.uuid4().hex[:12]}"
-        if request.param == "embedded":
-            return str(tmp_path / name)
-        if request.param == "qdrant":
-            return f"qdrant:{tmp_path}/{name}"
-        return table_target(uri, name)
-
-    return make
+@pytest.fixture(params=STORE_ENGINES)
+def engine(request) -> str:
+    return request.param
 
 
 @pytest.fixture
-def target(new_target) -> str:
-    return new_target()
+def target(new_target, engine) -> str:
+    """A new store on each engine (tests/conftest.py's new_target)."""
+    return new_target(engine)
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +171,7 @@ def test_serve_on_every_engine(tiny_models, target):
             assert replica.get(f"/documents/{docs[0]['id']}").status_code == 404
 
 
-def test_what_an_engine_cannot_do_is_one_line(app, tiny_models, data, target, new_target):
+def test_what_an_engine_cannot_do_is_one_line(app, tiny_models, data, target, new_target, engine):
     model = tiny_models / "tiny"
     index(app, data, model, target)
     with open_store(target, create=False) as store:
@@ -205,8 +185,19 @@ def test_what_an_engine_cannot_do_is_one_line(app, tiny_models, data, target, ne
     if missing:
         result = invoke(
             app,
-            ["index", data / "corpus.jsonl", "--model", model, "--store", new_target()]
+            ["index", data / "corpus.jsonl", "--model", model, "--store", new_target(engine)]
             + ["--vectors", missing[0]],
             code=2,
         )
         assert f"cannot store {missing[0]} vectors" in result.output
+
+
+def test_docs_list_every_engines_capabilities():
+    """docs/search.md's table is what the engines declare (regenerate it from
+    densefit.retrieval.index.engines.capabilities_table when an engine changes)."""
+    from pathlib import Path
+
+    from densefit.retrieval.index.engines import capabilities_table
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "search.md").read_text()
+    assert capabilities_table() in docs

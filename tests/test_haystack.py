@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("haystack", reason="haystack-ai is not installed (densefit[haystack])")
 
+from conftest import STORE_ENGINES  # noqa: E402
 from haystack import Document, Pipeline  # noqa: E402
 from haystack.document_stores.errors import DuplicateDocumentError  # noqa: E402
 from haystack.document_stores.types import DuplicatePolicy  # noqa: E402
@@ -53,11 +54,9 @@ needs_faiss = pytest.mark.skipif(
 )
 
 
-def _new_store(tmp_path, backend: str, vectors: str = "float32") -> DensefitDocumentStore:
+def _new_store(target, backend: str | None, vectors: str = "float32") -> DensefitDocumentStore:
     # The suites' documents carry 768-d embeddings, and some carry none.
-    return DensefitDocumentStore(
-        tmp_path / "store", embedding_dim=768, backend=backend, vectors=vectors
-    )
+    return DensefitDocumentStore(target, embedding_dim=768, backend=backend, vectors=vectors)
 
 
 class TestHaystackSuite(
@@ -69,21 +68,24 @@ class TestHaystackSuite(
     GetMetadataFieldUniqueValuesTest,
 ):
     """Every suite of ``haystack.testing.document_store`` (count, write, delete, filter,
-    delete all, delete / update / count by filter, the metadata methods), on both vector
-    backends and the quantized vector kinds."""
+    delete all, delete / update / count by filter, the metadata methods), on every engine
+    (the embedded store with both vector backends and the quantized vector kinds,
+    PostgreSQL + pgvector on a real server, Qdrant's local mode)."""
 
     @pytest.fixture(
         params=[
-            ("exact", "float32"),
-            pytest.param(("faiss", "float32"), marks=needs_faiss),
-            ("exact", "int8"),
-            ("exact", "binary"),
+            ("embedded", "exact", "float32"),
+            pytest.param(("embedded", "faiss", "float32"), marks=needs_faiss),
+            ("embedded", "exact", "int8"),
+            ("embedded", "exact", "binary"),
+            ("postgresql", None, "float32"),
+            ("qdrant", None, "float32"),
         ],
-        ids=["exact", "faiss", "int8", "binary"],
+        ids=["exact", "faiss", "int8", "binary", "postgresql", "qdrant"],
     )
-    def document_store(self, request, tmp_path):
-        backend, vectors = request.param
-        store = _new_store(tmp_path, backend, vectors)
+    def document_store(self, request, new_target):
+        engine, backend, vectors = request.param
+        store = _new_store(new_target(engine), backend, vectors)
         yield store
         if store.store is not None:
             store.store.close()
@@ -111,12 +113,13 @@ class TestHaystackAsyncSuite(
     UpdateByFilterAsyncTest,
     WriteDocumentsAsyncTest,
 ):
-    """Every suite of ``haystack.testing.document_store_async`` (the ``*_async`` methods run
-    their sync twin in a worker thread; the backend is the sync suite's business)."""
+    """Every suite of ``haystack.testing.document_store_async`` on every engine (the
+    ``*_async`` methods run their sync twin in a worker thread; backends and vector kinds are
+    the sync suite's business)."""
 
-    @pytest.fixture
-    def document_store(self, tmp_path):
-        store = _new_store(tmp_path, "exact")
+    @pytest.fixture(params=STORE_ENGINES)
+    def document_store(self, request, new_target):
+        store = _new_store(new_target(request.param), None)
         yield store
         if store.store is not None:
             store.store.close()

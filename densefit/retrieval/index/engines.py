@@ -50,18 +50,27 @@ from densefit.retrieval.index.settings import record_for
 __all__ = [
     "ENGINES",
     "capabilities_of",
+    "capabilities_table",
     "engine_of",
     "open_store",
     "redacted",
     "require",
 ]
 
-# Each engine: (its module, the URL schemes of its targets). A target with none of these
-# schemes is a folder: the embedded store's.
-ENGINES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "embedded": ("densefit.retrieval.index.store", ()),
-    "postgresql": ("densefit.retrieval.index.pgvector", ("postgresql", "postgres")),
-    "qdrant": ("densefit.retrieval.index.qdrant", ("qdrant",)),
+# Each engine: its module, the URL schemes of its targets (a target with none of them is a
+# folder: the embedded store's) and how a target is written.
+ENGINES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "embedded": ("densefit.retrieval.index.store", (), "a folder"),
+    "postgresql": (
+        "densefit.retrieval.index.pgvector",
+        ("postgresql", "postgres"),
+        "`postgresql://USER@HOST/DATABASE/TABLE`",
+    ),
+    "qdrant": (
+        "densefit.retrieval.index.qdrant",
+        ("qdrant",),
+        "`qdrant://HOST:PORT/COLLECTION`, `qdrant:FOLDER`",
+    ),
 }
 _SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*):")
 
@@ -72,7 +81,7 @@ def engine_of(target: str | os.PathLike | None) -> str:
         return "embedded"
     found = _SCHEME.match(str(target))
     if found is not None:
-        for engine, (_, schemes) in ENGINES.items():
+        for engine, (_, schemes, _) in ENGINES.items():
             if found.group(1).lower() in schemes:
                 return engine
     return "embedded"
@@ -86,6 +95,37 @@ def engine_module(engine: str) -> ModuleType:
 def capabilities_of(engine: str) -> Capabilities:
     """What ``engine`` can do."""
     return engine_module(engine).CAPABILITIES
+
+
+def capabilities_table() -> str:
+    """Every engine's capabilities as a Markdown table (docs/search.md holds it; a test
+    checks that it is current).
+
+    >>> capabilities_table().splitlines()[0]
+    '| | the embedded store | postgresql | qdrant |'
+    """
+    engines = {e: capabilities_of(e) for e in ENGINES}
+
+    def yes(value: bool) -> str:
+        return "yes" if value else "no"
+
+    rows = [
+        ("target", lambda e, c: ENGINES[e][2]),
+        ("vector kinds", lambda e, c: ", ".join(c.vector_kinds)),
+        ("`--backend`", lambda e, c: ", ".join(c.backends) + " (default " + c.backends[0] + ")"),
+        ("`--mode bm25`", lambda e, c: c.lexical or "no"),
+        ("`--mode hybrid`", lambda e, c: yes(c.hybrid)),
+        ("model swap (`reembed`)", lambda e, c: yes(c.model_swap)),
+        ("transactions", lambda e, c: yes(c.transactions)),
+        ("crash safe (tested by SIGKILL)", lambda e, c: yes(c.crash_safe)),
+        ("`compact`", lambda e, c: yes(c.compaction)),
+        ("several servers on one store", lambda e, c: yes(c.shared)),
+    ]
+    lines = ["| | " + " | ".join(_named(e) for e in engines) + " |"]
+    lines.append("|---" * (len(engines) + 1) + "|")
+    for label, cell in rows:
+        lines.append(f"| {label} | " + " | ".join(cell(e, c) for e, c in engines.items()) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def redacted(target: str | os.PathLike | None) -> str:
