@@ -76,3 +76,27 @@ def postgres_uri():
             yield uri
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+STORE_ENGINES = ("embedded", "postgresql", "qdrant")
+
+
+@pytest.fixture
+def new_target(request, tmp_path):
+    """``new_target(engine)``: a new store's target on ``engine`` (embedded, postgresql,
+    qdrant), what ``--store`` and ``open_store`` take; skips when the engine cannot run here
+    (no PostgreSQL server can start, qdrant-client missing)."""
+    import uuid
+
+    def make(engine: str) -> str:
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        if engine == "embedded":
+            return str(tmp_path / name)
+        if engine == "qdrant":
+            pytest.importorskip("qdrant_client", reason="qdrant-client is not installed")
+            return f"qdrant:{tmp_path}/{name}"
+        from densefit.testing.postgres import postgres_target
+
+        return postgres_target(request.getfixturevalue("postgres_uri"), name)
+
+    return make
