@@ -501,3 +501,24 @@ def test_minilm_agrees_with_sentence_transformers_haystack(minilm, runtime):
     ours = np.array([d.embedding for d in ours_docs.run(docs)["documents"]])
     theirs = np.array([d.embedding for d in theirs_docs.run(docs)["documents"]])
     assert _cosines(ours, theirs).min() >= 0.9999
+
+
+def test_pipeline_into_pgvector(folders, postgres_uri):
+    """The same through pgvector-haystack's PgvectorDocumentStore, on the real PostgreSQL
+    server the tests start (the postgres_uri fixture)."""
+    pgvector = pytest.importorskip(
+        "haystack_integrations.document_stores.pgvector",
+        reason="pgvector-haystack is not installed (pip install pgvector-haystack)",
+    )
+    from haystack.utils import Secret
+    from haystack_integrations.components.retrievers.pgvector import PgvectorEmbeddingRetriever
+
+    store = pgvector.PgvectorDocumentStore(
+        connection_string=Secret.from_token(postgres_uri),
+        table_name="haystack_embedders",
+        embedding_dimension=32,
+        recreate_table=True,
+    )
+    found = _index_and_query(folders["plain"], store, PgvectorEmbeddingRetriever, top_k=2)
+    assert found == [d.id for d in CORPUS]
+    assert store.count_documents() == len(CORPUS)

@@ -84,6 +84,7 @@ from densefit.choices import FUSIONS, RUNTIME_CHOICES, SEARCH_MODES, VECTOR_KIND
 from densefit.config.shared import DENSE_WEIGHT, FUSION, FUSION_DEPTH, RRF_K, RUNTIME
 from densefit.data.text import InvalidText, checked_text
 from densefit.data.types import Document as DensefitDocument
+from densefit.integrations.haystack_embedders import DensefitDocumentEmbedder, DensefitTextEmbedder
 from densefit.models import load_model
 from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.base import DocumentStore, NoStoreError
@@ -96,9 +97,11 @@ from densefit.retrieval.index.settings import StoreRecord
 __all__ = [
     "EXTERNAL_MODEL",
     "RESERVED_KEY",
+    "DensefitDocumentEmbedder",
     "DensefitDocumentStore",
     "DensefitEmbeddingRetriever",
     "DensefitHybridRetriever",
+    "DensefitTextEmbedder",
 ]
 
 RESERVED_KEY = "_haystack"
