@@ -2,7 +2,10 @@
 # Set up (idempotent), then `densefit run examples/scifact.yaml`: fine-tune all-MiniLM-L6-v2
 # on the bundled SciFact training pairs, evaluate base and trained on SciFact test, write
 # runs/scifact/report.md (+ report.json, plots/) and print the before/after table.
-# Extra arguments go to `densefit run` (e.g. --output DIR, --force, --distractors -1).
+# Extra arguments go to `densefit run`, for example:
+#   bash scripts/demo.sh --eval-distractors null --eval-max-seq-length 256 --output runs/scifact-full
+#   bash scripts/demo.sh --force
+# (the first evaluates on the whole corpus at 256 tokens; the second redoes every stage).
 # A second run skips the finished stages and prints the table again.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -9,4 +9,5 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff format --check . || { echo "fix: .venv/bin/ruff format ." >&2; exit 1; }
 # The layers (docs/architecture.md): no module imports a layer above its own, even in a function.
 .venv/bin/lint-imports --no-cache || { echo "fix the import named above (docs/architecture.md)" >&2; exit 1; }
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# -rs: each skipped test with its reason (a missing extra, dataset or device says which).
+exec .venv/bin/python -m pytest -q -rs -p no:cacheprovider "$@"

@@ -56,8 +56,11 @@ SKIP: dict[tuple[str, str], str] = {
     ("docs/training.md", "--nproc 8"): "8 GPUs, and torchrun across two nodes",
 }
 
-# Lines a library prints when it draws a progress bar (transformers, huggingface_hub, tqdm).
-LIBRARY_BARS = re.compile(r"Loading weights|Writing model shards|Batches:|it/s\]|\|\s*\d+/\d+ \[")
+# Lines a library prints when it draws a progress bar (transformers, huggingface_hub, tqdm;
+# NNCF's rich bars: "Statistics collection ━━━ 100% 16/16 • 0:00:00").
+LIBRARY_BARS = re.compile(
+    r"Loading weights|Writing model shards|Batches:|it/s\]|\|\s*\d+/\d+ \[|\d+% \d+/\d+ •"
+)
 
 
 @dataclass(frozen=True)
@@ -204,7 +207,8 @@ def stand_in_model(tmp_path_factory) -> Path | None:
     from densefit.testing import tiny_model
 
     folder = tmp_path_factory.mktemp("stand-in")
-    tiny_model(folder / "build", normalize=True).save(str(folder / "model"))
+    # 256 tokens, as the real model: the documented commands may ask for its length
+    tiny_model(folder / "build", normalize=True, max_seq_length=256).save(str(folder / "model"))
     return folder / "model"
 
 
@@ -383,3 +387,89 @@ def test_documented_example_runs(example: Example, folders):
         pytest.skip(reason)
     folder, port = folders(example.file)
     run_example(example, folder, port)
+
+
+# ----------------------------------------------------------------------------- commands in prose
+
+DEMO = "bash scripts/demo.sh"
+DEMO_RUNS = "densefit run examples/scifact.yaml"
+
+
+def code_spans(text: str) -> list[str]:
+    """Every inline code span of Markdown ``text``, its line breaks as spaces."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)  # fenced blocks are run above
+    return [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", text)]
+
+
+def demo_variants() -> list[tuple[str, str]]:
+    """(where, arguments) of every documented demo with arguments: ``bash scripts/demo.sh
+    ARGS`` in the README and in demo.sh's header, ``densefit run examples/scifact.yaml ARGS``
+    in examples/scifact.yaml's header. demo.sh passes its arguments to the latter."""
+    found = []
+    for span in code_spans((REPO / "README.md").read_text(encoding="utf-8")):
+        if span.startswith(DEMO + " "):
+            found.append(("README.md", span[len(DEMO) :].strip()))
+    for name, command in (("scripts/demo.sh", DEMO), ("examples/scifact.yaml", DEMO_RUNS)):
+        for line in (REPO / name).read_text(encoding="utf-8").splitlines():
+            text = line.lstrip("#").strip()
+            if line.startswith("#") and text.startswith(command + " "):
+                found.append((name, text[len(command) :].strip()))
+    return found
+
+
+def export_commands() -> list[tuple[str, str]]:
+    """(file, command) of every ``densefit export`` command the README and docs/ show: in
+    shell blocks and in the text."""
+    found = []
+    for path in DOC_FILES:
+        name = str(path.relative_to(REPO))
+        spans = code_spans(path.read_text(encoding="utf-8"))
+        for example in fenced_blocks(path):
+            if example.shell:
+                spans += [c.split("  #")[0].strip() for c in commands(example.code)]
+        found += [(name, s) for s in spans if s.startswith("densefit export ")]
+    return list(dict.fromkeys(found))
+
+
+DEMOS = demo_variants()
+EXPORTS = export_commands()
+
+
+def test_demo_sh_passes_its_arguments_to_the_documented_run():
+    """What makes the variants below the demo's: demo.sh runs `densefit run
+    examples/scifact.yaml` with its own arguments."""
+    last = (REPO / "scripts" / "demo.sh").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert last == f'exec .venv/bin/{DEMO_RUNS} "$@"', last
+    assert any("--eval-distractors null" in args for _, args in DEMOS), DEMOS
+    assert {"README.md", "scripts/demo.sh"} <= {where for where, _ in DEMOS}, DEMOS
+    assert len(EXPORTS) >= 4, EXPORTS
+
+
+@pytest.mark.parametrize(("where", "args"), DEMOS, ids=[f"{w}: {a}" for w, a in DEMOS])
+def test_documented_demo_variant_runs(where, args, tmp_path, small_scifact, stand_in_model):
+    """Each variant runs as written, on the small SciFact and the stand-in model; one that
+    asks for the whole corpus gets it."""
+    folder = workspace(tmp_path / "demo", small_scifact, stand_in_model)
+    example = Example(where, 0, "bash", f"{DEMO_RUNS} {args}\n")
+    output = run_example(example, folder, _free_port())
+    if "--eval-distractors null" in args:
+        assert "full corpus" in output and "subsample" not in output, output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def trained_folder(tmp_path_factory, small_scifact, stand_in_model) -> Path:
+    """A docs working folder with ``runs/m``: a model densefit trained on ``pairs.jsonl``."""
+    folder = workspace(tmp_path_factory.mktemp("exports") / "ws", small_scifact, stand_in_model)
+    train = "densefit train pairs.jsonl --output runs/m --max-steps 2 --batch-size 8\n"
+    run_example(Example("(setup)", 0, "bash", train), folder, _free_port())
+    return folder
+
+
+@pytest.mark.parametrize(("file", "command"), EXPORTS, ids=[f"{f}: {c}" for f, c in EXPORTS])
+def test_documented_export_command_runs(file, command, trained_folder):
+    """Every `densefit export` command of the docs, as written, on a model densefit trained."""
+    extras = ("onnxruntime", "openvino", "nncf") if "openvino" in command else ("onnxruntime",)
+    for module in extras:
+        pytest.importorskip(module, reason=f"`{command}` needs {module}")
+    output = run_example(Example(file, 0, "bash", command + "\n"), trained_folder, _free_port())
+    assert "(passed" in output, output[-3000:]

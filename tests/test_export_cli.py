@@ -113,7 +113,8 @@ def test_export_onnx_then_index_search_and_eval_with_it(app, model_dir, corpus, 
 def test_export_int8_with_calibration_and_its_refusals(app, model_dir, pairs, corpus, tmp_path):
     no_texts = invoke(app, ["export", model_dir, "--to", "onnx-int8", "--no-progress"])
     assert no_texts.exit_code == 2
-    assert "--calibration" in _one_error_line(no_texts)
+    line = _one_error_line(no_texts)
+    assert f"{model_dir} records no training data" in line and "--calibration DATA" in line
 
     exported = invoke(
         app,
@@ -135,6 +136,51 @@ def test_export_int8_with_calibration_and_its_refusals(app, model_dir, pairs, co
         assert json.loads(result.stdout)["store"]["runtime"].startswith("onnx-int8")
     else:  # kept with warn, recorded as failed: never used
         assert result.exit_code == 2 and "its check failed" in _one_error_line(result)
+
+
+def test_int8_without_calibration_is_checked_on_the_training_data_the_model_records(
+    app, model_dir, pairs, tmp_path
+):
+    """A model densefit trained records its training data; `densefit export M --to onnx-int8`
+    checks on it, and says so. The same file given as --calibration is named as such."""
+    out = tmp_path / "trained"
+    train = ["train", pairs, "--model", model_dir, "--output", out, "--max-steps", 1]
+    assert invoke(app, [*train, "--batch-size", 8, "--no-progress"]).exit_code == 0
+    recorded = json.loads((out / "densefit_config.json").read_text())["training_data"]
+    assert recorded == {"paths": [str(pairs.resolve())], "split": "train"}
+    exported = invoke(app, ["export", out, "--to", "onnx-int8", "--on-check-failure", "warn"])
+    assert exported.exit_code == 0, exported.output
+    assert f"checked on 30 queries, 60 documents from the model's training data ({pairs})" in (
+        exported.stderr
+    )
+    given = invoke(
+        app, ["export", out, "--to", "onnx-int8", "--calibration", pairs, "--on-check-failure",
+              "warn", "--json", "--no-progress"],
+    )  # fmt: skip
+    check = json.loads(given.stdout)["exports"]["onnx-int8"]["check"]
+    assert check["texts"].endswith(f"from {pairs} (the model's training data)")
+    pairs_moved = tmp_path / "moved.jsonl"
+    data = json.loads((out / "densefit_config.json").read_text())
+    data["training_data"]["paths"] = [str(pairs_moved)]
+    (out / "densefit_config.json").write_text(json.dumps(data))
+    gone = invoke(app, ["export", out, "--to", "onnx-int8", "--no-progress"])
+    line = _one_error_line(gone)
+    assert gone.exit_code == 2 and f"{pairs_moved} is not there any more" in line
+    assert "--calibration DATA" in line
+
+
+def test_openvino_int8_draws_no_bars_without_progress(app, model_dir, pairs):
+    """NNCF draws its own bars on stdout: none with --no-progress, and --json stays JSON."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    result = invoke(
+        app, ["export", model_dir, "--to", "openvino-int8", "--calibration", pairs, "--json",
+              "--on-check-failure", "warn", "--no-progress"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["exports"]["openvino-int8"]["file"]
+    for words in ("Statistics collection", "Applying", "━"):
+        assert words not in result.output
 
 
 @pytest.mark.parametrize(

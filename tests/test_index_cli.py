@@ -143,6 +143,24 @@ def test_eval_dataset_compare(app, tiny_models, data):
     assert len(payload["results"]) == 2 and "ndcg@10" in payload["comparison"]
 
 
+def test_eval_says_which_mode_and_runtime_it_searched_with(app, tiny_models, data, tmp_path):
+    """`--runtime auto` takes an export where there is one: the table's caption says so, for
+    each model, and which mode searched."""
+    pytest.importorskip("onnxruntime")
+    import shutil
+
+    model = tmp_path / "exported"
+    shutil.copytree(tiny_models / "tiny", model)
+    assert invoke(app, ["export", model, "--to", "onnx", "--no-progress"]).exit_code == 0
+    args = ["eval", "--dataset", data, "--model", model, "--compare", tiny_models / "tiny"]
+    result = invoke(app, [*args, "--no-progress"])
+    assert result.exit_code == 0, result.output
+    caption = " ".join(result.stdout.split())  # the caption as one line, however it wrapped
+    assert "dense search; embedded by torch (tiny), onnx (onnx/model.onnx) (exported)" in caption
+    bm25 = invoke(app, [*args, "--mode", "bm25", "--no-progress"])
+    assert "bm25 search" in " ".join(bm25.stdout.split()) and "embedded" not in bm25.stdout
+
+
 def test_other_formats_prune_and_bad_rows(app, tiny_models, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

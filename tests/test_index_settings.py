@@ -109,6 +109,34 @@ def test_lock_waits_then_gives_up_with_a_clear_message(tmp_path):
         pass
 
 
+def test_the_lock_file_is_removed_and_still_lets_one_holder_in_at_a_time(tmp_path):
+    """Each holder removes the file as it lets go; holders that waited on a removed file
+    lock the one at the path instead, so no two are ever inside together."""
+    import threading
+
+    inside, most, entries = [0], [0], [0]
+    guard = threading.Lock()
+
+    def hold(times: int) -> None:
+        for _ in range(times):
+            with writer_lock(tmp_path, on_wait=None, poll=0.001):
+                with guard:
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                    entries[0] += 1
+                time.sleep(0.001)
+                with guard:
+                    inside[0] -= 1
+
+    threads = [threading.Thread(target=hold, args=(40,)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert entries[0] == 240 and most[0] == 1
+    assert not (tmp_path / "densefit.lock").exists()
+
+
 def _write_corpus(path: Path, n: int) -> None:
     with open(path, "w") as fh:
         for doc in make_corpus(n):

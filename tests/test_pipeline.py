@@ -63,11 +63,13 @@ def workspace(tmp_path_factory):
 
 def write_config(folder: Path, workspace: Path, extra: str = "", name: str = "run.yaml") -> Path:
     path = folder / name
+    # memory_budget 16GiB: a size (not a share of what is free) far above what the tiny model
+    # needs on top of what this test process holds, however long the suite ran before it
     path.write_text(
         f"data: {workspace / 'beir'}\n"
         f"model: {workspace / 'model'}\n"
         "progress: false\n"
-        "train:\n  batch_size: 4\n  max_seq_length: 32\n  memory_budget: 2GiB\n"
+        "train:\n  batch_size: 4\n  max_seq_length: 32\n  memory_budget: 16GiB\n"
         "eval:\n  distractors: 4\n  metrics: [ndcg@10, recall@10]\n" + extra
     )
     return path
@@ -143,6 +145,86 @@ def test_run_writes_every_artefact_and_the_report_parses(workspace, tmp_path):
         "eval_trained",
         "report",
     ]
+
+
+def test_the_report_names_its_base_model_and_prints_p_values_as_the_console(
+    workspace, tmp_path, monkeypatch
+):
+    """Without `model:` the run trains the default model, and the report names it; the report
+    and the console print each p-value by one function (< 0.001 below it); the console's
+    training line says the plan without an unset chunk."""
+    import shutil
+
+    from rich.console import Console
+
+    from densefit.config.run import config_from_flags
+    from densefit.evaluate import EvalResult, compare_results, format_p_value
+    from densefit.pipeline.report import write_report
+
+    shutil.copytree(workspace / "model", tmp_path / "all-MiniLM-L6-v2")  # the default, by name
+    monkeypatch.chdir(tmp_path)
+    args = ["run", "--data", str(workspace / "beir"), "--output", str(tmp_path / "out"),
+            "--batch-size", "4", "--max-steps", "1", "--max-seq-length", "32",
+            "--memory-budget", "16GiB", "--eval-distractors", "4", "--no-progress",
+            "--set", "train.memory=cache", "--set", "train.token_budget=64"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    trained = next(line for line in result.output.splitlines() if "final loss" in line)
+    assert "memory: cache (64 tokens per chunk, 1 kept graph" in trained and "None" not in trained
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["model"] is None and report["base_model"] == "all-MiniLM-L6-v2"
+    assert "Base model `all-MiniLM-L6-v2`, fine-tuned" in (out / "report.md").read_text()
+
+    # Evaluations whose p-values are small: every query better by a different amount.
+    queries = [f"q{i}" for i in range(24)]
+    base = EvalResult("base", {}, {q: {} for q in queries}, len(queries))
+    better = EvalResult("trained", {}, {q: {} for q in queries}, len(queries))
+    for metric, gain in (("ndcg@10", 0.05), ("recall@10", 0.0)):
+        for i, q in enumerate(queries):
+            base.per_query[q][metric] = 0.5
+            better.per_query[q][metric] = 0.5 + gain * (i + 1) * (1 if i % 5 else -0.3)
+        for r in (base, better):
+            r.metrics[metric] = sum(r.per_query[q][metric] for q in queries) / len(queries)
+    for name, r in (("base", base), ("trained", better)):
+        path = out / "eval" / f"{name}.json"
+        r.info = json.loads(path.read_text())["info"]  # what was searched, as the run saved it
+        path.write_text(json.dumps(r.to_dict(per_query=True)))
+    markers = {p.stem: json.loads(p.read_text()) for p in (out / "stages").glob("*.json")}
+    stages = ["mine", "train", "eval_base", "eval_trained"]
+    config = config_from_flags({"data": str(workspace / "beir"), "output": str(out)})
+    written = write_report(out, config, markers, ran=[], stages=stages)
+    comparison = compare_results(base, better)
+    assert comparison["ndcg@10"]["p_value"] < 0.001
+    console = Console(record=True, width=200)
+    console.print(stages_module.RunResult(out, markers).table())
+    printed = console.export_text()
+    md = (out / "report.md").read_text()
+    for metric, c in comparison.items():
+        shown = format_p_value(c["p_value"])
+        assert written["metrics"][metric]["p_value"] == c["p_value"]  # not rounded twice
+        row = next(line for line in md.splitlines() if line.startswith(f"| {metric} |"))
+        assert row.endswith(f"| {shown} |"), row
+        assert f" {shown} " in next(line for line in printed.splitlines() if metric in line)
+    assert "| < 0.001 |" in md
+
+
+def test_the_memory_plot_draws_the_budget_and_the_predicted_peak():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from densefit.pipeline.report import _draw_memory
+
+    fig, ax = plt.subplots()
+    log = [{"step": 1, "peak_rss_mb": 600.0}, {"step": 2, "peak_rss_mb": 640.0}]
+    _draw_memory(ax, log, {"budget_mib": 4096.0, "predicted_peak_mib": 700.0})
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    plt.close(fig)
+    assert lines["budget 4,096 MiB"] == [4096.0, 4096.0]
+    assert lines["predicted peak 700 MiB"] == [700.0, 700.0]
+    assert lines["peak RSS (process)"] == [600.0, 640.0]
 
 
 def test_interrupted_after_training_the_rerun_skips_finished_stages(
@@ -233,7 +315,7 @@ def test_flags_alone_run_and_reuse_the_base_evaluation_of_another_folder(workspa
     assert "eval_base" in first.ran
     args = ["run", "--data", str(workspace / "beir"), "--model", str(workspace / "model"),
             "--output", str(tmp_path / "b"), "--batch-size", "4", "--max-steps", "1",
-            "--max-seq-length", "32", "--memory-budget", "2GiB", "--eval-distractors", "4",
+            "--max-seq-length", "32", "--memory-budget", "16GiB", "--eval-distractors", "4",
             "--set", "eval.metrics=[ndcg@10, recall@10]",
             "--set", f"eval.cache_dir={tmp_path / 'cache'}", "--no-progress"]  # fmt: skip
     result = runner.invoke(app, args)
@@ -269,6 +351,32 @@ def test_bad_config_is_a_clear_error_naming_file_and_key(workspace, tmp_path, te
         assert part in message, message
     result = runner.invoke(app, ["run", str(path)])
     assert result.exit_code == 2 and "error:" in result.output and "Traceback" not in result.output
+
+
+def test_null_on_the_command_line_sets_a_key_of_the_file_to_null():
+    """`densefit run examples/scifact.yaml --eval-distractors null`: the whole corpus, though
+    the file says 500; a flag not given leaves the file's value; -1 is refused by name."""
+    import typer
+
+    from densefit.cli.options import options_command
+    from densefit.config.run import RunCommand, RunConfig
+
+    given: list[dict] = []
+
+    @options_command(RunCommand, overrides=RunConfig)
+    def command(options: RunCommand, overrides: dict) -> None:
+        given.append(overrides)
+
+    cli = typer.Typer()
+    cli.command()(command)
+    assert runner.invoke(cli, ["--eval-distractors", "null"]).exit_code == 0
+    assert runner.invoke(cli, ["--eval-max-seq-length", "256"]).exit_code == 0
+    assert given == [{"eval.distractors": None}, {"eval.max_seq_length": 256}]
+    example = REPO / "examples" / "scifact.yaml"
+    assert load_run_config(example, given[0]).eval.distractors is None
+    assert load_run_config(example, given[1]).eval.distractors == 500
+    refused = runner.invoke(cli, ["--eval-distractors", "-1"]).exception  # densefit's app: exit 2
+    assert refused.for_cli() == "--eval-distractors must be >= 0, got -1"
 
 
 def test_the_bundled_example_config_loads():

@@ -92,7 +92,8 @@ def test_planner_picks_largest_fitting_chunk():
 def test_probe_does_not_touch_the_random_stream(tiny):
     torch.manual_seed(5)
     before = torch.get_rng_state()
-    plan_memory(tiny, ROWS, TrainConfig(batch_size=8, memory_budget="1GiB"))
+    config = TrainConfig(batch_size=8, memory_budget="1GiB")
+    plan_memory(tiny, ROWS, config, held_bytes=model_only(tiny))
     assert torch.equal(torch.get_rng_state(), before)
 
 
@@ -114,10 +115,10 @@ def test_plan_for_the_runs_real_batches_is_tighter_than_worst_case(tiny):
     rows = [TrainingExample("q", "cell " * (60 if i < 8 else 2)) for i in range(64)]
     config = TrainConfig(batch_size=8, memory_budget="4GiB", chunk_size=4)
     act = ActivationModel(per_token=1000.0, per_token_squared=0.0)
-    exact = plan_memory(
-        tiny, rows, config, batches=planned_batches(rows, config), activation_model=act
-    )
-    worst = plan_memory(tiny, rows, config, activation_model=act)
+    held = model_only(tiny)
+    batches = planned_batches(rows, config)
+    exact = plan_memory(tiny, rows, config, batches=batches, activation_model=act, held_bytes=held)
+    worst = plan_memory(tiny, rows, config, activation_model=act, held_bytes=held)
     plain = lambda p: next(c for c in p.candidates if c["strategy"] == "plain")["peak_bytes"]  # noqa: E731
     assert plain(exact) < plain(worst)
     assert exact.lengths["positives"]["exact"] is True
@@ -204,7 +205,11 @@ def test_cache_chunks_are_planned_from_the_runs_real_chunks(tiny):
     batches = planned_batches(rows, config)
     cache = lambda p: next(c for c in p.candidates if c["strategy"] == "cache")  # noqa: E731
     static = plan_memory(
-        tiny, rows, TrainConfig(batch_size=64, memory_budget="4GiB"), activation_model=act
+        tiny,
+        rows,
+        TrainConfig(batch_size=64, memory_budget="4GiB"),
+        activation_model=act,
+        held_bytes=model_only(tiny),
     ).static_bytes
     wider = 0
     for extra in (2**20, 2**21, 2**22, 2**23):

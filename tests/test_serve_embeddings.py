@@ -225,8 +225,9 @@ def test_dimensions_cut_a_matryoshka_model_and_are_refused_otherwise(tmp_path, m
     full = encode_texts(saved, texts, normalize=True)
     with client_for(path, saved) as http:  # no densefit_config.json: not Matryoshka-trained
         client = openai_client(http)
-        with pytest.raises(openai.UnprocessableEntityError, match="--matryoshka-dims"):
+        with pytest.raises(openai.UnprocessableEntityError, match="--matryoshka-dims") as refused:
             client.embeddings.create(input=texts, model="m", dimensions=8)
+        assert "serve it with `densefit serve --matryoshka`" in str(refused.value)  # the flag
         same = client.embeddings.create(input=texts, model="m", dimensions=32).data
         np.testing.assert_allclose([d.embedding for d in same], full, atol=1e-5)
     (folder / "densefit_config.json").write_text(json.dumps({"matryoshka_dims": [32, 16, 8]}))

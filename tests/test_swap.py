@@ -341,6 +341,7 @@ def test_densefit_reembed_swaps_and_says_so(indexed, models):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["switched"] and report["embedded"] == 40 and report["documents"] == 40
+    assert not list(indexed.glob("*.lock"))  # the swap's and the writers' locks: let go, removed
     with LocalDocumentStore(indexed) as store:
         assert_equals_fresh(store, load_model(str(models["new"])), corpus(40))
     missing = runner.invoke(app, ["reembed", "--store", str(indexed)])

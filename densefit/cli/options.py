@@ -131,13 +131,24 @@ def _base_type(hint: Any) -> tuple[Any, bool]:
     return str, optional  # float | str, list[int] | str ...: the declared check parses text
 
 
-def _none_or(base: type) -> Callable[[str], Any]:
-    """A parser that reads ``null``/``none`` as None: ``--max-grad-norm null``."""
+class _Null:
+    """``null`` given to an override flag (``densefit run --eval-distractors null``): the key
+    is set to null, which "not given" (None) cannot say."""
+
+    def __repr__(self) -> str:
+        return "null"
+
+
+NULL = _Null()
+
+
+def _none_or(base: type, null: Any = None) -> Callable[[str], Any]:
+    """A parser that reads ``null``/``none`` as ``null`` (None): ``--max-grad-norm null``."""
 
     def parse(text: Any) -> Any:
         if not isinstance(text, str):  # the default, already typed
             return text
-        return None if text.strip().lower() in ("null", "none") else base(text)
+        return null if text.strip().lower() in ("null", "none") else base(text)
 
     parse.__name__ = getattr(base, "__name__", "value")
     return parse
@@ -169,6 +180,10 @@ def _parameter(flag: Flag, *, unset: bool) -> inspect.Parameter:
         value = list(default) if isinstance(default, list) else default
     if optional and default not in (None, REQUIRED) and not unset and base is not bool:
         info["parser"] = _none_or(base)  # e.g. --max-grad-norm null: no clipping
+    elif optional and base in (int, float):  # null as the YAML key takes it
+        # --distractors null: the default; densefit run's --eval-distractors null: the
+        # file's eval.distractors set to null (the whole corpus)
+        info["parser"] = _none_or(base, NULL if unset else None)
     if is_list:
         annotation: Any = base
     elif optional or value is None:
@@ -195,7 +210,7 @@ def _values(
             value = str(value)
         if unset and (value is None or value == []):
             continue
-        yield flag, value
+        yield flag, None if value is NULL else value
 
 
 def build(cls: type, given: dict[str, Any], flags: list[Flag]) -> Any:

@@ -24,6 +24,7 @@ from densefit.cli.common import (
 )
 from densefit.cli.options import options_command
 from densefit.config.commands import PlanJob, TrainJob
+from densefit.wording import plan_words
 
 __all__ = ["plan", "register", "train"]
 
@@ -53,19 +54,11 @@ def summary(outcome) -> str:  # noqa: ANN001
     from densefit.jobs import learning_rate_words  # with the job: the training framework
 
     result, plan = outcome.result, outcome.result.plan
-    cache = str(plan.get("strategy")).startswith("cache")
-    memory = [f"chunk {plan.get('chunk_size')}"]
-    if plan.get("token_budget") is not None:
-        memory.append(f"{plural(plan['token_budget'], 'token')} per chunk")
-    if cache:
-        memory.append(plural(plan.get("keep_graphs") or 1, "kept graph"))
-    if plan.get("cpu_allocator"):
-        memory.append(f"{plan['cpu_allocator']} malloc")
     line = (
         f"done: {plural(result.steps, 'step')}, {plural(result.examples, 'example')} in "
         f"{result.seconds:.1f}s on {outcome.config.device}, final loss {result.final_loss:.4f}; "
-        f"{learning_rate_words(outcome.config, plan)}; memory: {plan.get('strategy')} "
-        f"({', '.join(memory)}); model saved to {outcome.output}, log {result.log_path}"
+        f"{learning_rate_words(outcome.config, plan)}; memory: {plan_words(plan)}; "
+        f"model saved to {outcome.output}, log {result.log_path}"
     )
     if result.sources:
         line += "; per source: " + "; ".join(

@@ -66,7 +66,8 @@ class EvalConfig(Options):
         None,
         "Search a seeded subsample of the corpus: every document judged for the split's "
         "queries plus N random others (faster; metrics are then higher than on the full "
-        "corpus and not comparable with published numbers); default: the full corpus.",
+        "corpus and not comparable with published numbers); null, the default: the full "
+        "corpus.",
         ge=0,
         run_flag=True,
     )

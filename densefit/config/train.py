@@ -54,6 +54,8 @@ __all__ = [
     "check_weights",
     "parse_bytes",
     "parse_memory_budget",
+    "record_training_data",
+    "training_data_record",
 ]
 
 # ----------------------------------------------------------------------------- memory sizes
@@ -757,3 +759,40 @@ class TrainConfig(Options):
     def save(self, path: str | Path, **extra: Any) -> None:
         """Write the fields and ``extra`` (versions, results) as JSON to ``path``."""
         Path(path).write_text(json.dumps({**self.to_dict(), **extra}, indent=2, default=str))
+
+
+TRAINING_DATA = "training_data"  # densefit_config.json's record of where the data came from
+
+
+def record_training_data(folder: str | Path, paths: Sequence[str | Path], split: str) -> None:
+    """Add to a trained model folder's ``densefit_config.json`` where its training data is
+    (absolute paths, and the split a BEIR folder was read at): ``densefit export`` checks a
+    quantized file on those texts when given no ``--calibration``. A folder without the file
+    (no model saved) is left alone.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> TrainConfig().save(folder / "densefit_config.json")
+    >>> record_training_data(folder, ["/data/pairs.jsonl"], "train")
+    >>> training_data_record(folder)
+    {'paths': ['/data/pairs.jsonl'], 'split': 'train'}
+    """
+    path = Path(folder) / "densefit_config.json"
+    if not path.is_file():  # not saved: nothing to add to
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data[TRAINING_DATA] = {"paths": [str(Path(p).resolve()) for p in paths], "split": split}
+    path.write_text(json.dumps(data, indent=2, default=str))
+
+
+def training_data_record(folder: str | Path) -> dict | None:
+    """``{"paths": [...], "split": ...}`` as :func:`record_training_data` wrote it in the model
+    folder ``folder``; None when it records none (a model densefit did not train, or trained
+    on rows in memory)."""
+    path = Path(folder) / "densefit_config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    record = data.get(TRAINING_DATA) if isinstance(data, dict) else None
+    return record if isinstance(record, dict) and record.get("paths") else None

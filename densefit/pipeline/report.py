@@ -3,7 +3,8 @@
 Plots (matplotlib, Agg backend) go to ``OUTPUT/plots/``:
 
 - ``training.png``  training loss and in-batch accuracy against the step;
-- ``resources.png`` peak RSS (and CUDA peak, on CUDA) and examples/s against the step;
+- ``resources.png`` peak RSS (and CUDA peak, on CUDA) against the step with the memory budget
+  and the planner's predicted peak, and examples/s against the step;
 - ``metrics.png``   base vs trained for every metric;
 - ``eval.png``      with evaluation during training (``train.eval_every`` ...): the metrics
   on ``train.eval_split`` against the step, from step 0 (the base model), best step marked.
@@ -27,8 +28,9 @@ import yaml
 
 from densefit._version import __version__
 from densefit.config.run import RunConfig
+from densefit.config.shared import model_or_default
 from densefit.data.corpus import read_qrels
-from densefit.evaluate import EvalResult, compare_results
+from densefit.evaluate import EvalResult, compare_results, format_p_value
 
 __all__ = ["describe_eval", "load_eval_results", "read_eval_log", "read_train_log", "write_report"]
 
@@ -220,7 +222,31 @@ def _save_step_plots(fig, axes, path: Path) -> None:
     plt.close(fig)
 
 
-def _plots(out: Path, log: list[dict], metrics: dict, names: tuple[str, str], caption: str) -> dict:
+def _draw_memory(ax, log: list[dict], plan: dict) -> None:
+    """The memory panel: peak RSS (and CUDA's peak) per step under the budget the planner
+    planned for, with its predicted peak (``plan``: :func:`_memory_plan`'s, in MiB)."""
+
+    def series(key):
+        pairs = [(r["step"], r[key]) for r in log if r.get(key) is not None]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    ax.plot(*series("peak_rss_mb"), marker=".", label="peak RSS (process)")
+    if any(r.get("cuda_peak_mb") is not None for r in log):
+        ax.plot(*series("cuda_peak_mb"), marker=".", label="CUDA peak allocated")
+    if plan.get("budget_mib"):
+        ax.axhline(plan["budget_mib"], color="tab:red", linestyle="--",
+                   label=f"budget {plan['budget_mib']:,.0f} MiB")  # fmt: skip
+    if plan.get("predicted_peak_mib"):
+        ax.axhline(plan["predicted_peak_mib"], color="tab:gray", linestyle=":",
+                   label=f"predicted peak {plan['predicted_peak_mib']:,.0f} MiB")  # fmt: skip
+    ax.set(title="memory", xlabel="step", ylabel="MiB")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+
+
+def _plots(
+    out: Path, log: list[dict], metrics: dict, names: tuple[str, str], caption: str, plan: dict
+) -> dict:
     import matplotlib  # the optional extra `report`
 
     matplotlib.use("Agg")
@@ -246,12 +272,7 @@ def _plots(out: Path, log: list[dict], metrics: dict, names: tuple[str, str], ca
     _save_step_plots(fig, (ax1, ax2), folder / "training.png")
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax1.plot(*series("peak_rss_mb"), marker=".", label="peak RSS (process)")
-    if any(r.get("cuda_peak_mb") is not None for r in log):
-        ax1.plot(*series("cuda_peak_mb"), marker=".", label="CUDA peak allocated")
-    ax1.set(title="memory", xlabel="step", ylabel="MiB")
-    ax1.set_ylim(bottom=0)
-    ax1.legend()
+    _draw_memory(ax1, log, plan)
     ax2.plot(*series("examples_per_s"), marker=".", color="tab:orange")
     ax2.set(title="throughput", xlabel="step", ylabel="examples / s")
     _save_step_plots(fig, (ax1, ax2), folder / "resources.png")
@@ -357,6 +378,7 @@ def write_report(
     report = {
         "created_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         "output": str(out),
+        "base_model": model_or_default(config.model),
         "config": config.to_dict(),
         "stages": stage_rows,
         "stage_seconds_total": round(sum(s.get("seconds", 0) for s in stage_rows.values()), 1),
@@ -371,7 +393,9 @@ def write_report(
         ),
         "environment": _environment(),
     }
-    report["plots"] = _plots(out, log, metrics, ("base", "trained"), evaluated)
+    report["plots"] = _plots(
+        out, log, metrics, ("base", "trained"), evaluated, report["memory_plan"]
+    )
     eval_plot = _eval_plot(out, evals_during, train_config.eval_metric)
     if eval_plot:
         report["plots"]["eval"] = eval_plot
@@ -392,7 +416,7 @@ def _metrics(comparison: dict) -> dict:
             "wins": c["wins"],
             "losses": c["losses"],
             "ties": c["ties"],
-            "p_value": round(c["p_value"], 4),
+            "p_value": c["p_value"],  # unrounded: printed by format_p_value, as the console does
         }
         for m, c in comparison.items()
     }
@@ -454,7 +478,7 @@ def _md_summary(r: dict) -> list[str]:
     lines = [
         f"# densefit run: {Path(r['config']['data']).name}",
         "",
-        f"Base model `{r['config']['model']}`, fine-tuned on {d['train_rows']} training rows "
+        f"Base model `{r['base_model']}`, fine-tuned on {d['train_rows']} training rows "
         f"({d['train_source']}){negatives}.",
         "",
         f"Evaluated on: {r['evaluated_on']}.",
@@ -487,7 +511,7 @@ def _md_results(r: dict) -> list[str]:
     for name, m in r["metrics"].items():
         lines.append(
             f"| {name} | {m['base']:.4f} | {m['trained']:.4f} | {m['delta']:+.4f} | "
-            f"{m['wins']} / {m['losses']} / {m['ties']} | {m['p_value']:.3f} |"
+            f"{m['wins']} / {m['losses']} / {m['ties']} | {format_p_value(m['p_value'])} |"
         )
     return lines + ["", "![base vs trained](plots/metrics.png)"]
 

@@ -37,13 +37,13 @@ from densefit.config.commands import EvalJob, MineJob, TrainJob
 from densefit.config.run import RunConfig, train_paths
 from densefit.config.shared import model_or_default
 from densefit.data.corpus import find_beir_file, find_corpus_file
-from densefit.evaluate import format_table
+from densefit.evaluate import format_table, search_caption
 from densefit.jobs import eval_job, mine_job, train_job
 from densefit.models import load_model, resolve_device, resolve_model_path
 from densefit.pipeline.report import describe_eval, load_eval_results, write_report
 from densefit.training.checkpoint import latest_checkpoint, list_checkpoints
 from densefit.training.evaluation import evaluation_asked
-from densefit.wording import plural
+from densefit.wording import plan_words, plural
 
 __all__ = [
     "STAGES",
@@ -152,7 +152,8 @@ class RunResult:
         """The before/after table (rich), captioned with what was evaluated."""
         base, trained = self.eval_results()
         table = format_table([base, trained], title=title or "before / after")
-        table.caption = describe_eval(base.info, base.n_queries)
+        searched = search_caption([base, trained])
+        table.caption = f"{describe_eval(base.info, base.n_queries)}; {searched}"
         return table
 
 
@@ -439,8 +440,7 @@ class Pipeline:
         self.console.print(
             f"{plural(result.steps, 'step')}, {plural(result.examples, 'example')} in "
             f"{result.seconds:.0f}s, final "
-            f"loss {result.final_loss:.4f}; memory: {plan.get('strategy')} (chunk "
-            f"{plan.get('chunk_size')}); model saved to {model_dir}"
+            f"loss {result.final_loss:.4f}; memory: {plan_words(plan)}; model saved to {model_dir}"
         )
         return {
             "rows": outcome.rows,

@@ -19,28 +19,33 @@ own layout, so ``SentenceTransformer(folder, backend="onnx", model_kwargs={"file
   ``ModelType.TRANSFORMER``, calibrated on real texts), with the ``openvino`` and ``nncf``
   packages.
 
-**The check.** Every file is checked against the torch model on held-out texts: the training
-data's (``densefit train --export``) or ``calibration`` (a training-data file, a corpus, a
-BEIR folder, or texts). It records, in ``densefit_export.json`` beside the files, the cosine
-between each text's vector from the file and from torch (mean, min), and the overlap of the
-top 10 documents per query against torch's, with queries and documents from the file
-(``top10_overlap``) and mixed with torch's (``top10_overlap_mixed``: fp32 queries on the
-file's documents and the reverse, the worse of the two). An fp32 file passes when every
-cosine is at least ``1 - 1e-5``; a quantized one when the mean cosine and the top-10 overlap
-reach :data:`MIN_COSINE` and :data:`MIN_TOP10_OVERLAP`; it *agrees with fp32* (a store may be
-queried across the two, :func:`densefit.retrieval.runtimes.disagreement`) when the mixed
-overlap does too. A file that fails is deleted and the export raises :class:`ExportCheckError`
-with the numbers (``on_check_failure="warn"``: kept, recorded as failed, never picked by
-``auto``).
+**The check.** Every file is checked against the torch model on texts like the ones it will
+embed: ``calibration`` (a training-data file, a corpus, a BEIR folder, or texts), by default
+the model's training data (``densefit train --export``, or the data a densefit-trained model
+folder records). The check measures how far the file's vectors are from torch's, not retrieval
+quality, so the training texts serve; OpenVINO's int8 file calibrates on a third of the
+documents and is checked on the others. It records, in ``densefit_export.json`` beside the
+files, the cosine between each text's vector from the file and from torch (mean, min), and the
+overlap of the top 10 documents per query against torch's, with queries and documents from the
+file (``top10_overlap``) and mixed with torch's (``top10_overlap_mixed``: fp32 queries on the
+file's documents and the reverse, the worse of the two). An fp32 file passes when every cosine
+is at least ``1 - 1e-5``; a quantized one when the mean cosine and the top-10 overlap reach
+:data:`MIN_COSINE` and :data:`MIN_TOP10_OVERLAP`; it *agrees with fp32* (a store may be queried
+across the two, :func:`densefit.retrieval.runtimes.disagreement`) when the mixed overlap does
+too. A file that fails is deleted and the export raises :class:`ExportCheckError` with the
+numbers (``on_check_failure="warn"``: kept, recorded as failed, never picked by ``auto``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
 import platform
 import random
+import sys
 import tempfile
 import time
 import warnings
@@ -54,6 +59,7 @@ from tqdm.auto import tqdm
 
 from densefit.choices import DEFAULT_INT8_RECIPES, EXPORT_TARGETS, ON_CHECK_FAILURE
 from densefit.choices import INT8_RECIPES as INT8_RECIPE_NAMES
+from densefit.config.train import training_data_record
 from densefit.data.corpus import read_corpus
 from densefit.data.sources import load_training_examples
 from densefit.models import load_model, model_similarity
@@ -127,7 +133,8 @@ class ExportCheckError(ValueError):
 
 @dataclass
 class CheckTexts:
-    """Held-out texts the check embeds: queries and the documents they search."""
+    """The texts the check embeds: queries and the documents they search; ``source`` says
+    where they came from."""
 
     queries: list[str]
     documents: list[str]
@@ -143,6 +150,9 @@ class ExportReport:
     seconds: float = 0.0
 
     def summary(self) -> str:
+        """One line: the texts of the check, then each file with its check's numbers."""
+        checks = [record.get("check", {}) for record in self.exports.values()]
+        texts = next((c["texts"] for c in checks if "texts" in c), "probe texts")
         parts = []
         for name, record in self.exports.items():
             check = record.get("check", {})
@@ -153,7 +163,8 @@ class ExportReport:
                 if k in check
             )
             parts.append(f"{name}: {FOLDERS[name]}/{record['file']} ({state}; {numbers})")
-        return f"{self.folder}: " + "; ".join(parts) + f"; {self.seconds:.1f}s"
+        files = "; ".join(parts)
+        return f"{self.folder}: checked on {texts}; {files}; {self.seconds:.1f}s"
 
 
 def file_name(runtime: str) -> str:
@@ -191,7 +202,7 @@ def cpu_isa() -> str:
 
 
 def check_texts(source, *, split: str = "train", seed: int = 0) -> CheckTexts:
-    """The held-out texts of a check from ``source``: training data (a file, a BEIR folder's
+    """The texts of a check from ``source``: training data (a file, a BEIR folder's
     ``split`` with corpus documents added as distractors, a list of rows), a corpus file, a
     list of texts (every fifth text's first 12 words become a query), or :class:`CheckTexts`.
     At most 200 queries and 800 documents, drawn with ``seed``.
@@ -340,8 +351,9 @@ def export_model(
 
     ``model``: a SentenceTransformer or a model name/folder. ``to``: runtimes of
     :data:`EXPORT_TARGETS` (``onnx/model.onnx`` is written with any of them: the others are
-    made from it). ``calibration``: the held-out texts (:func:`check_texts`); required for
-    quantized targets, optional for fp32 ones (then the check uses probe texts).
+    made from it). ``calibration``: the texts of the check (:func:`check_texts`); without it a
+    quantized target is checked on the training data the model's folder records (a folder
+    densefit trained), an fp32 one on probe texts.
     ``folder`` other than the model's own gets the sentence-transformers model saved first.
     ``on_check_failure``: ``"error"`` (delete the file, raise :class:`ExportCheckError`) or
     ``"warn"`` (keep it, recorded as failed). ``int8_recipes``: the :data:`INT8_RECIPES`
@@ -366,7 +378,7 @@ def export_model(
     for name in targets:
         check_supported(model, name)
     out = _output_folder(model, folder)
-    texts = _texts_for(targets, calibration)
+    texts = _texts_for(targets, calibration, model_folder(model))
     digest = weights_digest(model)
     report = ExportReport(str(out))
     reference = None
@@ -380,8 +392,9 @@ def export_model(
         for name in targets:
             bar.set_description(f"Exporting {name}")
             record = _export_one(
-                model, name, out, fp32_onnx, texts, reference, digest, tuple(int8_recipes)
-            )
+                model, name, out, fp32_onnx, texts, reference, digest, tuple(int8_recipes),
+                show_progress,
+            )  # fmt: skip
             report.exports[name] = record
             if not record["passed"]:
                 _refuse(name, out, record, on_check_failure)
@@ -433,21 +446,56 @@ def _output_folder(model, folder) -> Path:
     return out
 
 
-def _texts_for(targets: list[str], calibration) -> CheckTexts | None:
-    if calibration is None:
-        quantized = [t for t in targets if t.endswith("int8")]
-        if quantized:
-            raise ValueError(
-                f"--to {','.join(quantized)}: a quantized export is checked on held-out texts; "
-                "pass --calibration DATA (training pairs, a corpus or a BEIR folder)"
-            )
+def _texts_for(targets: list[str], calibration, folder: Path | None) -> CheckTexts | None:
+    """The check's texts: ``calibration``'s (named as the model's training data when they
+    are), else for a quantized target the training data ``folder`` records, else None."""
+    recorded = training_data_record(folder) if folder is not None else None
+    if calibration is not None:
+        texts = check_texts(calibration)
+        if recorded and _is_recorded(calibration, recorded):
+            texts.source += " (the model's training data)"
+        return texts
+    quantized = [t for t in targets if t.endswith("int8")]
+    if not quantized:
         return None
-    return check_texts(calibration)
+    if recorded is None:
+        raise ValueError(
+            f"--to {','.join(quantized)}: a quantized export is checked on texts like the ones "
+            f"it will embed, and {folder or 'the model'} records no training data (a model "
+            "densefit trained on files does): pass --calibration DATA (training pairs, a "
+            "corpus or a BEIR folder)"
+        )
+    missing = [p for p in recorded["paths"] if not Path(p).exists()]
+    if missing:
+        raise ValueError(
+            f"--to {','.join(quantized)}: the check reads the model's training data, and "
+            f"{missing[0]} is not there any more: pass --calibration DATA (training pairs, a "
+            "corpus or a BEIR folder)"
+        )
+    split = recorded.get("split") or "train"
+    parts = [_texts_from_path(Path(p), split) for p in recorded["paths"]]
+    where = ", ".join(recorded["paths"])
+    return _capped(
+        CheckTexts(
+            [q for t in parts for q in t.queries],
+            [d for t in parts for d in t.documents],
+            f"the model's training data ({where})",
+        ),
+        0,
+    )
+
+
+def _is_recorded(calibration, recorded: dict) -> bool:
+    """``calibration`` is (one of) the files or folders the model was trained on."""
+    if not isinstance(calibration, (str, os.PathLike)):
+        return False
+    return str(Path(calibration).resolve()) in recorded["paths"]
 
 
 def _export_one(
-    model, name, out: Path, fp32_onnx: Path, texts, reference, digest, recipes: tuple
-) -> dict:
+    model, name, out: Path, fp32_onnx: Path, texts, reference, digest, recipes: tuple,
+    show_progress: bool = False,
+) -> dict:  # fmt: skip
     """Write ``name``'s file, check it, record it in the manifest; the record."""
     sub = out / FOLDERS[name]
     path = sub / file_name(name)
@@ -471,7 +519,7 @@ def _export_one(
         check = _check_file(model, name, path, texts, reference)
     else:
         calibration, held_out = _split(texts)
-        recipe = _quantize_openvino(model, fp32_onnx, path, calibration)
+        recipe = _quantize_openvino(model, fp32_onnx, path, calibration, show_progress)
         texts_, reference_ = held_out
         check = _check_file(model, name, path, texts_, reference_)
     passed, agrees = _verdict(name, check)
@@ -623,8 +671,12 @@ def _split(texts: CheckTexts) -> tuple[list[str], tuple]:
     return calibration, (held, None)
 
 
-def _quantize_openvino(model, source: Path, path: Path, calibration: list[str]) -> dict:
-    """NNCF's post-training int8 quantization for transformers, calibrated on real texts."""
+def _quantize_openvino(
+    model, source: Path, path: Path, calibration: list[str], show_progress: bool = False
+) -> dict:
+    """NNCF's post-training int8 quantization for transformers, calibrated on real texts.
+    NNCF draws its bars on stdout, where results go (``--json``): on stderr with
+    ``show_progress``, else nowhere."""
     import nncf  # the optional extra openvino (nncf)
     import openvino as ov  # the optional extra openvino
 
@@ -633,7 +685,8 @@ def _quantize_openvino(model, source: Path, path: Path, calibration: list[str]) 
     items = [model.preprocess([prompt + t]) for t in calibration]  # one text each: no padding
     dataset = nncf.Dataset(items, lambda f: {k: f[k].numpy().astype(np.int64) for k in names})
     network = ov.convert_model(str(source))
-    with tempfile.TemporaryDirectory():
+    bars = sys.stderr if show_progress else io.StringIO()
+    with tempfile.TemporaryDirectory(), contextlib.redirect_stdout(bars):
         quantized = nncf.quantize(
             network, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(items)
         )

@@ -37,10 +37,12 @@ from typing import Annotated, Any, Literal
 import numpy as np
 
 from densefit.choices import EMBED_PROMPTS
+from densefit.config.options import flag_of
 from densefit.losses.matryoshka import truncate
 from densefit.prompts import model_prompts
 from densefit.retrieval.encode import TextTokens, encode_texts, tokenize_texts
 from densefit.serve.batcher import Query
+from densefit.serve.config import ServeConfig
 from densefit.serve.errors import ClientError, checked_request_text
 
 try:
@@ -326,8 +328,9 @@ def add_embedding_routes(app, store, served, config, batcher, arrival_key: str) 
                 422,
                 f"dimensions {dims}: {name} was not trained with --matryoshka-dims, so its "
                 f"embeddings cut below {served_dim} dimensions retrieve poorly: omit "
-                "dimensions (a Matryoshka model trained elsewhere: serve it with "
-                "ServeConfig(matryoshka=True))",
+                f"dimensions (a Matryoshka model trained elsewhere: serve it with `densefit "
+                f"serve {flag_of(ServeConfig, 'matryoshka')}`, ServeConfig(matryoshka=True) "
+                "in Python)",
                 "dimensions",
             )
         vectors, tokens = await embed(texts, request.input_type or config.embed_prompt, True, http)
