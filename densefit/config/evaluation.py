@@ -13,6 +13,7 @@ from densefit.config.shared import (
     FUSION,
     FUSION_DEPTH,
     MAX_SEQ_LENGTH,
+    PRECISION,
     RRF_K,
     RUNTIME,
     SEARCH_MODE,
@@ -62,6 +63,7 @@ class EvalConfig(Options):
     max_seq_length: int | None = MAX_SEQ_LENGTH()
     encode_batch_size: int = ENCODE_BATCH_SIZE()
     runtime: str = RUNTIME()
+    precision: str = PRECISION()
     distractors: int | None = option(
         None,
         "Search a seeded subsample of the corpus: every document judged for the split's "

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from densefit.choices import MINE_METHODS, MINE_SAMPLING
 from densefit.config.options import Options, option
-from densefit.config.shared import ENCODE_BATCH_SIZE, MAX_SEQ_LENGTH, RUNTIME, SEED
+from densefit.config.shared import ENCODE_BATCH_SIZE, MAX_SEQ_LENGTH, PRECISION, RUNTIME, SEED
 
 __all__ = ["MineConfig", "parse_range"]
 
@@ -72,6 +72,7 @@ class MineConfig(Options):
     query_block: int = option(256, "Queries searched at once (bounds the score memory).", ge=1)
     encode_batch_size: int = ENCODE_BATCH_SIZE()
     runtime: str = RUNTIME()
+    precision: str = PRECISION()
     max_seq_length: int | None = MAX_SEQ_LENGTH()
 
     @property

@@ -25,14 +25,29 @@ prompts, pooling and everything else above stay the same, so ``onnx`` equals ``t
 gives each one's token count; handed back to :func:`encode_texts` (``tokens=``), its token
 ids are embedded as they are, without tokenizing again (``densefit serve`` counts a batch's
 tokens before forming it, then embeds it).
+
+On a GPU the batches flow through a pipeline (:func:`encode_with_callback`): a producer thread
+tokenizes the next texts (in several threads, each with its own copy of the tokenizer) and
+pads them into pinned memory while the GPU embeds the current batch; batches go to the GPU
+with non-blocking copies, are cut by padded tokens rather than by texts, and their vectors
+come back with one host synchronisation per window of texts instead of one per batch. The
+vectors are those of the plain loop the CPU runs (bit for bit in fp32 for the same batches:
+tests/test_encode.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import itertools
+import os
+import queue
 import statistics
+import threading
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +58,7 @@ from tqdm.auto import tqdm
 from densefit.losses.matryoshka import truncate
 from densefit.models import eval_mode
 from densefit.prompts import apply_prompt, model_prompts, set_prompts
-from densefit.retrieval.runtimes import Runtime, resolve_runtime
+from densefit.retrieval.runtimes import Runtime, resolve_runtime, set_precision
 
 __all__ = [
     "TextTokens",
@@ -61,6 +76,13 @@ __all__ = [
 # and enough texts per window for the token-length sort to leave little padding.
 _BATCHES_PER_WINDOW = 32
 _FEATURE_KEYS = {"input_ids", "attention_mask", "token_type_ids"}
+# The pipeline (on a GPU): at most this many texts per tokenizer thread's share of a window
+# (fewer, smaller shares leave threads idle), and this many tokenizer threads at most.
+_MIN_TOKENIZE_SHARE = 256
+_MAX_TOKENIZE_THREADS = 8
+# Per tokenizer: copies for the pipeline's tokenizer threads (a fast tokenizer's settings may
+# not change while another thread encodes with it). Kept outside the model, weakly.
+_TOKENIZER_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -215,24 +237,226 @@ def encode_with_callback(
     window = batch_size * _BATCHES_PER_WINDOW
     turns = itertools.count()  # batches dealt so far, all windows together (share)
     skip = None if share is None else lambda: next(turns) % share[1] != share[0]
+
+    def finish(embeddings: torch.Tensor) -> torch.Tensor:  # (b, full dim) -> (b, dim)
+        embeddings = truncate(embeddings, dim)  # truncate_dim: the Matryoshka cut
+        if normalize:
+            embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+        return embeddings
+
     with eval_mode(model), torch.inference_mode():
-        for start in range(0, len(texts), window):
-            rows = order[start : start + window]
-            for batch_rows, features in _batches(
-                model, tokenizer, texts, rows, batch_size, pass_cost_tokens, reused, skip=skip
-            ):
-                features = {
-                    k: v.to(model.device) if isinstance(v, torch.Tensor) else v
-                    for k, v in features.items()
-                }
-                embeddings = runner.embed(model, features)  # (b, full dim)
-                embeddings = truncate(embeddings, dim)  # truncate_dim: the Matryoshka cut
-                if normalize:
-                    embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
-                out[batch_rows] = embeddings.float().cpu().numpy()
-                if on_batch is not None:
-                    on_batch(len(batch_rows))
+        if not _pipelined(model):  # the CPU: one batch at a time, as plain as it gets
+            for start in range(0, len(texts), window):
+                rows = order[start : start + window]
+                for batch_rows, features in _batches(
+                    model, tokenizer, texts, rows, batch_size, pass_cost_tokens, reused, skip=skip
+                ):
+                    features = {
+                        k: v.to(model.device) if isinstance(v, torch.Tensor) else v
+                        for k, v in features.items()
+                    }
+                    embeddings = finish(runner.embed(model, features))
+                    out[batch_rows] = embeddings.float().cpu().numpy()
+                    if on_batch is not None:
+                        on_batch(len(batch_rows))
+            return out
+        budget = None if pass_cost_tokens is not None else _batch_tokens(model, batch_size)
+        with _tokenizer_threads(tokenizer, len(texts), window) as threads:
+            batches = (
+                batch
+                for start in range(0, len(texts), window)
+                for batch in _batches(
+                    model, tokenizer, texts, order[start : start + window], batch_size,
+                    pass_cost_tokens, reused, skip=skip, token_budget=budget, threads=threads,
+                )
+            )  # fmt: skip
+            _embed_pipelined(model, runner, batches, out, finish, on_batch, gather=window)
     return out
+
+
+def _pipelined(model: SentenceTransformer) -> bool:
+    """Whether :func:`encode_with_callback` pipelines its batches: on a GPU (where the host's
+    tokenizing, padding and copying would otherwise leave it idle between batches)."""
+    return model.device.type == "cuda"
+
+
+def _batch_tokens(model: SentenceTransformer, batch_size: int) -> int | None:
+    """Padded tokens per batch in the pipeline: what ``batch_size`` texts of the model's
+    maximum length hold, so that a batch of short texts takes more of them (fewer, fuller
+    passes) and none takes more memory than a full batch of the longest."""
+    limit = getattr(model, "max_seq_length", None)
+    return batch_size * int(limit) if limit else None
+
+
+def _embed_pipelined(
+    model, runner, batches, out: np.ndarray, finish, on_batch, *, gather: int, cuda=None
+):
+    """Embed ``batches`` ((rows, features) on the host) into ``out``: a producer thread makes
+    them (pinned on a GPU) while the device embeds, features go over with non-blocking copies,
+    and the vectors of about ``gather`` texts come back together, one synchronisation each
+    (the copy back of one gather overlaps the next one's batches). ``cuda``: whether the
+    device is a GPU (None: the model's device says)."""
+    device = model.device
+    cuda = device.type == "cuda" if cuda is None else cuda
+    pending: list[tuple[np.ndarray, torch.Tensor]] = []  # embedded, not yet gathered
+    landing = None  # the gather on its way to the host
+    with _prefetched(batches, pin=cuda, depth=_BATCHES_PER_WINDOW) as produced:
+        for batch_rows, features in produced:
+            features = {
+                k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in features.items()
+            }
+            pending.append((batch_rows, finish(runner.embed(model, features))))
+            if sum(len(r) for r, _ in pending) >= gather:
+                _land(landing, out, on_batch)
+                landing, pending = _gather(pending, cuda), []
+    _land(landing, out, on_batch)
+    _land(_gather(pending, cuda), out, on_batch)
+
+
+def _gather(pending: list, cuda: bool):
+    """Start the copy of ``pending``'s vectors to the host (one tensor; on a GPU into pinned
+    memory, behind an event); :func:`_land` waits for it."""
+    if not pending:
+        return None
+    stacked = torch.cat([e for _, e in pending]).float()  # (texts, dim)
+    event = None
+    if cuda:
+        host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+        host.copy_(stacked, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+    else:
+        host = stacked.cpu()
+    return [r for r, _ in pending], host, event
+
+
+def _land(gathered, out: np.ndarray, on_batch) -> None:
+    """Wait for a :func:`_gather` and write its rows into ``out``; report its batches."""
+    if gathered is None:
+        return
+    rows, host, event = gathered
+    if event is not None:
+        event.synchronize()  # the one wait for this gather's batches
+    out[np.concatenate(rows)] = host.numpy()
+    if on_batch is not None:
+        for batch_rows in rows:
+            on_batch(len(batch_rows))
+
+
+class _Failed:
+    """What the producer thread raised, handed to the consumer."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_DONE = object()
+
+
+@contextlib.contextmanager
+def _prefetched(items: Iterator, *, pin: bool, depth: int):
+    """``items`` made in a producer thread, up to ``depth`` ahead (pinned when ``pin``); an
+    error there is raised here, and leaving the block stops the producer."""
+    box: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                box.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for rows, features in items:
+                if pin:
+                    features = {
+                        k: v.pin_memory() if isinstance(v, torch.Tensor) else v
+                        for k, v in features.items()
+                    }
+                if not put((rows, features)):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            put(_Failed(exc))
+
+    thread = threading.Thread(target=produce, name="densefit-encode-producer", daemon=True)
+    thread.start()
+
+    def consume():
+        while True:
+            item = box.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+
+    try:
+        yield consume()
+    finally:
+        stop.set()
+        thread.join()
+
+
+class _TokenizerThreads:
+    """Threads that tokenize shares of a window at once, each with its own copy of the
+    tokenizer (borrowed from :data:`_TOKENIZER_COPIES`, given back after)."""
+
+    def __init__(self, tokenizer, workers: int):
+        self.tokenizer = tokenizer
+        self.workers = workers
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="densefit-tokenize")
+        self.copies = _TOKENIZER_COPIES.setdefault(tokenizer, queue.SimpleQueue())
+
+    def tokenize(self, texts: list[str]) -> dict:
+        """:func:`_tokenize` of ``texts``, in shares of at least :data:`_MIN_TOKENIZE_SHARE`."""
+        shares = min(self.workers, max(1, len(texts) // _MIN_TOKENIZE_SHARE))
+        if shares < 2:
+            return self._one(texts)
+        size = -(-len(texts) // shares)
+        parts = list(
+            self.pool.map(self._one, [texts[i : i + size] for i in range(0, len(texts), size)])
+        )
+        return {
+            k: list(itertools.chain.from_iterable(p[k] for p in parts)) for k in parts[0].keys()
+        }
+
+    def _one(self, texts: list[str]) -> dict:
+        try:
+            tokenizer = self.copies.get_nowait()
+        except queue.Empty:
+            tokenizer = copy.deepcopy(self.tokenizer)
+        try:
+            return _tokenize(tokenizer, texts)
+        finally:
+            self.copies.put(tokenizer)
+
+
+@contextlib.contextmanager
+def _tokenizer_threads(tokenizer, n_texts: int, window: int):
+    """Tokenizer threads for the pipeline when they have shares to work on (a fast-path
+    tokenizer, more than one share of texts, more than one core), else None."""
+    workers = min(_MAX_TOKENIZE_THREADS, _cores() - 1, n_texts // _MIN_TOKENIZE_SHARE)
+    if tokenizer is None or workers < 2:
+        yield None
+        return
+    threads = _TokenizerThreads(tokenizer, workers)
+    try:
+        yield threads
+    finally:
+        threads.pool.shutdown(wait=True)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 # Query-like texts of a search box's lengths (3 to about 20 tokens) for fastest_runtime.
@@ -368,16 +592,20 @@ def configure_model(
     query_prompt: str | None = None,
     document_prompt: str | None = None,
     dim: int | None = None,
+    precision: str | None = None,
 ) -> SentenceTransformer:
     """Set how ``model`` embeds: its query/document prompts (``None``: keep the model's own,
-    ``""``: none; :func:`densefit.prompts.set_prompts`) and the Matryoshka size its vectors
-    are cut to (``dim``: ``model.truncate_dim``; ``None``: the full size). Returns ``model``.
+    ``""``: none; :func:`densefit.prompts.set_prompts`), the Matryoshka size its vectors
+    are cut to (``dim``: ``model.truncate_dim``; ``None``: the full size) and the precision
+    of its transformer (``precision``: :func:`~densefit.retrieval.runtimes.set_precision`;
+    ``None``: as it is). Returns ``model``.
 
     >>> from densefit.testing import tiny_model
     >>> model = configure_model(tiny_model(), query_prompt="query: ", dim=16)
     >>> model.prompts["query"], embedding_dimension(model)
     ('query: ', 16)
     """
+    set_precision(model, precision)
     set_prompts(model, query=query_prompt, document=document_prompt)
     model.truncate_dim = None
     if dim is not None:
@@ -446,11 +674,14 @@ def _batches(
     reused: list[dict] | None = None,
     *,
     skip: Callable[[], bool] | None = None,
+    token_budget: int | None = None,
+    threads: _TokenizerThreads | None = None,
 ):
     """Yield (rows, features) for one window of texts, batches of similar token length
-    (cut by :func:`padding_aware_cuts` when ``pass_cost`` is given); ``reused``: every text's
-    token ids, already made (:func:`tokenize_texts`); a batch for which ``skip()`` is true
-    (another process's) is cut but not padded nor yielded."""
+    (cut by :func:`padding_aware_cuts` when ``pass_cost`` is given, else by
+    :func:`token_cuts` when ``token_budget`` is); ``reused``: every text's token ids, already
+    made (:func:`tokenize_texts`); a batch for which ``skip()`` is true (another process's)
+    is cut but not padded nor yielded; ``threads``: tokenize the window in shares at once."""
     if tokenizer is None:
         # General path: the model's own preprocessing, per batch, in character-length order.
         for start in range(0, len(rows), batch_size):
@@ -459,20 +690,37 @@ def _batches(
                 yield batch_rows, model.preprocess([texts[i] for i in batch_rows])
         return
     if reused is None:
-        encoded = _tokenize(tokenizer, [texts[i] for i in rows])
+        window = [texts[i] for i in rows]
+        encoded = _tokenize(tokenizer, window) if threads is None else threads.tokenize(window)
     else:
         encoded = {k: [reused[i][k] for i in rows] for k in reused[rows[0]]}
     lengths = np.array([len(ids) for ids in encoded["input_ids"]])
     by_tokens = np.argsort(-lengths, kind="stable")
-    if pass_cost is None:
-        cuts = [*range(0, len(rows), batch_size), len(rows)]
-    else:
+    if pass_cost is not None:
         cuts = padding_aware_cuts(lengths[by_tokens], batch_size, pass_cost)
+    elif token_budget is not None:
+        cuts = token_cuts(lengths[by_tokens], token_budget)
+    else:
+        cuts = [*range(0, len(rows), batch_size), len(rows)]
     for start, end in zip(cuts[:-1], cuts[1:], strict=True):
         if skip is not None and skip():
             continue
         picks = by_tokens[start:end]
         yield rows[picks], _pad(encoded, picks, int(lengths[picks].max()), tokenizer)
+
+
+def token_cuts(lengths: np.ndarray, token_budget: int) -> list[int]:
+    """Where to cut texts sorted longest first into batches (the start of each batch, then
+    ``len(lengths)``) of at most ``token_budget`` padded tokens each (at least one text).
+
+    >>> token_cuts(np.array([100, 60, 50, 10, 10, 10, 10]), 120)
+    [0, 1, 3, 7]
+    """
+    cuts, start, n = [0], 0, len(lengths)
+    while start < n:
+        start += max(1, token_budget // max(1, int(lengths[start])))  # padded to the first
+        cuts.append(min(start, n))
+    return cuts
 
 
 def _tokenize(tokenizer, texts: list[str]) -> dict:

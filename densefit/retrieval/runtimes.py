@@ -26,14 +26,22 @@ and its self-check (:func:`exports_of`). ``auto`` picks the first of :data:`AUTO
 exported for the current weights and passed its check, else torch.
 
 Which runtimes may be mixed (:func:`disagreement`): vectors belong to a *family*: ``fp32``
-(torch and every fp32 export, equal to 1e-5 cosine) or one quantized file (its sha256). A
-store's documents are written by one family only; queries may come from another family only
-when one side is fp32 and the quantized side's check found that fp32 queries against its
-documents (and the reverse) rank the same (``agrees_with_fp32``).
+(torch and every fp32 export, equal to 1e-5 cosine), one quantized file (its sha256), or torch
+at a half precision (``fp16``, ``bf16``). A store's documents are written by one family only;
+queries may come from another family only when one side is fp32 and the other side's check
+found that fp32 queries against its documents (and the reverse) rank the same
+(``agrees_with_fp32``).
+
+Precision (:data:`densefit.choices.PRECISIONS`, ``--precision``): the torch runtime runs the
+transformer in fp32, or in fp16 / bf16 from a cast copy of its weights (:func:`set_precision`
+on the model; the store records it in :class:`VectorSource`). ``auto`` is the device's
+default (:data:`densefit.choices.AUTO_PRECISION`), or the store's precision when adding
+documents to it.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 import io
@@ -50,12 +58,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from densefit.choices import RUNTIME_CHOICES
+from densefit.choices import AUTO_PRECISION, PRECISIONS, RUNTIME_CHOICES
 from densefit.models import eval_mode, resolve_model_path, transformer_of
 
 __all__ = [
     "AUTO_ORDER",
     "FP32",
+    "HALF_COSINE",
     "MANIFEST",
     "Runtime",
     "RuntimeUnavailableError",
@@ -66,11 +75,14 @@ __all__ = [
     "export_onnx",
     "exports_of",
     "model_folder",
+    "model_precision",
     "openvino_properties",
     "read_manifest",
     "release_runtimes",
+    "resolve_precision",
     "resolve_runtime",
     "runtime_inputs",
+    "set_precision",
     "sha256_of_file",
     "weights_digest",
     "write_manifest_entry",
@@ -97,6 +109,10 @@ _PROBES = (
     "short",
 )
 _FEATURE_ORDER = ("input_ids", "attention_mask", "token_type_ids")
+# A half-precision runtime must reproduce fp32's sentence embeddings to this cosine on every
+# probe text, with finite values, or it is refused (a model whose activations overflow fp16).
+HALF_COSINE = 0.999
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 # Per model: its resolved runtimes (sessions) and its weights' digest. Kept outside the model
@@ -117,17 +133,19 @@ class VectorSource:
     """What computed a set of vectors: the runtime, its file and its family.
 
     ``family`` is ``"fp32"`` for torch and fp32 exports, ``"int8:<sha256 prefix>"`` for a
-    quantized file; ``agrees_with_fp32``: the quantized file's check found it ranks like fp32
-    when queries and documents come from the two families (always True for fp32).
+    quantized file, ``"fp16"`` / ``"bf16"`` for torch at that ``precision``;
+    ``agrees_with_fp32``: the file's or precision's check found it ranks like fp32 when
+    queries and documents come from the two families (always True for fp32).
 
-    >>> TORCH.source.family
-    'fp32'
+    >>> TORCH.source.family, TORCH.source.precision
+    ('fp32', 'fp32')
     """
 
     runtime: str = "torch"
     family: str = FP32
     file: str | None = None  # relative to the model folder ("onnx/model.onnx")
     agrees_with_fp32: bool = True
+    precision: str = FP32  # the transformer's number format (torch: --precision)
 
     def to_json(self) -> str:
         """The store's meta entry."""
@@ -135,15 +153,19 @@ class VectorSource:
 
     @classmethod
     def from_json(cls, text: str | None) -> VectorSource:
-        """Read a store's entry; a store without one was written by torch (fp32)."""
+        """Read a store's entry; a store without one was written by torch (fp32), an entry
+        without a precision (written before it was recorded) in fp32."""
         if not text:
             return cls()
         data = json.loads(text)
-        return cls(**{k: data[k] for k in ("runtime", "family", "file", "agrees_with_fp32")})
+        fields = {k: data[k] for k in ("runtime", "family", "file", "agrees_with_fp32")}
+        return cls(**fields, precision=data.get("precision", FP32))
 
     def describe(self) -> str:
-        """``onnx-int8 (onnx/model_qint8_avx2.onnx)`` / ``torch``."""
-        return f"{self.runtime} ({self.file})" if self.file else self.runtime
+        """``onnx-int8 (onnx/model_qint8_avx2.onnx)`` / ``torch`` / ``torch fp16``."""
+        if self.file:
+            return f"{self.runtime} ({self.file})"
+        return self.runtime if self.precision == FP32 else f"{self.runtime} {self.precision}"
 
 
 def disagreement(stored: VectorSource, given: VectorSource, *, mixing: bool) -> str | None:
@@ -151,7 +173,8 @@ def disagreement(stored: VectorSource, given: VectorSource, *, mixing: bool) -> 
 
     ``mixing``: ``given`` would write documents beside ``stored``'s (indexing): only the same
     family. Otherwise ``given`` embeds queries against ``stored``'s documents: the same family,
-    or fp32 against a quantized file whose check says it agrees with fp32.
+    fp32 against a quantized file whose check says it agrees with fp32, or torch at any two
+    precisions (each checked against fp32).
 
     >>> int8 = VectorSource("onnx-int8", "int8:ab12", "onnx/model_qint8_avx2.onnx", True)
     >>> disagreement(int8, TORCH.source, mixing=False) is None
@@ -165,6 +188,9 @@ def disagreement(stored: VectorSource, given: VectorSource, *, mixing: bool) -> 
     reason = f"{what} by {stored.describe()}, this run embeds with {given.describe()}"
     if mixing:
         return reason + ": one store holds vectors of one runtime family"
+    checked = (stored.agrees_with_fp32, given.agrees_with_fp32)
+    if {stored.family, given.family} <= set(PRECISIONS) and all(checked):
+        return None  # fp32 and half precisions, each checked against fp32: queries cross
     quantized = given if stored.family == FP32 else stored
     if FP32 in (stored.family, given.family) and quantized.agrees_with_fp32:
         return None
@@ -183,8 +209,9 @@ def disagreement(stored: VectorSource, given: VectorSource, *, mixing: bool) -> 
 class Runtime:
     """A runtime ready to run: ``embed(model, features)`` gives the sentence embeddings.
 
-    ``session`` is None for torch, else a callable from the feature arrays to the token
-    embeddings ``(batch, tokens, hidden)``.
+    ``session`` is None for torch in fp32, else a callable from the features to the token
+    embeddings ``(batch, tokens, hidden)``: a NumPy array (ONNX Runtime, OpenVINO) or a
+    float32 tensor on the model's device (torch at a half precision).
     """
 
     name: str
@@ -207,7 +234,9 @@ class Runtime:
 
         features = dict(features)
         device = features["attention_mask"].device  # the model's: its other modules run there
-        tokens = torch.from_numpy(self.session(features)).to(device)  # (b, length, hidden)
+        tokens = self.session(features)  # (b, length, hidden)
+        if not isinstance(tokens, torch.Tensor):
+            tokens = torch.from_numpy(tokens).to(device)
         features[model[0].module_output_name] = tokens
         for module in list(model)[1:]:
             features = module(features)
@@ -235,6 +264,10 @@ def resolve_runtime(
     runtimes are remembered on the model until its weights, its folder's exports or the
     thread count change.
 
+    The model's precision (:func:`set_precision`; :func:`resolve_precision`) other than fp32
+    makes ``torch`` and ``auto`` the torch runtime at that precision; another runtime named
+    with it is refused (exports run fp32 or int8).
+
     >>> from densefit.testing import tiny_model
     >>> resolve_runtime(tiny_model(), "auto").name
     'torch'
@@ -245,11 +278,86 @@ def resolve_runtime(
         raise RuntimeUnavailableError(
             f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIME_CHOICES)}"
         )
+    precision = resolve_precision(model, runtime, stored=stored, mixing=mixing)
+    if mixing and stored is not None and precision != stored.precision:
+        raise RuntimeUnavailableError(
+            f"the store's documents were embedded in {stored.precision}, this run embeds in "
+            f"{precision}: one store holds vectors of one precision; pass --precision "
+            f"{stored.precision} (or auto: the store's), or --reembed to re-embed every "
+            "document in this one"
+        )
+    if precision != FP32:
+        if runtime not in ("auto", "torch"):
+            raise RuntimeUnavailableError(
+                f"--precision {precision} runs the model in torch; --runtime {runtime} runs "
+                "an export (fp32 or int8): use --runtime torch or auto, or --precision fp32"
+            )
+        found = _half_runtime(model, precision, explicit=model_precision(model) != "auto")
+        if found is not None:
+            return found
     if runtime == "torch":
         return TORCH
     if runtime != "auto":
         return _runtime(model, runtime, explicit=True)
     return next(_auto_runtimes(model, stored, mixing), TORCH)
+
+
+def set_precision(model, precision: str | None):
+    """Embed with ``model`` at ``precision`` (:data:`densefit.choices.PRECISION_CHOICES`:
+    ``auto``, ``fp32``, ``fp16``, ``bf16``; None leaves it as it is): what
+    :func:`resolve_runtime` runs its transformer in. Returns ``model``.
+
+    >>> from densefit.testing import tiny_model
+    >>> model_precision(set_precision(tiny_model(), "bf16"))
+    'bf16'
+    """
+    if precision is None:
+        return model
+    if precision != "auto" and precision not in PRECISIONS:
+        raise ValueError(
+            f"precision must be one of auto, {', '.join(PRECISIONS)}, got {precision!r}"
+        )
+    model._densefit_precision = precision  # a string: copying or saving the model keeps it
+    return model
+
+
+def model_precision(model) -> str:
+    """The precision set on ``model`` (:func:`set_precision`); fp32 when none was set.
+
+    >>> from densefit.testing import tiny_model
+    >>> model_precision(tiny_model())
+    'fp32'
+    """
+    return getattr(model, "_densefit_precision", FP32)
+
+
+def resolve_precision(
+    model, runtime: str = "auto", *, stored: VectorSource | None = None, mixing: bool = False
+) -> str:
+    """The precision ``model`` embeds at with ``runtime``: the one set on it, or for
+    ``auto`` the precision of ``stored``'s documents when adding to them (``mixing``), else
+    the device's default (:data:`densefit.choices.AUTO_PRECISION`); fp32 for a named export.
+
+    >>> from densefit.testing import tiny_model
+    >>> resolve_precision(set_precision(tiny_model(), "auto"))  # on the CPU
+    'fp32'
+    >>> stored = VectorSource(family="bf16", precision="bf16")
+    >>> resolve_precision(set_precision(tiny_model(), "auto"), stored=stored, mixing=True)
+    'bf16'
+    """
+    precision = model_precision(model)
+    if precision != "auto":
+        return precision
+    if runtime not in ("auto", "torch"):
+        return FP32
+    if mixing and stored is not None:
+        return stored.precision
+    return AUTO_PRECISION.get(_device_of(model).type, FP32)
+
+
+def _device_of(model) -> torch.device:
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else torch.device("cpu")
 
 
 def auto_candidates(
@@ -276,6 +384,13 @@ def release_runtimes(model, keep: Runtime) -> None:
 
 
 def _auto_runtimes(model, stored: VectorSource | None, mixing: bool):
+    precision = resolve_precision(model, "auto", stored=stored, mixing=mixing)
+    if precision != FP32:  # the torch runtime at that precision, when it passed its check
+        found = _half_runtime(model, precision, explicit=model_precision(model) != "auto")
+        if found is not None:
+            if stored is None or disagreement(stored, found.source, mixing=mixing) is None:
+                yield found
+            return
     for name in AUTO_ORDER:
         found = TORCH if name == "torch" else _runtime(model, name, explicit=False)
         if found is None:
@@ -353,6 +468,20 @@ def check_supported(model, name: str) -> None:
     """Raise :class:`RuntimeUnavailableError` unless runtime ``name`` can run ``model``: its
     first module a sentence-transformers Transformer giving token embeddings, and the
     runtime's package installed."""
+    _check_transformer(model, f"--runtime {name}", "use --runtime torch")
+    module = "openvino" if name.startswith("openvino") else "onnxruntime"
+    try:
+        __import__(module)
+    except ImportError:
+        raise RuntimeUnavailableError(
+            f"--runtime {name} needs the {module} package: pip install 'densefit[onnx]'"
+            + (" openvino" if module == "openvino" else "")
+        ) from None
+
+
+def _check_transformer(model, what: str, fix: str) -> None:
+    """Raise :class:`RuntimeUnavailableError` (``what`` runs ..., ``fix``) unless ``model``'s
+    first module is a sentence-transformers Transformer giving token embeddings."""
     first = model[0] if len(model) else None
     config = getattr(first, "modality_config", {}) or {}
     text = config.get("text", {}) if isinstance(config, dict) else {}
@@ -364,18 +493,10 @@ def check_supported(model, name: str) -> None:
         or set(config) - {"text"}
     ):
         raise RuntimeUnavailableError(
-            f"--runtime {name} runs text models whose first module is a sentence-transformers "
+            f"{what} runs text models whose first module is a sentence-transformers "
             f"Transformer giving token embeddings; this model's is {type(first).__name__}: "
-            "use --runtime torch"
+            f"{fix}"
         )
-    module = "openvino" if name.startswith("openvino") else "onnxruntime"
-    try:
-        __import__(module)
-    except ImportError:
-        raise RuntimeUnavailableError(
-            f"--runtime {name} needs the {module} package: pip install 'densefit[onnx]'"
-            + (" openvino" if module == "openvino" else "")
-        ) from None
 
 
 def _in_memory_fp32(model, name: str) -> Runtime:
@@ -396,14 +517,110 @@ def _in_memory_fp32(model, name: str) -> Runtime:
 
 
 def fp32_agreement(model, runtime: Runtime) -> float:
-    """The lowest cosine between ``runtime``'s and torch's embeddings of the probe texts."""
+    """The lowest cosine between ``runtime``'s and torch's embeddings of the probe texts
+    (NaN when ``runtime``'s are not finite)."""
 
-    features = model.preprocess(list(_PROBES))
+    device = _device_of(model)
+    features = {
+        k: v.to(device) if isinstance(v, torch.Tensor) else v
+        for k, v in model.preprocess(list(_PROBES)).items()
+    }
     with eval_mode(model), torch.inference_mode():
         reference = model(dict(features))["sentence_embedding"].float()
         ours = runtime.embed(model, dict(features)).float()
+    if not bool(torch.isfinite(ours).all()):
+        return float("nan")
     cosine = torch.nn.functional.cosine_similarity(reference, ours, dim=1)
     return float(cosine.min())
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+def _half_runtime(model, precision: str, *, explicit: bool) -> Runtime | None:
+    """The torch runtime at ``precision`` for ``model``'s current weights and device
+    (remembered per model), or None (``auto`` precision: its check failed) /
+    :class:`RuntimeUnavailableError` (named explicitly)."""
+    key = (_parameter_version(model), str(_device_of(model)))
+    cache = _RUNTIMES.setdefault(model, {})
+    cached = cache.get((f"torch:{precision}", "precision"))
+    if cached is None or cached[0] != key:  # one per precision: a stale copy is let go
+        cache.pop((f"torch:{precision}", "precision"), None)
+        try:
+            found = _load_half(model, precision)
+        except RuntimeUnavailableError as exc:
+            found = exc
+        cache[(f"torch:{precision}", "precision")] = (key, found)
+    found = cache[(f"torch:{precision}", "precision")][1]
+    if isinstance(found, RuntimeUnavailableError):
+        if explicit:
+            raise found
+        return None
+    return found
+
+
+def _load_half(model, precision: str) -> Runtime:
+    """A copy of the transformer cast to ``precision`` (PyTorch's scaled-dot-product
+    attention; on CUDA flash attention where transformers offers it, which drops the
+    padding tokens inside attention), checked against fp32 on the probe texts."""
+    _check_transformer(model, f"--precision {precision}", "use --precision fp32")
+    names = runtime_inputs(model)
+    half = _cast_copy(transformer_of(model), _DTYPES[precision])
+    attention = _fastest_attention(half, _device_of(model))
+
+    def run(features: dict) -> torch.Tensor:
+        inputs = {k: features[k] for k in names if k in features}
+        return half(**inputs, return_dict=True).last_hidden_state.float()
+
+    source = VectorSource("torch", precision, None, True, precision)
+    found = Runtime("torch", source, run, {"precision": precision, "attention": attention})
+    worst = fp32_agreement(model, found)
+    if not worst >= HALF_COSINE:  # NaN (non-finite vectors) fails too
+        raise RuntimeUnavailableError(
+            f"--precision {precision}: the model's {precision} embeddings do not reproduce "
+            f"fp32 (probe cosine {worst:.6f} < {HALF_COSINE}): use --precision fp32"
+            + (" or bf16" if precision == "fp16" else "")
+        )
+    found.record["probe_cosine"] = worst
+    return found
+
+
+def _cast_copy(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """An eval-mode copy of ``module`` with its floating-point weights and buffers in
+    ``dtype``; the copy is made from the cast tensors, never a second full-precision one."""
+    cast = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if id(tensor) in cast or not tensor.is_floating_point():
+            continue
+        value = tensor.detach().to(dtype)
+        if isinstance(tensor, torch.nn.Parameter):
+            value = torch.nn.Parameter(value, requires_grad=False)
+        cast[id(tensor)] = value
+    return copy.deepcopy(module, cast).eval()
+
+
+def _fastest_attention(module: torch.nn.Module, device: torch.device) -> str:
+    """Switch ``module`` to flash attention on CUDA when transformers offers it for the model
+    (its unpadded path), else keep scaled-dot-product attention; the implementation used."""
+    config = getattr(module, "config", None)
+    current = getattr(config, "_attn_implementation", None) or "eager"
+    setter = getattr(module, "set_attn_implementation", None)
+    if device.type == "cuda" and setter is not None:
+        try:
+            from transformers.utils import is_flash_attn_2_available
+
+            if is_flash_attn_2_available():
+                setter("flash_attention_2")
+                return "flash_attention_2"
+        except (ImportError, ValueError, RuntimeError):
+            pass  # not offered for this model: scaled-dot-product attention as it is
+    if current == "eager" and setter is not None:
+        try:
+            setter("sdpa")
+            return "sdpa"
+        except (ValueError, RuntimeError):
+            pass
+    return current
 
 
 # ----------------------------------------------------------------------------- files
