@@ -1,9 +1,9 @@
 """The high-level API, familiar to Haystack 1.x ``EmbeddingRetriever`` users.
 
 :class:`Retriever` holds a :class:`sentence_transformers.SentenceTransformer` (``model``) and,
-once :meth:`Retriever.index` ran, a document store (``store``, normally a
-:class:`~densefit.retrieval.index.store.LocalDocumentStore`): train, save, embed, index,
-retrieve and evaluate.
+once :meth:`Retriever.index` ran, a document store (``store``: a folder, a database's target
+such as ``postgresql://.../TABLE``, or a store object; :func:`~densefit.retrieval.index.
+engines.open_store`): train, save, embed, index, retrieve and evaluate.
 
 The store remembers the model that embedded it, so retrieving after the model was trained in
 place (or swapped) raises :class:`~densefit.retrieval.index.base.ModelMismatchError`: call
@@ -225,7 +225,8 @@ class Retriever:
     ):
         """Embed ``documents`` and write them to ``store`` (which becomes ``self.store``).
 
-        ``store`` is a folder path (created for this model if new), a store object, or None:
+        ``store`` is a folder path or a database's target (``postgresql://...``, ``qdrant:...``;
+        created for this model if new), a store object, or None:
         ``self.store`` if set, else a temporary store deleted when the retriever is. Documents
         already stored with the same text are skipped, so calling ``index`` again with a grown
         corpus only embeds the new documents. A store made with other settings (e.g. another

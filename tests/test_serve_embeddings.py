@@ -332,7 +332,7 @@ def test_a_mixed_batch_embeds_no_bm25_query_and_each_mode_gets_its_own_hits(
             return encode_texts(model, texts, *args, **kwargs)
 
         monkeypatch.setattr("densefit.serve.embeddings.encode_texts", counting)
-        monkeypatch.setattr("densefit.serve.app.encode_texts", counting)
+        monkeypatch.setattr("densefit.retrieval.index.searching.encode_texts", counting)
         again = run_batch(store, model, items, search_queries)
         assert sorted(embedded) == sorted([texts[0], texts[0], texts[2]]), embedded
         embedded.clear()

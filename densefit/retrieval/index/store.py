@@ -3,7 +3,7 @@
 Layout of a store folder::
 
     store.sqlite          documents (id, text, title, meta, hashes, vector row) and meta
-    densefit.lock         the writer lock (creation and indexing hold it)
+    densefit.lock         the writer lock, while creation or indexing holds it
     vectors-<gen>.f32     committed embeddings, row-major (``.f16`` for float16 stores); during
                           a model swap also the next generation's, made by the new model
     bm25-<gen>.npz        the BM25 index of the documents' texts (a cache, checked before use)
@@ -40,7 +40,8 @@ The parts: :mod:`~densefit.retrieval.index.documents` (SQLite: documents, meta,
 transactions), :mod:`~densefit.retrieval.index.vectors` (the vector file and the search
 backend), :mod:`~densefit.retrieval.index.settings` (the record and the model checks) and
 :mod:`~densefit.retrieval.index.locking` (one writer at a time); this module puts them
-together behind :class:`LocalDocumentStore` and :func:`open_store`.
+together behind :class:`LocalDocumentStore`, the embedded engine of
+:func:`~densefit.retrieval.index.engines.open_store` (a folder, or None for a temporary store).
 """
 
 from __future__ import annotations
