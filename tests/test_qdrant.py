@@ -1,8 +1,10 @@
 """The Qdrant engine in qdrant-client's local mode: targets, filters equal to the embedded
 store's on tests/test_filters.py's table and on random filters, dense search equal to the
 embedded store's (exact, HNSW, float16), BM25 equal to Bm25Index's scores up to the fixed
-average length, hybrid equal to the embedded store's, the record, writes, the refusals, and
-the conformance suite."""
+average length, hybrid equal to the embedded store's, the record, writes, the refusals, model
+swaps through the collection alias (equal to a fresh index of the new model, resumed, killed,
+cancelled, with writes meanwhile, from a store made before aliases, by the CLI), and the
+conformance suite."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from densefit.retrieval.index import qdrant  # noqa: E402
 from densefit.retrieval.index.base import (  # noqa: E402
     CapabilityError,
     ModelMismatchError,
+    ModelSwappedError,
     StoreError,
 )
 from densefit.retrieval.index.engines import open_store  # noqa: E402
@@ -511,7 +514,7 @@ def test_reopen_finds_documents_and_record(tmp_path, model):
         record = store.record
         store.write(docs, _vectors(len(docs), 32))
         before = _pairs(store.search(_vectors(2, 32, seed=5), 4))
-    assert (tmp_path / "q" / "collection" / "docs").is_dir()
+    assert (tmp_path / "q" / "collection" / "docs_g0").is_dir()  # "docs" is its alias
     with open_store(target) as again:  # no model: the record says what it holds
         assert again.count() == len(docs)
         assert (again.model_name, again.dim, again.similarity) == (
@@ -691,12 +694,11 @@ def test_capability_refusals(tmp_path):
     with pytest.raises(CapabilityError, match="cannot search by 'faiss'"):
         open_store(f"qdrant:{tmp_path}/q", record=_record(), backend="faiss")
     with open_store(f"qdrant:{tmp_path}/q", record=_record()) as store:
-        with pytest.raises(CapabilityError, match="cannot swap models") as caught:
-            store.begin_swap(_record())
-        _one_line(caught)
-        docs = make_corpus(2)
-        with pytest.raises(CapabilityError, match="cannot swap models"):
-            store.write(docs, _vectors(2), swap_embeddings=_vectors(2))
+        with pytest.raises(StoreError, match="a float32 store swaps to float32 vectors") as c:
+            store.begin_swap(_record(kind="float16"))
+        _one_line(c)
+        with pytest.raises(ValueError, match="swap_embeddings need the swap_target"):
+            store.write(make_corpus(2), _vectors(2), swap_embeddings=_vectors(2))
         assert store.swap_target() is None and store.cancel_swap() is False
         assert store.compact() == 0 and store.dead_rows() == 0
 
@@ -709,12 +711,491 @@ def test_closed_store_says_so(tmp_path):
         store.search(_vectors(1), 3)
 
 
+# -- model swaps: blue/green through the collection alias --------------------------------------
+
+SWAP_WORDS = "cell protein python kernel socket river bread music zebra vitamin bone signal".split()
+SWAP_QUERIES = ["cell protein", "python socket", "zebra river music", "vitamin bone"]
+
+
+def _swap_corpus(n: int = 40, seed: int = 0) -> list[Document]:
+    rng = random.Random(seed)
+    return [
+        Document(f"d{i}", " ".join(rng.choices(SWAP_WORDS, k=6)), meta={"n": i}) for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def swap_models(tmp_path_factory) -> dict:
+    """Saved tiny models, loaded: ``old``, ``new`` (another seed, same size) and ``wide``
+    (48-d)."""
+    from densefit.models import load_model
+    from densefit.testing import tiny_model
+
+    folder = tmp_path_factory.mktemp("qdrant-swap-models")
+    made = {"old": {}, "new": {"seed": 7}, "wide": {"seed": 3, "hidden_size": 48}}
+    for name, kwargs in made.items():
+        tiny_model(folder / f"build-{name}", **kwargs).save(str(folder / name))
+    return {name: load_model(str(folder / name)) for name in made} | {"folder": folder}
+
+
+def _embed(model, texts: list[str]) -> np.ndarray:
+    from densefit.retrieval.encode import encode_texts
+
+    return encode_texts(model, texts, prompt_name="document")
+
+
+def _stored(model, texts: list[str]) -> np.ndarray:
+    """The vectors a cosine store keeps for ``texts`` embedded by ``model``: unit length."""
+    vectors = _embed(model, texts)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def _ranking(store, model, **options) -> list[list[tuple[str, float]]]:
+    from densefit.retrieval.encode import encode_texts
+
+    queries = encode_texts(model, SWAP_QUERIES, prompt_name="query")
+    return [
+        [(h.id, round(h.score, 4)) for h in hits] for hits in store.search(queries, 5, **options)
+    ]
+
+
+def _bm25_ranking(store) -> list[list[tuple[str, float]]]:
+    """Every match (a cut at k could fall inside a tie, which Qdrant breaks its own way)."""
+    return _pairs(store.search(None, 50, mode="bm25", query_texts=SWAP_QUERIES))
+
+
+def _collections(folder) -> list[str]:
+    return sorted(p.name for p in (folder / "collection").iterdir())
+
+
+def _assert_equals_fresh(store, model, documents: list[Document], folder) -> None:
+    """The swapped store holds what a fresh Qdrant index of ``documents`` by ``model`` does:
+    the same documents, vectors (up to the rounding of other batches: the swap embeds
+    chunks in write order, indexing by length), dense and BM25 rankings."""
+    from densefit.retrieval.index import index_documents
+
+    with open_store(f"qdrant:{folder}", model) as fresh:
+        index_documents(fresh, model, documents)
+        ids = sorted(d.id for d in documents)
+        assert sorted(store.ids()) == ids
+        np.testing.assert_allclose(store.vectors(ids), fresh.vectors(ids), rtol=0, atol=1e-5)
+        assert store.get(ids) == fresh.get(ids)
+        assert _ranking(store, model) == _ranking(fresh, model)
+        if store.info()["bm25_avgdl"] == fresh.info()["bm25_avgdl"]:
+            _assert_same(_bm25_ranking(store), _bm25_ranking(fresh))
+    store.check_model(model)
+    assert store.swap_target() is None and store.info()["swap"] is None
+
+
+@pytest.fixture
+def swap_target(tmp_path, swap_models) -> str:
+    """A Qdrant store (local mode) of 40 documents indexed by the ``old`` model."""
+    from densefit.retrieval.index import index_documents
+
+    target = f"qdrant:{tmp_path}/q"
+    with open_store(target, swap_models["old"]) as store:
+        index_documents(store, swap_models["old"], _swap_corpus())
+    return target
+
+
+@pytest.mark.parametrize("new_name", ["new", "wide"])
+def test_a_swap_equals_a_fresh_index_with_the_new_model(
+    tmp_path, swap_models, swap_target, new_name
+):
+    from densefit.retrieval.index.swap import reembed_store
+
+    old, new = swap_models["old"], swap_models[new_name]
+    with open_store(swap_target) as store:
+        before, bm25 = _ranking(store, old), _bm25_ranking(store)
+        assert store.info()["serving_collection"] == "densefit_g0"
+        report = reembed_store(store, new, commit_every=7)
+        assert report.switched and not report.resumed and report.embedded == 40
+        assert (store.dim, store.model_generation) == (new.get_embedding_dimension(), 1)
+        assert store.info()["serving_collection"] == "densefit_g1"
+        assert _bm25_ranking(store) == bm25  # the same sparse vectors and average length
+        _assert_equals_fresh(store, new, _swap_corpus(), tmp_path / "fresh")
+        with pytest.raises(ModelMismatchError):  # the old model no longer made these vectors
+            store.check_model(old)
+    assert _collections(tmp_path / "q") == ["densefit_g1"]  # the old generation dropped
+    with open_store(swap_target) as again:  # reopened: the new model, generation 1
+        assert again.model_generation == 1 and _ranking(again, new) != before
+        _assert_equals_fresh(again, new, _swap_corpus(), tmp_path / "fresh2")
+
+
+def test_the_old_model_serves_until_the_switch_and_stale_queries_are_refused(
+    tmp_path, swap_models, swap_target
+):
+    from densefit.retrieval.index.settings import record_for
+    from densefit.retrieval.index.swap import reembed_store
+
+    old, new = swap_models["old"], swap_models["new"]
+    with open_store(swap_target) as store:
+        before = _ranking(store, old, model_generation=0)
+        target, resumed = store.begin_swap(record_for(new, store.vector_kind))
+        assert not resumed and store.swap_target().generation == target.generation == 1
+        pending = store.swap_pending(-1, 25)
+        assert [row for row, *_ in pending] == sorted(row for row, *_ in pending)
+        vectors = _embed(new, [text for *_, text in pending])
+        assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 25
+        assert store.info()["swap"] == {"model": target.record.model_name, "dim": 32,
+                                        "remaining": 15}  # fmt: skip
+        assert store.swap_pending(pending[-1][0], 100) == store.swap_pending(-1, 100)
+        assert not store.finish_swap(target)  # documents left: nothing switches
+        assert _ranking(store, old, model_generation=0) == before  # the old generation serves
+        store.check_model(old)
+        assert reembed_store(store, new).resumed
+        with pytest.raises(ModelSwappedError):  # queries embedded for the old model
+            _ranking(store, old, model_generation=0)
+        got = _ranking(store, new, model_generation=1)
+    with open_store(f"qdrant:{tmp_path}/fresh", new) as fresh:
+        from densefit.retrieval.index import index_documents
+
+        index_documents(fresh, new, _swap_corpus())
+        assert got == _ranking(fresh, new)
+
+
+def test_a_stopped_swap_resumes_after_reopening(tmp_path, swap_models, swap_target):
+    from densefit.retrieval.index.swap import reembed_store
+
+    old, new = swap_models["old"], swap_models["wide"]
+    asked = []
+
+    def stop_after_two_chunks() -> bool:
+        asked.append(1)
+        return len(asked) > 2
+
+    with open_store(swap_target) as store:
+        report = reembed_store(store, new, commit_every=7, should_stop=stop_after_two_chunks)
+        assert not report.switched and report.embedded == 14
+        store.check_model(old)  # still the old model's
+        assert store.info()["swap"]["remaining"] == 26
+    with open_store(swap_target) as store:  # another run, the folder opened afresh
+        assert store.swap_target().record.dim == 48
+        report = reembed_store(store, new, commit_every=7)
+        assert report.resumed and report.switched and report.embedded == 26
+        _assert_equals_fresh(store, new, _swap_corpus(), tmp_path / "fresh")
+    assert _collections(tmp_path / "q") == ["densefit_g1"]
+
+
+def test_writes_and_deletes_during_a_swap_reach_both_generations(
+    tmp_path, swap_models, swap_target
+):
+    from densefit.retrieval.index.settings import record_for
+    from densefit.retrieval.index.swap import reembed_store
+
+    old, new = swap_models["old"], swap_models["new"]
+    docs = {d.id: d for d in _swap_corpus()}
+    with open_store(swap_target) as store:
+        target, _ = store.begin_swap(record_for(new, store.vector_kind))
+        pending = store.swap_pending(-1, 30)
+        chunk = [doc_id for _, doc_id, _ in pending]
+        vectors = _embed(new, [text for *_, text in pending])
+        # Meanwhile, among the chunk's documents: one rewritten, one deleted, one written
+        # with both models' vectors (a server's writer), one given new metadata; and two new
+        # documents, one embedded by both models and one by the old only.
+        rewritten, deleted, both, retitled = chunk[3], chunk[5], chunk[7], chunk[9]
+        changed = Document(rewritten, "zebra zebra music", meta={"n": -1})
+        store.write([changed], _embed(old, [changed.text]))
+        store.delete([deleted])
+        dual = [Document("s1", "bread kernel signal"), Document(both, "python python")]
+        store.write(
+            dual,
+            _embed(old, [d.text for d in dual]),
+            swap_embeddings=_embed(new, [d.text for d in dual]),
+            swap_target=target,
+        )
+        only_old = Document("o1", "river bone cell")
+        store.write([only_old], _embed(old, [only_old.text]))
+        store.write_metadata([Document(retitled, docs[retitled].text, "a title", {"n": 99})])
+        # The chunk embedded before those writes: the rewritten ones and the deleted one left.
+        assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 27
+        report = reembed_store(store, new, commit_every=4)
+        assert report.resumed and report.switched
+        assert report.embedded == 40 - 30 + 1 + 1  # the rest, the rewrite, o1 (s1: both)
+        docs.update({d.id: d for d in [changed, *dual, only_old]})
+        docs[retitled] = Document(retitled, docs[retitled].text, "a title", {"n": 99})
+        del docs[deleted]
+        _assert_equals_fresh(store, new, list(docs.values()), tmp_path / "fresh")
+        assert store.get([retitled])[0].title == "a title"
+        assert store.count_matching({"field": "meta.n", "operator": "==", "value": 99}) == 1
+
+
+def _swap_after_a_chunk(store, new, size: int = 10):
+    """Begin a swap to ``new`` and copy its first ``size`` documents; the swap and the
+    chunk's ids."""
+    from densefit.retrieval.index.settings import record_for
+
+    target, _ = store.begin_swap(record_for(new, store.vector_kind))
+    pending = store.swap_pending(-1, size)
+    vectors = _embed(new, [text for *_, text in pending])
+    assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == size
+    return target, [doc_id for _, doc_id, _ in pending]
+
+
+def test_a_rewrite_after_its_chunk_was_copied_gets_the_new_models_vector_of_its_new_text(
+    tmp_path, swap_models, swap_target
+):
+    """The copy made before the rewrite holds the new model's vector of the old text: the
+    switch must not keep it (nor the copy's old metadata)."""
+    from densefit.retrieval.index.swap import reembed_store
+
+    old, new = swap_models["old"], swap_models["new"]
+    with open_store(swap_target) as store:
+        _, chunk = _swap_after_a_chunk(store, new)
+        before = store.get([chunk[0]])[0]
+        rewritten = Document(chunk[0], "vitamin vitamin kernel socket", meta={"n": 0})
+        store.write([rewritten], _embed(old, [rewritten.text]))  # the old model only
+        store.write_metadata([Document(chunk[1], "", "retitled", {"n": -1})])  # both copies
+        report = reembed_store(store, new, commit_every=8)
+        assert report.switched
+        got = store.vectors([rewritten.id])[0]
+        assert not np.allclose(got, _stored(new, [before.text])[0], atol=1e-3)
+        np.testing.assert_allclose(got, _stored(new, [rewritten.text])[0], atol=1e-5)
+        assert report.embedded == 30 + 1  # the rest and the rewrite
+        assert store.get([chunk[1]])[0].title == "retitled"
+
+
+def test_changes_that_missed_the_swap_are_found_at_the_switch(tmp_path, swap_models, swap_target):
+    """Writes by a process whose view of the store predates the swap (on a server, read up
+    to a second before) reach the serving collection only: the swap finds the copies made
+    from an older text or metadata by their ``seq`` and ``meta_hash`` and embeds them again,
+    and drops the copies of deleted documents."""
+    from densefit.retrieval.index.swap import reembed_store
+
+    old, new = swap_models["old"], swap_models["new"]
+    with open_store(swap_target) as store:
+        _, chunk = _swap_after_a_chunk(store, new)
+        read_record = store._read_record
+
+        def view_before_the_swap():
+            read_record()
+            store._swap = None
+
+        store._read_record = view_before_the_swap
+        rewritten = Document(chunk[2], "bone bone bone music", meta={"n": 2})
+        store.write([rewritten], _embed(old, [rewritten.text]))
+        store.write_metadata([Document(chunk[3], "", "t", {"n": 3})])
+        store.delete([chunk[4]])
+        del store._read_record
+        assert store.info()["swap"]["remaining"] == 30 + 2  # the rest, the rewrite, the title
+        report = reembed_store(store, new, commit_every=8)
+        assert report.switched and report.embedded == 30 + 2
+        np.testing.assert_allclose(
+            store.vectors([rewritten.id])[0], _stored(new, [rewritten.text])[0], atol=1e-5
+        )
+        assert store.get([chunk[3]])[0].title == "t" and store.get([chunk[4]]) == [None]
+        assert store.count() == 39 == len(list(store.ids()))
+
+
+def test_a_write_prepared_for_the_old_model_after_the_switch_is_refused(swap_models, swap_target):
+    from densefit.retrieval.index.swap import reembed_store
+
+    old, new = swap_models["old"], swap_models["new"]  # the same size: nothing else tells
+    writer = open_store(swap_target)  # another handle, opened before the swap
+    try:
+        with open_store(swap_target) as store:
+            reembed_store(store, new)
+        doc = Document("late", "python kernel")
+        with pytest.raises(ModelSwappedError, match="switched to the model") as caught:
+            writer.write([doc], _embed(old, [doc.text]))
+        _one_line(caught)
+        assert writer.get(["late"]) == [None] and writer.model_generation == 1
+        writer.write([doc], _embed(new, [doc.text]))  # embedded again with the new model
+        writer.check_model(new)
+    finally:
+        writer.close()
+
+
+def test_cancel_drops_the_swap_and_another_model_starts_afresh(tmp_path, swap_models, swap_target):
+    from densefit.retrieval.index.swap import reembed_store
+
+    old, new, wide = swap_models["old"], swap_models["new"], swap_models["wide"]
+    with open_store(swap_target) as store:
+        before = _ranking(store, old)
+        _swap_after_a_chunk(store, new)
+        assert _collections(tmp_path / "q") == ["densefit_g0", "densefit_g1"]
+        with pytest.raises(StoreError, match="model swap to .* is under way") as caught:
+            store.start_reembedding(old)
+        _one_line(caught)
+        assert store.cancel_swap()
+        assert store.swap_target() is None and not store.cancel_swap()
+        assert _collections(tmp_path / "q") == ["densefit_g0"]
+        assert _ranking(store, old) == before
+        _swap_after_a_chunk(store, new)
+        report = reembed_store(store, wide)  # another model than the swap under way
+        assert not report.resumed and report.embedded == 40
+        _assert_equals_fresh(store, wide, _swap_corpus(), tmp_path / "fresh")
+
+
+def _legacy_store(folder, model, documents: list[Document]) -> str:
+    """A store as densefit made them before aliases: a plain collection named ``densefit``
+    (its record and layout in the metadata), then ``documents`` indexed into it."""
+    from qdrant_client import QdrantClient, models
+
+    from densefit.retrieval.index import index_documents
+    from densefit.retrieval.index.settings import record_for
+
+    record = record_for(model, "float32")
+    counters = ("n_rows", "generation", "stale_below_row")
+    metadata = {k: v for k, v in record.to_meta().items() if k not in counters}
+    client = QdrantClient(path=str(folder))
+    client.create_collection(
+        "densefit",
+        vectors_config={
+            "dense": models.VectorParams(size=record.dim, distance=models.Distance.DOT)
+        },
+        sparse_vectors_config={"bm25": models.SparseVectorParams(modifier=models.Modifier.IDF)},
+        metadata=metadata | {"layout": qdrant.LAYOUT},
+    )
+    client.close()
+    target = f"qdrant:{folder}"
+    with open_store(target, model) as store:
+        index_documents(store, model, documents)
+    return target
+
+
+def test_a_store_made_before_aliases_works_and_is_migrated_by_its_first_swap(tmp_path, swap_models):
+    from qdrant_client import QdrantClient
+
+    from densefit.retrieval.index.swap import reembed_store
+
+    old, new = swap_models["old"], swap_models["wide"]
+    target = _legacy_store(tmp_path / "q", old, _swap_corpus())
+    with open_store(target, old) as store:
+        assert store.info()["serving_collection"] == "densefit"  # the plain collection
+        assert store.count() == 40 and store.model_generation == 0
+        bm25 = _bm25_ranking(store)
+        report = reembed_store(store, new, commit_every=16)
+        assert report.switched and report.embedded == 40
+        assert store.info()["serving_collection"] == "densefit_g1"
+        assert _bm25_ranking(store) == bm25
+        _assert_equals_fresh(store, new, _swap_corpus(), tmp_path / "fresh")
+    assert _collections(tmp_path / "q") == ["densefit_g1"]
+    client = QdrantClient(path=str(tmp_path / "q"))
+    assert [(a.alias_name, a.collection_name) for a in client.get_aliases().aliases] == [
+        ("densefit", "densefit_g1")
+    ]
+    client.close()
+    with pytest.raises(StoreError, match="holds a generation of the store 'densefit'") as c:
+        open_store(f"{target}?collection=densefit_g1")
+    _one_line(c)
+
+
+def _killed_in(target: str, model, method: str, n: int, when: str, create: bool = False):
+    """Run ``reembed_store`` of the store at ``target`` to ``model`` (``create``: create the
+    store for ``model`` instead) in a forked child that SIGKILLs itself ``when`` ("before"
+    or "after") qdrant-client's ``method`` is called the ``n``-th time."""
+    from qdrant_client import QdrantClient
+
+    from densefit.retrieval.index.swap import reembed_store
+
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork")
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            import signal
+
+            import torch
+
+            torch.set_num_threads(1)
+            original, calls = getattr(QdrantClient, method), [0]
+
+            def dying(self, *args, **kwargs):
+                calls[0] += 1
+                if calls[0] == n and when == "before":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                result = original(self, *args, **kwargs)
+                if calls[0] == n and when == "after":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return result
+
+            setattr(QdrantClient, method, dying)
+            store = open_store(target, model) if create else open_store(target)
+            reembed_store(store, model, commit_every=7)
+        except BaseException:  # noqa: BLE001 - report and leave without running pytest code
+            import traceback
+
+            traceback.print_exc()
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status), f"the child was not killed (status {status})"
+
+
+@pytest.mark.parametrize(
+    ("method", "n", "when", "legacy", "switched"),
+    [
+        ("upsert", 3, "after", False, False),  # three chunks copied
+        ("update_collection_aliases", 1, "before", False, False),  # promoted, alias not moved
+        ("delete_collection", 1, "before", False, True),  # alias moved, old not dropped
+        ("update_collection_aliases", 1, "before", True, True),  # plain deleted, no alias yet
+    ],
+    ids=["after-a-chunk", "before-the-alias", "before-the-drop", "legacy-before-the-alias"],
+)
+def test_a_swap_killed_anywhere_serves_one_model_and_resumes(
+    tmp_path, swap_models, method, n, when, legacy, switched
+):
+    from densefit.retrieval.index import index_documents
+    from densefit.retrieval.index.swap import reembed_store
+
+    old, new = swap_models["old"], swap_models["wide"]
+    if legacy:
+        target = _legacy_store(tmp_path / "q", old, _swap_corpus())
+    else:
+        target = f"qdrant:{tmp_path}/q"
+        with open_store(target, old) as store:
+            index_documents(store, old, _swap_corpus())
+    with open_store(target) as store:
+        before = _ranking(store, old)
+    _killed_in(target, new, method, n, when)
+    with open_store(target) as store:  # a new client: what the killed process left on disk
+        if switched:
+            store.check_model(new)
+            assert store.swap_target() is None
+            assert _collections(tmp_path / "q") == ["densefit_g1"]  # the old one dropped
+        else:  # the old generation serves, unchanged, and the swap is under way
+            store.check_model(old)
+            assert _ranking(store, old) == before
+            assert store.swap_target().record.dim == 48
+        report = reembed_store(store, new, commit_every=5)
+        assert report.switched and report.resumed is not switched
+        assert report.embedded == (40 if switched else 40 - (21 if method == "upsert" else 40))
+        _assert_equals_fresh(store, new, _swap_corpus(), tmp_path / "fresh")
+
+
+def test_a_store_killed_before_its_alias_is_found(tmp_path, swap_models):
+    target = f"qdrant:{tmp_path}/q"
+    _killed_in(target, swap_models["old"], "update_collection_aliases", 1, "before", create=True)
+    assert _collections(tmp_path / "q") == ["densefit_g0"]  # created, no alias yet
+    with open_store(target) as store:  # the alias made on opening
+        assert store.count() == 0 and store.info()["serving_collection"] == "densefit_g0"
+        store.check_model(swap_models["old"])
+
+
+def test_densefit_reembed_swaps_a_qdrant_store(tmp_path, swap_models, swap_target):
+    from typer.testing import CliRunner
+
+    from densefit.cli.app import app
+
+    runner = CliRunner()
+    new_path = str(swap_models["folder"] / "new")
+    result = runner.invoke(app, ["reembed", "--store", swap_target, "-m", new_path, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["switched"] and report["embedded"] == 40 and report["documents"] == 40
+    with open_store(swap_target) as store:
+        assert store.info()["serving_collection"] == "densefit_g1"
+        _assert_equals_fresh(store, swap_models["new"], _swap_corpus(), tmp_path / "fresh")
+    cancelled = runner.invoke(app, ["reembed", "--store", swap_target, "--cancel"])
+    assert cancelled.exit_code == 0 and "no model swap under way" in cancelled.output
+
+
 # -- the conformance suite ---------------------------------------------------------------------
 
 
 class TestQdrant(StoreConformance):
     """The behaviour every engine shows, in local mode (tests the suite skips by capability:
-    compaction, crashes, model swaps)."""
+    compaction, crashes)."""
 
     bm25_exact = False  # lengths normalised by the first write's average
 

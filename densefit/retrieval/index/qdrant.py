@@ -9,22 +9,24 @@ Targets (:func:`~densefit.retrieval.index.engines.open_store`):
   kept in files in ``FOLDER`` and searched in this process; the collection is named
   ``densefit`` unless ``qdrant:FOLDER?collection=NAME``.
 
-Collection names are 1 to 64 letters, digits, ``_`` and ``-``. One collection holds one
-store: a point per document (its id the ``uuid5`` of the document id) with a named dense
-vector ``dense`` (the record's dimension, dot product: cosine stores hold unit vectors;
-float16 stores ask Qdrant for float16 storage and send values already rounded to float16),
-a sparse vector ``bm25`` and a payload: ``id``, ``text``, ``title``, ``meta`` (as the
-embedded store keeps it: JSON, values JSON cannot hold written as text), ``fields`` (every
-filterable field split by type, :func:`~densefit.retrieval.index.filters.typed_fields`,
-under a key :func:`field_key` spells with ``[A-Za-z0-9_]`` only, so that Qdrant's payload
-paths address any field name), ``text_hash``, ``meta_hash``, ``stale`` and ``seq`` (the
-write order: each writer gives every document it writes ``microseconds * 1024 + tag``, the
-time strictly increasing per writer and ``tag`` a random 10-bit number per store object, so
-concurrent writers interleave by time and almost never collide). The model record
+Collection names are 1 to 64 letters, digits, ``_`` and ``-``. The store's name is an
+alias of the collection that holds it, ``NAME_g<N>`` (``NAME_g0`` when created, ``NAME_g<N+1>``
+after a model swap, see below): a point per document (its id the ``uuid5`` of the document
+id) with a named dense vector ``dense`` (the record's dimension, dot product: cosine stores
+hold unit vectors; float16 stores ask Qdrant for float16 storage and send values already
+rounded to float16), a sparse vector ``bm25`` and a payload: ``id``, ``text``, ``title``,
+``meta`` (as the embedded store keeps it: JSON, values JSON cannot hold written as text),
+``fields`` (every filterable field split by type, :func:`~densefit.retrieval.index.filters.
+typed_fields`, under a key :func:`field_key` spells with ``[A-Za-z0-9_]`` only, so that
+Qdrant's payload paths address any field name), ``text_hash``, ``meta_hash``, ``stale`` and
+``seq`` (the write order: each writer gives every document it writes ``microseconds * 1024 +
+tag``, the time strictly increasing per writer and ``tag`` a random 10-bit number per store
+object, so concurrent writers interleave by time and almost never collide). The model record
 (:class:`~densefit.retrieval.index.settings.StoreRecord`) is the collection's metadata,
-written with the collection in one call and read again before a search (on a server at
-most once a second): :meth:`~densefit.retrieval.index.common.StoreCommon.check_model`
-refuses another model as the embedded store does.
+written with the collection in one call, with the store's name (``store``), its model
+generation (``model_generation``) and the model swap under way (``swap``), and read again
+before a search (on a server at most once a second): :meth:`~densefit.retrieval.index.common.
+StoreCommon.check_model` refuses another model as the embedded store does.
 
 Filters (:func:`compile_filter`) become one ``qdrant_client.models.Filter`` over the typed
 fields, with the embedded store's semantics exactly (a missing field is None, ``!=``
@@ -49,8 +51,39 @@ count in ``N``, as in Bm25Index. Two tokens whose hashes collide count as one to
 
 Writes are batched upserts (``wait=True``); Qdrant applies each batch, not a transaction
 (``transactions=False``), and a write is idempotent by document id. Qdrant reclaims
-updated and deleted vectors itself (no compaction). Model swaps are not implemented (a
-collection alias switched to a new collection would allow them).
+updated and deleted vectors itself (no compaction).
+
+Model swaps (``densefit reembed``, :mod:`densefit.retrieval.index.swap`), blue/green through
+the alias: :meth:`~QdrantDocumentStore.begin_swap` creates the next generation's collection
+(the new model's record and dimension, ``swap_of`` the serving collection, the serving
+collection's BM25 average length) and records the swap in the serving collection's metadata,
+where every process finds it; :meth:`~QdrantDocumentStore.write_swap` copies each document
+into it, a chunk at a time in write order (``seq`` is the swap's row): its payload, its BM25
+vector and the new model's vector. A copy counts only while its ``seq`` and ``meta_hash`` are
+the document's in the serving collection, that is while it was made from the document's
+current text and metadata. Writes during the swap go to the serving collection and to the
+next one: with the new model's vectors when the writer has them (``swap_embeddings``, as
+``densefit serve``'s writer), else they remove the documents from the next collection and the
+swap embeds their new text (its pass meets them: a write takes a later ``seq``); deletes and
+metadata updates apply to both.
+:meth:`~QdrantDocumentStore.finish_swap`, once every document has a current copy, records
+``model_generation + 1`` in the next collection, points the alias at it (one request: delete
+and create alias, applied together) and drops the old collection; a search or write prepared
+for the old model then gets :class:`~densefit.retrieval.index.base.ModelSwappedError`. BM25
+scores do not change at the switch (the same sparse vectors and average length). A swap
+stopped or killed leaves the serving collection serving: run again with the same model it
+goes on from the copies made, with another it drops the next collection and starts afresh;
+:meth:`~QdrantDocumentStore.cancel_swap` drops it. A process killed between a switch and the
+drop leaves the old collection, dropped at the next swap (local mode: when the folder is next
+opened); killed between creating a collection and its alias, the alias is made when the store
+is next opened.
+
+A store created before generations (a plain collection named ``NAME``, no alias) opens and
+works as generation 0; its first model swap migrates it: at the switch the plain collection is
+deleted and ``NAME`` becomes an alias of ``NAME_g1``, in two requests (Qdrant refuses an alias
+named like a collection), so for the moment between them a server has no collection ``NAME``
+(its other clients' requests fail; local mode does both under the process's lock, and a process
+killed between them leaves ``NAME_g1`` finished, aliased when the folder is next opened).
 
 Processes: a Qdrant server serves several densefit processes at once, each seeing the
 others' writes (``shared``). It has no lock across processes: :meth:`~QdrantDocumentStore.
@@ -63,6 +96,19 @@ threading lock serialising their calls and another their writers.
 Versions: collection metadata needs Qdrant and qdrant-client 1.16 or later; local mode's
 IDF follows updates and deletes from qdrant-client 1.20 (before, it kept counting replaced
 and deleted documents).
+
+What a server adds to model swaps (not run here): the alias switch is atomic for every
+client of the cluster (local mode: for the one process that may open the folder, whose calls a
+lock serialises), so servers behind a load balancer all move to the new model at once. There
+is no lock across processes, so run one ``densefit reembed`` per store at a time; a write or
+delete by a process whose view of the swap is up to a second old (the record is re-read at most
+once a second for searches; before every write) may miss the next collection, and the swap
+still gets it right: a stale copy is recognised by its ``seq`` or ``meta_hash`` and embedded
+again, and copies of deleted documents are dropped at the switch. Another process's switch is
+seen at the next read of the record: a search in the second before it is checked against the
+old model's record (searches that pass ``model_generation`` are refused as soon as it is
+read). ``swap_pending`` scrolls by ``seq``, which needs the payload index on ``seq`` that
+every collection gets on a server.
 
 What was run: everything in local mode (``tests/test_qdrant.py``), where qdrant-client
 searches exactly whatever the backend (``"exact"`` sends no search parameter there), keeps
@@ -103,8 +149,14 @@ import numpy as np
 from densefit.choices import SIMILARITIES
 from densefit.data.types import Document
 from densefit.retrieval.bm25 import K1, B, tokenize
-from densefit.retrieval.index.base import Capabilities, SearchHit, StoreError
-from densefit.retrieval.index.common import checked_documents
+from densefit.retrieval.index.base import (
+    Capabilities,
+    ModelSwappedError,
+    SearchHit,
+    StoreError,
+    WriteResult,
+)
+from densefit.retrieval.index.common import checked_documents, checked_vectors
 from densefit.retrieval.index.database import DatabaseStore, StoredRow
 from densefit.retrieval.index.documents import meta_hash
 from densefit.retrieval.index.engines import require
@@ -118,7 +170,7 @@ from densefit.retrieval.index.filters import (
     typed_fields,
 )
 from densefit.retrieval.index.locking import StoreLockedError
-from densefit.retrieval.index.settings import StoreRecord, VectorSettings
+from densefit.retrieval.index.settings import StoreRecord, SwapTarget, VectorSettings
 
 __all__ = [
     "CAPABILITIES",
@@ -143,7 +195,7 @@ CAPABILITIES = Capabilities(
         "the average length of the first documents written)"
     ),
     hybrid=True,
-    model_swap=False,
+    model_swap=True,
     transactions=False,
     crash_safe=False,
     compaction=False,
@@ -157,10 +209,16 @@ DEFAULT_PORT = 6333
 API_KEY_VARIABLE = "QDRANT_API_KEY"
 LAYOUT = "densefit-qdrant/1"  # metadata key "layout": the payload layout above
 AVGDL_KEY = "bm25_avgdl"  # metadata: the average document length BM25 weights are made with
+MODEL_GENERATION_KEY = "model_generation"  # metadata: the model swaps the store went through
+SWAP_KEY = "swap"  # metadata of the serving collection: the SwapTarget of the swap under way
+STORE_KEY = "store"  # metadata of a generation collection: the store (alias) it belongs to
+BUILDING_KEY = "swap_of"  # metadata of a collection a swap is filling: the one it replaces
 _RECORD_COUNTERS = ("n_rows", "generation", "stale_below_row")  # the embedded store's only
 _NAMESPACE = uuid.UUID("6f0b5e1c-3d0a-5a43-9a1e-2f4e0d9c7b11")  # point ids: uuid5(this, id)
 _UPSERT_BATCH = 128  # points per upsert request
 _PAGE = 1000  # points per scroll request
+_SWAP_PAGE = 256  # points per scroll request of swap_pending, at least
+_VERSION = ["id", "seq", "meta_hash"]  # the payload that tells a current copy (_version)
 _REFRESH_SECONDS = 1.0  # a server's record is read again at most this often
 _SHOWN = ["id", "text", "title", "meta", "seq"]  # the payload a search hit needs
 
@@ -555,11 +613,25 @@ def _bm25_vector(counts: Counter, length: int, avgdl: float, models):
     return models.SparseVector(indices=ids, values=values)
 
 
+def _sparse_vector(counts: Counter, length: int, avgdl: float | None):
+    """A document's sparse vector: its BM25 weights, empty for a text without a token."""
+    models = _models()
+    if not counts:
+        return models.SparseVector(indices=[], values=[])
+    return _bm25_vector(counts, length, avgdl, models)
+
+
 # -- the store ---------------------------------------------------------------------------------
 
 
 def _point_id(doc_id: str) -> str:
     return str(uuid.uuid5(_NAMESPACE, doc_id))
+
+
+def _version(point) -> tuple[int, str]:
+    """What a copy in the next generation must share with the document: its write (``seq``)
+    and its title and metadata (``meta_hash``)."""
+    return int(point.payload["seq"]), point.payload.get("meta_hash", "")
 
 
 def _ranked_pairs(points) -> tuple[list[int], list[float]]:
@@ -605,16 +677,26 @@ class QdrantDocumentStore(DatabaseStore):
         self._tag = secrets.randbelow(1024)
         self._last_micros = 0
         self._found: dict[int, dict] = {}  # the hits of the search under way, by key
+        self.model_generation = -1  # read from the metadata below
+        self._swap: SwapTarget | None = None
         with self._lock:
             self._read_record()
+            if connection.local:  # the folder is this process's: nobody else reads them
+                with _requests(self.target):
+                    self._drop_older_generations()
 
     # -- the record ------------------------------------------------------------------------
 
     def _read_record(self) -> None:
-        """Read the record (and the BM25 length average) from the collection's metadata."""
+        """Read the record, the BM25 length average, the model generation and the swap
+        under way from the serving collection's metadata."""
         with _requests(self.target):
             info = self._client.get_collection(self.collection)
-        self._record, self._avgdl = _record_of(info, self.target)
+        recorded = _record_of(info, self.target)
+        if recorded.model_generation != self.model_generation:
+            self._checked.clear()  # the models checked against the old record
+        self._record, self._avgdl = recorded.record, recorded.avgdl
+        self.model_generation, self._swap = recorded.model_generation, recorded.swap
         self._read_at = time.monotonic()
 
     def _refresh(self) -> None:
@@ -634,13 +716,15 @@ class QdrantDocumentStore(DatabaseStore):
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _retrieve(self, ids: Sequence[str], payload, vectors=False) -> dict[str, object]:
-        """``{id: point}`` of the stored ones among ``ids``."""
+    def _retrieve(
+        self, ids: Sequence[str], payload, vectors=False, *, collection: str | None = None
+    ) -> dict[str, object]:
+        """``{id: point}`` of the stored ones among ``ids`` (in the store, or ``collection``)."""
         found = {}
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), _PAGE):
             points = self._client.retrieve(
-                self.collection,
+                collection or self.collection,
                 [_point_id(i) for i in unique[start : start + _PAGE]],
                 with_payload=payload,
                 with_vectors=vectors,
@@ -799,6 +883,257 @@ class QdrantDocumentStore(DatabaseStore):
         points.sort(key=lambda p: int(p.payload["seq"]))
         return [p.payload["id"] for p in points]
 
+    def start_reembedding(self, model, runtime=None) -> None:
+        """Record ``model``'s settings and mark every stored vector stale (refused while a
+        model swap is under way: the swap makes every vector anew)."""
+        with self._lock:
+            self._refresh()
+            if self._swap is not None:
+                raise StoreError(
+                    f"{self.location}: a model swap to {self._swap.record.model_name!r} is under "
+                    "way: finish it (densefit reembed) before re-embedding with new settings"
+                )
+            super().start_reembedding(model, runtime)
+
+    # -- a model swap: the next generation collection ---------------------------------------
+    # The steps of densefit.retrieval.index.swap.reembed_store (see the module docstring).
+
+    def swap_target(self) -> SwapTarget | None:
+        """The model swap under way (None: none)."""
+        with self._lock:
+            self._refresh()
+            return self._swap
+
+    def begin_swap(self, target: StoreRecord) -> tuple[SwapTarget, bool]:
+        """Start re-embedding every document for ``target`` (the new model's record) into a
+        new generation collection, or go on with the swap under way when it is for the same
+        vectors; returns the swap and whether it resumed one. A swap for another model is
+        started afresh (its collection dropped); the serving collection is untouched but
+        for the swap recorded in its metadata."""
+        if target.vector_kind != self.vector_kind:
+            raise StoreError(
+                f"{self.location}: a {self.vector_kind} store swaps to {self.vector_kind} "
+                f"vectors, not {target.vector_kind}: embed with the store's vector kind"
+            )
+        if target.similarity not in SIMILARITIES:
+            raise StoreError(
+                f"{self.location}: the model {target.model_name!r} scores by "
+                f"{target.similarity!r} similarity; the store serves "
+                f"{' and '.join(SIMILARITIES)} models"
+            )
+        with self._lock, _requests(self.target):
+            self._check_open()
+            self._read_record()
+            serving = self._serving()
+            self._drop_older_generations(serving)
+            swap = self._swap
+            if swap is not None and swap.record.same_vectors(target):
+                if not self._client.collection_exists(self._next_collection(swap)):
+                    self._create_next(swap, serving)  # dropped by hand: begun again, empty
+                return swap, True
+            fresh = SwapTarget(target, _generation_of(self.collection, serving, self.location) + 1)
+            collection = self._next_collection(fresh)
+            if self._client.collection_exists(collection):  # a swap cancelled or restarted
+                metadata = self._client.get_collection(collection).config.metadata or {}
+                if metadata.get(STORE_KEY) != self.collection:
+                    raise StoreError(
+                        f"{self.location}: collection {collection!r} exists and is not this "
+                        "store's: the next model swap creates it; delete or rename it"
+                    )
+                self._client.delete_collection(collection)
+            self._create_next(fresh, serving)
+            self._client.update_collection(self.collection, metadata={SWAP_KEY: fresh.to_json()})
+            self._read_record()
+        return fresh, False
+
+    def swap_pending(self, after_row: int, limit: int) -> list[tuple[int, str, str]]:
+        """``(row, id, text)`` of up to ``limit`` documents written after ``after_row`` (a
+        row is a document's write-order key, ``seq``) that the swap has still to embed, by
+        row: those without a copy in the next generation made from their current version (a
+        copy whose ``seq`` or ``meta_hash`` is not the document's was made from an older
+        text or metadata)."""
+        if limit < 1:
+            return []
+        models = self._models
+        pending: list[tuple[int, str, str]] = []
+        with self._lock, _requests(self.target):
+            self._check_open()
+            self._refresh()
+            if self._swap is None:
+                return []
+            collection = self._next_collection(self._swap)
+            start = after_row + 1
+            while len(pending) < limit:
+                points, _ = self._client.scroll(
+                    self.collection,
+                    order_by=models.OrderBy(key="seq", start_from=start),
+                    limit=max(limit, _SWAP_PAGE),
+                    with_payload=[*_VERSION, "text"],
+                )
+                if not points:
+                    break
+                ids = [p.payload["id"] for p in points]
+                made = self._retrieve(ids, _VERSION, collection=collection)
+                for point in points:
+                    copy = made.get(point.payload["id"])
+                    if copy is None or _version(copy) != _version(point):
+                        seq = int(point.payload["seq"])
+                        pending.append((seq, point.payload["id"], point.payload.get("text", "")))
+                start = int(points[-1].payload["seq"]) + 1
+        return pending[:limit]
+
+    def write_swap(
+        self, target: SwapTarget, pending: Sequence[tuple[int, str]], embeddings: np.ndarray
+    ) -> int:
+        """Write the new model's ``embeddings`` of the ``(row, id)`` documents
+        :meth:`swap_pending` gave into the next generation, with each document's payload
+        and BM25 vector as the serving collection holds them now; a document rewritten or
+        deleted since (its ``seq`` changed or gone) is left for the swap to meet again.
+        Returns the vectors written."""
+        documents = [Document(i, "") for _, i in pending]
+        vectors = checked_vectors(target.record, documents, embeddings)
+        models = self._models
+        with self._lock, _requests(self.target):
+            self._check_open()
+            self._read_record()
+            swap = self._swap_for(target)
+            current = self._retrieve([i for _, i in pending], True, [SPARSE])
+            keep = [
+                k
+                for k, (row, doc_id) in enumerate(pending)
+                if doc_id in current and int(current[doc_id].payload["seq"]) == row
+            ]
+            empty = models.SparseVector(indices=[], values=[])
+            copies = []
+            for k, vector in zip(keep, self._stored(vectors[keep]), strict=True):
+                point = current[pending[k][1]]
+                sparse = point.vector.get(SPARSE, empty) if point.vector else empty
+                copies.append(
+                    models.PointStruct(
+                        id=point.id,
+                        vector={DENSE: vector.tolist(), SPARSE: sparse},
+                        payload={**point.payload, "stale": False},
+                    )
+                )
+            self._upsert_points(self._next_collection(swap), copies)
+        return len(copies)
+
+    def finish_swap(self, target: SwapTarget) -> bool:
+        """Switch the store to the next generation when every document has a copy there
+        made from its current version (:meth:`swap_pending`), and return True; False
+        (nothing changed) while documents are left to embed. The switch records the model
+        generation in the new collection, points the store's alias at it in one request
+        (a store made before aliases: two, see the module docstring), and drops the old
+        collection; searches prepared for the old model get :class:`~densefit.retrieval.
+        index.base.ModelSwappedError` from then on."""
+        with self._lock, _requests(self.target):
+            self._check_open()
+            self._read_record()
+            swap = self._swap_for(target)
+            collection = self._next_collection(swap)
+            current = self._versions(self.collection)
+            made = self._versions(collection)
+            if any(made.get(doc_id) != version for doc_id, version in current.items()):
+                return False
+            self._delete_points(collection, [i for i in made if i not in current])  # strays
+            finished = {MODEL_GENERATION_KEY: str(self.model_generation + 1), BUILDING_KEY: None}
+            if self._avgdl is not None:
+                finished[AVGDL_KEY] = repr(self._avgdl)
+            self._client.update_collection(collection, metadata=finished)
+            serving = self._serving()
+            if serving == self.collection:  # a plain collection, made before model swaps
+                self._client.delete_collection(serving)  # the name becomes the alias
+                self._client.update_collection_aliases(
+                    _alias_operations(self.collection, collection, self._models, replace=False)
+                )
+            else:
+                self._client.update_collection_aliases(
+                    _alias_operations(self.collection, collection, self._models, replace=True)
+                )
+                self._client.delete_collection(serving)
+            self._read_record()
+        return True
+
+    def cancel_swap(self) -> bool:
+        """Drop the model swap under way (its collection is deleted; the serving one serves
+        on). Returns whether there was one."""
+        with self._lock, _requests(self.target):
+            self._check_open()
+            self._read_record()
+            swap = self._swap
+            if swap is None:
+                return False
+            self._client.update_collection(self.collection, metadata={SWAP_KEY: None})
+            collection = self._next_collection(swap)
+            if self._client.collection_exists(collection):
+                self._client.delete_collection(collection)
+            self._read_record()
+        return True
+
+    def _next_collection(self, swap: SwapTarget) -> str:
+        return generation_collection(self.collection, swap.generation)
+
+    def _serving(self) -> str:
+        serving = _serving(self._client, self.collection)
+        if serving is None:
+            raise StoreError(
+                f"{self.location}: collection {self.collection!r} is gone (deleted by another "
+                "process?): index into it again"
+            )
+        return serving
+
+    def _create_next(self, swap: SwapTarget, serving: str) -> None:
+        """The swap's empty collection: the new model's record, the BM25 length average of
+        the serving collection, and (on a server) its payload indexes."""
+        extra = {BUILDING_KEY: serving}
+        if self._avgdl is not None:
+            extra[AVGDL_KEY] = repr(self._avgdl)
+        indexes = {}
+        if not self._connection.local:
+            schema = self._client.get_collection(serving).payload_schema or {}
+            indexes = {field: info.data_type for field, info in schema.items()}
+        _new_collection(
+            self._client,
+            self.target,
+            self._next_collection(swap),
+            swap.record,
+            self._models,
+            extra,
+            indexes,
+        )
+
+    def _swap_for(self, target: SwapTarget) -> SwapTarget:
+        """The swap under way, which must be ``target``'s."""
+        swap = self._swap
+        if swap is None or not swap.record.same_vectors(target.record):
+            raise StoreError(
+                f"{self.location}: the model swap was cancelled or restarted: run densefit "
+                "reembed again"
+            )
+        return swap
+
+    def _versions(self, collection: str) -> dict[str, tuple[int, str]]:
+        """``{id: (seq, meta hash)}`` of every point in ``collection``."""
+        offset, versions = None, {}
+        while True:
+            points, offset = self._client.scroll(
+                collection, limit=_PAGE, offset=offset, with_payload=_VERSION
+            )
+            versions.update((p.payload["id"], _version(p)) for p in points)
+            if offset is None:
+                return versions
+
+    def _drop_older_generations(self, serving: str | None = None) -> None:
+        """Delete the store's generation collections older than the serving one (left by a
+        process killed between a switch and the drop)."""
+        serving = serving or self._serving()
+        if serving == self.collection:
+            return
+        current = _generation_of(self.collection, serving, self.location)
+        for number in _generations(self._client, self.collection):
+            if number < current:
+                self._client.delete_collection(generation_collection(self.collection, number))
+
     # -- writing ---------------------------------------------------------------------------
 
     def _next_seqs(self, n: int) -> list[int]:
@@ -822,10 +1157,66 @@ class QdrantDocumentStore(DatabaseStore):
             self._avgdl = average
         return self._avgdl
 
-    def _upsert(self, rows: list[StoredRow], vectors: np.ndarray) -> set[str]:
-        models = self._models
+    def write(
+        self,
+        documents: Sequence[Document],
+        embeddings: np.ndarray,
+        *,
+        swap_embeddings: np.ndarray | None = None,
+        swap_target: SwapTarget | None = None,
+    ) -> WriteResult:
+        """Add or replace ``documents`` (by id) with their embeddings (normalised for a
+        cosine store), each document's stale mark cleared.
+
+        While a model swap is under way the documents reach the next generation too: with
+        the new model's vectors when ``swap_embeddings`` (made for ``swap_target``, the swap
+        under way: :meth:`swap_target`) are given, else they are removed from it, for the
+        swap to embed their new text. :class:`~densefit.retrieval.index.base.
+        ModelSwappedError` when the store switched model since this object last read it:
+        the embeddings were made for the old one.
+        """
+        documents = list(documents)
+        vectors = checked_vectors(self._record, documents, embeddings)
+        next_vectors = None
+        if swap_embeddings is not None:
+            if swap_target is None:
+                raise ValueError("swap_embeddings need the swap_target they were made for")
+            next_vectors = checked_vectors(swap_target.record, documents, swap_embeddings)
+        if not documents:
+            return WriteResult()
+        with self._lock, _requests(self.target):
+            self._check_open()
+            generation = self.model_generation
+            self._read_record()
+            if self.model_generation != generation:
+                raise ModelSwappedError(
+                    f"{self.location}: the store switched to the model {self.model_name!r} "
+                    "while this write was prepared; embed the documents with it and write again"
+                )
+            swap = self._swap
+            if (
+                swap is None
+                or swap_target is None
+                or not swap.record.same_vectors(swap_target.record)
+            ):
+                next_vectors = None  # made for a swap no longer under way: the swap embeds them
+            existed = self._upsert([StoredRow.of(d) for d in documents], vectors, next_vectors)
+        return WriteResult(added=len(documents) - len(existed), updated=len(existed))
+
+    def _stored(self, vectors: np.ndarray) -> np.ndarray:
+        """``vectors`` as the collection keeps them (float16 stores: rounded to float16)."""
         if self.vector_kind == "float16":
-            vectors = vectors.astype(np.float16).astype(np.float32)
+            return vectors.astype(np.float16).astype(np.float32)
+        return vectors
+
+    def _upsert(
+        self, rows: list[StoredRow], vectors: np.ndarray, next_vectors: np.ndarray | None = None
+    ) -> set[str]:
+        """Write ``rows`` with their checked ``vectors`` and return the ids stored before.
+        During a model swap the rows also go to the next generation, with ``next_vectors``
+        (the new model's), or leave it when there are none."""
+        models = self._models
+        vectors = self._stored(vectors)
         counted = _token_counts([row.document.text for row in rows])
         with self._lock, _requests(self.target):
             self._check_open()
@@ -838,11 +1229,6 @@ class QdrantDocumentStore(DatabaseStore):
             ):
                 doc = row.document
                 meta = _stored_meta(doc.meta)
-                sparse = (
-                    models.SparseVector(indices=[], values=[])
-                    if not counts
-                    else _bm25_vector(counts, length, avgdl, models)
-                )
                 payload = {
                     "id": doc.id,
                     "text": doc.text,
@@ -854,29 +1240,56 @@ class QdrantDocumentStore(DatabaseStore):
                     "stale": False,
                     "seq": seq,
                 }
+                vector = {DENSE: vector.tolist(), SPARSE: _sparse_vector(counts, length, avgdl)}
                 points.append(
-                    models.PointStruct(
-                        id=_point_id(doc.id),
-                        vector={DENSE: vector.tolist(), SPARSE: sparse},
-                        payload=payload,
-                    )
+                    models.PointStruct(id=_point_id(doc.id), vector=vector, payload=payload)
                 )
-            for start in range(0, len(points), _UPSERT_BATCH):
-                self._client.upsert(
-                    self.collection, points[start : start + _UPSERT_BATCH], wait=True
-                )
+            self._upsert_points(self.collection, points)
+            if self._swap is not None:
+                self._write_next(self._swap, points, next_vectors)
         return existed
 
+    def _upsert_points(self, collection: str, points: list) -> None:
+        for start in range(0, len(points), _UPSERT_BATCH):
+            self._client.upsert(collection, points[start : start + _UPSERT_BATCH], wait=True)
+
+    def _write_next(self, swap: SwapTarget, points: list, next_vectors: np.ndarray | None) -> None:
+        """The written ``points`` in the next generation: with ``next_vectors`` (same
+        payload, ``seq`` included, and BM25 vector), or removed from it."""
+        collection = self._next_collection(swap)
+        if next_vectors is None:
+            self._delete_points(collection, [p.payload["id"] for p in points])
+            return
+        models = self._models
+        next_vectors = self._stored(next_vectors)
+        copies = [
+            models.PointStruct(
+                id=p.id, vector={DENSE: v.tolist(), SPARSE: p.vector[SPARSE]}, payload=p.payload
+            )
+            for p, v in zip(points, next_vectors, strict=True)
+        ]
+        self._upsert_points(collection, copies)
+
+    def _delete_points(self, collection: str, ids: list[str]) -> None:
+        if ids:
+            self._client.delete(
+                collection,
+                points_selector=self._models.PointIdsList(points=[_point_id(i) for i in ids]),
+                wait=True,
+            )
+
     def write_metadata(self, documents: Sequence[Document]) -> int:
-        """Replace title and metadata of stored documents (their text and vector stay);
-        returns how many were stored."""
+        """Replace title and metadata of stored documents (their text and vector stay; in
+        the next generation too while a model swap is under way); returns how many were
+        stored."""
         checked_documents(documents)
         models = self._models
         documents = list(documents)
         with self._lock, _requests(self.target):
             self._check_open()
+            self._read_record()  # a swap begun meanwhile: its copies get the metadata too
             found = self._retrieve([d.id for d in documents], ["id", "text"])
-            operations = []
+            operations = {}
             for doc in documents:
                 if doc.id not in found:
                     continue
@@ -888,31 +1301,33 @@ class QdrantDocumentStore(DatabaseStore):
                     "fields": _typed_payload(doc.id, text, doc.title or "", meta),
                     "meta_hash": meta_hash(doc),
                 }
-                operations.append(
-                    models.SetPayloadOperation(
-                        set_payload=models.SetPayload(payload=payload, points=[_point_id(doc.id)])
-                    )
+                operations[doc.id] = models.SetPayloadOperation(
+                    set_payload=models.SetPayload(payload=payload, points=[_point_id(doc.id)])
                 )
-            for start in range(0, len(operations), _UPSERT_BATCH):
-                self._client.batch_update_points(
-                    self.collection, operations[start : start + _UPSERT_BATCH], wait=True
-                )
+            self._update_points(self.collection, list(operations.values()))
+            if self._swap is not None and operations:
+                collection = self._next_collection(self._swap)
+                copied = self._retrieve(list(operations), ["id"], collection=collection)
+                self._update_points(collection, [operations[i] for i in copied])
         return len(operations)
 
+    def _update_points(self, collection: str, operations: list) -> None:
+        for start in range(0, len(operations), _UPSERT_BATCH):
+            self._client.batch_update_points(
+                collection, operations[start : start + _UPSERT_BATCH], wait=True
+            )
+
     def delete(self, ids: Iterable[str]) -> int:
-        """Delete documents by id; returns how many existed."""
+        """Delete documents by id (from the next generation too while a model swap is under
+        way); returns how many existed."""
         ids = list(dict.fromkeys(ids))
         with self._lock, _requests(self.target):
             self._check_open()
+            self._refresh()
             existed = list(self._retrieve(ids, ["id"]))
-            if existed:
-                self._client.delete(
-                    self.collection,
-                    points_selector=self._models.PointIdsList(
-                        points=[_point_id(i) for i in existed]
-                    ),
-                    wait=True,
-                )
+            self._delete_points(self.collection, existed)
+            if self._swap is not None:
+                self._delete_points(self._next_collection(self._swap), ids)
         return len(existed)
 
     def writer_lock(
@@ -1024,7 +1439,17 @@ class QdrantDocumentStore(DatabaseStore):
         with self._lock:
             self._refresh()
             info = super().info()
-        info["collection"] = self.collection
+            info["collection"] = self.collection
+            with _requests(self.target):
+                info["serving_collection"] = self._serving()
+                if self._swap is not None:
+                    made = self._versions(self._next_collection(self._swap))
+                    current = self._versions(self.collection)
+                    info["swap"] = {
+                        "model": self._swap.record.model_name,
+                        "dim": self._swap.record.dim,
+                        "remaining": sum(made.get(i) != v for i, v in current.items()),
+                    }
         info["mode"] = "local" if self._connection.local else "server"
         info["bm25_avgdl"] = self._avgdl
         return info
@@ -1070,9 +1495,20 @@ def _held(lock: threading.RLock, timeout: float | None, message: str) -> Iterato
         lock.release()
 
 
-def _record_of(info, target: QdrantTarget) -> tuple[StoreRecord, float | None]:
-    """The record and BM25 length average of a collection, or a one-line StoreError when
-    the collection is not a densefit store or its vectors do not fit its record."""
+@dataclass(frozen=True)
+class _Recorded:
+    """What a store's serving collection records in its metadata."""
+
+    record: StoreRecord
+    avgdl: float | None  # the BM25 length average (None: no document with a token yet)
+    model_generation: int  # the model swaps the store went through
+    swap: SwapTarget | None  # the model swap under way
+
+
+def _record_of(info, target: QdrantTarget) -> _Recorded:
+    """What the collection ``info`` describes records, or a one-line StoreError when the
+    collection is not a densefit store, its vectors do not fit its record, or it is a
+    generation of another store."""
     metadata = dict(info.config.metadata or {})
     where = f"{target.location}"
     if metadata.get("layout") != LAYOUT or "format" not in metadata:
@@ -1081,7 +1517,7 @@ def _record_of(info, target: QdrantTarget) -> tuple[StoreRecord, float | None]:
             "holds no densefit record): pick another collection name, or delete this one "
             "if it is yours"
         )
-    record = StoreRecord.from_meta({k: str(v) for k, v in metadata.items()}, where)
+    record = StoreRecord.from_meta({k: str(v) for k, v in metadata.items() if v is not None}, where)
     vectors = info.config.params.vectors
     dense = vectors.get(DENSE) if isinstance(vectors, dict) else None
     sparse = (info.config.params.sparse_vectors or {}).get(SPARSE)
@@ -1096,8 +1532,104 @@ def _record_of(info, target: QdrantTarget) -> tuple[StoreRecord, float | None]:
             f"records {record.dim}-d embeddings from {record.model_name!r}: index into a new "
             "collection"
         )
+    owner = metadata.get(STORE_KEY) or target.collection
+    if owner != target.collection:
+        raise StoreError(
+            f"{where}: collection {target.collection!r} holds a generation of the store "
+            f"{owner!r} (its model swaps): open that store, ?collection={owner}"
+        )
     avgdl = metadata.get(AVGDL_KEY)
-    return record, None if avgdl is None else float(avgdl)
+    return _Recorded(
+        record,
+        None if avgdl is None else float(avgdl),
+        int(metadata.get(MODEL_GENERATION_KEY) or 0),
+        SwapTarget.from_json(metadata.get(SWAP_KEY) or None, where),
+    )
+
+
+# -- generations: the collections behind a store's alias -------------------------------------
+
+
+def generation_collection(name: str, generation: int) -> str:
+    """The collection holding generation ``generation`` of the store ``name`` (its alias).
+
+    >>> generation_collection("docs", 2)
+    'docs_g2'
+    """
+    return f"{name}_g{generation}"
+
+
+def _generation_of(name: str, collection: str, location: str) -> int:
+    """The generation number of ``collection`` in the store ``name``: 0 for a plain
+    collection named ``name`` (a store made before model swaps)."""
+    if collection == name:
+        return 0
+    number = collection.removeprefix(f"{name}_g")
+    if collection.startswith(f"{name}_g") and number.isdigit():
+        return int(number)
+    raise StoreError(
+        f"{location}: the alias {name!r} points at collection {collection!r}, not at one of "
+        f"its generations ({name}_g<N>): point it back at the store's collection"
+    )
+
+
+def _serving(client, name: str) -> str | None:
+    """The collection the store ``name`` reads: its alias's, the plain collection ``name``
+    (a store made before model swaps), or None when neither exists."""
+    for alias in client.get_aliases().aliases:
+        if alias.alias_name == name:
+            return alias.collection_name
+    return name if client.collection_exists(name) else None
+
+
+def _generations(client, name: str) -> dict[int, dict]:
+    """``{generation: metadata}`` of the collections named ``name_g<N>`` that densefit made
+    for the store ``name``."""
+    found = {}
+    prefix = f"{name}_g"
+    for description in client.get_collections().collections:
+        number = description.name.removeprefix(prefix)
+        if description.name.startswith(prefix) and number.isdigit():
+            metadata = client.get_collection(description.name).config.metadata or {}
+            if metadata.get("layout") == LAYOUT and metadata.get(STORE_KEY) == name:
+                found[int(number)] = metadata
+    return found
+
+
+def _alias_operations(name: str, collection: str, models, *, replace: bool) -> list:
+    """The alias changes that point ``name`` at ``collection`` (one request: atomic)."""
+    operations = []
+    if replace:
+        operations.append(
+            models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=name))
+        )
+    operations.append(
+        models.CreateAliasOperation(
+            create_alias=models.CreateAlias(collection_name=collection, alias_name=name)
+        )
+    )
+    return operations
+
+
+def _recover_alias(client, target: QdrantTarget, models) -> bool:
+    """Point the store's missing alias at its newest finished generation, if it has one (a
+    process killed between creating a collection and its alias); whether it did."""
+    finished = {
+        number: metadata
+        for number, metadata in _generations(client, target.collection).items()
+        if not metadata.get(BUILDING_KEY)
+    }
+    if not finished:
+        return False
+    newest = generation_collection(target.collection, max(finished))
+    try:
+        client.update_collection_aliases(
+            _alias_operations(target.collection, newest, models, replace=False)
+        )
+    except Exception:
+        if not client.collection_exists(target.collection):  # not another process's alias
+            raise
+    return True
 
 
 # -- the engine's functions (densefit.retrieval.index.engines) ---------------------------------
@@ -1153,8 +1685,11 @@ def open_existing(
         return None
     connection = _connect(parsed)
     try:
-        with _requests(parsed):
-            exists = connection.client.collection_exists(parsed.collection)
+        with connection.lock, _requests(parsed):
+            client = connection.client
+            exists = client.collection_exists(parsed.collection) or _recover_alias(
+                client, parsed, _models()
+            )
         if not exists:
             connection.release()
             return None
@@ -1194,10 +1729,12 @@ def create(
     models = _models()
     connection = _connect(parsed)
     try:
-        with _requests(parsed):
+        with connection.lock, _requests(parsed):
             client = connection.client
-            if not client.collection_exists(parsed.collection):
-                _create_collection(client, parsed, record, models)
+            if not client.collection_exists(parsed.collection) and not _recover_alias(
+                client, parsed, models
+            ):
+                _create_store(client, parsed, record, models)
             return QdrantDocumentStore(parsed, connection, backend=backend)
     except BaseException:
         with contextlib.suppress(Exception):
@@ -1205,13 +1742,39 @@ def create(
         raise
 
 
-def _create_collection(client, target: QdrantTarget, record: StoreRecord, models) -> None:
+def _create_store(client, target: QdrantTarget, record: StoreRecord, models) -> None:
+    """The store's first generation collection and its alias, the store's name; when
+    another process created them meanwhile, theirs kept."""
+    first = generation_collection(target.collection, 0)
+    _new_collection(client, target, first, record, models, {MODEL_GENERATION_KEY: "0"})
+    try:
+        client.update_collection_aliases(
+            _alias_operations(target.collection, first, models, replace=False)
+        )
+    except Exception:
+        if not client.collection_exists(target.collection):
+            raise
+
+
+def _new_collection(
+    client,
+    target: QdrantTarget,
+    collection: str,
+    record: StoreRecord,
+    models,
+    extra: dict,
+    indexes: dict | None = None,
+) -> None:
+    """Create ``collection`` for ``record``'s vectors, its metadata the record, the layout,
+    the store it belongs to and ``extra``; a server's also gets the payload indexes
+    densefit filters by and ``indexes`` (``{field: schema}``). One created meanwhile by
+    another process is kept."""
     metadata = {k: v for k, v in record.to_meta().items() if k not in _RECORD_COUNTERS}
-    metadata["layout"] = LAYOUT
+    metadata |= {"layout": LAYOUT, STORE_KEY: target.collection, **extra}
     datatype = models.Datatype.FLOAT16 if record.vector_kind == "float16" else None
     try:
         client.create_collection(
-            target.collection,
+            collection,
             vectors_config={
                 DENSE: models.VectorParams(
                     size=record.dim, distance=models.Distance.DOT, datatype=datatype
@@ -1221,16 +1784,17 @@ def _create_collection(client, target: QdrantTarget, record: StoreRecord, models
             metadata=metadata,
         )
     except Exception:
-        if client.collection_exists(target.collection):
-            return  # another process created it meanwhile: open that one
+        if client.collection_exists(collection):
+            return  # another process created it meanwhile: use that one
         raise
     if target.local:
         return  # local mode scans: its payload indexes do nothing
     schema = models.PayloadSchemaType
-    for key, kind in (
-        ("seq", schema.INTEGER),
-        ("stale", schema.BOOL),
-        ("text_hash", schema.KEYWORD),
-        ("id", schema.KEYWORD),
-    ):
-        client.create_payload_index(target.collection, field_name=key, field_schema=kind, wait=True)
+    fields = {
+        "seq": schema.INTEGER,
+        "stale": schema.BOOL,
+        "text_hash": schema.KEYWORD,
+        "id": schema.KEYWORD,
+    }
+    for key, kind in (fields | (indexes or {})).items():
+        client.create_payload_index(collection, field_name=key, field_schema=kind, wait=True)
