@@ -2,11 +2,15 @@
 after: the ``postgres_uri`` fixture): filters equal to the embedded store's on the shared
 filter table and on random filters, BM25 equal to a fresh Bm25Index, hybrid equal to the
 fusion of both rankings, exact search equal to the embedded store's, HNSW recall, the model
-record, two store objects sharing a table, locks, crashes, errors and the conformance suite.
+record, two store objects sharing a table, locks, crashes, errors, model swaps (equal to a
+fresh index of the new model through writes, deletes, replicas, cancels, SIGKILLs, a
+server's admin swap and ``densefit reembed``), loads that build the HNSW index once, and
+the conformance suite.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -36,12 +40,14 @@ from densefit.retrieval.index import pgvector as engine  # noqa: E402
 from densefit.retrieval.index.base import (  # noqa: E402
     CapabilityError,
     ModelMismatchError,
+    ModelSwappedError,
     StoreError,
 )
 from densefit.retrieval.index.engines import open_store  # noqa: E402
 from densefit.retrieval.index.indexing import index_documents  # noqa: E402
 from densefit.retrieval.index.locking import StoreLockedError  # noqa: E402
-from densefit.retrieval.index.settings import StoreRecord  # noqa: E402
+from densefit.retrieval.index.settings import StoreRecord, record_for  # noqa: E402
+from densefit.retrieval.index.swap import reembed_store  # noqa: E402
 from densefit.testing import tiny_model  # noqa: E402
 from densefit.testing.conformance import (  # noqa: E402
     StoreConformance,
@@ -307,7 +313,7 @@ def _index_scans(uri: str, index: str) -> int:
 def test_hnsw_recall_at_10_against_exact_and_the_index_is_what_searches(target, postgres_uri):
     docs, vectors = _random_docs(400, 32)
     queries = np.random.default_rng(2).standard_normal((30, 32)).astype(np.float32)
-    hnsw_index = f"{engine.parse_target(target).table}_hnsw"
+    hnsw_index = f"{engine.parse_target(target).table}_v0_hnsw"  # generation 0's vectors
     with open_store(target, record=_record(32)) as store:  # hnsw: the default
         assert store.backend_name == "hnsw"
         store.write(docs, vectors)
@@ -489,8 +495,6 @@ def test_what_the_engine_cannot_do_is_refused_in_one_line(target, model, postgre
     one_line(lambda: open_store(target, model, backend="faiss"), match="faiss")
     one_line(lambda: open_store(target, model, rescore=4), StoreError, "rescore")
     with open_store(target, model) as store:
-        message = one_line(lambda: store.begin_swap(store.record), match="swap models")
-        assert "the embedded store can" in message
         assert store.swap_target() is None and store.cancel_swap() is False
         assert store.compact() == 0 and store.dead_rows() == 0
     half = _new_target(postgres_uri)
@@ -610,6 +614,513 @@ def test_a_writer_killed_mid_transaction_leaves_the_last_commit_and_indexing_res
         report = index_documents(store, model, make_corpus(n), batch_size=8, commit_every=16)
     assert (report.unchanged, report.added) == (48, n - 48)
     assert _consistent(target, model) == n
+
+
+# -- a model swap (densefit reembed): the next generation's vector table ------------------------
+
+SWAP_WORDS = "cell protein python kernel socket river bread music zebra vitamin bone signal".split()
+SWAP_QUERIES = ["cell protein", "python socket", "zebra river music", "vitamin bone"]
+
+
+def _swap_corpus(n: int, seed: int = 0) -> list[Document]:
+    rng = random.Random(seed)
+    return [
+        Document(f"d{i}", " ".join(rng.choices(SWAP_WORDS, k=6)), meta={"n": i}) for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def swap_models(tmp_path_factory) -> dict[str, str]:
+    """Saved tiny models: ``old``, ``new`` (another seed, same size) and ``wide`` (48-d)."""
+    folder = tmp_path_factory.mktemp("swap-models")
+    made = {"old": {}, "new": {"seed": 7}, "wide": {"seed": 3, "hidden_size": 48}}
+    for name, kwargs in made.items():
+        tiny_model(folder / f"build-{name}", **kwargs).save(str(folder / name))
+    return {name: str(folder / name) for name in made}
+
+
+@pytest.fixture
+def swap_store(target, swap_models) -> str:
+    """A PostgreSQL store of 40 documents indexed by the ``old`` model; its target."""
+    old = load_model(swap_models["old"])
+    with open_store(target, old) as store:
+        index_documents(store, old, _swap_corpus(40))
+    return target
+
+
+def _embed(model, documents: list[Document]) -> np.ndarray:
+    return encode_texts(model, [d.text for d in documents], prompt_name="document")
+
+
+def _swap_ranking(store, model, **options) -> list[list[tuple[str, float]]]:
+    queries = encode_texts(model, SWAP_QUERIES, prompt_name="query")
+    return _pairs(store.search(queries, 5, **options))
+
+
+def _fresh(model, documents: list[Document]):
+    """An embedded store indexed from scratch by ``model``: what a swap must equal."""
+    store = open_store(None, model)
+    index_documents(store, model, documents)
+    return store
+
+
+def _equals_fresh(store, model, documents: list[Document]) -> None:
+    """The swapped store holds what a fresh index of ``documents`` by ``model`` does: the same
+    documents and vectors (up to the rounding of other batches), the same exact ranking."""
+    fresh = _fresh(model, documents)
+    ids = sorted(d.id for d in documents)
+    assert sorted(store.ids()) == ids
+    np.testing.assert_allclose(store.vectors(ids), fresh.vectors(ids), rtol=0, atol=1e-5)
+    assert store.get(ids) == fresh.get(ids)
+    _same_ranking(_swap_ranking(store, model), _swap_ranking(fresh, model))
+    store.check_model(model)
+    assert store.info()["swap"] is None
+
+
+def _vector_tables(uri: str, target: str) -> list[str]:
+    """The store's vector tables, as the catalog lists them."""
+    table = engine.parse_target(target).table
+    with psycopg.connect(uri, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND relname ~ %s ORDER BY relname",
+            (f"^{table}_v[0-9]+$",),
+        ).fetchall()
+    return [name[len(table) + 1 :] for (name,) in rows]
+
+
+@pytest.mark.parametrize("new_name", ["new", "wide"])
+def test_a_swap_equals_a_fresh_index_with_the_new_model(
+    swap_store, swap_models, postgres_uri, new_name
+):
+    old, new = load_model(swap_models["old"]), load_model(swap_models[new_name])
+    with open_store(swap_store, backend="exact") as store:
+        before = _swap_ranking(store, old)
+        report = reembed_store(store, new, commit_every=7)
+        assert report.switched and not report.resumed and report.embedded == 40
+        assert store.dim == new.get_embedding_dimension() and store.model_generation == 1
+        _equals_fresh(store, new, _swap_corpus(40))
+        with pytest.raises(ModelMismatchError):  # the old model no longer made these vectors
+            store.check_model(old)
+    # Another store object (a server's, another process's) sees the new model, and the HNSW
+    # index the swap built for it.
+    with open_store(swap_store, new) as store:
+        _equals_fresh(store, new, _swap_corpus(40))
+        assert _swap_ranking(store, new) != before
+        assert store.info()["hnsw_deferred"] is False
+    assert _vector_tables(postgres_uri, swap_store) == ["v1"]  # the old one dropped
+    index = f"{engine.parse_target(swap_store).table}_v1_hnsw"
+    with psycopg.connect(postgres_uri, autocommit=True) as conn:
+        assert engine._index_valid(conn, index) is True
+
+
+def test_a_binary_store_swaps_its_vectors_and_codes(target, swap_models):
+    old, new = load_model(swap_models["old"]), load_model(swap_models["wide"])
+    with open_store(target, old, vectors="binary", rescore=64) as store:  # rescores all 40
+        index_documents(store, old, _swap_corpus(40))
+        assert reembed_store(store, new, commit_every=9).switched
+        assert store.vector_kind == "binary" and store.dim == 48
+        _equals_fresh(store, new, _swap_corpus(40))  # float32 kept beside the codes
+        with pytest.raises(StoreError, match="binary store swaps to binary vectors"):
+            store.begin_swap(record_for(old, "float32"))
+
+
+def test_the_old_model_serves_until_the_switch_and_stale_queries_are_refused(
+    swap_store, swap_models
+):
+    old, new = load_model(swap_models["old"]), load_model(swap_models["new"])
+    with open_store(swap_store, backend="exact") as store:
+        before = _swap_ranking(store, old, model_generation=0)
+        target, resumed = store.begin_swap(record_for(new, store.vector_kind))
+        assert not resumed and store.swap_target().generation == target.generation == 1
+        again, resumed = store.begin_swap(record_for(new, store.vector_kind))
+        assert resumed and again.generation == 1 and again.record.same_vectors(target.record)
+        pending = store.swap_pending(-1, 25)
+        vectors = encode_texts(new, [text for *_, text in pending], prompt_name="document")
+        assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 25
+        assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 0  # done
+        assert store.info()["swap"] == {"model": target.record.model_name, "dim": 32,
+                                        "remaining": 15}  # fmt: skip
+        assert not store.finish_swap(target)  # documents left: nothing switches
+        assert _swap_ranking(store, old, model_generation=0) == before  # the old model serves
+        store.check_model(old)
+        report = reembed_store(store, new)
+        assert report.resumed and report.embedded == 15
+        with pytest.raises(ModelSwappedError):  # queries embedded for the old model
+            _swap_ranking(store, old, model_generation=0)
+        fresh = _fresh(new, _swap_corpus(40))
+        _same_ranking(_swap_ranking(store, new, model_generation=1), _swap_ranking(fresh, new))
+
+
+def test_writes_and_deletes_during_a_swap_reach_both_generations(swap_store, swap_models):
+    """Writes before a chunk commits (the swap meets the moved rows again) and after it: a
+    document rewritten after its chunk committed loses the next vector of its old text, and
+    ends with the new model's vector of its new text."""
+    old, new = load_model(swap_models["old"]), load_model(swap_models["new"])
+    docs = {d.id: d for d in _swap_corpus(40)}
+    with open_store(swap_store, backend="exact") as store:
+        target, _ = store.begin_swap(record_for(new, store.vector_kind))
+        pending = store.swap_pending(-1, 30)
+        vectors = encode_texts(new, [text for *_, text in pending], prompt_name="document")
+        # Before the chunk commits: a document rewritten, one deleted, two written with both
+        # models (a server's writer), one by the old model only, one with new metadata.
+        changed = Document("d3", "zebra zebra music", meta={"n": 3})
+        store.write([changed], _embed(old, [changed]))
+        store.delete(["d5"])
+        both = [Document("s1", "bread kernel signal"), Document("d7", "python python")]
+        store.write(both, _embed(old, both), swap_embeddings=_embed(new, both), swap_target=target)
+        only_old = Document("o1", "river bone cell")
+        store.write([only_old], _embed(old, [only_old]))
+        store.write_metadata([Document("d9", docs["d9"].text, "a title", {"n": 99})])
+        # The chunk embedded before those writes: d3, d5 and d7 moved or went, and are left.
+        assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 27
+        # After the chunk committed: d10 rewritten by the old model only (its committed next
+        # vector is its old text's: it must go), d12 by both, d11 deleted.
+        late = Document("d10", "kernel kernel bread", meta={"n": 10})
+        store.write([late], _embed(old, [late]))
+        late_both = Document("d12", "signal bone vitamin", meta={"n": 12})
+        store.write(
+            [late_both],
+            _embed(old, [late_both]),
+            swap_embeddings=_embed(new, [late_both]),
+            swap_target=target,
+        )
+        store.delete(["d11"])
+        assert store.info()["swap"]["remaining"] == 40 - 30 + 1 + 1 + 1  # the rest, d3, o1, d10
+        report = reembed_store(store, new, commit_every=4)
+        assert report.resumed and report.switched
+        assert report.embedded == 40 - 30 + 1 + 1 + 1  # s1, d7 and d12 came with both
+        np.testing.assert_allclose(
+            store.vectors(["d10"]), _unit(_embed(new, [late])), rtol=0, atol=1e-5
+        )  # the new model's vector of the new text
+        docs.update({d.id: d for d in [changed, *both, only_old, late, late_both]})
+        docs["d9"] = Document("d9", docs["d9"].text, "a title", {"n": 99})
+        del docs["d5"], docs["d11"]
+        _equals_fresh(store, new, list(docs.values()))
+        assert store.count() == len(docs)
+
+
+def test_another_store_object_follows_the_switch(swap_store, swap_models):
+    """A replica (another server on the table): searches embedded for the old model are
+    refused with ModelSwappedError, so are writes, and then it serves the new model."""
+    old, new = load_model(swap_models["old"]), load_model(swap_models["wide"])
+    writer = open_store(swap_store, old, backend="exact")  # opened before the swap
+    searcher = open_store(swap_store, old, backend="exact")
+    try:
+        queries = encode_texts(old, SWAP_QUERIES, prompt_name="query")
+        assert searcher.search(queries, 5, model_generation=0)
+        with open_store(swap_store, backend="exact") as store:
+            assert reembed_store(store, new).switched
+        with pytest.raises(ModelSwappedError, match="switched to the model"):
+            searcher.search(queries, 5, model_generation=0)
+        assert searcher.model_generation == 1 and searcher.dim == 48
+        fresh = _fresh(new, _swap_corpus(40))
+        _same_ranking(_swap_ranking(searcher, new, model_generation=1), _swap_ranking(fresh, new))
+        doc = Document("late", "python kernel")
+        with pytest.raises(ModelSwappedError, match="switched to the model"):
+            writer.write([doc], _embed(old, [doc]))
+        assert writer.dim == 48 and writer.get(["late"]) == [None]  # reloaded, nothing written
+        writer.write([doc], _embed(new, [doc]))
+        writer.check_model(new)
+        assert searcher.search(_embed(new, [doc]), 1)[0][0].id == "late"
+    finally:
+        writer.close()
+        searcher.close()
+
+
+def test_a_swap_to_another_model_starts_afresh_and_cancel_drops_it(
+    swap_store, swap_models, postgres_uri
+):
+    old, new, wide = (load_model(swap_models[n]) for n in ("old", "new", "wide"))
+    with open_store(swap_store, backend="exact") as store:
+        before = _swap_ranking(store, old)
+        target, _ = store.begin_swap(record_for(new, store.vector_kind))
+        pending = store.swap_pending(-1, 10)
+        vectors = encode_texts(new, [t for *_, t in pending], prompt_name="document")
+        store.write_swap(target, [(r, i) for r, i, _ in pending], vectors)
+        assert _vector_tables(postgres_uri, swap_store) == ["v0", "v1"]
+        with pytest.raises(StoreError, match="model swap"):
+            index_documents(store, old, _swap_corpus(40), reembed=True)
+        assert store.cancel_swap()
+        assert store.info()["swap"] is None and not store.cancel_swap()
+        assert _vector_tables(postgres_uri, swap_store) == ["v0"]
+        assert _swap_ranking(store, old) == before
+        with pytest.raises(StoreError, match="cancelled or restarted"):
+            store.write_swap(target, [(r, i) for r, i, _ in pending], vectors)
+        store.begin_swap(record_for(new, store.vector_kind))
+        report = reembed_store(store, wide)  # another model than the swap under way
+        assert not report.resumed and report.embedded == 40
+        _equals_fresh(store, wide, _swap_corpus(40))
+    assert len(_vector_tables(postgres_uri, swap_store)) == 1
+
+
+def _kill_after(function, n: int, when=lambda *args, **kwargs: True):
+    """``function`` that SIGKILLs its process after its ``n``-th call that ``when`` picks
+    (before it returns: inside the caller's transaction when the call is)."""
+    calls = [0]
+
+    def wrapped(*args, **kwargs):
+        result = function(*args, **kwargs)
+        if when(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    return wrapped
+
+
+@pytest.mark.parametrize(
+    ("point", "n", "switched"),
+    [("vectors", 1, False), ("committed", 3, False), ("vectors", 5, False),
+     ("built", 1, False), ("switch", 1, False), ("cleanup", 2, True)],
+)  # fmt: skip
+def test_a_sigkill_anywhere_leaves_the_old_model_serving_and_the_swap_resumable(
+    swap_store, swap_models, postgres_uri, point, n, switched
+):
+    """``vectors``: the n-th chunk's vectors sent, not committed; ``committed``: the n-th
+    chunk committed; ``built``: the new table's HNSW index built; ``switch``: the switch's
+    record written, not committed; ``cleanup``: switched, the old table not dropped yet."""
+    if not hasattr(os, "fork"):
+        pytest.skip("the crash test needs os.fork")
+    old, new = load_model(swap_models["old"]), load_model(swap_models["wide"])
+    with open_store(swap_store, backend="exact") as store:
+        before = _swap_ranking(store, old)
+    cls = engine.PostgresStore
+
+    def swap_and_die():
+        if point == "vectors":
+            cls._copy_vectors = _kill_after(cls._copy_vectors, n)
+        elif point == "committed":
+            cls.write_swap = _kill_after(cls.write_swap, n)
+        elif point == "built":
+            cls._build_index = _kill_after(cls._build_index, n)
+        elif point == "switch":
+            cls._set_meta = _kill_after(
+                cls._set_meta, n, lambda self, cur, values, drop=(): engine.SWAP_KEY in drop
+            )
+        else:
+            cls._drop_unused = _kill_after(lambda self: None, n)  # the drop never happens
+        with open_store(swap_store, backend="exact") as child:
+            reembed_store(child, new, commit_every=5, runtime="torch")
+
+    with _forked(swap_and_die):
+        pass
+    with open_store(swap_store, backend="exact") as store:
+        if switched:
+            store.check_model(new)
+            assert _vector_tables(postgres_uri, swap_store) == ["v1"]  # dropped when opened
+        else:  # nothing of the live generation changed
+            store.check_model(old)
+            assert _swap_ranking(store, old) == before
+            assert store.info()["swap"]["dim"] == 48
+        report = reembed_store(store, new, commit_every=5)
+        assert report.switched and report.resumed is not switched
+        _equals_fresh(store, new, _swap_corpus(40))
+    assert len(_vector_tables(postgres_uri, swap_store)) == 1
+
+
+def test_searches_during_an_admin_swap_all_succeed_and_end_on_the_new_model(
+    swap_store, swap_models
+):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from densefit.serve.app import create_app
+    from densefit.serve.config import ServeConfig
+
+    old, new = load_model(swap_models["old"]), load_model(swap_models["wide"])
+    key = {"X-API-Key": "secret"}
+    store = open_store(swap_store, old, backend="exact")
+    app = create_app(store, old, ServeConfig(api_key="secret"))
+    statuses: list[int] = []
+    stop = threading.Event()
+    with TestClient(app) as client:
+
+        def search_until_stopped():
+            while not stop.is_set():
+                r = client.post("/search", json={"query": SWAP_QUERIES, "k": 5}, headers=key)
+                statuses.append(r.status_code)
+
+        searchers = [threading.Thread(target=search_until_stopped) for _ in range(2)]
+        for thread in searchers:
+            thread.start()
+        started = client.post("/admin/reembed", json={"model": swap_models["wide"]}, headers=key)
+        assert started.status_code == 202, started.text
+        new_doc = {"id": "w1", "text": "zebra kernel bread"}
+        written = client.post("/documents", json={"documents": [new_doc]}, headers=key)
+        assert written.status_code == 200, written.text
+        app.state.admin._thread.join(timeout=300)
+        stop.set()
+        for thread in searchers:
+            thread.join()
+        status = client.get("/admin/reembed", headers=key).json()
+        assert status["state"] == "done", status
+        assert statuses and set(statuses) == {200}, statuses[:20]
+        assert client.get("/health", headers=key).json()["dim"] == 48
+        got = client.post("/search", json={"query": SWAP_QUERIES, "k": 5}, headers=key).json()
+    docs = [*_swap_corpus(40), Document("w1", new_doc["text"])]
+    want = _swap_ranking(_fresh(new, docs), new)
+    _same_ranking([[(h["id"], h["score"]) for h in r["hits"]] for r in got["results"]], want)
+
+
+def test_densefit_reembed_swaps_a_postgresql_store(swap_store, swap_models):
+    from typer.testing import CliRunner
+
+    from densefit.cli.app import app
+
+    runner = CliRunner()
+    args = ["reembed", "--store", swap_store, "-m", swap_models["new"], "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["switched"] and report["embedded"] == 40 and report["documents"] == 40
+    with open_store(swap_store, backend="exact") as store:
+        _equals_fresh(store, load_model(swap_models["new"]), _swap_corpus(40))
+        assert store.info()["model_swaps"] == 1
+    cancelled = runner.invoke(app, ["reembed", "--store", swap_store, "--cancel"])
+    assert cancelled.exit_code == 0 and "no model swap under way" in cancelled.output
+
+
+# -- a load: the HNSW index built once, after the rows --------------------------------------
+
+
+def _index_state(uri: str, target: str, generation: int = 0) -> bool | None:
+    """Whether generation ``generation``'s HNSW index is valid (None: there is none)."""
+    table = engine.parse_target(target).table
+    with psycopg.connect(uri, autocommit=True) as conn:
+        return engine._index_valid(conn, f"{table}_v{generation}_hnsw")
+
+
+def _recall(got, expected) -> float:
+    return float(np.mean([len({h.id for h in g} & {h.id for h in e}) / len(e)
+                          for g, e in zip(got, expected)]))  # fmt: skip
+
+
+def test_a_load_builds_the_hnsw_index_once_at_its_end(target, postgres_uri, monkeypatch):
+    monkeypatch.setattr(engine, "BULK_MIN", 100)
+    docs, vectors = _random_docs(700, 16)
+    queries = np.random.default_rng(4).standard_normal((12, 16)).astype(np.float32)
+    with (
+        open_store(target, record=_record(16)) as store,
+        open_store(target, backend="exact") as exact,
+    ):
+        assert _index_state(postgres_uri, target) is True  # made with the table
+        with store.writer_lock():  # densefit index: chunks under the writer lock, then flush
+            store.write(docs[:200], vectors[:200])  # a load: 200 documents into none
+            assert _index_state(postgres_uri, target) is None
+            assert store.info()["hnsw_deferred"] and exact.info()["hnsw_deferred"]
+            # meanwhile every search scans exactly, whatever its backend
+            _same_ranking(_pairs(store.search(queries, 10)), _pairs(exact.search(queries, 10)))
+            store.write(docs[200:600], vectors[200:600])  # the load goes on: no index to keep
+            assert _index_state(postgres_uri, target) is None
+            store.flush()
+        assert _index_state(postgres_uri, target) is True
+        assert not store.info()["hnsw_deferred"] and not exact.info()["hnsw_deferred"]
+        assert _recall(store.search(queries, 10), exact.search(queries, 10)) >= 0.9
+        # a write smaller than the store is kept in the index row by row; one as large is a
+        # load, and outside the writer lock it builds the index before it returns
+        store.write(docs[600:650], vectors[600:650])
+        assert _index_state(postgres_uri, target) is True and not store.info()["hnsw_deferred"]
+        store.write(docs[:650], vectors[50:700])
+        assert _index_state(postgres_uri, target) is True and not store.info()["hnsw_deferred"]
+        assert store.count() == 650
+        _same_ranking(_pairs(exact.search(queries, 10)), _pairs(_reference(docs, vectors, queries)))
+        assert _recall(store.search(queries, 10), exact.search(queries, 10)) >= 0.9
+
+
+def _reference(docs, vectors, queries):
+    """The embedded store's exact search over the final state of the load test."""
+    reference = open_store(None, record=_record(16))
+    reference.write(docs[600:650], vectors[600:650])
+    reference.write(docs[:650], vectors[50:700])
+    return reference.search(queries, 10)
+
+
+def test_a_load_killed_anywhere_leaves_a_store_that_answers_and_builds_later(
+    target, postgres_uri, monkeypatch
+):
+    """Killed after the index was dropped and a chunk committed: searches scan exactly and
+    equal the embedded store's; the next write outside a load builds the index. A build
+    that died (an invalid index) is dropped and made again."""
+    if not hasattr(os, "fork"):
+        pytest.skip("the crash test needs os.fork")
+    monkeypatch.setattr(engine, "BULK_MIN", 100)
+    docs, vectors = _random_docs(400, 16)
+    queries = np.random.default_rng(5).standard_normal((12, 16)).astype(np.float32)
+    open_store(target, record=_record(16)).close()
+
+    def load_and_die():
+        cls = engine.PostgresStore
+        cls._upsert = _kill_after(cls._upsert, 2)  # the second chunk committed, no flush
+        with open_store(target) as store, store.writer_lock():
+            for start in range(0, 400, 150):
+                store.write(docs[start : start + 150], vectors[start : start + 150])
+            store.flush()
+
+    with _forked(load_and_die):
+        pass
+    reference = open_store(None, record=_record(16))
+    reference.write(docs[:300], vectors[:300])
+    with open_store(target) as store:
+        assert store.count() == 300 and store.info()["hnsw_deferred"]
+        assert _index_state(postgres_uri, target) is None
+        _same_ranking(_pairs(store.search(queries, 10)), _pairs(reference.search(queries, 10)))
+        store.write(docs[300:310], vectors[300:310])  # not a load: it builds what one left
+        assert _index_state(postgres_uri, target) is True and not store.info()["hnsw_deferred"]
+        # a build that died leaves an invalid index (CREATE INDEX CONCURRENTLY): searches
+        # ignore it, and the next build drops it and starts again
+        table = engine.parse_target(target).table
+        with psycopg.connect(postgres_uri, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE pg_index SET indisvalid = FALSE WHERE indexrelid = to_regclass(%s)",
+                (f"{table}_v0_hnsw",),
+            )
+            conn.execute(
+                psycopg.sql.SQL("INSERT INTO {} (key, value) VALUES ('hnsw', 'deferred')").format(
+                    psycopg.sql.Identifier(f"{table}_record")
+                )
+            )
+        assert _index_state(postgres_uri, target) is False
+        reference.write(docs[300:310], vectors[300:310])
+        _same_ranking(_pairs(store.search(queries, 10)), _pairs(reference.search(queries, 10)))
+        store.flush()
+        assert _index_state(postgres_uri, target) is True and not store.info()["hnsw_deferred"]
+
+
+def test_a_store_with_its_vectors_in_the_documents_table_gets_a_vector_table(target, postgres_uri):
+    docs, vectors = _random_docs(120, 16)
+    queries = np.random.default_rng(6).standard_normal((5, 16)).astype(np.float32)
+    with open_store(target, record=_record(16)) as store:
+        store.write(docs, vectors)
+    # The layout where the documents table holds the vectors and their HNSW index.
+    sql = psycopg.sql
+    table = engine.parse_target(target).table
+    t, v0, record = (sql.Identifier(n) for n in (table, f"{table}_v0", f"{table}_record"))
+    with psycopg.connect(postgres_uri, autocommit=True) as conn, conn.transaction():
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN embedding vector(16)").format(t))
+        conn.execute(
+            sql.SQL("UPDATE {} d SET embedding = v.embedding FROM {} v WHERE v.seq = d.seq").format(
+                t, v0
+            )
+        )
+        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN embedding SET NOT NULL").format(t))
+        conn.execute(
+            sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding vector_ip_ops)").format(
+                sql.Identifier(f"{table}_hnsw"), t
+            )
+        )
+        conn.execute(sql.SQL("DROP TABLE {}").format(v0))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE key = 'model_generation'").format(record))
+    reference = open_store(None, record=_record(16))
+    reference.write(docs, vectors)
+    with open_store(target, backend="exact") as store:
+        _same_ranking(_pairs(store.search(queries, 10)), _pairs(reference.search(queries, 10)))
+        ids = [d.id for d in docs]
+        np.testing.assert_allclose(store.vectors(ids), reference.vectors(ids), atol=1e-6)
+    assert _vector_tables(postgres_uri, target) == ["v0"]
+    assert _index_state(postgres_uri, target) is True
+    with psycopg.connect(postgres_uri, autocommit=True) as conn:
+        assert not engine._has_column(conn, table, "embedding")
 
 
 # -- the conformance suite ---------------------------------------------------------------------
