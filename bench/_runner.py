@@ -70,12 +70,14 @@ def git_commit(*, short: bool = True) -> str:
 
 
 def environment() -> dict:
-    """Where a run ran: library versions, interpreter, machine, thread settings, commit."""
+    """Where a run ran: library versions, interpreter, machine, thread settings, commit;
+    on a GPU its name, memory, CUDA and cuDNN versions too (:func:`gpu`)."""
     import sentence_transformers
     import torch
     import transformers
 
     return {
+        **gpu(),
         "torch": torch.__version__,
         "sentence_transformers": sentence_transformers.__version__,
         "transformers": transformers.__version__,
@@ -86,7 +88,35 @@ def environment() -> dict:
         "torch_threads": torch.get_num_threads(),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
+        "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM"),
         "git_commit": git_commit(),
+    }
+
+
+def gpu() -> dict:
+    """The CUDA GPU this process sees (device 0), its memory and the CUDA, cuDNN and driver
+    versions; empty without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    props = torch.cuda.get_device_properties(0)
+    try:
+        driver = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = ""
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "gpu_count": torch.cuda.device_count(),
+        "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "gpu_driver": driver,
     }
 
 

@@ -92,3 +92,20 @@ def test_margin_mse_matches_reference():
     torch.testing.assert_close(margin_mse(a, p, n, s), expected)
     with pytest.raises(ValueError, match="score"):
         margin_mse(a, p, torch.randn(5, 2, 8), s)
+
+
+def test_every_loss_has_one_batch_loss_and_an_unknown_one_is_refused():
+    """make_loss_fn and the several-process run read one registry: a loss without an entry
+    is refused, never run as another."""
+    from densefit.choices import LOSSES
+    from densefit.config.train import TrainConfig
+    from densefit.data.types import TrainingExample
+    from densefit.training.objective import BATCH_LOSSES, batch_loss, make_loss_fn
+
+    assert tuple(BATCH_LOSSES) == LOSSES
+    assert [batch_loss(name).cross_row for name in LOSSES] == [True, False]
+    with pytest.raises(ValueError, match="loss must be one of mnrl, margin_mse, got 'triplet'"):
+        batch_loss("triplet")
+    rows = [TrainingExample("q", "p", ("n",), score=1.0)]
+    with pytest.raises(ValueError, match="margin_mse has no cross-row terms"):
+        make_loss_fn(TrainConfig(loss="margin_mse"), rows, share=object())

@@ -171,7 +171,11 @@ PRECISION = shared(
     "Number format of the model when embedding with the torch runtime: fp32, fp16 or bf16 "
     "(half the memory; on a GPU faster; checked against fp32 on probe texts); auto: the "
     "store's when adding documents to one, else "
-    + ", ".join(f"{value} on {device}" for device, value in AUTO_PRECISION.items())
+    + (
+        ", ".join(f"{value} on {device}" for device, value in AUTO_PRECISION.items())
+        if len(set(AUTO_PRECISION.values())) > 1
+        else next(iter(AUTO_PRECISION.values()))
+    )
     + ". A store records it; queries of any precision search it.",
     choices=PRECISION_CHOICES,
     group="Embedding",

@@ -36,7 +36,7 @@ from densefit.memory.chunking import group_rows, tokenize
 from densefit.memory.dropout import dropout_rows
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.process import ProcessBaseline, process_baseline
-from densefit.memory.strategies import DEFAULT_PLAIN_CHUNK, fixed_plan
+from densefit.memory.strategies import default_chunk, fixed_plan
 from densefit.models import (
     disable_gradient_checkpointing,
     enable_gradient_checkpointing,
@@ -242,14 +242,7 @@ def probe_activations(
         if "token_type_ids" in template:
             features["token_type_ids"] = torch.zeros(rows, length, dtype=torch.long, device=device)
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            before = torch.cuda.memory_allocated(device)
-            out = model(features)["sentence_embedding"]
-            out.float().pow(2).sum().backward()
-            torch.cuda.synchronize(device)
-            used = torch.cuda.max_memory_allocated(device) - before
-            model.zero_grad(set_to_none=True)
+            used = _cuda_activation_bytes(model, features, params, device)
         else:
             used = saved_bytes(lambda f=features: model(f)["sentence_embedding"], exclude=params)
         measured.append((length, used / rows))
@@ -264,6 +257,25 @@ def probe_activations(
     if a == 0.0 and b == 0.0:
         a = max(m1 / l1, m2 / l2)
     return ActivationModel(a, b)
+
+
+def _cuda_activation_bytes(model, features: dict, params: list, device: torch.device) -> int:
+    """The CUDA allocator's peak over one forward and backward of ``features``, above what
+    was held before: the activations (and backward's transients). The gradient buffers are
+    made first, so that backward accumulates into them as in every step after the first:
+    the static bytes count them, not the activations."""
+    for param in params:
+        if param.requires_grad and param.grad is None:
+            param.grad = torch.zeros_like(param)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    out = model(features)["sentence_embedding"]
+    out.float().pow(2).sum().backward()
+    torch.cuda.synchronize(device)
+    used = torch.cuda.max_memory_allocated(device) - before
+    model.zero_grad(set_to_none=True)
+    return used
 
 
 @dataclass
@@ -463,7 +475,7 @@ def probe_run(
     subs = (
         [config.chunk_size]
         if config.chunk_size
-        else [DEFAULT_PLAIN_CHUNK, DEFAULT_PLAIN_CHUNK // 2]
+        else [default_chunk("plain", device.type), default_chunk("plain", device.type) // 2]
     )
     shape = _RunShape(
         budget=budget,
@@ -731,6 +743,7 @@ def plan_for_run(
             sort_by_length=config.sort_by_length,
             keep_graphs=1 if config.keep_graphs is None else config.keep_graphs,
             loss_block_size=config.loss_block_size,
+            device=resolve_device(config.device) if config.device else None,
         )
     config = for_the_data(examples, config)
     if batches is None:

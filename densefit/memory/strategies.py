@@ -36,6 +36,7 @@ __all__ = [
     "MemoryStrategy",
     "PlainStrategy",
     "CachedStrategy",
+    "default_chunk",
     "fixed_plan",
     "make_strategy",
     "MemoryPlan",
@@ -46,6 +47,10 @@ LossFn = Callable[[list[torch.Tensor]], torch.Tensor]
 # on heavy-tailed data, large enough to keep matrix products efficient.
 DEFAULT_PLAIN_CHUNK = 16
 DEFAULT_CACHE_CHUNK = 32
+# On a GPU a pass of a few rows leaves it idle (the launch of its kernels costs more than
+# their work): chunks of this many rows when none is given, as large as the mini-batches of
+# sentence-transformers' CachedMNRL measured on one (../shared/gpu/README.md).
+GPU_DEFAULT_CHUNK = 256
 
 
 @dataclass
@@ -292,6 +297,17 @@ def make_strategy(
     return (CachedStrategy if plan.cached else PlainStrategy)(plan)
 
 
+def default_chunk(name: str, device: str | None = None) -> int:
+    """Rows per chunk of strategy ``name`` when none is given, on ``device`` (None: the CPU).
+
+    >>> default_chunk("plain"), default_chunk("cache"), default_chunk("cache", "cuda:1")
+    (16, 32, 256)
+    """
+    if device is not None and str(device).startswith("cuda"):
+        return GPU_DEFAULT_CHUNK
+    return DEFAULT_CACHE_CHUNK if name.startswith("cache") else DEFAULT_PLAIN_CHUNK
+
+
 def fixed_plan(
     name: str,
     chunk_size: int | None = None,
@@ -300,14 +316,16 @@ def fixed_plan(
     sort_by_length: bool = True,
     keep_graphs: int = 1,
     loss_block_size: int | None = None,
+    device: str | None = None,
 ) -> MemoryPlan:
-    """The plan of a strategy the user chose by name, with the default chunk when none is given.
+    """The plan of a strategy the user chose by name, with the default chunk on ``device``
+    (:func:`default_chunk`) when none is given.
 
     >>> fixed_plan("plain").chunk_size, fixed_plan("cache").chunk_size
     (16, 32)
     """
     if chunk_size is None and token_budget is None:
-        chunk_size = DEFAULT_CACHE_CHUNK if name.startswith("cache") else DEFAULT_PLAIN_CHUNK
+        chunk_size = default_chunk(name, device)
     return MemoryPlan(
         name,
         chunk_size=chunk_size,

@@ -440,8 +440,10 @@ class _TokenizerThreads:
 @contextlib.contextmanager
 def _tokenizer_threads(tokenizer, n_texts: int, window: int):
     """Tokenizer threads for the pipeline when they have shares to work on (a fast-path
-    tokenizer, more than one share of texts, more than one core), else None."""
-    workers = min(_MAX_TOKENIZE_THREADS, _cores() - 1, n_texts // _MIN_TOKENIZE_SHARE)
+    tokenizer, more than one share of texts in a ``window``, more than one core), else None;
+    one core is left to the thread that drives the GPU."""
+    shares = min(n_texts, window) // _MIN_TOKENIZE_SHARE
+    workers = min(_MAX_TOKENIZE_THREADS, _cores() - 1, shares)
     if tokenizer is None or workers < 2:
         yield None
         return

@@ -50,7 +50,7 @@ from densefit.data.types import TrainingExample
 from densefit.memory.plan import MemoryPlan
 from densefit.memory.planner import plan_for_run
 from densefit.retrieval.encode import embedding_dimension
-from densefit.training.objective import LossFn, make_loss_fn
+from densefit.training.objective import LossFn, batch_loss, make_loss_fn
 
 __all__ = [
     "DistributedRun",
@@ -461,7 +461,7 @@ class DistributedRun:
         start, stop = self.shard(n)
         local = list(rows[start:stop])
         share = len(local) / n
-        if config.loss != "mnrl" or self.gather == "none":
+        if not batch_loss(config.loss).cross_row or self.gather == "none":
             # No cross-row terms to gather (margin_mse) or none wanted: a weighted local loss.
             base = make_loss_fn(config, local, health) if local else None
 

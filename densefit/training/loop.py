@@ -131,14 +131,8 @@ def train(
         overwrite=overwrite,
         eval_data=eval_data,
     )
-    config = run.config
-    base_model = model_name_of(model)
-    trackers = None
-    if run.is_main and config.report_to:
-        trackers = Trackers(
-            config.report_to, output_dir=output_dir, resume=bool(resume), step=run.position.step
-        )
-        trackers.start(config.to_dict(), run.report())
+    config, base_model = run.config, model_name_of(model)
+    trackers = _start_trackers(run, output_dir, resume=bool(resume))
     log = StepLog(
         run.log_path if run.is_main else None,
         total=run.total_steps,
@@ -158,19 +152,7 @@ def train(
                 if at.step >= run.total_steps or _stopped(run):
                     break
                 record = train_step(run, group.micro_batches)
-                at.step, at.seen = at.step + 1, at.seen + len(group.rows)
-                at.epoch, at.batch = group.next_epoch, group.next_batch
-                at.losses.append(record["loss"])
-                record.update(step=at.step, epoch=group.epoch, **_source_fields(examples, group))
-                log.write(record)
-                origins = [examples[i].origin for i in group.rows]
-                run.guard.check(
-                    at.step,
-                    record,
-                    origins,
-                    learning_rate=config.learning_rate,
-                    amp=config.amp,
-                )
+                origins = _advance(run, group, record, log)  # position, log record, guard
                 last = at.step >= run.total_steps
                 _evaluate(run, log, epoch_end=group.epoch_end, last=last)
                 _checkpoint(run, epoch_end=group.epoch_end, last=last or _stopped(run))
@@ -186,21 +168,8 @@ def train(
     model.eval()
     if run.evaluator is not None and config.keep_best:
         run.evaluator.restore_best(model)  # the output is the best evaluated step's model
-    result = TrainResult(
-        steps=run.position.step,
-        examples=run.position.seen,
-        final_loss=run.position.losses[-1] if run.position.losses else float("nan"),
-        losses=run.position.losses,
-        plan=run.report(),
-        log_path=str(run.log_path) if run.log_path else None,
-        seconds=time.perf_counter() - started,
-        skipped_nonfinite=run.guard.total,
-        memory_plan=run.plan,
-        base_model=base_model,
-        data=describe_data(examples, data_report),
-        evaluation=run.evaluator.summary() if run.evaluator is not None else None,
-        sources=source_summary(examples, _steps_done(run), run.position.losses),
-    )
+    data = describe_data(examples, data_report)
+    result = _result(run, base_model, data, seconds=time.perf_counter() - started)
     if output_dir is not None and run.is_main:
         save_model(model, output_dir, config, result)
     if trackers is not None:
@@ -208,6 +177,52 @@ def train(
     if run.dist is not None:
         run.dist.barrier()  # every rank returns once the model is saved
     return result
+
+
+def _start_trackers(run: TrainRun, output_dir, *, resume: bool) -> Trackers | None:
+    """The trackers of ``config.report_to`` (rank 0), started with the config and the plan."""
+    if not (run.is_main and run.config.report_to):
+        return None
+    trackers = Trackers(
+        run.config.report_to, output_dir=output_dir, resume=resume, step=run.position.step
+    )
+    trackers.start(run.config.to_dict(), run.report())
+    return trackers
+
+
+def _advance(run: TrainRun, group: StepGroup, record: dict, log: StepLog) -> list[str]:
+    """After a step: move the position past ``group``, complete and write its log
+    ``record``, let the guard check it; the origins of its rows (for the guard's messages)."""
+    at, examples = run.position, run.examples
+    at.step, at.seen = at.step + 1, at.seen + len(group.rows)
+    at.epoch, at.batch = group.next_epoch, group.next_batch
+    at.losses.append(record["loss"])
+    record.update(step=at.step, epoch=group.epoch, **_source_fields(examples, group))
+    log.write(record)
+    origins = [examples[i].origin for i in group.rows]
+    config = run.config
+    run.guard.check(at.step, record, origins, learning_rate=config.learning_rate, amp=config.amp)
+    return origins
+
+
+def _result(run: TrainRun, base_model: str, data: dict, *, seconds: float) -> TrainResult:
+    """What the run did, as :func:`train` returns it."""
+    at = run.position
+    return TrainResult(
+        steps=at.step,
+        examples=at.seen,
+        final_loss=at.losses[-1] if at.losses else float("nan"),
+        losses=at.losses,
+        plan=run.report(),
+        log_path=str(run.log_path) if run.log_path else None,
+        seconds=seconds,
+        skipped_nonfinite=run.guard.total,
+        memory_plan=run.plan,
+        base_model=base_model,
+        data=data,
+        evaluation=run.evaluator.summary() if run.evaluator is not None else None,
+        sources=source_summary(run.examples, _steps_done(run), at.losses),
+    )
 
 
 def _source_fields(examples: Sequence[TrainingExample], group: StepGroup) -> dict:

@@ -1,5 +1,8 @@
 """The loss of a batch as a function of its column embeddings: the one ``make_loss_fn``.
 
+Each loss name (:data:`densefit.choices.LOSSES`) has one entry in :data:`BATCH_LOSSES`: how
+its batch loss is made and whether it scores rows against each other's candidates (then
+several processes gather them, :mod:`densefit.training.distributed`); both places read it.
 MNRL masks false negatives (:mod:`densefit.losses.masking`) and blocks its score matrix
 when it is large; margin-MSE takes the rows' teacher scores. Either way the loss records
 the batch's health (:mod:`densefit.training.telemetry`) while it runs. Under torchrun the
@@ -10,6 +13,7 @@ gathering lives in :mod:`densefit.training.distributed`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
@@ -23,7 +27,15 @@ from densefit.losses.matryoshka import matryoshka
 from densefit.memory.planner import loss_block_size
 from densefit.training.telemetry import in_batch_accuracy, score_health
 
-__all__ = ["LossFn", "Share", "make_loss_fn", "matryoshka_of"]
+__all__ = [
+    "BATCH_LOSSES",
+    "BatchLoss",
+    "LossFn",
+    "Share",
+    "batch_loss",
+    "make_loss_fn",
+    "matryoshka_of",
+]
 
 LossFn = Callable[[list[torch.Tensor]], torch.Tensor]
 
@@ -68,8 +80,15 @@ def make_loss_fn(
     gathering across processes.
     """
     health = {} if health is None else health
-    if config.loss != "mnrl":
-        return _margin_loss(config, rows, health)
+    kind = batch_loss(config.loss)
+    if share is not None and not kind.cross_row:
+        raise ValueError(f"loss {config.loss} has no cross-row terms: it takes no share")
+    return kind.make(config, rows, health, share)
+
+
+def _mnrl_loss(
+    config: TrainConfig, rows: Sequence[TrainingExample], health: dict, share: Share | None
+) -> LossFn:
     nested = matryoshka_of(config)
     if config.similarity is None:  # "the model's own": only setup_run knows the model
         raise ValueError(
@@ -128,7 +147,9 @@ def matryoshka_of(config: TrainConfig) -> Callable[[Callable], Callable]:
     return lambda loss: matryoshka(loss, dims, weights)
 
 
-def _margin_loss(config: TrainConfig, rows: Sequence[TrainingExample], health: dict) -> LossFn:
+def _margin_loss(
+    config: TrainConfig, rows: Sequence[TrainingExample], health: dict, share: None = None
+) -> LossFn:
     scores = torch.tensor([r.score for r in rows], dtype=torch.float32)
     loss = matryoshka_of(config)(margin_mse)
 
@@ -138,3 +159,35 @@ def _margin_loss(config: TrainConfig, rows: Sequence[TrainingExample], health: d
         return loss(emb[0], emb[1], emb[2], scores.to(emb[0].device))
 
     return margin_loss
+
+
+@dataclass(frozen=True)
+class BatchLoss:
+    """How a loss of :data:`densefit.choices.LOSSES` becomes a batch's loss function.
+
+    ``make(config, rows, health, share)``: the loss over the batch's column embeddings;
+    ``cross_row``: each row is scored against the other rows' candidates, so several processes
+    gather them (``share``); without, each process weighs the loss of its own rows.
+    """
+
+    make: Callable[..., LossFn]
+    cross_row: bool
+
+
+# The one dispatch on the loss's name (make_loss_fn and the several-process run read it).
+BATCH_LOSSES = {
+    "mnrl": BatchLoss(_mnrl_loss, cross_row=True),
+    "margin_mse": BatchLoss(_margin_loss, cross_row=False),
+}
+
+
+def batch_loss(name: str) -> BatchLoss:
+    """The :class:`BatchLoss` of loss ``name``; ``ValueError`` naming the losses for another.
+
+    >>> batch_loss("mnrl").cross_row, batch_loss("margin_mse").cross_row
+    (True, False)
+    """
+    try:
+        return BATCH_LOSSES[name]
+    except KeyError:
+        raise ValueError(f"loss must be one of {', '.join(BATCH_LOSSES)}, got {name!r}") from None

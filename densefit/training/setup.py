@@ -327,15 +327,22 @@ def make_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _autocast(
+# Where --amp fp16 runs (with loss scaling): CUDA; a CPU runs it slowly, if at all, and bf16
+# needs no scaling there.
+FP16_DEVICES = ("cuda",)
+
+
+def _mixed_precision(
     config: TrainConfig, device: torch.device
-) -> Callable[[], contextlib.AbstractContextManager]:
+) -> tuple[Callable[[], contextlib.AbstractContextManager], torch.amp.GradScaler | None]:
+    """The autocast context of ``config.amp`` on ``device``, and the loss scaler fp16 needs."""
     if config.amp is None:
-        return contextlib.nullcontext
+        return contextlib.nullcontext, None
     dtype = torch.bfloat16 if config.amp == "bf16" else torch.float16
-    if config.amp == "fp16" and device.type != "cuda":
+    if config.amp == "fp16" and device.type not in FP16_DEVICES:
         raise ValueError("--amp fp16 needs a CUDA device; on CPU use --amp bf16")
-    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+    scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype), scaler
 
 
 # A run of fewer optimizer steps than this barely moves the model
@@ -459,6 +466,7 @@ def setup_run(
     warn_few_steps(len(examples), total, config)
     warmup = config.warmup_steps if config.warmup_steps is not None else int(0.1 * total)
     optimizer = make_optimizer(model, config)
+    autocast, scaler = _mixed_precision(config, device)
     run = TrainRun(
         model=model,
         examples=examples,
@@ -468,8 +476,8 @@ def setup_run(
         strategy=make_strategy(plan),
         optimizer=optimizer,
         scheduler=make_scheduler(optimizer, warmup, total),
-        autocast=_autocast(config, device),
-        scaler=torch.amp.GradScaler("cuda") if config.amp == "fp16" else None,
+        autocast=autocast,
+        scaler=scaler,
         guard=NonFiniteGuard(config.max_nonfinite),
         dist=dist,
         total_steps=total,
