@@ -175,3 +175,20 @@ def test_index_and_search_commands_take_the_precision(tmp_path):
     )
     assert found.exit_code == 0, found.output
     assert json.loads(found.stdout)[0]["hits"][0]["id"] == "d3"
+
+
+def test_serve_embeds_queries_at_its_precision_and_refuses_writes_of_another(tiny):
+    """serve --precision fp16 on an fp32 store: its queries search it, its writes are refused
+    with the reason (documents of one store are one precision)."""
+    from densefit.retrieval.index.settings import SettingsMismatchError
+    from densefit.serve.config import ServeConfig
+    from densefit.serve.swap import query_state_maker
+
+    store = open_store(None, tiny)
+    index_documents(store, tiny, [Document(f"d{i}", t) for i, t in enumerate(TEXTS)])
+    state = query_state_maker(store, ServeConfig(precision="fp16"))(tiny)
+    assert resolve_runtime(tiny, state.runtime).source.precision == "fp16"
+    with pytest.raises(SettingsMismatchError, match="cannot add documents: .*embedded in fp32"):
+        state.encode_documents(["a new document"])
+    state = query_state_maker(store, ServeConfig())(tiny)  # auto: the store's, writes allowed
+    assert state.encode_documents(["a new document"]).shape == (1, 32)

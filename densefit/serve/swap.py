@@ -35,6 +35,7 @@ from densefit.retrieval.index.searching import model_for_store, query_runtime
 from densefit.retrieval.index.settings import SettingsMismatchError, StoreRecord, record_for
 from densefit.retrieval.index.swap import reembed_store
 from densefit.retrieval.runtimes import (
+    RuntimeUnavailableError,
     auto_candidates,
     disagreement,
     release_runtimes,
@@ -224,7 +225,10 @@ def document_encoder(store, model, runtime: str = "auto"):
     ``densefit index`` finds it); writes that would mix families are refused."""
     settings = getattr(store, "settings", None)
     stored = settings.source if settings is not None else None
-    runner = resolve_runtime(model, "auto", stored=stored, mixing=True)
+    try:
+        runner = resolve_runtime(model, "auto", stored=stored, mixing=True)
+    except RuntimeUnavailableError as exc:  # --precision other than the documents': no writes
+        return _refusing(store, str(exc))
     if runtime != "auto":
         chosen = resolve_runtime(model, runtime)
         if stored is None or disagreement(stored, chosen.source, mixing=True) is None:
@@ -244,6 +248,15 @@ def document_encoder(store, model, runtime: str = "auto"):
             prompt_name="document",
             runtime=runner,
         )
+
+    return encode
+
+
+def _refusing(store, reason: str):
+    """A document encoder that refuses every write, saying why."""
+
+    def encode(texts):
+        raise SettingsMismatchError(f"{store.location}: cannot add documents: {reason}")
 
     return encode
 
