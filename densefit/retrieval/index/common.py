@@ -13,7 +13,8 @@ the parts that touch its data:
 - ``_dense(queries, k, where)`` and ``_lexical(texts, k, where)``: for each query, the best
   ``k`` matching documents as ``(keys, scores)``, best first; a key is an ``int64`` that
   orders documents as they were written (ties in a fused ranking go to the earlier one);
-- ``_hits(ranked)``: the :class:`~densefit.retrieval.index.base.SearchHit` lists of those keys.
+- ``_documents_at(keys)``: ``{key: (id, text, title, meta)}`` of the ranked documents, from
+  which :meth:`~StoreCommon.search` builds the :class:`~densefit.retrieval.index.base.SearchHit` s.
 
 The class also holds ``_lock`` (an ``RLock``: one call at a time per store object, which a
 server's threads share).
@@ -340,8 +341,23 @@ class StoreCommon:
     def _lexical(self, texts: list[str], k: int, where) -> list[tuple[np.ndarray, np.ndarray]]:
         raise NotImplementedError
 
-    def _hits(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[SearchHit]]:
+    def _documents_at(self, keys: list[int]) -> dict[int, tuple[str, str, str, dict]]:
+        """``{key: (id, text, title, meta)}`` of the documents still stored under ``keys``."""
         raise NotImplementedError
+
+    def _hits(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[SearchHit]]:
+        """Search hits for each query's ``(keys, scores)``, best first; a key whose document
+        is gone (deleted since it was ranked) is left out."""
+        docs = self._documents_at(sorted({int(k) for keys, _ in ranked for k in keys}))
+        results = []
+        for keys, scores in ranked:
+            hits = []
+            for key, score in zip(keys.tolist(), np.asarray(scores).tolist(), strict=True):
+                if key in docs:
+                    doc_id, text, title, meta = docs[key]
+                    hits.append(SearchHit(doc_id, float(score), len(hits) + 1, text, title, meta))
+            results.append(hits)
+        return results
 
     # -- context manager -------------------------------------------------------------------
 

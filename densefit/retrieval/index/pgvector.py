@@ -1482,22 +1482,11 @@ class PostgresStore(DatabaseStore):
                 results.append((keys, np.array([s for _, s in rows], dtype=np.float32)))
         return results
 
-    def _hits(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[SearchHit]]:
-        seqs = sorted({int(s) for keys, _ in ranked for s in keys})
+    def _documents_at(self, seqs: list[int]) -> dict[int, tuple[str, str, str, dict]]:
         query = _sql().SQL("SELECT seq, id, text, title, meta FROM {} WHERE seq = ANY(%s)")
         with self._snapshot() as cur:
             rows = cur.execute(query.format(self._names.docs), (seqs,)).fetchall()
-        docs = {seq: rest for seq, *rest in rows}
-        results = []
-        for keys, scores in ranked:
-            hits = []
-            for seq, score in zip(keys.tolist(), np.asarray(scores).tolist(), strict=True):
-                if seq not in docs:
-                    continue
-                doc_id, text, title, meta = docs[seq]
-                hits.append(SearchHit(doc_id, float(score), len(hits) + 1, text, title, meta))
-            results.append(hits)
-        return results
+        return {seq: tuple(rest) for seq, *rest in rows}
 
     # -- closing ---------------------------------------------------------------------------
 

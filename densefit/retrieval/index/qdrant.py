@@ -148,6 +148,7 @@ import numpy as np
 
 from densefit.choices import SIMILARITIES
 from densefit.data.types import Document
+from densefit.errors import storage_fault
 from densefit.retrieval.bm25 import K1, B, tokenize
 from densefit.retrieval.index.base import (
     Capabilities,
@@ -431,12 +432,16 @@ def _server_error(target: QdrantTarget, exc: Exception) -> StoreError:
 
 @contextlib.contextmanager
 def _requests(target: QdrantTarget) -> Iterator[None]:
-    """Turn a server's failures (unreachable, refused, an error answer) into StoreErrors."""
+    """Turn a server's failures (unreachable, refused, an error answer) into StoreErrors,
+    and local mode's full disk or read-only folder into its StorageFault."""
     try:
         yield
     except StoreError:
         raise
     except Exception as exc:  # noqa: BLE001 - httpx, grpc and qdrant-client raise many kinds
+        fault = storage_fault(exc, target.folder) if target.local else None
+        if fault is not None:
+            raise fault from None
         if target.local or not _is_request_error(exc):
             raise
         raise _server_error(target, exc) from None
@@ -1413,24 +1418,18 @@ class QdrantDocumentStore(DatabaseStore):
         answers = dict(zip(asked, self._query(requests), strict=True))
         return [answers.get(i, _nothing()) for i in range(len(texts))]
 
-    def _hits(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[SearchHit]]:
-        results = []
-        for keys, scores in ranked:
-            hits = []
-            for key, score in zip(keys.tolist(), np.asarray(scores).tolist(), strict=True):
-                payload = self._found[key]
-                hits.append(
-                    SearchHit(
-                        payload["id"],
-                        float(score),
-                        len(hits) + 1,
-                        payload.get("text", ""),
-                        payload.get("title", ""),
-                        payload.get("meta") or {},
-                    )
-                )
-            results.append(hits)
-        return results
+    def _documents_at(self, keys: list[int]) -> dict[int, tuple[str, str, str, dict]]:
+        """The documents of the points the search just found (their payload came with them)."""
+        found = {}
+        for key in keys:
+            payload = self._found[key]
+            found[key] = (
+                payload["id"],
+                payload.get("text", ""),
+                payload.get("title", ""),
+                payload.get("meta") or {},
+            )
+        return found
 
     # -- upkeep ----------------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -62,6 +63,13 @@ import numpy as np
 
 from densefit.choices import SIMILARITIES, VECTOR_KINDS
 from densefit.data.types import Document
+from densefit.errors import (
+    DamagedFileError,
+    DiskFullError,
+    ReadOnlyStoreError,
+    StorageFault,
+    storage_fault,
+)
 from densefit.retrieval.index.base import (
     Capabilities,
     ModelSwappedError,
@@ -91,6 +99,7 @@ from densefit.retrieval.index.settings import (
     VectorSettings,
 )
 from densefit.retrieval.index.vectors import CommittedVectors, make_backend
+from densefit.wording import plural
 
 __all__ = [
     "CAPABILITIES",
@@ -122,12 +131,20 @@ _DROP_SWAP = "DELETE FROM meta WHERE key IN (?, ?)"  # a swap switched or cancel
 
 
 def _locked(method):
-    """Serialise calls on one store object: it may be shared by a server's threads."""
+    """Serialise calls on one store object (it may be shared by a server's threads), and turn
+    a full disk, a read-only or a damaged file into its :class:`~densefit.errors.
+    StorageFault` naming the file."""
 
     @wraps(method)
     def locked(self, *args, **kwargs):
         with self._lock:
-            return method(self, *args, **kwargs)
+            try:
+                return method(self, *args, **kwargs)
+            except (OSError, sqlite3.Error) as exc:
+                fault = self._fault(exc)
+                if fault is None:
+                    raise
+                raise fault from None
 
     return locked
 
@@ -180,6 +197,7 @@ class LocalDocumentStore(StoreCommon):
         *,
         backend: str | Callable | None = None,
         rescore: int | None = None,
+        read_only: bool = False,
     ):
         super().__init__()
         self.path = Path(path)
@@ -187,7 +205,25 @@ class LocalDocumentStore(StoreCommon):
         db = self.path / DB_NAME
         if not db.is_file():
             raise StoreError(_not_a_store(self.path))
-        self._table = DocumentTable(db)  # one connection shared by threads, under self._lock
+        try:
+            self._open(db, backend=backend, rescore=rescore, read_only=read_only)
+        except (OSError, sqlite3.Error) as exc:
+            if getattr(self, "_table", None) is not None:
+                self._table.close()
+            fault = self._fault(exc)
+            if fault is None:
+                raise
+            raise fault from None
+
+    def _open(self, db: Path, *, backend, rescore, read_only: bool) -> None:
+        """Open the database (read-only when asked, or when this process may not write the
+        folder), check that it is whole, and load the committed state."""
+        self._table = None
+        why = "opened read-only" if read_only else _unwritable(self.path)
+        # one connection shared by threads, under self._lock
+        self._table = DocumentTable(db, read_only=why is not None)
+        self.read_only = why or self._table.read_only  # why writes are refused; None: they are not
+        self._table.check()
         self._record = StoreRecord.from_meta(self._table.read_meta(), db)
         self.backend_spec = backend or CAPABILITIES.backends[0]
         self._rescore = rescore
@@ -199,7 +235,14 @@ class LocalDocumentStore(StoreCommon):
         self._data_version = None
         self._cleanup: Callable | None = None
         self._reload()
-        self._remove_stale_files()
+        if not self.read_only:
+            self._remove_stale_files()
+        elif self._table.unmerged_wal():
+            warnings.warn(
+                f"{db}-wal holds writes that a read-only store cannot read; open the store "
+                "once where it may be written to merge them",
+                stacklevel=3,
+            )
 
     @property
     def backend(self):
@@ -247,7 +290,9 @@ class LocalDocumentStore(StoreCommon):
         self, timeout: float | None = None, *, name: str | None = None, doing: str | None = None
     ) -> AbstractContextManager:
         """The folder's lock file ``name`` (the writer lock by default), held across
-        processes (:func:`~densefit.retrieval.index.locking.writer_lock`)."""
+        processes (:func:`~densefit.retrieval.index.locking.writer_lock`);
+        :class:`~densefit.errors.ReadOnlyStoreError` for a read-only store."""
+        self._check_writable()
         options = {"name": name} if name else {}
         if doing:
             options["doing"] = doing
@@ -510,19 +555,8 @@ class LocalDocumentStore(StoreCommon):
     def _lexical(self, texts: list[str], k: int, rows) -> list[tuple[np.ndarray, np.ndarray]]:
         return self._bm25_search(texts, k, rows)
 
-    def _hits(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[SearchHit]]:
-        """Search hits for each query's ``(rows, scores)``, best first."""
-        docs = self._table.documents_at(sorted({int(r) for rows, _ in ranked for r in rows}))
-        results = []
-        for rows, scores in ranked:
-            hits = []
-            for row, score in zip(rows.tolist(), np.asarray(scores).tolist(), strict=True):
-                if row not in docs:
-                    continue
-                doc_id, text, title, meta = docs[row]
-                hits.append(SearchHit(doc_id, float(score), len(hits) + 1, text, title, meta))
-            results.append(hits)
-        return results
+    def _documents_at(self, rows: list[int]) -> dict[int, tuple[str, str, str, dict]]:
+        return self._table.documents_at(rows)
 
     def _bm25_search(self, texts, k: int, subset) -> list[tuple[np.ndarray, np.ndarray]]:
         """BM25 ``(rows, scores)`` of each text among the live rows (of ``subset``)."""
@@ -736,12 +770,21 @@ class LocalDocumentStore(StoreCommon):
         """Let the backend persist its caches (the FAISS index) and save the BM25 index
         (brought up to date first) when this object wrote documents or used BM25;
         documents are always durable. Temporary stores keep no BM25 file."""
-        if self.backend is not None:
-            self.backend.flush()
-        if self._cleanup is None and (self._wrote or self._bm25.loaded):
-            self._refresh()
-            self._bm25_current()
-            self._bm25.save()
+        if self.read_only:
+            return  # nothing was written; the caches stay in memory
+        try:
+            if self.backend is not None:
+                self.backend.flush()
+            if self._cleanup is None and (self._wrote or self._bm25.loaded):
+                self._refresh()
+                self._bm25_current()
+                self._bm25.save()
+        except OSError as exc:  # a cache: the next search builds it again
+            warnings.warn(
+                f"{exc.filename or self.path}: the search caches (BM25, FAISS) were not saved "
+                f"({exc.strerror or exc}); the next search builds them again",
+                stacklevel=2,
+            )
 
     @_locked
     def close(self) -> None:
@@ -803,6 +846,34 @@ class LocalDocumentStore(StoreCommon):
         return _StoreTransaction(self)
 
     # -- internals -------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        """:class:`~densefit.errors.ReadOnlyStoreError` unless this store may be written."""
+        if self.read_only:
+            raise ReadOnlyStoreError(
+                f"{self.path} is read-only ({self.read_only}): searching it works; to change "
+                "it, make the folder and its files writable by this user (or copy the store "
+                "to a writable folder)"
+            )
+
+    def _fault(self, exc: BaseException) -> StorageFault | None:
+        """The storage fault ``exc`` means for this store (see :func:`~densefit.errors.
+        storage_fault`): SQLite's errors name ``store.sqlite``. Metadata that is not JSON
+        (NaN written by an older densefit breaks SQLite's JSON functions) names the
+        documents holding it."""
+        db = self.path / DB_NAME
+        if isinstance(exc, sqlite3.Error) and "malformed JSON" in str(exc):
+            ids = self._table.invalid_meta_ids()
+            some = ", ".join(map(repr, ids[:3])) + (", ..." if len(ids) > 3 else "")
+            return DamagedFileError(
+                f"{db}: the metadata of {plural(len(ids), 'document')} ({some}) is not valid "
+                "JSON (NaN or Infinity, which densefit refuses now): write them again with "
+                "finite numbers, or delete them"
+            )
+        fault = storage_fault(exc, db)
+        if isinstance(fault, DiskFullError):  # say that nothing committed is lost
+            fault = DiskFullError(f"{fault}; the store keeps what was committed (index resumes)")
+        return fault
 
     def _after_commit(self, fresh: bool, *, dead: list[int], n_rows: int) -> None:
         """Update the live-row mask in place after our own commit (or reload if others wrote)."""
@@ -871,6 +942,16 @@ class LocalDocumentStore(StoreCommon):
             building = swap.generation if swap is not None else None
             self._vectors.remove_other_generations(generation, building)
             self._bm25.remove_other_generations(generation)
+            if generation == self._vectors.generation:
+                n_rows = int(self._table.meta_value("n_rows"))
+                dropped = self._vectors.file.drop_uncommitted(n_rows)
+                if dropped:
+                    warnings.warn(
+                        f"{self._vectors.file.path}: {dropped:,} bytes past its {n_rows:,} "
+                        "committed vectors (a write that never committed, or bytes added "
+                        "outside densefit) were dropped",
+                        stacklevel=4,
+                    )
         finally:
             conn.execute("COMMIT")
 
@@ -887,6 +968,7 @@ class _StoreTransaction:
         store = self.store
         if store._table.conn is None:
             raise StoreError(f"{store.path}: the store is closed")
+        store._check_writable()
         self.inner = store._table.transaction()
         self.inner.__enter__()
         swapped = int(store._table.meta_value(MODEL_GENERATION_KEY, "0"))
@@ -930,6 +1012,16 @@ def _not_a_store(folder: Path) -> str:
     )
 
 
+def _unwritable(folder: Path) -> str | None:
+    """Why this process may not write the store in ``folder`` (None: it may)."""
+    if not os.access(folder, os.W_OK):
+        return "the folder is on a read-only file system or not writable by this user"
+    for path in folder.glob(f"{DB_NAME}*"):  # the database, its WAL and shared memory
+        if not os.access(path, os.W_OK):
+            return f"{path.name} is not writable by this user"
+    return None
+
+
 def why_none(path: str | os.PathLike | None) -> str | None:
     """Why the folder ``path`` holds no store, when it holds something else."""
     folder = Path(path) if path is not None else None
@@ -948,16 +1040,18 @@ def open_existing(
     backend: str | Callable | None = None,
     rescore: int | None = None,
     lock_timeout: float | None = None,
+    read_only: bool = False,
 ) -> LocalDocumentStore | None:
-    """The store in the folder ``path``; None when there is none (creating one checks that
-    the folder is new or empty), StoreError when ``path`` is a file or Qdrant's folder."""
+    """The store in the folder ``path`` (``read_only``: writes refused; a folder this
+    process may not write opens so anyway); None when there is none (creating one checks
+    that the folder is new or empty), StoreError when ``path`` is a file or Qdrant's folder."""
     if path is None:
         return None
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise StoreError(f"{folder} is a file; --store needs a folder")
     if (folder / DB_NAME).is_file():
-        return LocalDocumentStore(folder, backend=backend, rescore=rescore)
+        return LocalDocumentStore(folder, backend=backend, rescore=rescore, read_only=read_only)
     if (folder / "meta.json").is_file() and (folder / "collection").is_dir():
         raise StoreError(_not_a_store(folder))
     return None
