@@ -54,6 +54,11 @@ SKIP: dict[tuple[str, str], str] = {
         "runs below on small data"
     ),
     ("docs/training.md", "--nproc 8"): "8 GPUs, and torchrun across two nodes",
+    ("docs/search.md", "postgresql://me@db:5432"): (
+        "a PostgreSQL server at db and a Qdrant server: the block after it runs the same on "
+        "Qdrant's local mode, and tests/test_engines.py runs these commands on a PostgreSQL "
+        "server the tests start"
+    ),
 }
 
 # Lines a library prints when it draws a progress bar (transformers, huggingface_hub, tqdm;
