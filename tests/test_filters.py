@@ -244,17 +244,23 @@ def _random_comparison(rng: random.Random) -> dict:
     return {"field": field, "operator": operator, "value": value}
 
 
-def _random_filter(rng: random.Random, depth: int = 0) -> dict:
-    if depth >= 2 or rng.random() < 0.5:
+def _random_filter(rng: random.Random, depth: int = 0, deepest: int = 2) -> dict:
+    if depth >= deepest or rng.random() < 0.5:
         return _random_comparison(rng)
     return {
         "operator": rng.choice(["AND", "OR", "NOT"]),
-        "conditions": [_random_filter(rng, depth + 1) for _ in range(rng.randint(1, 3))],
+        "conditions": [
+            _random_filter(rng, depth + 1, deepest)
+            for _ in range(rng.randint(0 if depth else 1, 3))
+        ],
     }
 
 
 @needs_haystack
-def test_sql_agrees_with_haystacks_evaluator_on_random_filters():
+@pytest.mark.parametrize("deepest", [2, 6])
+def test_sql_agrees_with_haystacks_evaluator_on_random_filters(deepest):
+    """Depth 6 with empty conditions: NOT is pushed down to the comparisons (De Morgan) so
+    that a chain of NOTs adds no nesting; the laws must hold with missing fields and None."""
     from haystack import Document as HaystackDocument
     from haystack.errors import FilterError
     from haystack.utils.filters import document_matches_filter
@@ -274,7 +280,10 @@ def test_sql_agrees_with_haystacks_evaluator_on_random_filters():
     docs = [HaystackDocument(id=ids[i], content=f"text {i}", meta=m) for i, m in enumerate(metas)]
     checked = 0
     for _ in range(1500):
-        filters = _random_filter(rng)
+        filters = _random_filter(rng, deepest=deepest)
+        if deepest > 2 and rng.random() < 0.3:  # a chain of NOTs around it
+            for _ in range(rng.randint(1, 4)):
+                filters = {"operator": "NOT", "conditions": [filters]}
         expected = []
         try:
             for i, doc in enumerate(docs):
@@ -529,11 +538,11 @@ def _nested(levels: int) -> dict:
 
 
 def test_nesting_is_allowed_to_the_limit_and_refused_past_it():
-    from densefit.retrieval.index.filters import _MAX_DEPTH
+    from densefit.retrieval.index.filters import MAX_DEPTH
 
-    assert _matching(_table(METAS), _nested(_MAX_DEPTH)) == [0, 2]
-    with pytest.raises(ValueError, match=f"^filters nest deeper than {_MAX_DEPTH} levels$"):
-        compile_filters(_nested(_MAX_DEPTH + 1))
+    assert _matching(_table(METAS), _nested(MAX_DEPTH)) == [0, 2]
+    with pytest.raises(ValueError, match=f"^filters nest deeper than {MAX_DEPTH} levels: "):
+        compile_filters(_nested(MAX_DEPTH + 1))
 
 
 def test_naive_dates_are_utc_whatever_the_machine_timezone(monkeypatch):

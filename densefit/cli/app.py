@@ -11,7 +11,10 @@ exceptions and the handler decides what the user sees.
   ``ModelNotFoundError``, ``StoreError``, ``FloatingPointError`` (training diverged), an
   ``ImportError`` of an optional extra (the line says what to ``pip install``) and the
   parser's usage errors (click's own status, 2).
-- ``MemoryError`` (the planner finds no plan within the budget) prints one line and exits 3.
+- The machine at fault exits 3 with one line naming the file and what to do: ``MemoryError``
+  (the planner finds no plan within the budget), a full disk, a read-only file system or
+  store, a damaged file (:class:`~densefit.errors.StorageFault`, and the ``OSError`` or
+  SQLite error that means one: :func:`~densefit.errors.storage_fault`).
 - Ctrl-C exits 130 (``densefit train`` first says how to resume).
 - Anything else is a bug: one line ``unexpected error: <type>: <message>`` that says how to
   get the traceback and where to report it, status 1.
@@ -44,7 +47,7 @@ import densefit.cli.train as train_command
 from densefit._version import __version__
 from densefit.cli.common import err, print_error, routed_warnings, set_invocation
 from densefit.cli.reference import options_reference
-from densefit.errors import ModelNotFoundError, OptionError
+from densefit.errors import ModelNotFoundError, OptionError, storage_fault
 
 __all__ = ["DensefitGroup", "app", "error_exit_code", "main"]
 
@@ -126,6 +129,10 @@ def error_exit_code(exc: BaseException) -> int:
         return 130
     if isinstance(exc, MemoryError):
         print_error(_one_line(str(exc)) or "out of memory")
+        return 3
+    fault = storage_fault(exc)  # a full disk, a read-only or damaged file: the machine's
+    if fault is not None:
+        print_error(_one_line(str(fault)))
         return 3
     if isinstance(exc, ImportError) and _import_message(exc) is not None:
         print_error(_one_line(_import_message(exc) or ""))

@@ -25,6 +25,7 @@ import asyncio
 import functools
 import hmac
 import json
+import logging
 import time
 from collections import defaultdict
 from contextlib import asynccontextmanager
@@ -33,7 +34,9 @@ from typing import Annotated, Any, Literal
 import torch
 
 from densefit.choices import SEARCH_MODES
+from densefit.data.corpus import non_finite_path
 from densefit.data.types import Document
+from densefit.errors import StorageFault, storage_fault
 from densefit.retrieval.index.filters import validate_filters
 from densefit.retrieval.index.searching import embed_queries, search_embedded
 from densefit.serve.batcher import MicroBatcher, Query
@@ -56,6 +59,7 @@ try:
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse
     from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         f"densefit serve needs FastAPI and uvicorn ({exc.name} is missing): "
@@ -180,6 +184,18 @@ def _error(path: str, status: int, message: str, **extra) -> JSONResponse:
     return JSONResponse(error_body(path, status, message, **extra), status_code=status)
 
 
+_log = logging.getLogger("densefit.serve")
+# FastAPI's words for its refusals, and ours
+_HTTP_MESSAGES = {
+    "There was an error parsing the body": (
+        "the body is not valid JSON (it nests deeper than the parser allows, about 1,000 "
+        "levels): send JSON that nests less"
+    ),
+    "Not Found": "no such route: see /docs for the routes",
+    "Method Not Allowed": "this route does not take that method: see /docs",
+}
+
+
 # -- the guard: API key, body size, metrics ----------------------------------------------------
 
 _WRITE_METHODS = {"POST", "DELETE", "PUT", "PATCH"}
@@ -237,6 +253,8 @@ class Guard:
             refusal = self._refusal(scope)
             if refusal is None:
                 body, refusal = await self._read_body(scope, receive)
+            if refusal is None:
+                refusal = _not_utf8(scope["path"], body)
             if refusal is not None:
                 await refusal(scope, receive, send_status)
                 return
@@ -313,6 +331,20 @@ class Guard:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks), None
+
+
+def _not_utf8(path: str, body: bytes) -> JSONResponse | None:
+    """A 400 for a body that is not UTF-8 (JSON's encoding), naming the first bad byte."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _error(
+            path,
+            400,
+            f"the body is not valid JSON: byte 0x{body[exc.start]:02x} at position {exc.start} "
+            "is not UTF-8: send the JSON encoded as UTF-8",
+        )
+    return None
 
 
 def _replay(body: bytes):
@@ -462,9 +494,30 @@ def _add_error_handlers(app, metrics: Metrics) -> None:
     async def bad_value(request: Request, exc: ValueError):
         return _error(request.url.path, 400, str(exc))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # FastAPI's own refusals (no such route, a body its JSON parser gave up on), in the
+        # project's shape
+        message = _HTTP_MESSAGES.get(str(exc.detail), str(exc.detail))
+        return _error(request.url.path, exc.status_code, message)
+
+    @app.exception_handler(StorageFault)
+    async def machine(request: Request, exc: StorageFault):
+        return _error(request.url.path, exc.status, str(exc))
+
     @app.exception_handler(Exception)
-    async def crashed(request: Request, exc: Exception):  # pragma: no cover - a bug
-        return _error(request.url.path, 500, f"internal error: {exc.__class__.__name__}")
+    async def crashed(request: Request, exc: Exception):
+        fault = storage_fault(exc)  # a full disk, a read-only or damaged file: not a bug
+        if fault is not None:
+            return _error(request.url.path, fault.status, str(fault))
+        _log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        why = " ".join(str(exc).split())[:300]
+        return _error(
+            request.url.path,
+            500,
+            f"internal error: {exc.__class__.__name__}{': ' + why if why else ''} (a bug; the "
+            "server's log holds the traceback)",
+        )
 
 
 def _check_texts(texts: str | list[str], what: str, config: ServeConfig) -> None:
@@ -496,6 +549,14 @@ def _check_document(doc: DocumentIn, i: int, config: ServeConfig) -> None:
         doc.title, f"{where}.title", max_chars=config.max_text_chars, empty_ok=True
     )
     checked_request_json(doc.meta, f"{where}.meta")
+    bad = non_finite_path(doc.meta)
+    if bad is not None:
+        raise ClientError(
+            422,
+            f"{where}.meta.{bad}: NaN or infinite: metadata numbers must be finite (filters "
+            "compare them)",
+            param=f"{where}.meta.{bad}",
+        )
 
 
 def _add_routes(app, store, config, batcher, writer, metrics) -> None:

@@ -185,11 +185,19 @@ class AdminSwap:
             self._thread.join()
 
     def report(self) -> dict:
-        """The status, with the documents left while it runs."""
+        """The status, with the documents left while it runs. A swap the store holds but
+        no thread runs (a server restarted, another process stopped) is ``interrupted``: a
+        POST with its model resumes it."""
         status = dict(self.status)
         if status.get("state") == "running":
             swap = self.served.store.info().get("swap")
             status["remaining"] = swap["remaining"] if swap else 0
+        elif not self.running and self.served.store.swap_target() is not None:
+            swap = self.served.store.info().get("swap") or {}
+            if status.get("state") == "idle":
+                status = {"state": "interrupted", "model": swap.get("model")}
+            status["remaining"] = swap.get("remaining")
+            status["resume"] = "POST /admin/reembed with this model resumes the swap"
         return status
 
     def _run(self, model) -> None:

@@ -14,14 +14,23 @@ import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
 from densefit.data.types import Document
+from densefit.errors import (
+    RESTORE,
+    DamagedFileError,
+    DiskFullError,
+    ReadOnlyStoreError,
+    storage_fault,
+)
 
 __all__ = ["DB_NAME", "DocumentTable", "Transaction", "meta_hash", "parts", "text_hash"]
 
 DB_NAME = "store.sqlite"
+_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CANTOPEN = 8, 10, 14  # SQLite's primary result codes
 SQL_VARS = 900  # stay under SQLite's default limit on bound parameters
 
 SCHEMA = """
@@ -71,6 +80,32 @@ def parts(items: list, size: int = SQL_VARS) -> Iterator[list]:
         yield items[start : start + size]
 
 
+def _read_only_connection(db: Path) -> sqlite3.Connection:
+    """A connection that never writes: ``mode=ro``, or, where SQLite cannot make the files a
+    WAL database's readers share (a read-only folder, a full disk), ``immutable`` (it reads
+    the database file alone, which no one can change there)."""
+    uri = f"file:{quote(str(db.resolve()))}?mode=ro"
+    try:
+        return _reading(uri)
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode & 0xFF not in (_SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_IOERR):
+            raise
+    return _reading(uri + "&immutable=1")
+
+
+def _reading(uri: str) -> sqlite3.Connection:
+    """A connection to ``uri`` that has read the database (opening alone reads nothing)."""
+    conn = sqlite3.connect(
+        uri, uri=True, isolation_level=None, timeout=60.0, check_same_thread=False
+    )
+    try:
+        conn.execute("SELECT COUNT(*) FROM meta").fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 def write_new_database(path: Path, meta: dict[str, str]) -> None:
     """Create ``path`` with the schema and ``meta``, built in a side file and renamed into
     place, so that a crash during creation leaves no half-made database."""
@@ -101,13 +136,57 @@ class DocumentTable:
     (1, {'a': 0})
     """
 
-    def __init__(self, db: Path):
+    def __init__(self, db: Path, *, read_only: bool = False):
         self.db = db
-        self.conn: sqlite3.Connection | None = sqlite3.connect(
-            db, isolation_level=None, timeout=60.0, check_same_thread=False
-        )
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn: sqlite3.Connection | None = None
+        self.read_only: str | None = None  # why this connection may not write (None: it may)
+        self.full_disk = False  # it may not for want of space
+        if not read_only:
+            try:
+                self.conn = sqlite3.connect(
+                    db, isolation_level=None, timeout=60.0, check_same_thread=False
+                )
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA synchronous=FULL")
+                self.conn.execute("SELECT COUNT(*) FROM meta").fetchone()  # makes the WAL's files
+                return
+            except sqlite3.OperationalError as exc:
+                # SQLite may not write here, or has no room for the files a writer shares
+                # (a WAL database's shared memory): a reader needs neither
+                fault = storage_fault(exc, db)
+                if not isinstance(fault, (ReadOnlyStoreError, DiskFullError)):
+                    raise
+                self.close()
+                self.full_disk = isinstance(fault, DiskFullError)
+                self.read_only = f"SQLite cannot write {db.name}: {exc}"
+        self.read_only = self.read_only or "opened read-only"
+        self.conn = _read_only_connection(db)
+
+    def check(self) -> None:
+        """Raise :class:`~densefit.errors.DamagedFileError` unless SQLite finds the database
+        whole (``PRAGMA quick_check``: every page and record readable; a few ms for 5,000
+        documents, bench/results/faults.json)."""
+        found = [row[0] for row in self.conn.execute("PRAGMA quick_check(3)")]
+        if found != ["ok"]:
+            raise DamagedFileError(
+                f"{self.db}: the database is damaged (SQLite's quick_check: "
+                f"{'; '.join(' '.join(f.split()) for f in found)[:300]}): {RESTORE}"
+            )
+
+    def unmerged_wal(self) -> bool:
+        """Whether the write-ahead log holds writes a read-only connection cannot see."""
+        wal = self.db.with_name(self.db.name + "-wal")
+        return self.read_only is not None and wal.is_file() and wal.stat().st_size > 0
+
+    def invalid_meta_ids(self, limit: int = 10) -> list[str]:
+        """Ids of documents whose metadata is not valid JSON (none is written so now)."""
+        if self.conn is None:
+            return []
+        query = "SELECT id FROM documents WHERE NOT json_valid(meta) LIMIT ?"
+        try:
+            return [doc_id for (doc_id,) in self.conn.execute(query, (limit,))]
+        except sqlite3.Error:
+            return []
 
     # -- meta ------------------------------------------------------------------------------
 

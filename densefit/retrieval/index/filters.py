@@ -49,7 +49,10 @@ from typing import Any
 
 __all__ = [
     "COMPARISON_OPERATORS",
+    "INT_RANGE",
     "LOGICAL_OPERATORS",
+    "MAX_CONDITIONS",
+    "MAX_DEPTH",
     "Comparison",
     "Logical",
     "compile_filters",
@@ -69,7 +72,12 @@ LOGICAL_OPERATORS = ("AND", "OR", "NOT")
 COLUMNS = {"id": "id", "content": "text", "text": "text", "title": "title"}
 _NAME = re.compile(r"^[\w\- ]+$")
 _ORDERING = {">": ">", ">=": ">=", "<": "<", "<=": "<="}
-_MAX_DEPTH = 32
+# What SQLite 3.40 compiles, measured with the filters that cost it most (tests/test_faults.py
+# holds them; they run on every engine): its parser stack (100 entries) overflows at 22
+# nested logical operators, its expression tree (1,000 levels deep) at about 990 conditions.
+MAX_DEPTH = 20  # logical operators (AND, OR, NOT) nested in one another
+MAX_CONDITIONS = 900  # comparisons, logical operators, and lists, objects and None in `in`
+INT_RANGE = (-(2**63), 2**63 - 1)  # SQLite's integers; a larger number can be a float
 
 
 def normalise_filters(filters: dict | None) -> dict | None:
@@ -207,16 +215,27 @@ def parse_filters(filters: dict | None) -> Comparison | Logical | None:
             f"filters must be a dict like {{'field': 'meta.lang', 'operator': '==', "
             f"'value': 'en'}}, got {type(filters).__name__}"
         )
-    return _parse(filters, depth=0)
+    return _parse(filters, depth=0, counted=[0])
 
 
-def _parse(node: Any, depth: int) -> Comparison | Logical:
-    if depth > _MAX_DEPTH:
-        raise ValueError(f"filters nest deeper than {_MAX_DEPTH} levels")
+def _parse(node: Any, depth: int, counted: list[int]) -> Comparison | Logical:
+    """``node`` checked and parsed; ``counted[0]`` counts the conditions met so far."""
+    if depth > MAX_DEPTH:
+        raise ValueError(
+            f"filters nest deeper than {MAX_DEPTH} levels: flatten the AND, OR and NOT "
+            "operators (an AND inside an AND is one AND)"
+        )
     if not isinstance(node, dict):
         raise ValueError(f"a filter condition must be a dict, got {type(node).__name__} {node!r}")
-    if "field" in node:
-        return _parse_comparison(node)
+    parsed = _parse_comparison(node) if "field" in node else None
+    counted[0] += 1 if parsed is None else _conditions(parsed)
+    if counted[0] > MAX_CONDITIONS:
+        raise ValueError(
+            f"the filter holds more than {MAX_CONDITIONS} conditions: match many values "
+            "with one 'in' list of strings or numbers"
+        )
+    if parsed is not None:
+        return parsed
     if "operator" not in node:
         raise ValueError(
             f"filter {_short(node)} has neither 'field' nor 'operator': a comparison needs "
@@ -235,7 +254,15 @@ def _parse(node: Any, depth: int) -> Comparison | Logical:
         raise ValueError(
             f"'conditions' of {operator} must be a list, got {type(conditions).__name__}"
         )
-    return Logical(operator, tuple(_parse(c, depth + 1) for c in conditions))
+    return Logical(operator, tuple(_parse(c, depth + 1, counted) for c in conditions))
+
+
+def _conditions(node: Comparison) -> int:
+    """The terms a comparison compiles to: one, and one more for each None, list or object
+    in an ``in`` list (strings and numbers are matched as one term)."""
+    if node.operator not in ("in", "not in"):
+        return 1
+    return 1 + sum(not isinstance(v, (str, bool, int, float)) for v in node.value)
 
 
 def _parse_comparison(node: dict) -> Comparison:
@@ -254,6 +281,11 @@ def _parse_comparison(node: dict) -> Comparison:
     for item in value if isinstance(value, list) else [value]:
         if isinstance(item, float) and not math.isfinite(item):
             raise ValueError(f"filter {where} compares with {item}: use a finite number")
+        if isinstance(item, int) and not INT_RANGE[0] <= item <= INT_RANGE[1]:
+            raise ValueError(
+                f"filter {where} compares with an integer outside the 64-bit range (-2**63 "
+                "to 2**63-1): write it as a float (9.3e18, not 9300000000000000000)"
+            )
     if operator in ("==", "!="):
         _check_equal_value(value)
     elif operator in ("in", "not in"):
@@ -317,22 +349,31 @@ def _check_ordering_value(value: Any, where: str) -> None:
 # -- SQLite: the embedded store --------------------------------------------------------------
 
 
-def _sql(node: Comparison | Logical, params: list) -> str:
+def _sql(node: Comparison | Logical, params: list, negated: bool = False) -> str:
+    """The clause of ``node`` (of its negation when ``negated``), with NOTs pushed down to
+    the comparisons: a negated AND is the OR of the negated conditions and the reverse, so
+    that a chain of NOTs adds no nesting. A comparison's NULL means false (the negation of a
+    comparison folds it: :func:`_negate`), so these laws hold as in Python."""
     if isinstance(node, Logical):
-        parts = [_sql(c, params) for c in node.conditions]
-        if node.operator == "OR":
-            return "(" + " OR ".join(parts) + ")" if parts else "0"
-        conjunction = "(" + " AND ".join(parts) + ")" if parts else "1"
-        return _negate(conjunction) if node.operator == "NOT" else conjunction
+        operator = node.operator
+        if operator == "NOT":  # NOT is the negated AND
+            operator, negated = "AND", not negated
+        if negated:
+            operator = "OR" if operator == "AND" else "AND"
+        parts = [_sql(c, params, negated) for c in node.conditions]
+        if not parts:
+            return "1" if operator == "AND" else "0"
+        return parts[0] if len(parts) == 1 else "(" + f" {operator} ".join(parts) + ")"
     value_sql, type_sql = _sql_of(node.column, node.path)
     operator, value = node.operator, node.value
     if operator in ("==", "!="):
         sql = _scalar_equal(value_sql, type_sql, value, params)
-        return _negate(sql) if operator == "!=" else sql
+        return _negate(sql) if (operator == "!=") != negated else sql
     if operator in ("in", "not in"):
         sql = _member(value_sql, type_sql, value, params)
-        return _negate(sql) if operator == "not in" else sql
-    return _ordering(value_sql, type_sql, operator, value, params, f"{node.field} {operator}")
+        return _negate(sql) if (operator == "not in") != negated else sql
+    sql = _ordering(value_sql, type_sql, operator, value, params, f"{node.field} {operator}")
+    return _negate(sql) if negated else sql
 
 
 def _negate(sql: str) -> str:

@@ -64,6 +64,7 @@ import numpy as np
 from densefit.choices import SIMILARITIES, VECTOR_KINDS
 from densefit.data.types import Document
 from densefit.errors import (
+    FREE_SPACE,
     DamagedFileError,
     DiskFullError,
     ReadOnlyStoreError,
@@ -205,12 +206,13 @@ class LocalDocumentStore(StoreCommon):
         db = self.path / DB_NAME
         if not db.is_file():
             raise StoreError(_not_a_store(self.path))
+        self._table = None
         try:
             self._open(db, backend=backend, rescore=rescore, read_only=read_only)
-        except (OSError, sqlite3.Error) as exc:
-            if getattr(self, "_table", None) is not None:
+        except BaseException as exc:
+            if self._table is not None:
                 self._table.close()
-            fault = self._fault(exc)
+            fault = self._fault(exc) if isinstance(exc, (OSError, sqlite3.Error)) else None
             if fault is None:
                 raise
             raise fault from None
@@ -218,7 +220,6 @@ class LocalDocumentStore(StoreCommon):
     def _open(self, db: Path, *, backend, rescore, read_only: bool) -> None:
         """Open the database (read-only when asked, or when this process may not write the
         folder), check that it is whole, and load the committed state."""
-        self._table = None
         why = "opened read-only" if read_only else _unwritable(self.path)
         # one connection shared by threads, under self._lock
         self._table = DocumentTable(db, read_only=why is not None)
@@ -848,7 +849,13 @@ class LocalDocumentStore(StoreCommon):
     # -- internals -------------------------------------------------------------------------
 
     def _check_writable(self) -> None:
-        """:class:`~densefit.errors.ReadOnlyStoreError` unless this store may be written."""
+        """:class:`~densefit.errors.ReadOnlyStoreError` unless this store may be written
+        (:class:`~densefit.errors.DiskFullError` when it opened read-only for a full disk)."""
+        if self._table.full_disk:
+            raise DiskFullError(
+                f"{self.path}: the disk is full ({self.read_only}): {FREE_SPACE}; searching the "
+                "store works meanwhile"
+            )
         if self.read_only:
             raise ReadOnlyStoreError(
                 f"{self.path} is read-only ({self.read_only}): searching it works; to change "

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from densefit.choices import VECTOR_KINDS
+from densefit.errors import RESTORE, DamagedFileError
 from densefit.retrieval.index.base import VectorBackend
 from densefit.retrieval.index.exact import ExactBackend, exact_search
 from densefit.retrieval.index.faiss_backend import FaissBackend
@@ -73,8 +74,18 @@ class VectorFile:
             while written < len(view):
                 written += os.pwrite(fd, view[written:], offset + written)
             os.fsync(fd)
+        except OSError as exc:  # a full disk: say which file
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         finally:
             os.close(fd)
+
+    def drop_uncommitted(self, rows: int) -> int:
+        """Cut the file after its first ``rows`` rows (the committed ones; the caller holds
+        the write lock); returns the bytes dropped."""
+        extra = self.path.stat().st_size - rows * self.row_bytes if self.path.exists() else 0
+        if extra > 0:
+            os.truncate(self.path, rows * self.row_bytes)
+        return max(extra, 0)
 
     def view(self, rows: int) -> np.ndarray:
         """A read-only ``(rows, dim)`` memory map of the first ``rows`` rows."""
@@ -82,9 +93,9 @@ class VectorFile:
             return np.zeros((0, self.dim), dtype=self.dtype)
         on_disk = self.rows_on_disk()
         if on_disk < rows:
-            raise OSError(
-                f"{self.path} holds {on_disk} vectors but the store committed {rows}: the "
-                "vector file was truncated or replaced outside densefit; re-index into a new store"
+            raise DamagedFileError(
+                f"{self.path}: the file holds {on_disk:,} vectors but the store committed "
+                f"{rows:,} (it was cut or replaced outside densefit): {RESTORE}"
             )
         return np.memmap(self.path, dtype=self.dtype, mode="r", shape=(rows, self.dim))
 
@@ -162,6 +173,7 @@ class CommittedVectors:
         self.n_rows = 0
         self.alive = np.zeros(0, dtype=bool)
         self.file: VectorFile | None = None
+        self.finite_rows = 0  # rows of this generation's file known to be finite
 
     def file_for(self, generation: int, dim: int | None = None) -> VectorFile:
         """The vector file of ``generation`` (``vectors-<gen>.f32`` or ``.f16``), of
@@ -174,6 +186,7 @@ class CommittedVectors:
     def use_generation(self, generation: int) -> None:
         """Write to ``generation``'s file from now on (another process compacted)."""
         self.file = self.file_for(generation)
+        self.finite_rows = 0
 
     def load(self, *, n_rows: int, generation: int, live_rows) -> None:
         """Take the committed state: ``n_rows`` rows, of which ``live_rows`` are alive."""
@@ -188,8 +201,9 @@ class CommittedVectors:
                 kind=self.kind,
                 rescore=self.rescore,
             )
-            self.generation = generation
+            self.generation, self.finite_rows = generation, 0
         self.n_rows, self.alive = n_rows, alive
+        self._check_finite()
         self.backend.update(self.view(), alive)
 
     def after_write(self, *, dead: list[int], n_rows: int) -> None:
@@ -199,7 +213,23 @@ class CommittedVectors:
             alive = np.concatenate([alive, np.ones(n_rows - len(alive), dtype=bool)])
         alive[dead] = False
         self.alive, self.n_rows = alive, n_rows
+        self.finite_rows = n_rows  # checked before they were written
         self.backend.update(self.view(), alive)
+
+    def _check_finite(self) -> None:
+        """:class:`~densefit.errors.DamagedFileError` when a committed row not checked yet
+        holds NaN or infinity, which densefit never writes (a file changed outside it)."""
+        view = self.view()
+        for start in range(self.finite_rows, self.n_rows, _SUBSET_CHUNK):
+            block = np.asarray(view[start : start + _SUBSET_CHUNK])
+            bad = np.flatnonzero(~np.isfinite(block).all(axis=1))
+            if len(bad):
+                raise DamagedFileError(
+                    f"{self.file.path}: vector row {start + int(bad[0]):,} holds NaN or "
+                    "infinite values, which densefit never writes (the file was changed "
+                    f"outside densefit): {RESTORE}"
+                )
+        self.finite_rows = self.n_rows
 
     def view(self, rows: int | None = None) -> np.ndarray:
         """The committed rows (a read-only memory map)."""
