@@ -154,8 +154,11 @@ def _one_level(n: int, operator: str, leaf: dict) -> dict:
 
 
 def _conditions(tree: dict) -> int:
+    """What the validator counts (MAX_CONDITIONS): every comparison and logical operator,
+    and each None, list or object in an ``in`` list."""
     if "field" in tree:
-        return filters._conditions(filters.parse_filters(tree))
+        listed = tree["value"] if tree["operator"] in ("in", "not in") else []
+        return 1 + sum(not isinstance(v, (str, bool, int, float)) for v in listed)
     return 1 + sum(_conditions(c) for c in tree["conditions"])
 
 

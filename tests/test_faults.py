@@ -710,3 +710,26 @@ def test_corpus_rows_give_meta_and_metadata_and_warn_once_about_other_fields(app
     assert result.output.count("not read") == 1 and "'url' not read" in result.output
     with open_store(str(store), create=False) as opened:
         assert [d.meta for d in opened.get(["a", "b", "c"])] == [{"x": 1}, {"x": 2}, {"x": 3}]
+
+
+def test_a_bug_is_a_500_naming_the_error_and_the_server_serves_on(tmp_path, model, caplog):
+    """What is not the request's or the machine's fault is a bug: 500 naming the error (not
+    only its class), the traceback in the server's log, the next request answered."""
+    import errno
+
+    target = build(str(tmp_path / "store"), model)
+    store = open_store(target, model)
+    raised = iter([RuntimeError("the writer broke"), OSError(errno.EBADF, "Bad file descriptor")])
+
+    def broken(*args, **kwargs):
+        raise next(raised)
+
+    store.write = broken
+    body = {"documents": [{"id": "x", "text": "cells"}]}
+    with TestClient(create_app(store, model), raise_server_exceptions=False) as client:
+        first, second = client.post("/documents", json=body), client.post("/documents", json=body)
+        assert first.status_code == second.status_code == 500
+        assert error_of(first).startswith("internal error: RuntimeError: the writer broke (a bug")
+        assert error_of(second).startswith("internal error: OSError: [Errno 9] Bad file descriptor")
+        assert client.post("/search", json={"query": "cells", "filters": EN}).status_code == 200
+    assert any(r.name == "densefit.serve" and r.exc_info for r in caplog.records)

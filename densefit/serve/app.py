@@ -14,7 +14,9 @@ no downtime, :mod:`densefit.serve.swap`; only with an API key), ``GET /health``,
   JSON-typed body to another site without the server's consent, so a page cannot write to a
   local server that needs no key), and the metrics. Bad requests get a 4xx saying what is
   wrong (:mod:`densefit.serve.errors`: the statuses, and each API's error shape); every text
-  is checked as the data readers check theirs; the server keeps serving. No request value is
+  is checked as the data readers check theirs; the server keeps serving. A full disk, a
+  read-only or damaged store file gets its status and one message naming the file (507, 403,
+  503); only a bug is a 500. No request value is
   used as a filesystem path: the store is the one given at start, ids and texts only reach
   SQLite as bound parameters.
 """
@@ -26,6 +28,7 @@ import functools
 import hmac
 import json
 import logging
+import sqlite3
 import time
 from collections import defaultdict
 from contextlib import asynccontextmanager
@@ -505,19 +508,30 @@ def _add_error_handlers(app, metrics: Metrics) -> None:
     async def machine(request: Request, exc: StorageFault):
         return _error(request.url.path, exc.status, str(exc))
 
-    @app.exception_handler(Exception)
-    async def crashed(request: Request, exc: Exception):
+    async def system_error(request: Request, exc: Exception):
         fault = storage_fault(exc)  # a full disk, a read-only or damaged file: not a bug
         if fault is not None:
             return _error(request.url.path, fault.status, str(fault))
         _log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-        why = " ".join(str(exc).split())[:300]
-        return _error(
-            request.url.path,
-            500,
-            f"internal error: {exc.__class__.__name__}{': ' + why if why else ''} (a bug; the "
-            "server's log holds the traceback)",
-        )
+        return _internal_error(request.url.path, exc)
+
+    app.exception_handler(OSError)(system_error)
+    app.exception_handler(sqlite3.Error)(system_error)
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception):
+        # a bug: Starlette raises it again after this answer, and the server logs its traceback
+        return _internal_error(request.url.path, exc)
+
+
+def _internal_error(path: str, exc: Exception) -> JSONResponse:
+    why = " ".join(str(exc).split())[:300]
+    return _error(
+        path,
+        500,
+        f"internal error: {exc.__class__.__name__}{': ' + why if why else ''} (a bug; the "
+        "server's log holds the traceback)",
+    )
 
 
 def _check_texts(texts: str | list[str], what: str, config: ServeConfig) -> None:

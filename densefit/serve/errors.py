@@ -2,7 +2,9 @@
 
 Every route refuses with the same status for the same fault (400 unparseable JSON, 401 API
 key, 403 writes disabled, 413 over a limit, 415 a body that is not declared JSON, 422 a field
-that is wrong), and words it in the shape its clients parse:
+that is wrong; the machine's faults, :class:`~densefit.errors.StorageFault`, their own: 507 a
+full disk, 403 a read-only store, 503 a damaged file), and words it in the shape its clients
+parse:
 
 - ``/v1/...`` (OpenAI's API): ``{"error": {"message", "type", "param", "code"}}``, so that
   OpenAI's client libraries raise their usual exceptions with the message;
