@@ -73,7 +73,8 @@ class Fusion:
             return reciprocal_rank_fusion(keys, top_k, rrf_k=self.rrf_k)
         if scores is None:
             raise ValueError("weighted fusion needs the scores of each list")
-        weights = [self.alpha, 1 - self.alpha] if len(keys) == 2 else [1 / len(keys)] * len(keys)
+        n = len(keys)
+        weights = [self.alpha, 1 - self.alpha] if n == 2 else [1 / n] * n if n else []
         return weighted_fusion(keys, scores, weights, top_k)
 
     def scaled(self, fused: np.ndarray, lists: int = 2) -> np.ndarray:
