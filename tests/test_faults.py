@@ -382,6 +382,10 @@ CLI_FAULTS = {
         "full disk", lambda t, d: ["index", d / "more.jsonl", "--model", d / "model", "--store", t],
         3, "the disk is full",
     ),
+    "full disk: index into a new store": (
+        "full disk", lambda t, d: ["index", d / "more.jsonl", "--model", d / "model", "--store", _beside(t, "new")],
+        3, "the disk is full",
+    ),
     "full disk: BM25 search": (
         "full disk", lambda t, d: ["search", "--store", t, "cells", "--json", "--mode", "bm25"], 0, '"doc-',
     ),
@@ -399,6 +403,11 @@ CLI_FAULTS = {
         3, "the metadata of 1 document ('doc-0003') is not valid JSON",
     ),
 }  # fmt: skip
+
+
+def _beside(target: str, name: str) -> str:
+    """The target of a store called ``name`` in the folder of ``target``'s."""
+    return target.rsplit("/", 1)[0] + "/" + name
 
 
 def _cases(table: dict) -> list:

@@ -88,8 +88,11 @@ def writer_lock(
             break
         os.close(fd)  # its holder removed it as it let go: lock the file there now
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}".encode(), 0)
+        try:  # who holds it, for the message of a process that waits: a courtesy
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}".encode(), 0)
+        except OSError:  # a full disk: the lock holds all the same
+            pass
         yield
     finally:
         try:

@@ -280,8 +280,14 @@ class LocalDocumentStore(StoreCommon):
         temporary = path is None
         folder = Path(tempfile.mkdtemp(prefix="densefit-store-")) if temporary else Path(path)
         _check_new_folder(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_new_database(folder / DB_NAME, record.to_meta())
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_new_database(folder / DB_NAME, record.to_meta())
+        except (OSError, sqlite3.Error) as exc:  # a full disk, a read-only file system
+            fault = storage_fault(exc, folder / DB_NAME)
+            if fault is None:
+                raise
+            raise fault from None
         store = cls(folder, backend=backend, rescore=rescore)
         if temporary:
             store._cleanup = weakref.finalize(store, shutil.rmtree, folder, True)
