@@ -64,7 +64,7 @@ def test_three_lists_weigh_a_third_each():
 
 
 def test_weighted_fusion_needs_one_weight_and_one_score_list_per_list():
-    with pytest.raises(ValueError, match="weighted fusion needs the scores of each list"):
+    with pytest.raises(ValueError, match="^weighted fusion needs the scores of each list$"):
         Fusion(method="weighted").fuse([np.array([1])], 1)
     with pytest.raises(ValueError):  # zip(strict=True): a list without its scores
         weighted_fusion([np.array([1]), np.array([2])], [np.array([1.0])], [0.5, 0.5], 2)
