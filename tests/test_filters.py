@@ -18,6 +18,7 @@ from densefit.retrieval.index.documents import DB_NAME
 from densefit.retrieval.index.exact import ExactBackend, exact_search
 from densefit.retrieval.index.filters import compile_filters, meta_index_sql
 from densefit.retrieval.index.searching import scaled_scores
+from densefit.retrieval.index.settings import StoreRecord
 from densefit.retrieval.index.vectors import search_rows
 
 needs_haystack = pytest.mark.skipif(
@@ -301,12 +302,15 @@ def test_sql_agrees_with_haystacks_evaluator_on_random_filters(deepest):
 # -- stores: the top k of the matches, at scale ----------------------------------------------
 
 
+def _record(dim: int) -> StoreRecord:
+    """What a store of random ``dim``-d vectors records (no model made them)."""
+    return StoreRecord("random", dim, "cosine", "float32", np.zeros((3, dim), np.float32), None)
+
+
 def _random_store(n: int, dim: int, *, rare_every: int, backend: str = "exact"):
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((n, dim)).astype(np.float32)
-    store = LocalDocumentStore.create(
-        None, model_name="random", dim=dim, fingerprint=np.zeros((3, dim)), backend=backend
-    )
+    store = LocalDocumentStore.create(None, _record(dim), backend=backend)
     docs = [
         Document(f"d{i:06d}", f"doc {i}", meta={"rare": i % rare_every == 0, "bucket": i % 7})
         for i in range(n)
@@ -593,9 +597,7 @@ def test_empty_filters_are_no_filter_and_bad_ones_are_refused_when_normalised():
 def test_a_stored_list_of_non_ascii_texts_matches_in_a_real_store(tmp_path):
     """The store's own metadata encoding and the compiled filter agree (list equality
     compares JSON text: both sides must escape alike)."""
-    store = LocalDocumentStore.create(
-        tmp_path / "s", model_name="random", dim=4, fingerprint=np.zeros((3, 4))
-    )
+    store = LocalDocumentStore.create(tmp_path / "s", _record(4))
     try:
         docs = [Document("a", "x", meta={"tags": ["Straße", "日本"], "city": "München"}),
                 Document("b", "y", meta={"tags": ["Strasse"], "city": "Munchen"})]  # fmt: skip
