@@ -274,6 +274,7 @@ def test_serve_embeds_queries_and_inputs_with_its_runtime(model_dir, tmp_path, m
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
+    import densefit.retrieval.index.searching as searching
     import densefit.serve.app as serve_app
     import densefit.serve.embeddings as serve_embeddings
     from densefit.models import load_model
@@ -287,7 +288,7 @@ def test_serve_embeds_queries_and_inputs_with_its_runtime(model_dir, tmp_path, m
     with open_store(tmp_path / "store", model) as store:
         index_documents(store, model, make_corpus(40))
     used = []
-    for module in (serve_app, serve_embeddings):
+    for module in (searching, serve_embeddings):  # /search queries, /v1/embeddings inputs
         real = module.encode_texts
 
         def spy(*args, _real=real, **kwargs):

@@ -76,7 +76,7 @@ def test_query_text_through_onnx_ranks_as_torch(store, model, monkeypatch):
     """Given only the query text, both retrievers embed it with the store's model through
     their runtime: onnx (and auto, which picks the onnx export) return the documents and
     scores a torch-embedded query gets."""
-    import densefit.integrations.haystack as integration
+    import densefit.retrieval.index.searching as searching  # where every query is embedded
 
     used: list[str] = []
 
@@ -84,7 +84,7 @@ def test_query_text_through_onnx_ranks_as_torch(store, model, monkeypatch):
         used.append(kwargs["runtime"].name)
         return encode_texts(model, texts, **kwargs)
 
-    monkeypatch.setattr(integration, "encode_texts", spying)
+    monkeypatch.setattr(searching, "encode_texts", spying)
     for query in QUERIES:
         vector = encode_texts(model, [query], prompt_name="query")[0].tolist()
         want = DensefitEmbeddingRetriever(store, top_k=5).run(query_embedding=vector)

@@ -607,6 +607,7 @@ def _fastest_attention(module: torch.nn.Module, device: torch.device) -> str:
     setter = getattr(module, "set_attn_implementation", None)
     if device.type == "cuda" and setter is not None:
         try:
+            # only on CUDA: the check imports flash-attn's probing, kept off CPU paths
             from transformers.utils import is_flash_attn_2_available
 
             if is_flash_attn_2_available():

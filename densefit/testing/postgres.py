@@ -31,7 +31,7 @@ ENV = "DENSEFIT_TEST_POSTGRES"
 def _skip(reason: str):
     """Skip the test (inside pytest) or fail with ``reason`` (anywhere else)."""
     try:
-        import pytest
+        import pytest  # the helpers also run outside pytest (benchmarks)
     except ImportError:
         raise RuntimeError(reason) from None
     pytest.skip(reason)
@@ -49,7 +49,7 @@ def postgres_server(folder: str | os.PathLike) -> Iterator[str]:
         yield given
         return
     try:
-        import pgserver
+        import pgserver  # a test-only extra: densefit[test]
     except ImportError:
         _skip(f"pgserver is not installed (pip install pgserver), and {ENV} names no server")
     data = Path(folder) / "pgdata"
@@ -71,7 +71,7 @@ def _create_extension(uri: str, *, throwaway: bool = False) -> None:
     """``CREATE EXTENSION vector``; on a ``throwaway`` server (its data deleted after the
     tests) commits are not flushed to disk: the tests kill clients, never the server."""
     try:
-        import psycopg
+        import psycopg  # an optional extra: densefit[postgres]
     except ImportError:
         _skip("psycopg is not installed: pip install 'densefit[postgres]'")
     with psycopg.connect(uri, autocommit=True) as conn:

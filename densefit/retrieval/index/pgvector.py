@@ -177,7 +177,7 @@ _INSTALL = "pip install 'densefit[postgres]'"
 def _psycopg():
     """``import psycopg``, or an ImportError that says what to install."""
     try:
-        import psycopg
+        import psycopg  # an optional extra: densefit[postgres]
     except ImportError:
         raise ImportError(f"PostgreSQL stores need psycopg and pgvector: {_INSTALL}") from None
     return psycopg
@@ -187,8 +187,8 @@ def _pgvector():
     """pgvector's Python types and their psycopg adapters, or an ImportError saying what to
     install."""
     try:
-        import pgvector
-        from pgvector.psycopg import register_vector
+        import pgvector  # an optional extra: densefit[postgres]
+        from pgvector.psycopg import register_vector  # the same extra
     except ImportError:
         raise ImportError(f"PostgreSQL stores need psycopg and pgvector: {_INSTALL}") from None
     return pgvector, register_vector

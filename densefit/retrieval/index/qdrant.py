@@ -227,7 +227,7 @@ _SHOWN = ["id", "text", "title", "meta", "seq"]  # the payload a search hit need
 def _client_module():
     """``qdrant_client``, or an ImportError saying what to install."""
     try:
-        import qdrant_client
+        import qdrant_client  # an optional extra: densefit[qdrant]
     except ImportError:
         raise ImportError(
             "the Qdrant engine needs qdrant-client: pip install 'densefit[qdrant]'"
@@ -237,7 +237,7 @@ def _client_module():
 
 def _models():
     _client_module()
-    from qdrant_client import models
+    from qdrant_client import models  # the optional extra, checked just above
 
     return models
 
@@ -448,6 +448,7 @@ def _requests(target: QdrantTarget) -> Iterator[None]:
 
 
 def _is_request_error(exc: Exception) -> bool:
+    # the optional extra (densefit[qdrant]), installed once a Qdrant store is open
     from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
     return isinstance(exc, (ResponseHandlingException, UnexpectedResponse, ConnectionError))
