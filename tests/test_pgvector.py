@@ -48,7 +48,7 @@ from densefit.retrieval.index.indexing import index_documents  # noqa: E402
 from densefit.retrieval.index.locking import StoreLockedError  # noqa: E402
 from densefit.retrieval.index.settings import StoreRecord, record_for  # noqa: E402
 from densefit.retrieval.index.swap import reembed_store  # noqa: E402
-from densefit.testing import tiny_model  # noqa: E402
+from densefit.testing import SWAP_QUERIES, save_swap_models, swap_corpus, tiny_model  # noqa: E402
 from densefit.testing.conformance import (  # noqa: E402
     StoreConformance,
     make_corpus,
@@ -618,25 +618,12 @@ def test_a_writer_killed_mid_transaction_leaves_the_last_commit_and_indexing_res
 
 # -- a model swap (densefit reembed): the next generation's vector table ------------------------
 
-SWAP_WORDS = "cell protein python kernel socket river bread music zebra vitamin bone signal".split()
-SWAP_QUERIES = ["cell protein", "python socket", "zebra river music", "vitamin bone"]
-
-
-def _swap_corpus(n: int, seed: int = 0) -> list[Document]:
-    rng = random.Random(seed)
-    return [
-        Document(f"d{i}", " ".join(rng.choices(SWAP_WORDS, k=6)), meta={"n": i}) for i in range(n)
-    ]
-
 
 @pytest.fixture(scope="module")
 def swap_models(tmp_path_factory) -> dict[str, str]:
     """Saved tiny models: ``old``, ``new`` (another seed, same size) and ``wide`` (48-d)."""
-    folder = tmp_path_factory.mktemp("swap-models")
-    made = {"old": {}, "new": {"seed": 7}, "wide": {"seed": 3, "hidden_size": 48}}
-    for name, kwargs in made.items():
-        tiny_model(folder / f"build-{name}", **kwargs).save(str(folder / name))
-    return {name: str(folder / name) for name in made}
+    made = save_swap_models(tmp_path_factory.mktemp("swap-models"))
+    return {name: str(path) for name, path in made.items()}
 
 
 @pytest.fixture
@@ -644,7 +631,7 @@ def swap_store(target, swap_models) -> str:
     """A PostgreSQL store of 40 documents indexed by the ``old`` model; its target."""
     old = load_model(swap_models["old"])
     with open_store(target, old) as store:
-        index_documents(store, old, _swap_corpus(40))
+        index_documents(store, old, swap_corpus(40))
     return target
 
 
@@ -698,13 +685,13 @@ def test_a_swap_equals_a_fresh_index_with_the_new_model(
         report = reembed_store(store, new, commit_every=7)
         assert report.switched and not report.resumed and report.embedded == 40
         assert store.dim == new.get_embedding_dimension() and store.model_generation == 1
-        _equals_fresh(store, new, _swap_corpus(40))
+        _equals_fresh(store, new, swap_corpus(40))
         with pytest.raises(ModelMismatchError):  # the old model no longer made these vectors
             store.check_model(old)
     # Another store object (a server's, another process's) sees the new model, and the HNSW
     # index the swap built for it.
     with open_store(swap_store, new) as store:
-        _equals_fresh(store, new, _swap_corpus(40))
+        _equals_fresh(store, new, swap_corpus(40))
         assert _swap_ranking(store, new) != before
         assert store.info()["hnsw_deferred"] is False
     assert _vector_tables(postgres_uri, swap_store) == ["v1"]  # the old one dropped
@@ -716,10 +703,10 @@ def test_a_swap_equals_a_fresh_index_with_the_new_model(
 def test_a_binary_store_swaps_its_vectors_and_codes(target, swap_models):
     old, new = load_model(swap_models["old"]), load_model(swap_models["wide"])
     with open_store(target, old, vectors="binary", rescore=64) as store:  # rescores all 40
-        index_documents(store, old, _swap_corpus(40))
+        index_documents(store, old, swap_corpus(40))
         assert reembed_store(store, new, commit_every=9).switched
         assert store.vector_kind == "binary" and store.dim == 48
-        _equals_fresh(store, new, _swap_corpus(40))  # float32 kept beside the codes
+        _equals_fresh(store, new, swap_corpus(40))  # float32 kept beside the codes
         with pytest.raises(StoreError, match="binary store swaps to binary vectors"):
             store.begin_swap(record_for(old, "float32"))
 
@@ -747,7 +734,7 @@ def test_the_old_model_serves_until_the_switch_and_stale_queries_are_refused(
         assert report.resumed and report.embedded == 15
         with pytest.raises(ModelSwappedError):  # queries embedded for the old model
             _swap_ranking(store, old, model_generation=0)
-        fresh = _fresh(new, _swap_corpus(40))
+        fresh = _fresh(new, swap_corpus(40))
         _same_ranking(_swap_ranking(store, new, model_generation=1), _swap_ranking(fresh, new))
 
 
@@ -756,7 +743,7 @@ def test_writes_and_deletes_during_a_swap_reach_both_generations(swap_store, swa
     document rewritten after its chunk committed loses the next vector of its old text, and
     ends with the new model's vector of its new text."""
     old, new = load_model(swap_models["old"]), load_model(swap_models["new"])
-    docs = {d.id: d for d in _swap_corpus(40)}
+    docs = {d.id: d for d in swap_corpus(40)}
     with open_store(swap_store, backend="exact") as store:
         target, _ = store.begin_swap(record_for(new, store.vector_kind))
         pending = store.swap_pending(-1, 30)
@@ -813,7 +800,7 @@ def test_another_store_object_follows_the_switch(swap_store, swap_models):
         with pytest.raises(ModelSwappedError, match="switched to the model"):
             searcher.search(queries, 5, model_generation=0)
         assert searcher.model_generation == 1 and searcher.dim == 48
-        fresh = _fresh(new, _swap_corpus(40))
+        fresh = _fresh(new, swap_corpus(40))
         _same_ranking(_swap_ranking(searcher, new, model_generation=1), _swap_ranking(fresh, new))
         doc = Document("late", "python kernel")
         with pytest.raises(ModelSwappedError, match="switched to the model"):
@@ -839,7 +826,7 @@ def test_a_swap_to_another_model_starts_afresh_and_cancel_drops_it(
         store.write_swap(target, [(r, i) for r, i, _ in pending], vectors)
         assert _vector_tables(postgres_uri, swap_store) == ["v0", "v1"]
         with pytest.raises(StoreError, match="model swap"):
-            index_documents(store, old, _swap_corpus(40), reembed=True)
+            index_documents(store, old, swap_corpus(40), reembed=True)
         assert store.cancel_swap()
         assert store.info()["swap"] is None and not store.cancel_swap()
         assert _vector_tables(postgres_uri, swap_store) == ["v0"]
@@ -849,7 +836,7 @@ def test_a_swap_to_another_model_starts_afresh_and_cancel_drops_it(
         store.begin_swap(record_for(new, store.vector_kind))
         report = reembed_store(store, wide)  # another model than the swap under way
         assert not report.resumed and report.embedded == 40
-        _equals_fresh(store, wide, _swap_corpus(40))
+        _equals_fresh(store, wide, swap_corpus(40))
     assert len(_vector_tables(postgres_uri, swap_store)) == 1
 
 
@@ -915,7 +902,7 @@ def test_a_sigkill_anywhere_leaves_the_old_model_serving_and_the_swap_resumable(
             assert store.info()["swap"]["dim"] == 48
         report = reembed_store(store, new, commit_every=5)
         assert report.switched and report.resumed is not switched
-        _equals_fresh(store, new, _swap_corpus(40))
+        _equals_fresh(store, new, swap_corpus(40))
     assert len(_vector_tables(postgres_uri, swap_store)) == 1
 
 
@@ -958,7 +945,7 @@ def test_searches_during_an_admin_swap_all_succeed_and_end_on_the_new_model(
         assert statuses and set(statuses) == {200}, statuses[:20]
         assert client.get("/health", headers=key).json()["dim"] == 48
         got = client.post("/search", json={"query": SWAP_QUERIES, "k": 5}, headers=key).json()
-    docs = [*_swap_corpus(40), Document("w1", new_doc["text"])]
+    docs = [*swap_corpus(40), Document("w1", new_doc["text"])]
     want = _swap_ranking(_fresh(new, docs), new)
     _same_ranking([[(h["id"], h["score"]) for h in r["hits"]] for r in got["results"]], want)
 
@@ -975,7 +962,7 @@ def test_densefit_reembed_swaps_a_postgresql_store(swap_store, swap_models):
     report = json.loads(result.stdout)
     assert report["switched"] and report["embedded"] == 40 and report["documents"] == 40
     with open_store(swap_store, backend="exact") as store:
-        _equals_fresh(store, load_model(swap_models["new"]), _swap_corpus(40))
+        _equals_fresh(store, load_model(swap_models["new"]), swap_corpus(40))
         assert store.info()["model_swaps"] == 1
     cancelled = runner.invoke(app, ["reembed", "--store", swap_store, "--cancel"])
     assert cancelled.exit_code == 0 and "no model swap under way" in cancelled.output

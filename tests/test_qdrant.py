@@ -34,6 +34,7 @@ from densefit.retrieval.index.base import (  # noqa: E402
 from densefit.retrieval.index.engines import open_store  # noqa: E402
 from densefit.retrieval.index.locking import StoreLockedError  # noqa: E402
 from densefit.retrieval.index.settings import StoreRecord  # noqa: E402
+from densefit.testing import SWAP_QUERIES, save_swap_models, swap_corpus  # noqa: E402
 from densefit.testing.conformance import StoreConformance, make_corpus, with_meta  # noqa: E402
 
 
@@ -713,29 +714,16 @@ def test_closed_store_says_so(tmp_path):
 
 # -- model swaps: blue/green through the collection alias --------------------------------------
 
-SWAP_WORDS = "cell protein python kernel socket river bread music zebra vitamin bone signal".split()
-SWAP_QUERIES = ["cell protein", "python socket", "zebra river music", "vitamin bone"]
-
-
-def _swap_corpus(n: int = 40, seed: int = 0) -> list[Document]:
-    rng = random.Random(seed)
-    return [
-        Document(f"d{i}", " ".join(rng.choices(SWAP_WORDS, k=6)), meta={"n": i}) for i in range(n)
-    ]
-
 
 @pytest.fixture(scope="module")
 def swap_models(tmp_path_factory) -> dict:
     """Saved tiny models, loaded: ``old``, ``new`` (another seed, same size) and ``wide``
     (48-d)."""
     from densefit.models import load_model
-    from densefit.testing import tiny_model
 
     folder = tmp_path_factory.mktemp("qdrant-swap-models")
-    made = {"old": {}, "new": {"seed": 7}, "wide": {"seed": 3, "hidden_size": 48}}
-    for name, kwargs in made.items():
-        tiny_model(folder / f"build-{name}", **kwargs).save(str(folder / name))
-    return {name: load_model(str(folder / name)) for name in made} | {"folder": folder}
+    made = save_swap_models(folder)
+    return {name: load_model(str(path)) for name, path in made.items()} | {"folder": folder}
 
 
 def _embed(model, texts: list[str]) -> np.ndarray:
@@ -794,7 +782,7 @@ def swap_target(tmp_path, swap_models) -> str:
 
     target = f"qdrant:{tmp_path}/q"
     with open_store(target, swap_models["old"]) as store:
-        index_documents(store, swap_models["old"], _swap_corpus())
+        index_documents(store, swap_models["old"], swap_corpus())
     return target
 
 
@@ -813,13 +801,13 @@ def test_a_swap_equals_a_fresh_index_with_the_new_model(
         assert (store.dim, store.model_generation) == (new.get_embedding_dimension(), 1)
         assert store.info()["serving_collection"] == "densefit_g1"
         assert _bm25_ranking(store) == bm25  # the same sparse vectors and average length
-        _assert_equals_fresh(store, new, _swap_corpus(), tmp_path / "fresh")
+        _assert_equals_fresh(store, new, swap_corpus(), tmp_path / "fresh")
         with pytest.raises(ModelMismatchError):  # the old model no longer made these vectors
             store.check_model(old)
     assert _collections(tmp_path / "q") == ["densefit_g1"]  # the old generation dropped
     with open_store(swap_target) as again:  # reopened: the new model, generation 1
         assert again.model_generation == 1 and _ranking(again, new) != before
-        _assert_equals_fresh(again, new, _swap_corpus(), tmp_path / "fresh2")
+        _assert_equals_fresh(again, new, swap_corpus(), tmp_path / "fresh2")
 
 
 def test_the_old_model_serves_until_the_switch_and_stale_queries_are_refused(
@@ -850,7 +838,7 @@ def test_the_old_model_serves_until_the_switch_and_stale_queries_are_refused(
     with open_store(f"qdrant:{tmp_path}/fresh", new) as fresh:
         from densefit.retrieval.index import index_documents
 
-        index_documents(fresh, new, _swap_corpus())
+        index_documents(fresh, new, swap_corpus())
         assert got == _ranking(fresh, new)
 
 
@@ -873,7 +861,7 @@ def test_a_stopped_swap_resumes_after_reopening(tmp_path, swap_models, swap_targ
         assert store.swap_target().record.dim == 48
         report = reembed_store(store, new, commit_every=7)
         assert report.resumed and report.switched and report.embedded == 26
-        _assert_equals_fresh(store, new, _swap_corpus(), tmp_path / "fresh")
+        _assert_equals_fresh(store, new, swap_corpus(), tmp_path / "fresh")
     assert _collections(tmp_path / "q") == ["densefit_g1"]
 
 
@@ -884,7 +872,7 @@ def test_writes_and_deletes_during_a_swap_reach_both_generations(
     from densefit.retrieval.index.swap import reembed_store
 
     old, new = swap_models["old"], swap_models["new"]
-    docs = {d.id: d for d in _swap_corpus()}
+    docs = {d.id: d for d in swap_corpus()}
     with open_store(swap_target) as store:
         target, _ = store.begin_swap(record_for(new, store.vector_kind))
         pending = store.swap_pending(-1, 30)
@@ -1024,7 +1012,7 @@ def test_cancel_drops_the_swap_and_another_model_starts_afresh(tmp_path, swap_mo
         _swap_after_a_chunk(store, new)
         report = reembed_store(store, wide)  # another model than the swap under way
         assert not report.resumed and report.embedded == 40
-        _assert_equals_fresh(store, wide, _swap_corpus(), tmp_path / "fresh")
+        _assert_equals_fresh(store, wide, swap_corpus(), tmp_path / "fresh")
 
 
 def _legacy_store(folder, model, documents: list[Document]) -> str:
@@ -1060,7 +1048,7 @@ def test_a_store_made_before_aliases_works_and_is_migrated_by_its_first_swap(tmp
     from densefit.retrieval.index.swap import reembed_store
 
     old, new = swap_models["old"], swap_models["wide"]
-    target = _legacy_store(tmp_path / "q", old, _swap_corpus())
+    target = _legacy_store(tmp_path / "q", old, swap_corpus())
     with open_store(target, old) as store:
         assert store.info()["serving_collection"] == "densefit"  # the plain collection
         assert store.count() == 40 and store.model_generation == 0
@@ -1069,7 +1057,7 @@ def test_a_store_made_before_aliases_works_and_is_migrated_by_its_first_swap(tmp
         assert report.switched and report.embedded == 40
         assert store.info()["serving_collection"] == "densefit_g1"
         assert _bm25_ranking(store) == bm25
-        _assert_equals_fresh(store, new, _swap_corpus(), tmp_path / "fresh")
+        _assert_equals_fresh(store, new, swap_corpus(), tmp_path / "fresh")
     assert _collections(tmp_path / "q") == ["densefit_g1"]
     client = QdrantClient(path=str(tmp_path / "q"))
     assert [(a.alias_name, a.collection_name) for a in client.get_aliases().aliases] == [
@@ -1140,11 +1128,11 @@ def test_a_swap_killed_anywhere_serves_one_model_and_resumes(
 
     old, new = swap_models["old"], swap_models["wide"]
     if legacy:
-        target = _legacy_store(tmp_path / "q", old, _swap_corpus())
+        target = _legacy_store(tmp_path / "q", old, swap_corpus())
     else:
         target = f"qdrant:{tmp_path}/q"
         with open_store(target, old) as store:
-            index_documents(store, old, _swap_corpus())
+            index_documents(store, old, swap_corpus())
     with open_store(target) as store:
         before = _ranking(store, old)
     _killed_in(target, new, method, n, when)
@@ -1160,7 +1148,7 @@ def test_a_swap_killed_anywhere_serves_one_model_and_resumes(
         report = reembed_store(store, new, commit_every=5)
         assert report.switched and report.resumed is not switched
         assert report.embedded == (40 if switched else 40 - (21 if method == "upsert" else 40))
-        _assert_equals_fresh(store, new, _swap_corpus(), tmp_path / "fresh")
+        _assert_equals_fresh(store, new, swap_corpus(), tmp_path / "fresh")
 
 
 def test_a_store_killed_before_its_alias_is_found(tmp_path, swap_models):
@@ -1185,7 +1173,7 @@ def test_densefit_reembed_swaps_a_qdrant_store(tmp_path, swap_models, swap_targe
     assert report["switched"] and report["embedded"] == 40 and report["documents"] == 40
     with open_store(swap_target) as store:
         assert store.info()["serving_collection"] == "densefit_g1"
-        _assert_equals_fresh(store, swap_models["new"], _swap_corpus(), tmp_path / "fresh")
+        _assert_equals_fresh(store, swap_models["new"], swap_corpus(), tmp_path / "fresh")
     cancelled = runner.invoke(app, ["reembed", "--store", swap_target, "--cancel"])
     assert cancelled.exit_code == 0 and "no model swap under way" in cancelled.output
 

@@ -6,7 +6,6 @@ old model serving and the swap resumable. After it, the store equals a fresh ind
 from __future__ import annotations
 
 import json
-import random
 import signal
 import subprocess
 import sys
@@ -23,28 +22,20 @@ from densefit.retrieval.index import LocalDocumentStore, index_documents, open_s
 from densefit.retrieval.index.base import ModelSwappedError, StoreError
 from densefit.retrieval.index.settings import record_for
 from densefit.retrieval.index.swap import reembed_store
-from densefit.testing import tiny_model
+from densefit.testing import SWAP_QUERIES, save_swap_models, swap_corpus
 
 REPO = Path(__file__).resolve().parents[1]
-WORDS = "cell protein python kernel socket river bread music zebra vitamin bone signal".split()
-QUERIES = ["cell protein", "python socket", "zebra river music", "vitamin bone"]
+QUERIES = SWAP_QUERIES
 
 
 def corpus(n: int, seed: int = 0, prefix: str = "d") -> list[Document]:
-    rng = random.Random(seed)
-    return [
-        Document(f"{prefix}{i}", " ".join(rng.choices(WORDS, k=6)), meta={"n": i}) for i in range(n)
-    ]
+    return swap_corpus(n, seed, prefix)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     """Saved tiny models: ``old``, ``new`` (another seed, same size) and ``wide`` (48-d)."""
-    folder = tmp_path_factory.mktemp("swap-models")
-    made = {"old": {}, "new": {"seed": 7}, "wide": {"seed": 3, "hidden_size": 48}}
-    for name, kwargs in made.items():
-        tiny_model(folder / f"build-{name}", **kwargs).save(str(folder / name))
-    return {name: folder / name for name in made}
+    return save_swap_models(tmp_path_factory.mktemp("swap-models"))
 
 
 def ranking(store, model, **kwargs) -> list[list[tuple[str, float]]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import random
 import shutil
 import string
 import tempfile
@@ -18,7 +19,16 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 from transformers import BertConfig, BertModel, BertTokenizerFast
 
-__all__ = ["tiny_model", "write_tiny_vocab", "WORDS"]
+from densefit.data.types import Document
+
+__all__ = [
+    "tiny_model",
+    "write_tiny_vocab",
+    "WORDS",
+    "SWAP_QUERIES",
+    "swap_corpus",
+    "save_swap_models",
+]
 
 # A small closed vocabulary: special tokens, common words, letters and digits, so that any
 # ASCII text tokenizes into something (WordPiece falls back to single characters).
@@ -98,3 +108,28 @@ def tiny_model(
     model = SentenceTransformer(modules=modules, device="cpu")
     model._densefit_name = f"tiny-bert-{hidden_size}x{num_layers}"  # type: ignore[attr-defined]
     return model
+
+
+# -- model swaps: the corpus, queries and models every engine's swap tests share --------------
+
+SWAP_WORDS = "cell protein python kernel socket river bread music zebra vitamin bone signal".split()
+SWAP_QUERIES = ["cell protein", "python socket", "zebra river music", "vitamin bone"]
+
+
+def swap_corpus(n: int = 40, seed: int = 0, prefix: str = "d") -> list[Document]:
+    """``n`` seeded documents of six :data:`SWAP_WORDS` each, ``meta={"n": i}``."""
+    rng = random.Random(seed)
+    return [
+        Document(f"{prefix}{i}", " ".join(rng.choices(SWAP_WORDS, k=6)), meta={"n": i})
+        for i in range(n)
+    ]
+
+
+def save_swap_models(folder: str | Path) -> dict[str, Path]:
+    """Saved tiny models under ``folder``: ``old``, ``new`` (another seed, the same size) and
+    ``wide`` (48-d, so that a swap changes the dimension)."""
+    folder = Path(folder)
+    made = {"old": {}, "new": {"seed": 7}, "wide": {"seed": 3, "hidden_size": 48}}
+    for name, kwargs in made.items():
+        tiny_model(folder / f"build-{name}", **kwargs).save(str(folder / name))
+    return {name: folder / name for name in made}

@@ -36,7 +36,7 @@ from densefit.retrieval.index.base import ModelSwappedError, SearchHit
 from densefit.retrieval.index.engines import require
 from densefit.retrieval.index.filters import normalise_filters
 from densefit.retrieval.index.lexical import BM25_SCALE
-from densefit.retrieval.index.settings import StoreRecord, VectorSettings
+from densefit.retrieval.index.settings import StoreRecord, SwapTarget, VectorSettings
 
 __all__ = [
     "StoreCommon",
@@ -130,6 +130,25 @@ def checked_vectors(record: StoreRecord, documents: list, embeddings: np.ndarray
     if record.vector_kind == "float16" and np.abs(vectors).max(initial=0) > 65504:
         raise ValueError("embeddings exceed the float16 range: use a float32 store")
     return vectors
+
+
+def checked_write(
+    record: StoreRecord,
+    documents: list,
+    embeddings: np.ndarray,
+    swap_embeddings: np.ndarray | None = None,
+    swap_target: SwapTarget | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """A write's vectors for the store's model and, while a swap is under way, the next
+    model's (:func:`checked_vectors` each; ``None`` when no ``swap_embeddings`` came): the
+    checks every engine's :meth:`~densefit.retrieval.index.base.DocumentStore.write` makes
+    before it touches anything."""
+    vectors = checked_vectors(record, documents, embeddings)
+    if swap_embeddings is None:
+        return vectors, None
+    if swap_target is None:
+        raise ValueError("swap_embeddings need the swap_target they were made for")
+    return vectors, checked_vectors(swap_target.record, documents, swap_embeddings)
 
 
 def checked_documents(documents: Sequence[Document]) -> None:

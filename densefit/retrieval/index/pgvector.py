@@ -108,7 +108,7 @@ from densefit.retrieval.index.base import (
     StoreError,
     WriteResult,
 )
-from densefit.retrieval.index.common import checked_documents, checked_vectors
+from densefit.retrieval.index.common import checked_documents, checked_vectors, checked_write
 from densefit.retrieval.index.database import DatabaseStore, StoredRow
 from densefit.retrieval.index.engines import redacted
 from densefit.retrieval.index.filters import (
@@ -889,12 +889,9 @@ class PostgresStore(DatabaseStore):
         documents = list(documents)
         with self._lock:  # the model the caller embedded for, as this object last read it
             record, prepared_for = self._record, self.model_generation
-        vectors = checked_vectors(record, documents, embeddings)
-        next_vectors = None
-        if swap_embeddings is not None:
-            if swap_target is None:
-                raise ValueError("swap_embeddings need the swap_target they were made for")
-            next_vectors = checked_vectors(swap_target.record, documents, swap_embeddings)
+        vectors, next_vectors = checked_write(
+            record, documents, embeddings, swap_embeddings, swap_target
+        )
         if not documents:
             return WriteResult()
         rows = [StoredRow.of(d) for d in documents]

@@ -157,7 +157,7 @@ from densefit.retrieval.index.base import (
     StoreError,
     WriteResult,
 )
-from densefit.retrieval.index.common import checked_documents, checked_vectors
+from densefit.retrieval.index.common import checked_documents, checked_vectors, checked_write
 from densefit.retrieval.index.database import DatabaseStore, StoredRow
 from densefit.retrieval.index.documents import meta_hash
 from densefit.retrieval.index.engines import require
@@ -1182,12 +1182,9 @@ class QdrantDocumentStore(DatabaseStore):
         the embeddings were made for the old one.
         """
         documents = list(documents)
-        vectors = checked_vectors(self._record, documents, embeddings)
-        next_vectors = None
-        if swap_embeddings is not None:
-            if swap_target is None:
-                raise ValueError("swap_embeddings need the swap_target they were made for")
-            next_vectors = checked_vectors(swap_target.record, documents, swap_embeddings)
+        vectors, next_vectors = checked_write(
+            self._record, documents, embeddings, swap_embeddings, swap_target
+        )
         if not documents:
             return WriteResult()
         with self._lock, _requests(self.target):

@@ -78,7 +78,12 @@ from densefit.retrieval.index.base import (
     StoreError,
     WriteResult,
 )
-from densefit.retrieval.index.common import StoreCommon, checked_documents, checked_vectors
+from densefit.retrieval.index.common import (
+    StoreCommon,
+    checked_documents,
+    checked_vectors,
+    checked_write,
+)
 from densefit.retrieval.index.documents import (
     DB_NAME,
     DocumentTable,
@@ -682,12 +687,9 @@ class LocalDocumentStore(StoreCommon):
         :meth:`swap_target`) are given, else by the swap itself before it switches.
         """
         documents = list(documents)
-        vectors = checked_vectors(self.record, documents, embeddings)
-        next_vectors = None
-        if swap_embeddings is not None:
-            if swap_target is None:
-                raise ValueError("swap_embeddings need the swap_target they were made for")
-            next_vectors = checked_vectors(swap_target.record, documents, swap_embeddings)
+        vectors, next_vectors = checked_write(
+            self.record, documents, embeddings, swap_embeddings, swap_target
+        )
         if not documents:
             return WriteResult()
         self._wrote = True
