@@ -183,6 +183,63 @@ def test_openvino_int8_draws_no_bars_without_progress(app, model_dir, pairs):
         assert words not in result.output
 
 
+TELEMETRY_PROBE = """
+import json, os, sys
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+from openvino_telemetry.backend import backend_ga4
+
+sent = []  # what would go to Google Analytics (nothing leaves the machine here)
+backend_ga4.GA4Backend.send = lambda self, message: sent.append(message)
+from densefit.retrieval import export
+
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+folder = Path(sys.argv[1])
+onnx.save(helper.make_model(graph), folder / "m.onnx")
+if sys.argv[2] == "densefit":
+    export._convert_openvino(folder / "m.onnx", folder / "ov" / "m.xml")
+    import nncf  # NNCF's import after an export keeps it off
+else:  # the tools as they are, for the comparison
+    import nncf
+    import openvino as ov
+    ov.save_model(ov.convert_model(str(folder / "m.onnx")), str(folder / "ov.xml"))
+from openvino_telemetry import Telemetry
+
+print(json.dumps({"sent": len(sent), "consent": Telemetry().consent, "ci": os.environ.get("CI")}))
+"""
+
+
+def test_openvino_exports_send_no_telemetry(tmp_path):
+    """OpenVINO's converter and NNCF send usage events through openvino-telemetry unless the
+    user opted out (its sender forked processes from a thread pool and deadlocked an export):
+    densefit's exports send none, and leave CI as it was. Outside pytest (NNCF turns its own
+    off under pytest), in a home without a consent file, where the tools alone do send."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    pytest.importorskip("openvino_telemetry")
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "CI"} | {"HOME": str(tmp_path)}
+    runs = {}
+    for how in ("tools", "densefit"):
+        folder = tmp_path / how
+        folder.mkdir()
+        done = subprocess.run(
+            [sys.executable, "-c", TELEMETRY_PROBE, str(folder), how],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[how] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert runs["tools"]["sent"] > 0 and runs["tools"]["consent"]  # the comparison holds
+    assert runs["densefit"] == {"sent": 0, "consent": False, "ci": None}
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

@@ -652,11 +652,35 @@ def _quantize_onnx(
     }
 
 
-def _convert_openvino(source: Path, path: Path) -> dict:
-    import openvino as ov  # the optional extra openvino
+@contextlib.contextmanager
+def _no_telemetry():
+    """OpenVINO's converter and NNCF send nothing while the block runs.
 
+    Both report usage to Google Analytics through openvino-telemetry unless the user opted
+    out, and its sender forks a process per event from a thread pool: a fork while the main
+    thread was importing deadlocked ``densefit export --to openvino-int8`` for good (found by
+    a test run from a fresh clone). Both skip telemetry in CI, which openvino-telemetry reads
+    each time a tool (re)initialises it, and ``ovc`` does so in every ``convert_model``: the
+    block runs with ``CI=true`` (the variable restored after), so that densefit's exports
+    send nothing.
+    """
+    ci = os.environ.get("CI")
+    os.environ["CI"] = "true"
+    try:
+        yield
+    finally:
+        if ci is None:
+            os.environ.pop("CI", None)
+        else:
+            os.environ["CI"] = ci
+
+
+def _convert_openvino(source: Path, path: Path) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
-    ov.save_model(ov.convert_model(str(source)), str(path), compress_to_fp16=False)
+    with _no_telemetry():
+        import openvino as ov  # the optional extra openvino
+
+        ov.save_model(ov.convert_model(str(source)), str(path), compress_to_fp16=False)
     return {"method": "openvino.convert_model", "precision": "fp32"}
 
 
@@ -677,21 +701,22 @@ def _quantize_openvino(
     """NNCF's post-training int8 quantization for transformers, calibrated on real texts.
     NNCF draws its bars on stdout, where results go (``--json``): on stderr with
     ``show_progress``, else nowhere."""
-    import nncf  # the optional extra openvino (nncf)
-    import openvino as ov  # the optional extra openvino
-
     names = runtime_inputs(model)
     prompt = model_prompts(model).get("document", "")
     items = [model.preprocess([prompt + t]) for t in calibration]  # one text each: no padding
-    dataset = nncf.Dataset(items, lambda f: {k: f[k].numpy().astype(np.int64) for k in names})
-    network = ov.convert_model(str(source))
     bars = sys.stderr if show_progress else io.StringIO()
-    with tempfile.TemporaryDirectory(), contextlib.redirect_stdout(bars):
-        quantized = nncf.quantize(
-            network, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(items)
-        )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ov.save_model(quantized, str(path))
+    with _no_telemetry():
+        import nncf  # the optional extra openvino (nncf)
+        import openvino as ov  # the optional extra openvino
+
+        dataset = nncf.Dataset(items, lambda f: {k: f[k].numpy().astype(np.int64) for k in names})
+        network = ov.convert_model(str(source))
+        with tempfile.TemporaryDirectory(), contextlib.redirect_stdout(bars):
+            quantized = nncf.quantize(
+                network, dataset, model_type=nncf.ModelType.TRANSFORMER, subset_size=len(items)
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ov.save_model(quantized, str(path))
     return {
         "method": "nncf.quantize (ModelType.TRANSFORMER)",
         "calibration_texts": len(items),
