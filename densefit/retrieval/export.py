@@ -75,6 +75,7 @@ from densefit.retrieval.runtimes import (
     export_onnx,
     fp32_agreement,
     model_folder,
+    no_openvino_telemetry,
     now,
     read_manifest,
     runtime_inputs,
@@ -652,32 +653,9 @@ def _quantize_onnx(
     }
 
 
-@contextlib.contextmanager
-def _no_telemetry():
-    """OpenVINO's converter and NNCF send nothing while the block runs.
-
-    Both report usage to Google Analytics through openvino-telemetry unless the user opted
-    out, and its sender forks a process per event from a thread pool: a fork while the main
-    thread was importing deadlocked ``densefit export --to openvino-int8`` for good (found by
-    a test run from a fresh clone). Both skip telemetry in CI, which openvino-telemetry reads
-    each time a tool (re)initialises it, and ``ovc`` does so in every ``convert_model``: the
-    block runs with ``CI=true`` (the variable restored after), so that densefit's exports
-    send nothing.
-    """
-    ci = os.environ.get("CI")
-    os.environ["CI"] = "true"
-    try:
-        yield
-    finally:
-        if ci is None:
-            os.environ.pop("CI", None)
-        else:
-            os.environ["CI"] = ci
-
-
 def _convert_openvino(source: Path, path: Path) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _no_telemetry():
+    with no_openvino_telemetry():
         import openvino as ov  # the optional extra openvino
 
         ov.save_model(ov.convert_model(str(source)), str(path), compress_to_fp16=False)
@@ -705,7 +683,7 @@ def _quantize_openvino(
     prompt = model_prompts(model).get("document", "")
     items = [model.preprocess([prompt + t]) for t in calibration]  # one text each: no padding
     bars = sys.stderr if show_progress else io.StringIO()
-    with _no_telemetry():
+    with no_openvino_telemetry():
         import nncf  # the optional extra openvino (nncf)
         import openvino as ov  # the optional extra openvino
 

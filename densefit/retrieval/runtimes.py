@@ -41,6 +41,7 @@ documents to it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import inspect
@@ -76,6 +77,7 @@ __all__ = [
     "exports_of",
     "model_folder",
     "model_precision",
+    "no_openvino_telemetry",
     "openvino_properties",
     "read_manifest",
     "release_runtimes",
@@ -872,6 +874,29 @@ def _onnx_session(model: str | bytes):
     return run
 
 
+@contextlib.contextmanager
+def no_openvino_telemetry():
+    """OpenVINO's converter and NNCF send nothing while the block runs.
+
+    Both report usage to Google Analytics through openvino-telemetry unless the user opted
+    out, and its sender forks a process per event from a thread pool: a fork while the main
+    thread was importing deadlocked ``densefit export --to openvino-int8`` for good (found by
+    a test run from a fresh clone). Every ``convert_model`` and NNCF call of densefit runs
+    in it. Both skip telemetry in CI, which openvino-telemetry reads each time a tool
+    (re)initialises it, and ``ovc`` does so in every ``convert_model``: the block runs with
+    ``CI=true`` (the variable restored after), so that densefit sends nothing.
+    """
+    ci = os.environ.get("CI")
+    os.environ["CI"] = "true"
+    try:
+        yield
+    finally:
+        if ci is None:
+            os.environ.pop("CI", None)
+        else:
+            os.environ["CI"] = ci
+
+
 def _openvino_session(model: str | bytes | Path):
     """A callable running the transformer in OpenVINO (CPU, fp32 arithmetic outside the
     quantized operations: OpenVINO would pick bf16 on CPUs that have it).
@@ -891,7 +916,8 @@ def _openvino_session(model: str | bytes | Path):
         with tempfile.TemporaryDirectory(prefix="densefit-ov-") as tmp:
             onnx_path = Path(tmp) / "model.onnx"
             onnx_path.write_bytes(model)
-            network = ov.convert_model(str(onnx_path))
+            with no_openvino_telemetry():
+                network = ov.convert_model(str(onnx_path))
     else:
         network = core.read_model(str(model))
     compiled = core.compile_model(network, "CPU", openvino_properties(torch.get_num_threads()))
