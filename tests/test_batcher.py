@@ -247,7 +247,7 @@ def test_workers_run_batches_at_once_each_with_its_torch_threads():
         return [q.text for q in batch]
 
     async def main():
-        batcher = MicroBatcher(run_batch, workers=2, threads_per_worker=1, max_batch=1)
+        batcher = MicroBatcher(run_batch, workers=2, threads_per_worker=3, max_batch=1)
         await batcher.start()
         out = await batcher.search([Query("a"), Query("b")])
         await batcher.stop()
@@ -255,7 +255,7 @@ def test_workers_run_batches_at_once_each_with_its_torch_threads():
 
     assert _run(main()) == ["a", "b"]
     assert len({name for name, _ in seen}) == 2
-    assert all(name.startswith("densefit-query") and n == 1 for name, n in seen)
+    assert all(name.startswith("densefit-query") and n == 3 for name, n in seen), seen
 
 
 def test_stop_answers_what_is_queued_first():
@@ -271,3 +271,91 @@ def test_stop_answers_what_is_queued_first():
 
     assert _run(main()) == ["A", "B", "C"]
     assert recorder.batches == [["a"], ["b"], ["c"]]
+
+
+def test_an_idle_server_starts_a_lone_announced_query_at_once_after_earlier_batches():
+    """The batches in the workers are counted up and down again (two at once here): once the
+    earlier ones are done, a lone announced query does not wait max_wait (a count left off
+    zero would make every later query wait as under load)."""
+
+    async def main():
+        batcher = MicroBatcher(Recorder(delay=0.2), max_wait=0, workers=2)
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.submit(Query("x")))
+        await asyncio.sleep(0.02)  # "x" runs; "y" starts in the other worker beside it
+        assert await asyncio.gather(first, batcher.submit(Query("y"))) == ["X", "Y"]
+        batcher.max_wait = 0.5
+        took = []
+        for text in "abc":
+            arrived = batcher.announce()
+            started = time.perf_counter()
+            assert await batcher.search([Query(text)], arrived) == [text.upper()]
+            took.append(time.perf_counter() - started)
+        await batcher.stop()
+        return took
+
+    assert max(_run(main())) < 0.3
+
+
+def test_stop_while_a_batch_collects_ends_it_there():
+    """stop() while a batch waits max_wait for company: the batch runs at once with what it
+    holds and the batcher stops (it does not wait for another first query)."""
+
+    async def main():
+        batcher = MicroBatcher(Recorder(), max_wait=2.0)
+        await batcher.start()
+        pending = asyncio.ensure_future(batcher.submit(Query("a")))
+        await asyncio.sleep(0.05)  # "a" is collected and waits for company
+        started = time.perf_counter()
+        await asyncio.wait_for(batcher.stop(), 5)
+        return await pending, time.perf_counter() - started
+
+    answer, took = _run(main())
+    assert answer == "A" and took < 1.5
+
+
+def test_a_query_gone_away_in_a_batch_leaves_the_others_answered():
+    """A batch holding a query whose client went away answers the queries after it."""
+
+    async def main():
+        release = threading.Event()
+
+        def run_batch(batch):
+            if batch[0].text == "warm":
+                release.wait(5)  # the worker is busy: the next three queue together
+            return [q.text.upper() for q in batch]
+
+        batcher = MicroBatcher(run_batch, max_wait=0)
+        await batcher.start()
+        warm = asyncio.ensure_future(batcher.submit(Query("warm")))
+        await asyncio.sleep(0.05)
+        gone, *rest = [asyncio.ensure_future(batcher.submit(Query(t))) for t in ("gone", "x", "y")]
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        release.set()
+        answers = await asyncio.wait_for(asyncio.gather(warm, *rest), 5)
+        await batcher.stop()
+        return answers, batcher.batches
+
+    assert _run(main()) == (["WARM", "X", "Y"], 2)
+
+
+def test_stop_returns_with_the_running_batch_answered_and_nothing_reported_to_the_loop():
+    """stop() while a batch runs in a worker: when it returns, that batch's queries have their
+    answers, and no callback failed on the event loop along the way."""
+    errors: list[dict] = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: errors.append(context)
+        )
+        batcher = MicroBatcher(Recorder(delay=0.2), max_wait=0, workers=2)  # a free worker
+        await batcher.start()
+        assert await batcher.submit(Query("a")) == "A"  # a batch that finished first
+        pending = asyncio.ensure_future(batcher.submit(Query("b")))
+        await asyncio.sleep(0.05)
+        await batcher.stop()
+        return pending.done() and pending.result()
+
+    assert _run(main()) == "B"
+    assert errors == []
