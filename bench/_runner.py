@@ -182,6 +182,18 @@ def machine_note(threads: int) -> dict:
 # ----------------------------------------------------------------------------- one child
 
 
+def status() -> dict:
+    """Resident memory of this process from /proc/self/status, MiB."""
+    wanted = {"VmRSS", "RssAnon", "RssFile", "VmHWM"}
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in wanted:
+                out[name] = round(int(value.split()[0]) / 1024, 1)
+    return out
+
+
 def loadavg() -> list[float]:
     """The 1-, 5- and 15-minute load averages, rounded to 2 places."""
     return [round(x, 2) for x in os.getloadavg()]

@@ -80,7 +80,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from _runner import RESULTS, ROOT, command_line, environment, loadavg, run_child
+from _runner import RESULTS, ROOT, command_line, environment, loadavg, run_child, status
 
 CACHE = ROOT / "bench" / ".cache" / "engines"
 MODEL = "all-MiniLM-L6-v2"
@@ -120,18 +120,6 @@ ENGINE_FILES = ("store.py", "pgvector.py", "qdrant.py", "faiss_backend.py", "qua
 
 
 # ----------------------------------------------------------------------------- shared
-
-
-def status() -> dict:
-    """Resident memory of this process from /proc/self/status, MiB."""
-    wanted = {"VmRSS", "RssAnon", "RssFile", "VmHWM"}
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            name, _, value = line.partition(":")
-            if name in wanted:
-                out[name] = round(int(value.split()[0]) / 1024, 1)
-    return out
 
 
 def grown(before: dict, after: dict) -> dict:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from _common import pyplot
-from _runner import RESULTS, command_line, environment, loadavg, run_child
+from _runner import RESULTS, command_line, environment, loadavg, run_child, status
 from hybrid import NAMES, base_store, test_split
 
 METRICS = ["ndcg@10", "recall@100"]
@@ -99,18 +99,6 @@ def ranking(spec: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- memory
-
-
-def status() -> dict:
-    """Resident memory of this process from /proc/self/status, MiB."""
-    wanted = {"VmRSS", "RssAnon", "RssFile", "VmHWM"}
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            name, _, value = line.partition(":")
-            if name in wanted:
-                out[name] = round(int(value.split()[0]) / 1024, 1)
-    return out
 
 
 def build_synthetic(folder: Path, rows: int, dim: int, kind: str) -> None:
