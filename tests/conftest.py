@@ -66,11 +66,23 @@ def minilm():
 
 @pytest.fixture(scope="session")
 def postgres_uri():
-    """A PostgreSQL server with pgvector for the session (densefit.testing.postgres: pgserver
-    in a temporary folder, stopped and removed after; or DENSEFIT_TEST_POSTGRES); skips when
+    """A PostgreSQL server with pgvector for the session (densefit.testing.postgres: a wheel's
+    server in a temporary folder, stopped and removed after; or DENSEFIT_TEST_POSTGRES); skips when
     neither is available. Tests name their own tables (postgres_target) so they do not see
-    each other. Not under pytest's temporary folder: run as root, pgserver's server runs as
+    each other. Not under pytest's temporary folder: run as root, the wheel's server runs as
     another user, and pytest makes its folder private again whenever a session starts."""
+    yield from _postgres(None)
+
+
+@pytest.fixture(scope="session")
+def old_postgres_uri():
+    """PostgreSQL 16.2 with pgvector 0.6.2 (the pgserver wheel, whatever
+    DENSEFIT_TEST_POSTGRES says): a server without halfvec or a Hamming index, for the paths
+    that serve one; skips when pgserver is not installed."""
+    yield from _postgres("pgserver")
+
+
+def _postgres(wheel):
     import shutil
     import tempfile
 
@@ -78,7 +90,7 @@ def postgres_uri():
 
     folder = tempfile.mkdtemp(prefix="densefit-postgres-")
     try:
-        with postgres_server(folder) as uri:
+        with postgres_server(folder, wheel) as uri:
             yield uri
     finally:
         shutil.rmtree(folder, ignore_errors=True)
