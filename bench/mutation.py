@@ -107,7 +107,9 @@ COPY = ["densefit", "tests", "pyproject.toml", "examples"]
 # field and the fix, not every character).
 EXPLAINED: dict[str, list[tuple[str, str]]] = {
     "densefit/retrieval/index/filters.py": [
-        (r'" (or|and) "\.join', "equivalent: SQL keywords are case-insensitive"),
+        (r'" (or|and) "\.join|operator = "(or|and)" if', "equivalent: SQL keywords are case-insensitive"),
+        (r"\(len\(parts\) == 1\) and False",
+         "equivalent: one condition in parentheses is the same SQL"),
         (r"\"'TEXT'\"|\"XX'text'XX\"",
          "equivalent: a shortcut for text columns; without it SQLite's typeof() check gives "
          "the same no-match"),

@@ -16,7 +16,19 @@ from densefit.data.types import Document
 from densefit.retrieval.index import LocalDocumentStore, open_store, search, validate_filters
 from densefit.retrieval.index.documents import DB_NAME
 from densefit.retrieval.index.exact import ExactBackend, exact_search
-from densefit.retrieval.index.filters import compile_filters, meta_index_sql
+from densefit.retrieval.index.filters import (
+    INT_RANGE,
+    MAX_CONDITIONS,
+    MAX_DEPTH,
+    compile_filters,
+    date_seconds,
+    json_text,
+    meta_field_sql,
+    meta_index_sql,
+    parse_filter_text,
+    parse_filters,
+    typed_fields,
+)
 from densefit.retrieval.index.searching import scaled_scores
 from densefit.retrieval.index.settings import StoreRecord
 from densefit.retrieval.index.vectors import search_rows
@@ -83,6 +95,10 @@ METAS = [
         # timezones: 17:53+01:00 is 16:53 UTC
         ({"field": "meta.date", "operator": "<", "value": "1989-11-09T17:00:00"}, [0, 1, 2]),
         ({"field": "meta.date", "operator": "<", "value": "1989-11-09T16:00:00Z"}, [0, 1]),
+        # "100" is a number in a string, not a date (SQLite's julianday() alone reads it as
+        # Julian day 100): no engine orders it among dates
+        ({"field": "meta.page", "operator": "<", "value": "2024-01-01"}, []),
+        ({"field": "meta.page", "operator": ">", "value": "0001-01-01"}, []),
         ({"field": "meta.n", "operator": "in", "value": [10, -2]}, [1, 3]),
         ({"field": "meta.n", "operator": "in", "value": [2, "10"]}, [0, 2, 4]),
         ({"field": "meta.ok", "operator": "in", "value": [True]}, [0, 4]),
@@ -615,3 +631,193 @@ def test_a_stored_list_of_non_ascii_texts_matches_in_a_real_store(tmp_path):
 def test_a_filter_holding_what_json_cannot_write_is_still_a_one_line_error():
     with pytest.raises(ValueError, match=r'^filter \{"junk": "\{1, 2\}"\} has neither'):
         compile_filters({"junk": {1, 2}})
+
+
+# -- the limits, at their edges: what the validator passes, SQLite runs ----------------------
+
+
+def _and_of(comparisons: int, last: dict | None = None) -> dict:
+    """One AND of ``comparisons`` comparisons (the last one ``last`` when given)."""
+    conditions = [{"field": "meta.n", "operator": "==", "value": i} for i in range(comparisons)]
+    if last is not None:
+        conditions[-1] = last
+    return {"operator": "AND", "conditions": conditions}
+
+
+TOO_MANY = (
+    f"^the filter holds more than {MAX_CONDITIONS} conditions: match many values with one "
+    "'in' list of strings or numbers$"
+)
+
+
+@pytest.mark.parametrize("operator", ["in", "not in"])
+def test_the_condition_limit_counts_operators_comparisons_and_each_unlisted_in_value(operator):
+    """An AND and its comparisons count one each; an ``in`` list of strings and numbers one
+    in all, and one more for each None, list or object in it (each is its own SQL term):
+    exactly MAX_CONDITIONS runs in SQLite, one more is refused."""
+    conn = _table(METAS)
+    full = _and_of(MAX_CONDITIONS - 1)
+    assert _matching(conn, full) == []  # n == 0 and n == 1 and ...: nothing, but it runs
+    with pytest.raises(ValueError, match=TOO_MANY):
+        compile_filters(_and_of(MAX_CONDITIONS))
+    scalars = {"field": "meta.lang", "operator": operator, "value": ["en", 2, 2.5, True] * 500}
+    assert _matching(conn, _and_of(MAX_CONDITIONS - 1, scalars)) == []  # one condition
+    assert parse_filters(_and_of(MAX_CONDITIONS - 1, scalars)).conditions[-1] == parse_filters(
+        scalars
+    )
+    for unlisted in (None, ["en"], {"a": 1}):
+        one_more = {"field": "meta.lang", "operator": operator, "value": ["en", unlisted]}
+        assert _matching(conn, _and_of(MAX_CONDITIONS - 2, one_more)) == []  # two: runs
+        with pytest.raises(ValueError, match=TOO_MANY):
+            compile_filters(_and_of(MAX_CONDITIONS - 1, one_more))
+
+
+def test_integers_are_compared_to_the_edges_of_64_bits_and_refused_past_them():
+    conn = _table([{"n": -(2**63)}, {"n": 2**63 - 1}, {"n": 0}])
+    for row, value in enumerate(INT_RANGE):
+        assert _matching(conn, {"field": "meta.n", "operator": "==", "value": value}) == [row]
+        assert _matching(conn, {"field": "meta.n", "operator": "in", "value": [value]}) == [row]
+    message = (
+        "^filter meta.n {} compares with an integer outside the 64-bit range \\(-2\\*\\*63 "
+        "to 2\\*\\*63-1\\): write it as a float \\(9.3e18, not 9300000000000000000\\)$"
+    )
+    for value in (INT_RANGE[0] - 1, INT_RANGE[1] + 1):
+        for operator, given in (("==", value), (">", value), ("not in", [0, value])):
+            with pytest.raises(ValueError, match=message.format(operator)):
+                compile_filters({"field": "meta.n", "operator": operator, "value": given})
+
+
+def test_the_depth_limit_says_how_to_flatten():
+    with pytest.raises(ValueError) as error:
+        compile_filters(_nested(MAX_DEPTH + 1))
+    assert str(error.value) == (
+        f"filters nest deeper than {MAX_DEPTH} levels: flatten the AND, OR and NOT "
+        "operators (an AND inside an AND is one AND)"
+    )
+
+
+# -- the parsed tree every engine compiles ---------------------------------------------------
+
+
+def test_the_parsed_tree_names_fields_as_the_engines_store_them():
+    assert parse_filters(None) is None and parse_filters({}) is None
+    text = parse_filters({"field": "text", "operator": "==", "value": "x"})
+    assert (text.field, text.column, text.path) == ("content", "text", ())
+    nested = parse_filters({"field": "meta.a.b", "operator": "==", "value": 1})
+    assert (nested.field, nested.column, nested.path) == ("meta.a.b", None, ("a", "b"))
+    with pytest.raises(ValueError, match="has type object"):
+        parse_filters({"field": "meta.a", "operator": "in", "value": [1, object()]})
+    with pytest.raises(ValueError, match="^filters must be a dict like .*, got list$"):
+        parse_filters([1])
+
+
+def test_metadata_field_sql_takes_meta_names_only():
+    assert meta_field_sql("meta.a.b") == (
+        'json_extract(meta, \'$."a"."b"\')',
+        'json_type(meta, \'$."a"."b"\')',
+    )
+    for field in ("content", "id", 3, "metadata.a"):
+        with pytest.raises(ValueError, match="^metadata fields are named meta.NAME, got "):
+            meta_field_sql(field)
+
+
+def test_filter_text_is_json_or_a_json_file_and_is_checked(tmp_path):
+    given = {"field": "meta.city", "operator": "==", "value": "München"}
+    assert parse_filter_text(None) is None
+    assert parse_filter_text(json.dumps(given, ensure_ascii=False)) == given
+    path = tmp_path / "filter.json"
+    path.write_text(json.dumps(given, ensure_ascii=False), encoding="utf-8")
+    assert parse_filter_text(f"@{path}") == given
+    with pytest.raises(ValueError, match="^--filter is not valid JSON \\(Expecting value at "):
+        parse_filter_text("{'field': 1}"[1:])
+    path.write_text("{oops", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"^{path} is not valid JSON \\("):
+        parse_filter_text(f"@{path}")
+    with pytest.raises(ValueError, match="no 'operator' key"):
+        parse_filter_text('{"field": "meta.a", "value": 1}')
+
+
+# -- typed fields (engines without SQLite's JSON functions) against SQLite's own reading -----
+
+TYPED_METAS = [
+    *METAS,
+    {
+        "a": {"b": True, "c": {"d": 1.5}, "odd key!": 1, "e": None, "f": [1, "x", None]},
+        "z": False,
+        "i": -7,
+        "big": 2**63 - 1,
+        "r": 0.25,
+        "not a date": "2024-13-45",
+        "zulu": "2024-01-02 10:00:00Z",
+        "offset": "1989-11-09T17:53:00.250+05:30",
+        "day": "2024-02-29",
+        "plain": "München",
+        "feb 30": "2024-02-30",  # julianday() reads it as 1 March; Python refuses it
+        "spaced": "2024-01-02 10:00 +01:00",
+        "lower": "2024-01-02t10:00z",
+        "now": "now",  # julianday() reads these two; neither starts as a date
+        "number": "2460311.5",
+        "empty": {},
+        "list": [],
+    },
+]
+
+
+def _paths(prefix: str, value) -> set[str]:
+    """Every field name a filter can give for ``value`` at ``prefix`` (each key's path)."""
+    if value is None:
+        return set()
+    names = {prefix}
+    if isinstance(value, dict):
+        for key, item in value.items():
+            names |= _paths(f"{prefix}.{key}", item)
+    return names
+
+
+@pytest.mark.parametrize("meta", TYPED_METAS, ids=range(len(TYPED_METAS)))
+def test_typed_fields_hold_what_sqlite_reads_from_the_stored_metadata(meta, monkeypatch):
+    """Each field's entry agrees with SQLite's json_type, json_extract and julianday on the
+    stored metadata (what the embedded store's filters read), in a non-UTC timezone."""
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        fields = typed_fields("d-1", "text 1", "2024-01-02", meta)
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert fields["id"] == {"t": "text", "s": "d-1"}
+    assert fields["content"] == {"t": "text", "s": "text 1"}
+    assert fields["title"] == {"t": "text", "s": "2024-01-02", "d": 1704153600.0}
+    expected = (_paths("meta", meta) - {"meta", "meta.a.odd key!"}) | {"id", "content", "title"}
+    assert set(fields) == expected
+    conn, stored = sqlite3.connect(":memory:"), json.dumps(meta)
+    for name in expected - {"id", "content", "title"}:
+        path = "$" + "".join(f'."{key}"' for key in name.split(".")[1:])
+        kind, value, days = conn.execute(
+            "SELECT json_type(?1, ?2), json_extract(?1, ?2), CASE WHEN json_extract(?1, ?2) "
+            "GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*' THEN julianday(json_extract(?1, "
+            "?2)) END",  # a date: starts as YYYY-MM-DD and julianday() reads it
+            (stored, path),
+        ).fetchone()
+        typed = fields[name]
+        assert typed["t"] == kind, name
+        if kind in ("true", "false", "integer", "real"):
+            assert typed == {"t": kind, "n": float(value)}, name
+        elif kind == "text":
+            assert typed["s"] == value and set(typed) <= {"t", "s", "d"}, name
+            if days is None:
+                assert "d" not in typed, name
+            else:
+                assert typed["d"] == pytest.approx((days - 2440587.5) * 86400, abs=1e-3), name
+        else:  # array, object: the compact JSON text SQLite gives
+            assert typed == {"t": kind, "j": value}, name
+            assert json_text(json.loads(value)) == value
+
+
+def test_date_seconds_are_utc_and_name_where_a_bad_date_came_from():
+    assert date_seconds("1970-01-02") == 86400.0
+    assert date_seconds("1970-01-02T01:00:00+01:00") == 86400.0
+    with pytest.raises(ValueError, match="^filter value 'soon' for meta.when > is a string"):
+        date_seconds("soon", "meta.when >")
+    with pytest.raises(ValueError, match="^filter value 'soon' for filter is a string"):
+        date_seconds("soon")

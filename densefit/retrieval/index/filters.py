@@ -17,8 +17,9 @@ test suite):
 - a missing field is ``None``: ``== None`` matches it, ``!= x`` matches it;
 - ``> >= < <=`` with ``None`` match nothing; with a number they compare numbers (bools
   count as 1 and 0, as in Python; a string in the document does not match); with a string the string must be an ISO 8601
-  date and documents match whose value is an ISO date string on the right side of it
-  (timezones are honoured; a naive date is read as UTC); a list value is an error;
+  date and documents match whose value is a date string on the right side of it (one that
+  starts as YYYY-MM-DD and SQLite's ``julianday()`` reads; timezones are honoured; a naive
+  date is read as UTC); a list value is an error;
 - ``in`` / ``not in`` need a list (a tuple or another iterable is an error);
 - ``==`` between numbers ignores int/float (``2 == 2.0``), and ``1 == True`` as in Python;
   strings never equal numbers. Strings are equal when they are the same string (Haystack
@@ -43,6 +44,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import sqlite3
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -442,7 +445,10 @@ def _ordering(
     if isinstance(value, str):
         params.append(_utc_iso(value, where))
         op = _ORDERING[operator]
-        return f"(julianday({value_sql}) {op} julianday(?) AND {type_sql} = 'text')"
+        return (
+            f"(julianday({value_sql}) {op} julianday(?) AND {type_sql} = 'text' "
+            f"AND {value_sql} GLOB '{_DATE_GLOB}')"
+        )
     if type_sql == "'text'":
         return "0"
     params.append(value)  # a number (parse_filters let nothing else through)
@@ -472,11 +478,12 @@ def _short(node: Any, width: int = 120) -> str:
 
 # -- typed fields: the same semantics on engines without SQLite's JSON functions ------------
 
-# A date as SQLite's julianday() reads one: YYYY-MM-DD, then optionally [T ]HH:MM[:SS[.SSS]]
-# and a timezone (Z or +HH:MM); other strings are not dates.
-_SQLITE_DATE = re.compile(
-    r"^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?(?:Z|[+-]\d{2}:\d{2})?$"
-)
+# A stored string is a date when it starts as one (YYYY-MM-DD) and SQLite's julianday() reads
+# it: the embedded store's SQL holds to this, and typed_fields' "d" is julianday()'s reading,
+# so that every engine agrees (julianday() alone also reads bare numbers and 'now').
+_DATE_GLOB = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*"
+_DATE_START = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_UNIX_EPOCH_MS = 210_866_760_000_000  # the Julian day of 1970-01-01 (2440587.5) in ms
 _JSON_TYPES = {
     bool: None,
     int: "integer",
@@ -497,7 +504,8 @@ def typed_fields(doc_id: str, text: str, title: str, meta: dict) -> dict[str, di
     nested objects give an entry for themselves and for each of their fields). ``t`` is
     SQLite's ``json_type`` name (a column is ``text``); ``n`` a number, bools as 1 and 0
     (``>``, ``==`` with numbers); ``s`` a string (``==``, ``in``); ``d`` the seconds since
-    1970 (UTC) of a string SQLite reads as a date (``>`` with an ISO date, naive dates UTC);
+    1970 (UTC) of a string that starts as a date (YYYY-MM-DD) and SQLite's ``julianday()``
+    reads as one, as SQLite reads it (``>`` with an ISO date, naive dates UTC);
     ``j`` a list's or object's compact JSON (``==`` with a list or dict). A missing or null
     field has no entry: ``== None`` matches exactly the documents without one.
 
@@ -517,12 +525,21 @@ def typed_fields(doc_id: str, text: str, title: str, meta: dict) -> dict[str, di
 
 def _typed_text(value: str) -> dict[str, Any]:
     typed: dict[str, Any] = {"t": "text", "s": value}
-    if _SQLITE_DATE.match(value):
-        try:
-            typed["d"] = date_seconds(value)
-        except ValueError:  # shaped like a date, not one (2024-13-45): SQLite's NULL
-            pass
+    if _DATE_START.match(value):
+        seconds = _sqlite_date_seconds(value)
+        if seconds is not None:  # else shaped like a date, not one (2024-13-45)
+            typed["d"] = seconds
     return typed
+
+
+def _sqlite_date_seconds(value: str) -> float | None:
+    """The seconds since 1970 (UTC) of the moment SQLite's ``julianday()`` reads in
+    ``value``, to the millisecond SQLite holds it to; None where it reads none."""
+    with closing(sqlite3.connect(":memory:")) as conn:
+        (days,) = conn.execute("SELECT julianday(?)", (value,)).fetchone()
+    if days is None:
+        return None
+    return (round(days * 86_400_000) - _UNIX_EPOCH_MS) / 1000
 
 
 def _add_typed(fields: dict, name: str, value: Any) -> None:
