@@ -814,9 +814,15 @@ def test_typed_fields_hold_what_sqlite_reads_from_the_stored_metadata(meta, monk
             assert json_text(json.loads(value)) == value
 
 
-def test_date_seconds_are_utc_and_name_where_a_bad_date_came_from():
-    assert date_seconds("1970-01-02") == 86400.0
-    assert date_seconds("1970-01-02T01:00:00+01:00") == 86400.0
+def test_date_seconds_are_utc_and_name_where_a_bad_date_came_from(monkeypatch):
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # UTC+05:30: a naive date is UTC all the same
+    time.tzset()
+    try:
+        assert date_seconds("1970-01-02") == 86400.0
+        assert date_seconds("1970-01-02T01:00:00+01:00") == 86400.0
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
     with pytest.raises(ValueError, match="^filter value 'soon' for meta.when > is a string"):
         date_seconds("soon", "meta.when >")
     with pytest.raises(ValueError, match="^filter value 'soon' for filter is a string"):

@@ -17,7 +17,12 @@ from densefit.data.batching import (
     step_groups,
     steps_per_epoch,
 )
-from densefit.data.sources import TrainingData, load_training_data
+from densefit.data.sources import (
+    TrainingData,
+    load_training_data,
+    load_training_examples,
+    source_names,
+)
 from densefit.testing import tiny_model
 from densefit.training.setup import setup_run
 
@@ -327,3 +332,134 @@ def test_densefit_train_on_two_files_trains_same_source_batches_and_reports_each
     assert "mixed batches" in " ".join(mixed.output.split())
     log = (tmp_path / "mixed" / "train_log.jsonl").read_text().splitlines()
     assert all("rows_by_source" in json.loads(line) for line in log)
+
+
+# -- what mutation testing showed unreached (bench/results/mutation.md) ----------------------
+
+
+def test_training_data_indexes_as_a_list_does():
+    examples = data(2, 3)
+    everything = list(examples)
+    assert len(everything) == 5
+    for i in range(-5, 5):
+        assert examples[i] == everything[i], i
+    assert examples[1:4] == everything[1:4] and examples[::-2] == everything[::-2]
+    for i, shown in ((5, 5), (-6, -1)):
+        with pytest.raises(IndexError, match=f"^row {shown} of 5$"):
+            examples[i]
+    with pytest.raises(ValueError, match="^no training data: give at least one source$"):
+        TrainingData([])
+    with pytest.raises(ValueError, match="^two training sources are named 'b': name each once$"):
+        TrainingData([("b", rows("b", 1), None), ("a", rows("a", 1), None), ("b", [], None)])
+
+
+def test_describe_gives_files_rows_and_skipped_rows_and_each_source_when_several(tmp_path):
+    path = tmp_path / "faq.jsonl"
+    path.write_text('{"question": "q1", "pos_doc": "d1"}\n{"question": "q2"}\n')
+    with pytest.warns(UserWarning) as warned:
+        one = load_training_data(path, on_bad_row="skip")
+    # the caller's line, not densefit's (mutation testing's trampoline adds a frame of its own)
+    callers = [w.filename for w in warned]
+    assert callers == [__file__] or "mutmut" in callers[0], callers
+    assert one.describe() == {"files": [str(path)], "rows": 1, "skipped_rows": 1}
+    odd = [TrainingExample("q", "p", origin="C:/data/x.jsonl:12"), TrainingExample("q", "p")]
+    with pytest.warns(UserWarning):
+        both = load_training_data({"faq": path, "odd": odd}, on_bad_row="skip")
+    assert both.describe() == {
+        "files": sorted([str(path), "C:/data/x.jsonl"]),
+        "rows": 3,
+        "skipped_rows": None,  # the rows given as they are say nothing of skipped rows
+        "sources": [
+            {"name": "faq", "files": [str(path)], "rows": 1, "skipped_rows": 1},
+            {"name": "odd", "files": ["C:/data/x.jsonl"], "rows": 2, "skipped_rows": None},
+        ],
+    }
+    with pytest.warns(UserWarning):
+        twice = load_training_data({"a": path, "b": path}, on_bad_row="skip")
+    assert twice.describe()["skipped_rows"] == 2
+
+
+def test_each_source_is_read_with_the_split_and_the_bad_row_rule_given(tmp_path):
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"c{i}", "text": f"doc {i}"}) + "\n" for i in range(3))
+    )
+    (beir / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": f"query {i}"}) + "\n" for i in range(3))
+    )
+    for split, pairs in (("train", ["q0\tc0\t1", "q1\tc1\t1"]), ("dev", ["q2\tc2\t1"])):
+        (beir / "qrels" / f"{split}.tsv").write_text(
+            "query-id\tcorpus-id\tscore\n" + "\n".join(pairs) + "\n"
+        )
+    assert [r.query for r in load_training_data(beir)] == ["query 0", "query 1"]
+    assert [r.query for r in load_training_data(beir, split="dev")] == ["query 2"]
+    assert [r.query for r in load_training_data({"x": beir}, split="dev")] == ["query 2"]
+    assert [r.query for r in load_training_examples(beir, split="dev")] == ["query 2"]
+    assert [r.query for r in load_training_examples(beir)] == ["query 0", "query 1"]
+    assert load_training_data(beir).describe()["files"] == [str(beir)]  # the folder read
+    with pytest.raises(ValueError) as error:
+        load_training_data({})
+    assert str(error.value) == "no training data: the mapping of sources is empty"
+    listed = [{"anchor": "a", "positive": "p"}, {"anchor": "b"}]
+    with pytest.raises(ValueError, match="positive"):
+        load_training_data({"faq": listed})
+    with pytest.warns(UserWarning, match="^faq: 1 rows read, 1 bad rows skipped"):
+        skipped = load_training_data({"faq": listed}, on_bad_row="skip")
+    assert [r.query for r in skipped] == ["a"]
+    assert load_training_data(listed[:1])[0].origin == "<list>:0"
+    assert load_training_data({"faq": listed[:1]})[0].origin == "faq:0"
+
+
+def test_hugging_face_datasets_are_sources_read_with_their_split_and_name():
+    datasets = pytest.importorskip("datasets")
+    train = datasets.Dataset.from_dict({"anchor": ["a"], "positive": ["p"]})
+    dev = datasets.Dataset.from_dict({"anchor": ["b", "c"], "positive": ["q", "r"]})
+    both = load_training_data([train, dev])
+    assert both.names == ["source 1", "source 2"] and len(both) == 3
+    splits = datasets.DatasetDict({"train": train, "dev": dev})
+    assert [r.query for r in load_training_data({"hf": splits}, split="dev")] == ["b", "c"]
+    bad = datasets.Dataset.from_dict({"anchor": ["a", ""], "positive": ["p", "q"]})
+    with pytest.raises(ValueError, match="^hf:row 1"):
+        load_training_data({"hf": bad})
+
+
+def test_sources_are_named_once_and_wrong_ones_refused_saying_where():
+    assert source_names(["a/faq.jsonl", "b/faq.jsonl", [], "c/faq.jsonl", "x"]) == [
+        "faq.jsonl",
+        "faq.jsonl #2",
+        "source 3",
+        "faq.jsonl #3",
+        "x",
+    ]
+    single = load_training_data([{"anchor": "a", "positive": "p"}])
+    nested = load_training_data({"inner": single})
+    assert nested.names == ["inner"] and nested[0] == single[0]
+    assert load_training_data(single) is single
+    with pytest.raises(ValueError) as error:
+        load_training_data({"outer": data(1, 1)})
+    assert str(error.value) == "source 'outer': holds several sources itself; list them instead"
+    expected = (
+        "{}: expected a path, a datasets.Dataset, a list of dicts or of TrainingExamples, or "
+        "several of those; got int"
+    )
+    for given, where in (({"n": 5}, "source 'n'"), (5, "training data")):
+        with pytest.raises(ValueError) as error:
+            load_training_data(given)
+        assert str(error.value) == expected.format(where)
+    with pytest.raises(ValueError) as error:
+        load_training_data([{"anchor": "a", "positive": "p"}, "faq.jsonl"])
+    assert str(error.value) == (
+        "the training data mixes rows (dicts) and sources (paths, datasets, lists) in one "
+        "list: give a list of rows, or a list (or a mapping) of sources"
+    )
+
+
+def test_the_earlier_name_reads_as_load_training_data(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"anchor": "a", "positive": "p"}\n{"anchor": "b"}\n')
+    with pytest.raises(ValueError, match="positive"):
+        load_training_examples(path)
+    with pytest.warns(UserWarning):
+        read = load_training_examples(path, on_bad_row="skip")
+    assert read.names == ["pairs.jsonl"] and [r.query for r in read] == ["a"]
