@@ -55,8 +55,8 @@ MODULES: dict[str, list[str]] = {
     "densefit/memory/chunking.py": ["tests/test_chunking.py", "tests/test_memory.py"],
     "densefit/data/readers.py": ["tests/test_data.py", "tests/test_data_fuzz.py"],
     "densefit/data/rows.py": ["tests/test_data.py", "tests/test_data_fuzz.py"],
-    "densefit/data/batching.py": ["tests/test_sampler.py", "tests/test_train.py",
-                                  "tests/test_masking.py"],
+    "densefit/data/batching.py": ["tests/test_sampler.py", "tests/test_sources.py",
+                                  "tests/test_train.py", "tests/test_masking.py"],
     "densefit/mine.py": ["tests/test_mine.py"],
     "densefit/retrieval/index/filters.py": ["tests/test_filters.py"],
     "densefit/retrieval/index/quantized.py": ["tests/test_vectors.py"],
@@ -88,8 +88,6 @@ NOT_RUN = {
     "files (minutes a run) for each mutant, on a shared 2-core machine",
     "densefit/retrieval/runtimes.py": "not run: its tests export and run ONNX and OpenVINO "
     "files (minutes a run) for each mutant, on a shared 2-core machine",
-    "densefit/data/batching.py": "not run this time: CPU time on a shared 2-core machine went "
-    "to the smaller modules first",
 }
 # A score measured on an earlier version of its module, and what changed since.
 STALE: dict[str, str] = {}
@@ -100,6 +98,38 @@ COPY = ["densefit", "tests", "pyproject.toml", "examples"]
 # "message": it changes only the wording of an error (tests check the words that name the
 # field and the fix, not every character).
 EXPLAINED: dict[str, list[tuple[str, str]]] = {
+    "densefit/data/batching.py": [
+        (r'digest_size=5\)|int\.from_bytes\(digest, \)|"XX/XX"\.join|seed \* 1_000_003 - epoch|'
+         r'seed \* 1000004|_seed_of\((config\.seed, (epoch|self\.index)|"XX(schedule|source)XX"|'
+         r'"(SCHEDULE|SOURCE)"|None, config\.seed)',
+         "equivalent: another seeded order, as reproducible in every process (the seed's label, "
+         "digest or arithmetic changed, not what it depends on)"),
+        (r"-\(-rows / micro\)",
+         "equivalent: ceil(ceil(r / m) / a) equals ceil((r / m) / a) for whole r, m, a"),
+        (r"budget\[0\] (= 1|\+= 1|-= 2)$|budget\[0\] (<= 0|< 1):",
+         "equivalent until the work budget (the O(n) guard on duplicate-heavy data) runs out, "
+         "which no test with a comparable output reaches"),
+        (r"counts\.(subtract|update)\(None\)|counts\[h\] > 2|break  # two rows|"
+         r"len\(recent\) >= _SWAP_BATCHES|if len\(batch\) != size:|dtype=None|"
+         r"for s in active\], \)$",
+         "not tested: a second swap into one batch, a text held twice in an earlier batch, the "
+         "16th batch back, deferred rows left for the end, float32 temperature weights"),
+        (r"if len\(batch\) <= size:",
+         "equivalent: the retry and the fill loop do nothing to a full batch"),
+        (r"forget\(recent\.popleft\(\)\[1\]\)|self\.pop\(None, None\)|self\.pop\(i, \)",
+         "equivalent in the batches: the oldest batch's text keys stay cached (memory only), or "
+         "are dropped as they are anyway"),
+        (r'encode\("UTF-8", |digest_size=9\)|, \)\.digest\(\) for t in texts',
+         "equivalent: the same codec, or another stable hash of the same texts"),
+        (r"return \[\(1, len\(examples\)\)\]",
+         "equivalent: a list is one source, whose start is never read"),
+        (r"at = 1  # the micro-batch",
+         "equivalent: a step's position is read back only by step_groups itself"),
+        (r"min\(active, default=1\)", "equivalent: times no source is zero"),
+        (r'source_sampling != "(XXproportionalXX|PROPORTIONAL)"',
+         "equivalent: replaying the earlier epochs' schedules counts one pass of each source "
+         "per epoch, what the shortcut for proportional sampling computes"),
+    ],
     "densefit/data/sources.py": [
         (r"warn\(report\.summary\(\), (None, )?stacklevel=2\)",
          "equivalent: warnings.warn's category is UserWarning when none is given"),

@@ -14,8 +14,12 @@ from densefit import TrainConfig, TrainingExample, train
 from densefit.data.batching import (
     effective_batch_size,
     epoch_steps,
+    no_duplicate_batches,
+    planned_batches,
+    row_keys,
     step_groups,
     steps_per_epoch,
+    total_steps,
 )
 from densefit.data.sources import (
     TrainingData,
@@ -463,3 +467,108 @@ def test_the_earlier_name_reads_as_load_training_data(tmp_path):
     with pytest.warns(UserWarning):
         read = load_training_examples(path, on_bad_row="skip")
     assert read.names == ["pairs.jsonl"] and [r.query for r in read] == ["a"]
+
+
+# -- the step plan's invariants (what mutation testing of densefit/data/batching.py showed
+# unchecked: bench/results/mutation.md) ----------------------------------------------------
+
+PLANS = [
+    dict(batch_size=bs, gradient_accumulation_steps=acc, drop_last=drop, source_batches=mode,
+         source_sampling=sampling)
+    for bs, acc in ((2, 1), (4, 2), (3, 3), (1, 2))
+    for drop in (False, True)
+    for mode, sampling in (("mixed", "proportional"), ("same", "proportional"),
+                           ("same", "round_robin"), ("same", "temperature"))
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=lambda p: "-".join(map(str, p.values())))
+@pytest.mark.parametrize("sizes", [(7, 3), (1, 1), (9,)])
+def test_every_epoch_has_the_counted_steps_and_a_step_resumes_where_it_says(plan, sizes):
+    examples = data(*sizes) if len(sizes) > 1 else rows("only", sizes[0])
+    config = TrainConfig(seed=3, **plan)
+    per_epoch = steps_per_epoch(examples, config)
+    micro = max(1, plan["batch_size"] // plan["gradient_accumulation_steps"])
+    for epoch in range(3):
+        steps = epoch_steps(examples, config, epoch)
+        assert len(steps) == per_epoch, (epoch, steps)
+        for source, micro_batches in steps:
+            assert 1 <= len(micro_batches) <= plan["gradient_accumulation_steps"]
+            assert all(1 <= len(b) <= micro for b in micro_batches)
+            if plan["drop_last"]:
+                assert all(len(b) == micro for b in micro_batches)
+            if len(sizes) == 1:
+                assert source == 0
+            elif plan["source_batches"] == "mixed":
+                assert source is None
+            else:
+                start = sum(sizes[:source])
+                assert all(start <= i < start + sizes[source] for b in micro_batches for i in b)
+    groups = list(islice(step_groups(examples, config), 3 * per_epoch))
+    assert [g.epoch for g in groups] == [e for e in range(3) for _ in range(per_epoch)]
+    assert [g.epoch_end for g in groups] == [k == per_epoch - 1 for _ in range(3) for k in range(per_epoch)]  # fmt: skip
+    for now, after in zip(groups, groups[1:]):  # a checkpoint's position gives the next step
+        resumed = next(step_groups(examples, config, epoch=now.next_epoch, batch=now.next_batch))
+        assert (resumed.epoch, resumed.micro_batches) == (after.epoch, after.micro_batches)
+    planned = planned_batches(examples, config)
+    assert planned == [b for g in groups[: total_steps(examples, config)] for b in g.micro_batches]
+
+
+def test_a_plan_with_no_step_is_empty():
+    config = TrainConfig(batch_size=4, drop_last=True, source_batches="same",
+                         source_sampling="round_robin")  # fmt: skip
+    assert steps_per_epoch(data(2, 3), config) == 0 and epoch_steps(data(2, 3), config, 0) == []
+    assert list(step_groups(data(2, 3), config)) == []
+    assert effective_batch_size(rows("x", 5), TrainConfig(batch_size=1)) == 1
+    assert effective_batch_size(data(2, 6), TrainConfig(batch_size=8, source_batches="same")) == 6
+    assert effective_batch_size(data(2, 6), TrainConfig(batch_size=8, source_batches="mixed")) == 8
+
+
+def test_orders_follow_the_seed_the_epoch_and_the_source():
+    def order(examples, **options):
+        config = TrainConfig(batch_size=2, **options)
+        return [b for _, micro in epoch_steps(examples, config, options.pop("epoch", 0)) for b in micro]  # fmt: skip
+
+    same = dict(source_batches="same")
+    assert order(data(6, 6), seed=1, **same) != order(data(6, 6), seed=2, **same)
+    first, second = order(data(6, 6), seed=1, **same), order(data(6, 6), seed=1, **same)
+    assert first == second  # seeded: the same in every process and run
+    by_source = {}
+    for batch in first:
+        by_source.setdefault(batch[0] // 6, []).extend(i % 6 for i in batch)
+    assert by_source[0] != by_source[1]  # two sources of one size are not shuffled alike
+    rr = dict(source_batches="same", source_sampling="temperature", source_temperature=2.0)
+    schedules = {tuple(s for s, _ in epoch_steps(data(9, 3), TrainConfig(batch_size=2, seed=k, **rr), 0)) for k in range(6)}  # fmt: skip
+    assert len(schedules) > 1  # the schedule follows the seed
+    assert order(rows("x", 8), seed=1) != order(rows("x", 8), seed=2)
+
+
+def test_a_leftover_duplicate_is_swapped_into_an_earlier_batch():
+    """Rows 2 and 3 share a query and come last: row 3 trades places with a row of the
+    batch before that holds none of batch 2's texts, even one holding row 3's other text
+    (the swap moves that text out with it), or all its texts being that one."""
+    for first in (TrainingExample("y", "h"), TrainingExample("h", "h")):
+        examples = [first, TrainingExample("b", "pb"), TrainingExample("x", "p2"),
+                    TrainingExample("x", "h")]  # fmt: skip
+        assert no_duplicate_batches(examples, [[0, 1], [2, 3]]) == [[3, 1], [2, 0]]
+
+
+@pytest.mark.parametrize("sampling", ["proportional", "round_robin", "temperature"])
+def test_each_epoch_and_each_seed_shuffle_every_source_anew(sampling):
+    def within(seed, epoch):  # each source's rows in the order the epoch takes them
+        config = TrainConfig(batch_size=2, seed=seed, source_batches="same",
+                             source_sampling=sampling)  # fmt: skip
+        taken = {}
+        for source, micro in epoch_steps(data(8, 8), config, epoch):
+            taken.setdefault(source, []).extend(i for b in micro for i in b)
+        return taken
+
+    assert within(1, 0) != within(1, 1)  # a new pass of each source, not the last one again
+    assert within(1, 0) != within(2, 0)
+    assert within(1, 0) == within(1, 0)
+
+
+def test_texts_that_are_not_valid_unicode_still_have_keys():
+    lone = TrainingExample("\ud800 query", "positive")  # a lone surrogate, as JSON allows
+    assert len(row_keys(lone)) == 2
+    assert row_keys(lone) == row_keys(TrainingExample(lone.query, lone.positive))
