@@ -48,6 +48,7 @@ import sqlite3
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from fnmatch import fnmatchcase
 from typing import Any
 
 __all__ = [
@@ -481,8 +482,7 @@ def _short(node: Any, width: int = 120) -> str:
 # A stored string is a date when it starts as one (YYYY-MM-DD) and SQLite's julianday() reads
 # it: the embedded store's SQL holds to this, and typed_fields' "d" is julianday()'s reading,
 # so that every engine agrees (julianday() alone also reads bare numbers and 'now').
-_DATE_GLOB = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*"
-_DATE_START = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_DATE_GLOB = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*"  # fnmatchcase reads it as GLOB does
 _UNIX_EPOCH_MS = 210_866_760_000_000  # the Julian day of 1970-01-01 (2440587.5) in ms
 _JSON_TYPES = {
     bool: None,
@@ -525,7 +525,7 @@ def typed_fields(doc_id: str, text: str, title: str, meta: dict) -> dict[str, di
 
 def _typed_text(value: str) -> dict[str, Any]:
     typed: dict[str, Any] = {"t": "text", "s": value}
-    if _DATE_START.match(value):
+    if fnmatchcase(value, _DATE_GLOB):
         seconds = _sqlite_date_seconds(value)
         if seconds is not None:  # else shaped like a date, not one (2024-13-45)
             typed["d"] = seconds
