@@ -431,6 +431,43 @@ def run_of(hits_per_query, ids) -> dict:
     return {q: {h.id: h.score for h in hits} for q, hits in zip(ids, hits_per_query, strict=True)}
 
 
+def ranked_run(store, ids: list[str], queries, mode: str = "dense", texts=None) -> dict:
+    """Every query's top :data:`TOP_K` through ``store.search`` in blocks of 256 (as
+    retrieve_run's), as a pytrec_eval run."""
+    run = {}
+    for start in range(0, len(ids), 256):
+        part = slice(start, start + 256)
+        hits = store.search(
+            None if mode == "bm25" else queries[part], TOP_K, mode=mode,
+            query_texts=None if mode == "dense" else texts[part],
+        )  # fmt: skip
+        run.update(run_of(hits, ids[part]))
+    return run
+
+
+def one_query_at_a_time(store, queries) -> tuple[dict, list]:
+    """p50/p99 ms of one query at a time (k=10, vector only) after :data:`WARMUP` queries,
+    and each query's hits."""
+    warmup = min(WARMUP, len(queries))
+    latencies, found = [], []
+    for i in [*range(warmup), *range(len(queries))]:
+        t0 = time.perf_counter()
+        hits = store.search(queries[i : i + 1], 10)[0]
+        latencies.append((time.perf_counter() - t0) * 1000)
+        found.append(hits)
+    return percentiles(latencies[warmup:]), found[warmup:]
+
+
+def ids_of(found: list) -> list[list[str]]:
+    return [[h.id for h in hits] for hits in found]
+
+
+def top10_overlap(lists: list, references: list) -> float:
+    """The mean share of each reference top 10 that the other list holds."""
+    shared = sum(len(set(x) & set(y)) / max(1, len(y)) for x, y in zip(lists, references))
+    return round(shared / len(references), 4)
+
+
 def search_point(spec: dict) -> dict:
     """One engine and backend over its store: quality, latency, memory (child)."""
     import torch
@@ -461,15 +498,8 @@ def search_point(spec: dict) -> dict:
         out["faiss_save_s"] = round(time.perf_counter() - started, 3)
 
     def quality(mode: str) -> dict:
-        run = {}
         t0 = time.perf_counter()
-        for start in range(0, len(ids), 256):  # as retrieve_run's blocks
-            part = slice(start, start + 256)
-            hits = store.search(
-                None if mode == "bm25" else queries[part], TOP_K, mode=mode,
-                query_texts=None if mode == "dense" else texts[part],
-            )  # fmt: skip
-            run.update(run_of(hits, ids[part]))
+        run = ranked_run(store, ids, queries, mode, texts)
         result = evaluate_run(run, qrels, METRICS)
         top10 = [sorted(run[q], key=run[q].get, reverse=True)[:10] for q in ids]
         return {
@@ -479,15 +509,8 @@ def search_point(spec: dict) -> dict:
         }
 
     out["dense"] = quality("dense")
-    latencies, top10 = [], []
-    for i in [*range(min(WARMUP, len(ids))), *range(len(ids))]:
-        t0 = time.perf_counter()
-        hits = store.search(queries[i : i + 1], 10)[0]
-        ms = (time.perf_counter() - t0) * 1000
-        latencies.append(ms)
-        top10.append([h.id for h in hits])
-    out["latency"] = percentiles(latencies[min(WARMUP, len(ids)) :])
-    out["top10_k10"] = top10[min(WARMUP, len(ids)) :]
+    out["latency"], found = one_query_at_a_time(store, queries)
+    out["top10_k10"] = ids_of(found)
     out["rss_after_dense"] = grown(before, status())
     if spec["backend"] == DEFAULT_BACKEND[spec["engine"]]:
         out["bm25"] = quality("bm25")  # the same whatever the vector backend
@@ -548,25 +571,22 @@ def compare_top10(payload: dict, tag: str) -> None:
             if path.exists():
                 lists[(engine, backend)] = json.loads(path.read_text())
 
-    def overlap(a: list, b: list) -> float:
-        return round(sum(len(set(x) & set(y)) / max(1, len(y)) for x, y in zip(a, b)) / len(b), 4)
-
     for engine in ENGINES:
         ann, exact = (engine, ANN[engine]), (engine, "exact")
         point = points.get(f"{tag}/{engine}/{ANN[engine]}")
         if ann in lists and exact in lists and point and point.get("status") == "ok":
-            point["recall@10_vs_exact"] = overlap(lists[ann]["k10"], lists[exact]["k10"])
+            point["recall@10_vs_exact"] = top10_overlap(lists[ann]["k10"], lists[exact]["k10"])
         point = points.get(f"{tag}/{engine}/exact")
         reference = lists.get(("embedded", "exact"))
         if exact in lists and reference and point and point.get("status") == "ok":
-            point["top10_overlap_with_embedded_exact"] = overlap(
+            point["top10_overlap_with_embedded_exact"] = top10_overlap(
                 lists[exact]["k10"], reference["k10"]
             )
         default = lists.get((engine, DEFAULT_BACKEND[engine]))
         base = lists.get(("embedded", "exact"))
         point = points.get(f"{tag}/{engine}/{DEFAULT_BACKEND[engine]}")
         if default and base and default.get("bm25") and base.get("bm25") and point:
-            point["bm25_top10_overlap_with_embedded"] = overlap(default["bm25"], base["bm25"])
+            point["bm25_top10_overlap_with_embedded"] = top10_overlap(default["bm25"], base["bm25"])
 
 
 def keep(args, points: dict, key: str) -> bool:
@@ -1067,16 +1087,10 @@ def scale_search_point(spec: dict) -> dict:
     t0 = time.perf_counter()
     store.search(queries[:1], 10)
     first_s = time.perf_counter() - t0
-    latencies, recalls, strict, documents, gaps = [], [], [], [], []
+    latency, found_per_query = one_query_at_a_time(store, queries)
+    recalls, strict, documents, gaps = [], [], [], []
     n_real = spec["real_vectors"]  # row r is a copy of real document r % n_real
-    order = [*range(min(WARMUP, len(queries))), *range(len(queries))]
-    for n, i in enumerate(order):
-        t0 = time.perf_counter()
-        hits = store.search(queries[i : i + 1], 10)[0]
-        ms = (time.perf_counter() - t0) * 1000
-        if n < min(WARMUP, len(queries)):
-            continue
-        latencies.append(ms)
+    for i, hits in enumerate(found_per_query):
         truth = set(gt_rows[i].tolist())
         kth = float(gt_scores[i][-1])
         found = [int(h.id[1:]) for h in hits]
@@ -1090,7 +1104,7 @@ def scale_search_point(spec: dict) -> dict:
         "rows_in_store": count,
         "open_s": round(open_s, 2),
         "first_search_s": round(first_s, 2),
-        "latency": percentiles(latencies),
+        "latency": latency,
         "recall@10": round(float(np.mean(recalls)), 4),
         "recall@10_ids_only": round(float(np.mean(strict)), 4),
         "document_recall@10": round(float(np.mean(documents)), 4),

@@ -57,37 +57,31 @@ def fill(target: str, model, docs, vectors, kind: str) -> float:
 
 def measure(target: str, backend: str, ids: list[str], queries, qrels) -> dict:
     """Quality (top 100, blocks of 256) and one-query latency (k=10) of one store."""
-    from engines import METRICS, TOP_K, WARMUP, percentiles, run_of
+    from engines import METRICS, ids_of, one_query_at_a_time, ranked_run
 
     from densefit.evaluate import evaluate_run
     from densefit.retrieval.index import open_store
 
     with open_store(target, backend=backend, create=False) as store:
-        run = {}
-        for start in range(0, len(ids), 256):
-            part = slice(start, start + 256)
-            run.update(run_of(store.search(queries[part], TOP_K), ids[part]))
-        metrics = evaluate_run(run, qrels, METRICS).metrics
-        latencies, top10 = [], []
-        for i in [*range(min(WARMUP, len(ids))), *range(len(ids))]:
-            t0 = time.perf_counter()
-            hits = store.search(queries[i : i + 1], 10)[0]
-            latencies.append((time.perf_counter() - t0) * 1000)
-            top10.append([h.id for h in hits])
+        metrics = evaluate_run(ranked_run(store, ids, queries), qrels, METRICS).metrics
+        latency, found = one_query_at_a_time(store, queries)
     return {
         **{k: round(v, 5) for k, v in metrics.items()},
-        "latency": percentiles(latencies[min(WARMUP, len(ids)) :]),
-        "top10": top10[min(WARMUP, len(ids)) :],
+        "latency": latency,
+        "top10": ids_of(found),
     }
-
-
-def overlap(top10: list[list[str]], reference: list[list[str]]) -> float:
-    return round(sum(len(set(a) & set(b)) for a, b in zip(top10, reference)) / (10 * len(top10)), 4)
 
 
 def dataset_points(dataset: str, args, uri: str, folder: Path) -> list[dict]:
     """Every kind and point of one dataset."""
-    from engines import MAX_SEQ_LENGTH, MODEL, cached_embeddings, load_vectors, pg_sizes
+    from engines import (
+        MAX_SEQ_LENGTH,
+        MODEL,
+        cached_embeddings,
+        load_vectors,
+        pg_sizes,
+        top10_overlap,
+    )
     from hybrid import test_split
 
     from densefit.models import load_model
@@ -121,7 +115,7 @@ def dataset_points(dataset: str, args, uri: str, folder: Path) -> list[dict]:
                 point["total_bytes"] = sizes["total_bytes"]
             if kind == "float32" and backend == "exact":
                 exact32[engine] = point["top10"]
-            point["overlap10_vs_float32_exact"] = overlap(point["top10"], exact32[engine])
+            point["overlap10_vs_float32_exact"] = top10_overlap(point["top10"], exact32[engine])
             print(f"{dataset} {kind:8} {engine:10} {backend:5} nDCG@10 {point['ndcg@10']:.4f}"
                   f" overlap@10 {point['overlap10_vs_float32_exact']:.3f}"
                   f" p50 {point['latency']['p50_ms']:.2f} ms", flush=True)  # fmt: skip
