@@ -2,17 +2,19 @@
 index kept up row by row against built once after a load (densefit.retrieval.index.pgvector,
 BULK_MIN), and the recall@10 of the index each leaves.
 
-    nice -n 10 python bench/pg_ingest.py [--rows 10000] [--dim 384]
+    nice -n 10 python bench/pg_ingest.py --wheel pgserver [--rows 10000] [--dim 384]
+    python bench/pg_ingest.py --plot-only                  # redraw from the JSON
 
 ``--rows`` random unit vectors of ``--dim`` dimensions with short texts go into a new table
-of a throwaway pgserver (or the server ``DENSEFIT_TEST_POSTGRES`` names), two ways: one
+of a throwaway server (``--wheel``'s, the committed results pgserver's PostgreSQL 16.2 with
+pgvector 0.6.2; or the server ``DENSEFIT_TEST_POSTGRES`` names), two ways: one
 ``write`` of all of them (a Haystack ``write_documents``, a server's batch), and commits of
 1,024 under the writer lock then ``flush`` (as ``densefit index`` writes). "row by row" sets
 BULK_MIN above ``--rows`` (every row inserted into the HNSW graph as it is written); "load"
 keeps the engine's BULK_MIN. Recall@10: 100 random queries, HNSW against an exact scan.
 The crossover table times one write of 100, 300 and 1,000 documents into an empty store.
 
-Writes bench/results/pg_ingest.json.
+Writes bench/results/pg_ingest.json and pg_ingest.png.
 """
 
 from __future__ import annotations
@@ -79,11 +81,48 @@ def corpus(n: int, dim: int, seed: int = 0):
     return docs, vectors
 
 
+def plot(result: dict) -> None:
+    """pg_ingest.png: documents/s of each way, and the seconds of one small write."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    runs = result["runs"]
+    left.barh([f"{r['index']}, {r['writes']}" for r in runs], [r["docs_per_s"] for r in runs])
+    for k, r in enumerate(runs):
+        left.annotate(f"{r['docs_per_s']:,.0f}/s, recall@10 {r['recall@10']}", (r["docs_per_s"], k),
+                      xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)  # fmt: skip
+    left.set_xlabel(f"documents/s into a new store ({result['rows']:,} x {result['dim']}-d)")
+    left.set_xlim(0, max(r["docs_per_s"] for r in runs) * 1.6)
+    rows = result["crossover_seconds"]
+    for how in ("row by row", "load"):
+        right.plot([r["documents"] for r in rows], [r[how] for r in rows], marker="o", label=how)
+    right.set_xlabel("documents in one write into an empty store")
+    right.set_ylabel("seconds")
+    right.legend()
+    fig.suptitle(f"PostgreSQL {result['postgresql']} + pgvector {result['pgvector']}: the HNSW "
+                 "index kept row by row, or built once after a load", fontsize=10)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(RESULTS / "pg_ingest.png", dpi=130)
+
+
 def main() -> None:
+    from densefit.testing.postgres import WHEELS
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--wheel", choices=list(WHEELS),
+                        help="the server's wheel (default: DENSEFIT_TEST_POSTGRES, else the "
+                        "first installed; the committed results: pgserver)")  # fmt: skip
+    parser.add_argument("--plot-only", action="store_true", help="redraw from the JSON")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(json.loads((RESULTS / "pg_ingest.json").read_text()))
+        return
     from densefit.retrieval.index import pgvector as engine
     from densefit.testing.postgres import postgres_server
 
@@ -91,7 +130,10 @@ def main() -> None:
     queries = np.random.default_rng(1).standard_normal((100, args.dim)).astype(np.float32)
     bulk_min = engine.BULK_MIN
     runs = []
-    with tempfile.TemporaryDirectory(prefix="pg-ingest-") as folder, postgres_server(folder) as uri:
+    with (
+        tempfile.TemporaryDirectory(prefix="pg-ingest-") as folder,
+        postgres_server(folder, args.wheel) as uri,
+    ):
         for how, threshold in (("row by row", args.rows + 1), ("load", bulk_min)):
             engine.BULK_MIN = threshold
             for chunked in (False, True):
@@ -138,6 +180,7 @@ def main() -> None:
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "pg_ingest.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result)
 
 
 if __name__ == "__main__":
