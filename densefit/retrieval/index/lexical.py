@@ -107,6 +107,8 @@ class StoreBm25:
         generation, rows, index, tokenised = built
         if self.index is not None and generation != self.generation:
             return
+        if self.is_current(generation, rows):  # a search brought it there meanwhile
+            return
         self.index, self.rows, self.generation = index, rows, generation
         self.saved = False
         self.updates += 1
