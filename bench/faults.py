@@ -11,8 +11,9 @@
   ``MAX_CONDITIONS``: every shape must reach at least the validator's limit.
 
     nice -n 10 .venv/bin/python bench/faults.py
+    .venv/bin/python bench/faults.py --plot-only     # redraw from the JSON
 
-Writes bench/results/faults.json and bench/results/faults.md.
+Writes bench/results/faults.json, faults.md and faults.png.
 """
 
 from __future__ import annotations
@@ -218,7 +219,30 @@ def filter_limits(folder: Path) -> dict:
     }
 
 
+def plot(result: dict) -> None:
+    """faults.png: SQLite's largest filter per shape against the validator's limits."""
+    from _common import pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return
+    limits = result["filters"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 7))
+    for ax, kind, limit in ((axes[0], "depth", "MAX_DEPTH"), (axes[1], "conditions", "MAX_CONDITIONS")):  # fmt: skip
+        shapes = {n: s["largest"] for n, s in limits["shapes"].items() if s["limit"] == kind}
+        ax.barh([n.split(": ", 1)[1] for n in shapes], list(shapes.values()))
+        ax.axvline(limits["validator"][limit], color="red", label=f"the validator's {limit}")
+        ax.set_title(f"{kind}: the largest filter SQLite {limits['sqlite']} compiles", fontsize=10)
+        ax.tick_params(axis="y", labelsize=6)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "faults.png", dpi=120)
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--plot-only"]:
+        plot(json.loads((RESULTS / "faults.json").read_text()))
+        return
     with tempfile.TemporaryDirectory(prefix="densefit-faults-") as tmp:
         costs = open_costs(Path(tmp))
         limits = filter_limits(Path(tmp) / "filters")
@@ -259,6 +283,7 @@ def main() -> None:
         "",
     ]
     (RESULTS / "faults.md").write_text("\n".join(lines))
+    plot(result)
     print("\n".join(lines))
 
 
