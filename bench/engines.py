@@ -73,7 +73,6 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
 import threading
 import time
@@ -168,21 +167,16 @@ def table_of(target: str) -> str:
     return parse_target(target).table
 
 
-def remove_store(engine: str, target: str, uri: str | None) -> None:
-    """Delete the store at ``target`` (a fresh one is made by the next write)."""
-    if engine == "embedded":
-        shutil.rmtree(target, ignore_errors=True)
-    elif engine == "qdrant":
-        shutil.rmtree(target.split(":", 1)[1], ignore_errors=True)
-    else:
-        import psycopg
+def remove_store(target: str) -> None:
+    """Delete the store at ``target`` through the store contract (``drop()``), if there is
+    one: the next open creates a fresh one."""
+    from densefit.retrieval.index import NoStoreError, open_store
 
-        table = table_of(target)
-        with psycopg.connect(uri, autocommit=True) as conn:
-            for name, kind in _pg_relations(conn, table):
-                if kind in ("r", "S"):
-                    what = "TABLE" if kind == "r" else "SEQUENCE"
-                    conn.execute(f'DROP {what} IF EXISTS "{name}" CASCADE')
+    try:
+        store = open_store(target, create=False)
+    except NoStoreError:
+        return
+    store.drop()
 
 
 def _pg_relations(conn, table: str) -> list[tuple[str, str]]:
@@ -399,7 +393,7 @@ def ingest_point(spec: dict) -> dict:
         looked_up[0] += time.perf_counter() - t0
         return out
 
-    remove_store(spec["engine"], spec["target"], spec.get("uri"))
+    remove_store(spec["target"])
     before = status()
     started = time.perf_counter()
     store = open_store(spec["target"], model)
@@ -902,7 +896,7 @@ def scale_build_point(spec: dict) -> dict:
         return out
     names = json.loads(Path(spec["names"]).read_text())
     pg = spec["engine"] == "postgresql"
-    remove_store(spec["engine"], spec["target"], spec.get("uri"))
+    remove_store(spec["target"])
     model = load_model(MODEL, max_seq_length=MAX_SEQ_LENGTH)
     store = open_store(spec["target"], model, vectors=spec["kind"])
     if pg:

@@ -6,7 +6,7 @@
   and metadata) with random 384-d float32 vectors (all-MiniLM-L6-v2's size), median of 7
   runs with the files in the page cache, beside the whole open.
 - **Filters**: the deepest and the widest filters SQLite compiles, per shape of the filter
-  (``densefit/retrieval/index/filters.py`` compiles it; the statements are the store's own,
+  (``densefit/retrieval/index/sqlite_filters.py`` compiles it; the statements are the store's own,
   the metadata statistics' subquery included), against the validator's ``MAX_DEPTH`` and
   ``MAX_CONDITIONS``: every shape must reach at least the validator's limit.
 
@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _runner import RESULTS, command_line, environment  # noqa: E402
 
 from densefit.data.types import Document  # noqa: E402
-from densefit.retrieval.index import filters  # noqa: E402
+from densefit.retrieval.index import filters, sqlite_filters  # noqa: E402
 from densefit.retrieval.index.documents import DB_NAME, DocumentTable  # noqa: E402
 from densefit.retrieval.index.engines import open_store  # noqa: E402
-from densefit.retrieval.index.settings import StoreRecord  # noqa: E402
 from densefit.retrieval.index.store import LocalDocumentStore  # noqa: E402
+from densefit.retrieval.index.types import StoreRecord  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "datasets" / "scifact" / "corpus.jsonl.gz"
@@ -119,8 +119,8 @@ LEAVES = {
 
 
 def _runs(table: DocumentTable, tree: dict) -> bool:
-    sql, params = filters.compile_filters(tree)
-    field_sql, type_sql = filters.meta_field_sql("meta.k")
+    sql, params = sqlite_filters.compile_filters(tree)  # a dict: parsed for no engine's limits
+    field_sql, type_sql = sqlite_filters.meta_field_sql("meta.k")
     try:
         table.rows_matching(sql, params)
         table.count_matching(sql, params)
@@ -171,8 +171,8 @@ def filter_limits(folder: Path) -> dict:
     table = DocumentTable(folder / DB_NAME)
     with table.transaction():
         table.upsert([Document("a", "x", meta={"k": 1, "d": "2020-06-01"})], start=0)
-    depth_limit, width_limit = filters.MAX_DEPTH, filters.MAX_CONDITIONS
-    filters.MAX_DEPTH, filters.MAX_CONDITIONS = 10**6, 10**9  # measure past the validator
+    depth_limit, width_limit = sqlite_filters.MAX_DEPTH, sqlite_filters.MAX_CONDITIONS
+    nesting, filters.MAX_NESTING = filters.MAX_NESTING, 10**6  # measure past the language's
     shapes = {}
     try:
         for name, leaf in LEAVES.items():
@@ -205,7 +205,7 @@ def filter_limits(folder: Path) -> dict:
                     "largest": _conditions(deep_and_wide(width)),
                 }
     finally:
-        filters.MAX_DEPTH, filters.MAX_CONDITIONS = depth_limit, width_limit
+        filters.MAX_NESTING = nesting
         table.close()
     worst = {
         kind: min(s["largest"] for s in shapes.values() if s["limit"] == kind)

@@ -64,7 +64,7 @@ def recall(target: str, queries: np.ndarray) -> float:
 
 
 def _record(vectors: np.ndarray):
-    from densefit.retrieval.index.settings import StoreRecord
+    from densefit.retrieval.index.types import StoreRecord
 
     dim = vectors.shape[1]
     return StoreRecord("random", dim, "cosine", "float32", np.zeros((3, dim), np.float32), None)

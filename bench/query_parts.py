@@ -69,6 +69,7 @@ def in_process(runtime: str, store_path, vectors, queries: list[str], warmup: in
     from densefit.retrieval.encode import encode_texts, tokenize_texts
     from densefit.retrieval.index import LocalDocumentStore
     from densefit.retrieval.index.exact import exact_search
+    from densefit.retrieval.index.request import SearchRequest
     from densefit.retrieval.runtimes import resolve_runtime
     from densefit.serve.app import PASS_COST_TOKENS, search_queries
     from densefit.serve.batcher import Query
@@ -109,7 +110,7 @@ def in_process(runtime: str, store_path, vectors, queries: list[str], warmup: in
         start = time.perf_counter()
         store.search(vector, top_k=10)
         clock["store"] = time.perf_counter() - start
-        query = Query(text, k=10, tokens=tokens[0])
+        query = Query(text, SearchRequest(top_k=10), tokens=tokens[0])
         start = time.perf_counter()
         search_queries(store, model, [query], runtime=runtime)
         clock["worker"] = time.perf_counter() - start

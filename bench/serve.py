@@ -1212,7 +1212,7 @@ def scale_point(
         if not indexed:  # a rerun finds the index made last time: measure without it first
             import sqlite3
 
-            from densefit.retrieval.index.filters import meta_index_sql
+            from densefit.retrieval.index.sqlite_filters import meta_index_sql
 
             with sqlite3.connect(store_path / "store.sqlite") as conn:
                 conn.execute(f'DROP INDEX IF EXISTS "{meta_index_sql("meta.dataset")[0]}"')

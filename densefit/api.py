@@ -6,7 +6,7 @@ such as ``postgresql://.../TABLE``, or a store object; :func:`~densefit.retrieva
 engines.open_store`): train, save, embed, index, retrieve and evaluate.
 
 The store remembers the model that embedded it, so retrieving after the model was trained in
-place (or swapped) raises :class:`~densefit.retrieval.index.base.ModelMismatchError`: call
+place (or swapped) raises :class:`~densefit.retrieval.index.types.ModelMismatchError`: call
 ``index`` again to re-embed the documents with the current weights.
 """
 
@@ -32,10 +32,10 @@ from densefit.jobs import train_job
 from densefit.models import load_model
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.fusion import Fusion
-from densefit.retrieval.index.base import SearchHit, StoreError
 from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search_batch
+from densefit.retrieval.index.types import SearchHit, StoreError
 from densefit.retrieval.runtimes import resolve_runtime
 from densefit.training.loop import TrainResult, save_model
 
@@ -270,7 +270,7 @@ class Retriever:
     ) -> list[SearchHit]:
         """The ``top_k`` documents best matching ``query``, best first.
 
-        Each :class:`~densefit.retrieval.index.base.SearchHit` has ``id``, ``score``, ``rank``,
+        Each :class:`~densefit.retrieval.index.types.SearchHit` has ``id``, ``score``, ``rank``,
         ``text``, ``title`` and ``meta``. ``mode`` is ``"dense"`` (embeddings), ``"bm25"``
         (BM25 over the texts) or ``"hybrid"`` (both, fused by ``fusion``:
         :class:`~densefit.retrieval.fusion.Fusion`, reciprocal rank by default). ``filters``

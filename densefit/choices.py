@@ -40,7 +40,10 @@ __all__ = [
     "SOURCE_BATCHES",
     "SOURCE_SAMPLING",
     "TRACKERS",
+    "embeds",
     "parse_metric",
+    "reads_texts",
+    "search_mode",
 ]
 
 # How two embeddings are scored: sentence-transformers' `similarity_fn_name` values that
@@ -64,6 +67,9 @@ VECTOR_KINDS = ("float32", "float16", "int8", "binary")
 # What a search ranks by: the embeddings, BM25 over the texts, or both fused
 # (densefit.retrieval.fusion), by reciprocal rank ("rrf") or by normalised scores ("weighted").
 SEARCH_MODES = ("dense", "bm25", "hybrid")
+# What each mode ranks by (mining's methods share the names): (query embeddings, query texts).
+# The one place that decides whether a mode runs the model on the queries.
+_MODE_INPUTS = {"dense": (True, False), "bm25": (False, True), "hybrid": (True, True)}
 # How the vectors are searched (each engine offers some: densefit.retrieval.index.engines):
 # every vector compared ("exact"), FAISS (the embedded store: "faiss" or "faiss:FACTORY"), or
 # the engine's HNSW graph (PostgreSQL's pgvector, Qdrant).
@@ -110,6 +116,39 @@ ON_CHECK_FAILURE = ("error", "warn")  # a file whose check fails: deleted and re
 METRIC_KINDS = ("ndcg", "mrr", "recall", "map", "precision")
 DEFAULT_METRICS = ("ndcg@10", "mrr@10", "recall@10", "recall@100", "map@100")
 _METRIC = re.compile(rf"^({'|'.join(METRIC_KINDS)})@(\d+)$")
+
+
+def search_mode(mode: str) -> str:
+    """``mode`` when it is one of :data:`SEARCH_MODES` (or a mining method: the same names),
+    else ValueError (one line).
+
+    >>> search_mode("lexical")
+    Traceback (most recent call last):
+    ...
+    ValueError: mode must be one of dense, bm25, hybrid, not 'lexical'
+    """
+    if mode not in _MODE_INPUTS:
+        raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
+    return mode
+
+
+def embeds(mode: str) -> bool:
+    """Whether a search (or mining) by ``mode`` ranks by embeddings, so the model embeds
+    the queries.
+
+    >>> [mode for mode in SEARCH_MODES if embeds(mode)]
+    ['dense', 'hybrid']
+    """
+    return _MODE_INPUTS[search_mode(mode)][0]
+
+
+def reads_texts(mode: str) -> bool:
+    """Whether a search (or mining) by ``mode`` ranks by BM25 over the query texts.
+
+    >>> [mode for mode in SEARCH_MODES if reads_texts(mode)]
+    ['bm25', 'hybrid']
+    """
+    return _MODE_INPUTS[search_mode(mode)][1]
 
 
 def parse_metric(name: str) -> tuple[str, int]:

@@ -32,15 +32,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from densefit.choices import DEFAULT_METRICS, parse_metric
+from densefit.choices import DEFAULT_METRICS, embeds, parse_metric
 from densefit.data.corpus import BeirDataset, load_beir, read_qrels, read_queries
 from densefit.data.types import ReadReport
 from densefit.errors import OptionError
 from densefit.losses.matryoshka import truncate
 from densefit.models import load_model, model_name_of
 from densefit.retrieval.index.documents import DB_NAME
-from densefit.retrieval.index.engines import engine_of, open_store
+from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.indexing import index_documents
+from densefit.retrieval.index.registry import engine_of, redacted
 from densefit.retrieval.index.searching import search_batch
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "load_queries_and_qrels",
     "retrieve_run",
     "skipped_caption",
+    "store_target",
     "subsample_corpus",
 ]
 
@@ -73,7 +75,12 @@ _PYTREC = {
 
 @dataclass
 class EvalResult:
-    """Mean metrics over the judged queries, per-query scores, and how they were produced."""
+    """Mean metrics over the judged queries, per-query scores, and how they were produced.
+
+    ``rankings`` holds each judged query's retrieved documents in rank order (trec_eval's:
+    score descending, then id descending; ``(doc_id, score)``) and ``qrels`` the judgments they
+    were scored against: what :func:`densefit.comparison.compare_queries` lines up.
+    """
 
     name: str
     metrics: dict[str, float]
@@ -82,9 +89,12 @@ class EvalResult:
     missing_queries: list[str] = field(default_factory=list)
     info: dict = field(default_factory=dict)
     skipped_rows: list[tuple[str, str]] = field(default_factory=list)  # (file:line, reason)
+    rankings: dict[str, list[tuple[str, float]]] = field(default_factory=dict, repr=False)
+    qrels: dict[str, dict[str, int]] = field(default_factory=dict, repr=False)
 
-    def to_dict(self, *, per_query: bool = False) -> dict:
-        """A JSON-ready dict; ``per_query`` adds every query's scores."""
+    def to_dict(self, *, per_query: bool = False, rankings: bool = False) -> dict:
+        """A JSON-ready dict; ``per_query`` adds every query's scores, ``rankings`` every
+        query's ranked documents and judgments (what :meth:`from_dict` needs to compare)."""
         out = {
             "name": self.name,
             "metrics": {k: round(v, 6) for k, v in self.metrics.items()},
@@ -95,7 +105,33 @@ class EvalResult:
         }
         if per_query:
             out["per_query"] = self.per_query
+        if rankings:
+            out["rankings"] = {q: [[d, s] for d, s in hits] for q, hits in self.rankings.items()}
+            out["qrels"] = self.qrels
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> EvalResult:
+        """The result :meth:`to_dict` wrote (``metrics`` means exactly as saved).
+
+        >>> r = EvalResult("m", {"mrr@10": 0.5}, {"q": {"mrr@10": 0.5}}, 1, rankings={"q": [("a", 1.0)]})
+        >>> EvalResult.from_dict(r.to_dict(per_query=True, rankings=True)).rankings
+        {'q': [('a', 1.0)]}
+        """  # noqa: E501
+        return cls(
+            d["name"],
+            dict(d["metrics"]),
+            dict(d.get("per_query", {})),
+            d.get("n_queries", 0),
+            list(d.get("missing_queries", [])),
+            dict(d.get("info", {})),
+            [tuple(row) for row in d.get("skipped_rows", [])],
+            {
+                q: [(str(doc), float(s)) for doc, s in hits]
+                for q, hits in d.get("rankings", {}).items()
+            },
+            {q: dict(docs) for q, docs in d.get("qrels", {}).items()},
+        )
 
 
 def evaluate_run(
@@ -154,7 +190,11 @@ def evaluate_run(
             scores[metric] = float(value)
         per_query[query_id] = scores
     means = {m: float(np.mean([per_query[q][m] for q in qrels])) for m, _, _ in parsed}
-    return EvalResult(name, means, per_query, n_queries=len(qrels), missing_queries=missing)
+    rankings = {q: _trec_order(clean_run.get(q, {})) for q in qrels}
+    return EvalResult(
+        name, means, per_query, n_queries=len(qrels), missing_queries=missing,
+        rankings=rankings, qrels=qrels,
+    )  # fmt: skip
 
 
 def _trec_order(docs: Mapping[str, float]) -> list[tuple[str, float]]:
@@ -284,9 +324,9 @@ def evaluate(
     0.645
     """
     checked_top_k(top_k, metrics)  # before the corpus is embedded
-    if dims and mode == "bm25":
+    if dims and not embeds(mode):
         raise ValueError("dims cut the embeddings, which mode='bm25' does not use: drop one")
-    bm25_store = mode == "bm25" and model is None and is_store(source)
+    bm25_store = not embeds(mode) and model is None and is_store(source)
     model = None if bm25_store else load_model(model)
     name = name or (model_name_of(model) if model is not None else None)
     options = dict(
@@ -296,34 +336,52 @@ def evaluate(
     if is_store(source):
         if queries is None or qrels is None:
             raise ValueError("evaluating a store needs queries and qrels (files or mappings)")
-        report = ReadReport(f"{queries}, {qrels}")
-        texts, judgments = load_queries_and_qrels(
-            queries, qrels, on_bad_row=on_bad_row, report=report
-        )
-        given = not isinstance(source, (str, os.PathLike))  # the caller's: left open
-        opening = (
-            nullcontext(source)
-            if given
-            else open_store(source, backend=backend, rescore=rescore, create=False)
-        )
-        with opening as opened:
-            results = [
-                _score_store(
-                    opened,
-                    model,
-                    texts,
-                    judgments,
-                    dim=dim,
-                    name=name or opened.model_name,
-                    **options,
-                )
-                for dim in (dims or [None])
-            ]
-        for result in results:
-            result.skipped_rows = list(report.skipped)
-        return results if dims else results[0]
-    if queries is not None or qrels is not None:
-        raise ValueError("a BEIR folder brings its own queries and qrels: drop queries/qrels")
+        results = _evaluate_store(
+            model, source, queries, qrels, dims=dims, backend=backend, rescore=rescore,
+            on_bad_row=on_bad_row, name=name, options=options,
+        )  # fmt: skip
+    else:
+        if queries is not None or qrels is not None:
+            raise ValueError("a BEIR folder brings its own queries and qrels: drop queries/qrels")
+        results = _evaluate_beir(
+            model, source, split=split, dims=dims, distractors=distractors,
+            sample_seed=sample_seed, store_dir=store_dir, backend=backend, vectors=vectors,
+            rescore=rescore, on_bad_row=on_bad_row, name=name, options=options,
+        )  # fmt: skip
+    return results if dims else results[0]
+
+
+def _evaluate_store(
+    model, source, queries, qrels, *, dims, backend, rescore, on_bad_row, name, options: dict
+) -> list[EvalResult]:
+    """:func:`evaluate` of a store (an object, left open, or a target, opened here): one
+    result per size of ``dims`` (one without)."""
+    report = ReadReport(f"{queries}, {qrels}")
+    texts, judgments = load_queries_and_qrels(queries, qrels, on_bad_row=on_bad_row, report=report)
+    given = not isinstance(source, (str, os.PathLike))  # the caller's: left open
+    opening = (
+        nullcontext(source)
+        if given
+        else open_store(source, backend=backend, rescore=rescore, create=False)
+    )
+    with opening as opened:
+        results = [
+            _score_store(
+                opened, model, texts, judgments, dim=dim, name=name or opened.model_name, **options
+            )
+            for dim in (dims or [None])
+        ]
+    for result in results:
+        result.skipped_rows = list(report.skipped)
+    return results
+
+
+def _evaluate_beir(
+    model, source, *, split, dims, distractors, sample_seed, store_dir, backend, vectors,
+    rescore, on_bad_row, name, options: dict,
+) -> list[EvalResult]:  # fmt: skip
+    """:func:`evaluate` of a BEIR folder or dataset: index its corpus (or a subsample of it)
+    into ``store_dir`` or a temporary store, then score its ``split``."""
     beir = (
         source
         if isinstance(source, BeirDataset)
@@ -336,14 +394,16 @@ def evaluate(
         with opening as store:
             started = time.perf_counter()
             indexed = index_documents(
-                store, model, beir.corpus.values(), batch_size=batch_size,
-                show_progress=show_progress, total=len(beir.corpus), runtime=runtime,
+                store, model, beir.corpus.values(), batch_size=options["batch_size"],
+                show_progress=options["show_progress"], total=len(beir.corpus),
+                runtime=options["runtime"],
             )  # fmt: skip
             index_seconds = time.perf_counter() - started
             results = [
                 _score_store(store, model, beir.queries, beir.qrels, dim=dim, name=name, **options)
                 for dim in (dims or [None])
             ]
+            kept = None if store_dir is None else store_target(store)
     for result in results:
         result.info.update(
             dataset=str(source) if not isinstance(source, BeirDataset) else "<BeirDataset>",
@@ -353,10 +413,23 @@ def evaluate(
             index=indexed.to_dict(),
             index_seconds=round(index_seconds, 3),
             max_seq_length=model.max_seq_length,
-            store=None if store_dir is None else str(store_dir),
+            store=kept,
         )
         result.skipped_rows = list(beir.report.skipped)
-    return results if dims else results[0]
+    return results
+
+
+def store_target(store) -> str:
+    """Where ``store`` lives as results record it: its folder, URL or collection, with a
+    URL's password masked (``***``).
+
+    >>> from densefit.testing import tiny_model
+    >>> from densefit.retrieval.index import open_store
+    >>> with open_store(None, tiny_model()) as store:
+    ...     store_target(store) == store.location
+    True
+    """
+    return redacted(getattr(store, "location", None) or getattr(store, "path", ""))
 
 
 def is_store(source) -> bool:
@@ -409,7 +482,7 @@ def _score_store(
         finally:
             model.truncate_dim = before
         result.name = f"{name} @{dim}"
-        result.info.update(dim=dim, store=str(getattr(store, "path", "")))
+        result.info.update(dim=dim, store=store_target(store))
         return result
     top_k = checked_top_k(top_k, metrics)
     judged = {q: queries[q] for q in qrels if q in queries}
@@ -437,7 +510,7 @@ def _score_store(
             if fusion is not None and mode == "hybrid"
             else None,
             "vectors": getattr(store, "vector_kind", None),
-            "store": str(getattr(store, "path", "")),
+            "store": store_target(store),
             "documents": store.count(),
             "dim": store.dim,
             "top_k": top_k,

@@ -14,6 +14,7 @@ console, the Python API drops them); results are returned, never printed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import os
@@ -26,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from densefit.choices import embeds
+from densefit.comparison import QueryComparison, compare_queries
 from densefit.config.commands import (
     DocumentEmbedding,
     EvalJob,
@@ -58,17 +61,18 @@ from densefit.retrieval.export import (
     export_model,
 )
 from densefit.retrieval.fusion import Fusion
-from densefit.retrieval.index.base import NoStoreError, SearchHit
 from densefit.retrieval.index.engines import open_store
-from densefit.retrieval.index.filters import meta_index_sql, parse_filter_text
+from densefit.retrieval.index.filters import meta_path, parse_filter_text
 from densefit.retrieval.index.indexing import (
     IndexReport,
     copy_documents,
     index_documents,
     prune_documents,
 )
+from densefit.retrieval.index.reembed import SwapReport, reembed_store
+from densefit.retrieval.index.registry import redacted, require
 from densefit.retrieval.index.searching import model_for_store, query_runtime, search_batch
-from densefit.retrieval.index.swap import SwapReport, reembed_store
+from densefit.retrieval.index.types import NoStoreError, SearchHit
 from densefit.retrieval.runtimes import (
     check_supported,
     model_precision,
@@ -403,7 +407,7 @@ def mine_job(job: MineJob, *, say: Say = None) -> MiningReport:
     if job.store is not None:
         return _mine_store(job, device, say)
     model = None
-    if settings.method != "bm25":  # dense and hybrid embed the corpus
+    if embeds(settings.method):  # dense and hybrid embed the corpus
         model = load_model(
             model_or_default(job.model), max_seq_length=settings.max_seq_length, device=device
         )
@@ -419,7 +423,7 @@ def _mine_store(job: MineJob, device: str, say: Say) -> MiningReport:
     settings = job.mine
     with open_store(job.store, create=False) as store:
         documents = store.filter_documents(None)
-        if settings.method == "bm25":
+        if not embeds(settings.method):
             return _mine(job, documents, None, settings.runtime, say)
         prompts = {"query_prompt": job.query_prompt, "document_prompt": job.document_prompt}
         model = model_for_store(store, job.model, device=device, **prompts)
@@ -510,7 +514,7 @@ def check_index_job(job: IndexJob) -> None:
     if job.corpus is not None and not Path(job.corpus).exists():
         raise FileNotFoundError(f"{job.corpus}: no such file or folder")
     for name in job.index_fields:
-        meta_index_sql(name)  # a bad field name fails before any work
+        meta_path(name)  # a bad field name fails before any work
 
 
 def embedding_model(name: str, job: DocumentEmbedding, device: str):
@@ -540,20 +544,21 @@ def index_job(job: IndexJob) -> IndexOutcome:
     device, world, main = _start_processes(resolve_device(job.device))
     if main:  # the one process that reads the corpus
         check_index_job(job)
-    name = model_or_default(job.model, recorded_model(job.store) if main else None)
+    recorded = recorded_model(job.store) if main else None
+    name = model_or_default(job.model, recorded)
     if world > 1:
         name = distributed.broadcast_object(name)  # the store's model, as rank 0 read it
     model = embedding_model(name, job, device)
     if world == 1:
-        return _index_into_store(job, model, encode_with_callback)
+        return _index_into_store(job, model, encode_with_callback, new=recorded is None)
     if not main:
         _embed_shares(model)
         distributed.teardown_distributed()
         return IndexOutcome(
-            IndexReport(str(job.store), name), ReadReport(str(job.corpus)), {}, False
+            IndexReport(redacted(job.store), name), ReadReport(str(job.corpus)), {}, False
         )
     try:
-        outcome = _index_into_store(job, model, _encode_on_every_process)
+        outcome = _index_into_store(job, model, _encode_on_every_process, new=recorded is None)
     except KeyboardInterrupt:
         raise  # torchrun interrupts every process
     except BaseException:
@@ -564,19 +569,13 @@ def index_job(job: IndexJob) -> IndexOutcome:
     return outcome
 
 
-def _index_into_store(job: IndexJob, model, encoder) -> IndexOutcome:  # noqa: ANN001
-    """Open (or create) the store for ``model`` and index the corpus into it with ``encoder``
-    (:func:`~densefit.retrieval.index.indexing.index_documents`): the one writer."""
+def _index_into_store(job: IndexJob, model, encoder, *, new: bool) -> IndexOutcome:  # noqa: ANN001
+    """Open (or create, ``new``: there was none) the store for ``model`` and index the corpus
+    into it with ``encoder`` (:func:`~densefit.retrieval.index.indexing.index_documents`):
+    the one writer."""
     store = open_store(
         job.store, model, backend=job.backend, vectors=job.vectors, lock_timeout=job.lock_timeout
     )
-    if store.vector_kind != job.vectors and job.vectors != VECTORS.default:
-        warnings.warn(
-            f"{job.store} stores {store.vector_kind} vectors; --vectors {job.vectors} applies "
-            "to new stores only (index into a new --store to change the kind)",
-            UserWarning,
-            stacklevel=3,
-        )
     read = ReadReport(str(job.corpus))
     documents = iter_corpus(job.corpus, on_bad_row=job.on_bad_row, report=read)
     seen: set[str] = set()
@@ -586,7 +585,15 @@ def _index_into_store(job: IndexJob, model, encoder) -> IndexOutcome:  # noqa: A
             seen.add(doc.id)
             yield doc
 
-    with store:
+    with _dropped_on_failure(store, new=new):
+        if store.vector_kind != job.vectors and job.vectors != VECTORS.default:
+            warnings.warn(
+                f"{store.location} stores {store.vector_kind} vectors; --vectors {job.vectors} "
+                "applies to new stores only (index into a new --store to change the kind)",
+                UserWarning,
+                stacklevel=3,
+            )
+        _require_index_fields(store, job.index_fields)
         report = index_documents(
             store,
             model,
@@ -608,6 +615,31 @@ def _index_into_store(job: IndexJob, model, encoder) -> IndexOutcome:  # noqa: A
     return IndexOutcome(report, read, info)
 
 
+@contextlib.contextmanager
+def _dropped_on_failure(store, *, new: bool) -> Iterator:
+    """``store`` for the block, closed after it. When the block fails and the store is
+    ``new`` (this command created it) and holds no document, the store is dropped: a refused
+    command leaves nothing behind. A store that held data before, or that this command
+    committed documents into (the same command resumes it), is kept."""
+    with store:
+        try:
+            yield store
+        except BaseException:
+            if new:
+                with contextlib.suppress(Exception):  # the first error is the one to report
+                    if store.count() == 0:
+                        store.drop()
+            raise
+
+
+def _require_index_fields(store, fields: list[str]) -> None:
+    """Refuse ``--index-field`` before indexing starts where the engine has no metadata
+    indexes (the upkeep role)."""
+    if fields:
+        doing = "index metadata fields (--index-field)"
+        require(store.capabilities, "upkeep", doing, location=store.location)
+
+
 def _copy_into_store(job: IndexJob) -> IndexOutcome:
     """``densefit index --from-store SOURCE --store TARGET``: every document of SOURCE with
     its vector copied into TARGET (created recording SOURCE's model and settings, with
@@ -617,7 +649,10 @@ def _copy_into_store(job: IndexJob) -> IndexOutcome:
         kind = job.vectors if job.vectors != VECTORS.default else source.vector_kind
         record = dataclasses.replace(source.record, vector_kind=kind)
         opening = {"backend": job.backend, "lock_timeout": job.lock_timeout}
-        with open_store(job.store, record=record, **opening) as target:
+        new = recorded_model(job.store) is None
+        created = open_store(job.store, record=record, **opening)
+        with _dropped_on_failure(created, new=new) as target:
+            _require_index_fields(target, job.index_fields)
             report = copy_documents(
                 source,
                 target,
@@ -742,7 +777,7 @@ def search_job(job: SearchJob) -> list[list[SearchHit]]:
     filters = parse_filter_text(job.filter)
     with open_store(job.store, backend=job.backend, rescore=job.rescore, create=False) as store:
         model = None
-        if job.mode != "bm25":
+        if embeds(job.mode):
             model = model_for_store(
                 store,
                 job.model,
@@ -799,6 +834,7 @@ class EvalOutcome:
     results: list[EvalResult]
     title: str
     notes: list[str] = field(default_factory=list)
+    comparison: QueryComparison | None = None  # with --compare: the two models per query
 
 
 def eval_job(job: EvalJob, *, say: Say = None) -> EvalOutcome:
@@ -862,7 +898,11 @@ def eval_job(job: EvalJob, *, say: Say = None) -> EvalOutcome:
             f"(judged + {corpus['distractors']} random, seed {corpus['sample_seed']}): higher "
             "than full-corpus scores"
         )
-    return EvalOutcome(results, f"{job.dataset} ({split})", notes)
+    comparison = None
+    if len(results) == 2:  # --compare without --dims: line the two models up per query
+        texts = {doc_id: doc.text for doc_id, doc in beir.corpus.items()}
+        comparison = compare_queries(*results, queries=beir.queries, documents=texts)
+    return EvalOutcome(results, f"{job.dataset} ({split})", notes, comparison)
 
 
 def _eval_store(job: EvalJob, options: dict, prompts: dict) -> EvalOutcome:
@@ -872,7 +912,7 @@ def _eval_store(job: EvalJob, options: dict, prompts: dict) -> EvalOutcome:
     )
     with open_store(job.store, backend=job.backend, rescore=job.rescore, create=False) as store:
         model = None  # BM25 ranks by the texts alone: no model to load
-        if job.eval.mode != "bm25":
+        if embeds(job.eval.mode):
             model = model_for_store(store, job.model, device=job.device, **prompts)
             set_precision(model, job.eval.precision)
         found = evaluate(
@@ -886,7 +926,7 @@ def _eval_store(job: EvalJob, options: dict, prompts: dict) -> EvalOutcome:
     results = found if isinstance(found, list) else [found]
     for result in results:
         result.skipped_rows = list(report.skipped)
-    return EvalOutcome(results, f"{job.store} ({Path(job.qrels).name})")
+    return EvalOutcome(results, f"{redacted(job.store)} ({Path(job.qrels).name})")
 
 
 def _labels(names: Sequence[str]) -> dict[str, str]:

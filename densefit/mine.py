@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from densefit.choices import MINE_METHODS
+from densefit.choices import MINE_METHODS, embeds
 from densefit.config.shared import RRF_K
 from densefit.data.corpus import read_corpus
 from densefit.data.readers import read_training_data
@@ -280,7 +280,7 @@ class _Searchers:
 def _check_arguments(method, model, num_negatives, range_min, range_max, margin, sampling):
     if method not in MINE_METHODS:
         raise ValueError(f"method must be one of {', '.join(MINE_METHODS)}, not {method!r}")
-    if method != "bm25" and model is None:
+    if embeds(method) and model is None:
         raise ValueError(
             f"--method {method} embeds the corpus: pass --model (e.g. all-MiniLM-L6-v2)"
         )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (idempotent), then `densefit run examples/scifact.yaml`: fine-tune all-MiniLM-L6-v2
 # on the bundled SciFact training pairs, evaluate base and trained on SciFact test, write
-# runs/scifact/report.md (+ report.json, plots/) and print the before/after table.
+# runs/scifact/report.md (+ report.html, report.json, plots/) and print the before/after table.
 # Extra arguments go to `densefit run`, for example:
 #   bash scripts/demo.sh --eval-distractors null --eval-max-seq-length 256 --output runs/scifact-full
 #   bash scripts/demo.sh --force

@@ -3,6 +3,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh models,eval,index,test,onnx,openvino,datasets,tensorboard,mlflow,wandb
+# The browser tests' headless Chromium, where this machine lets us install it (root and
+# apt-get); elsewhere they skip, naming the packages.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends chromium chromium-driver; } >/dev/null 2>&1 \
+      || echo "apt-get could not install chromium chromium-driver: the browser tests skip" >&2
+  fi
+fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Lint and format first: a style slip fails in seconds, with the command that fixes it.
 .venv/bin/ruff check . || { echo "fix: .venv/bin/ruff check --fix ." >&2; exit 1; }

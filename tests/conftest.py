@@ -118,3 +118,21 @@ def new_target(request, tmp_path):
         return postgres_target(request.getfixturevalue("postgres_uri"), name)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the session (densefit.testing.browser: selenium with
+    Debian's chromium and chromium-driver, network logging on); skips naming what to install
+    where they are absent. A test opens its page with ``browser.get(url)``;
+    ``densefit.testing.browser.requests_outside(browser, origin)`` lists what else it fetched."""
+    pytest.importorskip("selenium", reason="selenium is not installed: pip install selenium")
+    from densefit.testing.browser import MISSING, chromium_paths, start_chromium
+
+    if chromium_paths() is None:
+        pytest.skip(MISSING)
+    driver = start_chromium()
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -6,13 +6,20 @@ store's answers; the move of an embedded store into an engine (``densefit index
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import STORE_ENGINES
 from typer.testing import CliRunner
 
 from densefit.retrieval.index import open_store
+from densefit.retrieval.index.registry import ENGINES
 from densefit.testing.conformance import make_corpus, with_meta
 
 runner = CliRunner()
@@ -194,10 +201,211 @@ def test_what_an_engine_cannot_do_is_one_line(app, tiny_models, data, target, ne
 
 def test_docs_list_every_engines_capabilities():
     """docs/search.md's table is what the engines declare (regenerate it from
-    densefit.retrieval.index.engines.capabilities_table when an engine changes)."""
-    from pathlib import Path
-
-    from densefit.retrieval.index.engines import capabilities_table
+    densefit.retrieval.index.registry.capabilities_table when an engine changes)."""
+    from densefit.retrieval.index.registry import capabilities_table
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "search.md").read_text()
     assert capabilities_table() in docs
+
+
+# -- the contract: its size, its roles, its coverage by the conformance suite, its imports ------
+
+
+def test_the_core_contract_fits_on_one_screen():
+    from densefit.retrieval.index.base import ROLES, DocumentStore, members
+    from densefit.retrieval.index.types import Capabilities
+
+    assert len(members(DocumentStore)) <= 26  # 24 members and __enter__ / __exit__
+    roles = [set(members(role)) for role in ROLES.values()]
+    assert all(not (r & set(members(DocumentStore))) for r in roles)  # no member in two places
+    assert set(ROLES) <= {f.name for f in dataclasses.fields(Capabilities)}
+
+
+@pytest.mark.parametrize("name", list(ENGINES))
+def test_each_engine_implements_the_core_and_the_roles_it_declares(name):
+    """Read from the engine's store class, without a server: every member of the core and of
+    each declared role is there, and a role not declared is refused (not half-implemented)."""
+    from densefit.retrieval.index.base import ROLES, DocumentStore, members
+    from densefit.retrieval.index.common import StoreCommon
+    from densefit.retrieval.index.engines import engine_module
+    from densefit.retrieval.index.registry import capabilities_of
+
+    module = engine_module(name)
+    (store_class,) = [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type) and issubclass(c, StoreCommon) and c.__module__ == module.__name__
+    ]
+    capabilities = capabilities_of(name)
+    assert module.CAPABILITIES == capabilities and store_class.capabilities == capabilities
+    wanted = members(DocumentStore) + [
+        member
+        for role, protocol in ROLES.items()
+        if getattr(capabilities, role)
+        for member in members(protocol)
+    ]
+    missing = [m for m in wanted if not hasattr(store_class, m) and m not in _INSTANCE_ATTRIBUTES]
+    assert not missing, f"{store_class.__name__} lacks {missing}"
+
+
+_INSTANCE_ATTRIBUTES = {"location"}  # set by each store's __init__
+
+
+def test_a_command_needing_a_role_the_engine_lacks_is_refused_in_one_line(tmp_path):
+    from densefit.retrieval.index.indexing import index_documents
+    from densefit.retrieval.index.types import CapabilityError
+    from densefit.testing import tiny_model
+
+    model = tiny_model()
+    with open_store(tmp_path / "s", model) as store:
+        store.capabilities = dataclasses.replace(store.capabilities, reembedding=False)
+        with pytest.raises(CapabilityError) as caught:
+            index_documents(store, model, make_corpus(4), reembed=True)
+        message = str(caught.value)
+        assert "cannot re-embed its documents with new settings (--reembed)" in message
+        able = [e for e, row in ENGINES.items() if row.capabilities.reembedding and e != "embedded"]
+        assert all(f" {e}" in message for e in able) and message.endswith(" can")
+        assert "\n" not in message
+        assert store.count() == 0  # refused before anything was written
+        report = index_documents(store, model, make_corpus(4))  # the core needs no role
+        assert report.added == 4
+
+
+def test_every_contract_member_is_exercised_by_the_conformance_suite(tmp_path):
+    """The conformance suite runs on the embedded store (which declares every role) with a
+    recorder on every member of the core and of the roles (tests/_contract_recorder.py):
+    a member no conformance test uses from outside the store fails here."""
+    from densefit.retrieval.index.base import ROLES, DocumentStore, members
+
+    used = tmp_path / "used.json"
+    tests = Path(__file__).resolve().parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
+        "DENSEFIT_CONTRACT_CLASSES": ",".join(_RECORDED_CLASSES),
+        "DENSEFIT_CONTRACT_USED": str(used),
+    }
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "_contract_recorder"]
+    command += ["-p", "no:cacheprovider", *(str(tests / f) for f in _RECORDED_FILES)]
+    run = subprocess.run(command, env=env, cwd=tests.parent, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    wanted = set(members(DocumentStore))
+    for protocol in ROLES.values():
+        wanted.update(members(protocol))
+    unused = sorted(wanted - set(json.loads(used.read_text())))
+    assert not unused, (
+        f"no conformance test uses {unused}: add one to densefit/testing/conformance.py"
+    )
+
+
+# The embedded store's conformance classes (StoreConformance, SwapConformance) the recorder runs.
+_RECORDED_FILES = ("test_index_store.py", "test_swap.py")
+_RECORDED_CLASSES = ("TestExactBackend", "TestEmbeddedSwap")
+
+
+def test_importing_the_engine_registry_loads_no_model_framework():
+    code = (
+        "import sys, densefit.retrieval.index.engines, densefit.retrieval.index.registry\n"
+        "heavy = sorted({'torch', 'sentence_transformers', 'transformers'} & set(sys.modules))\n"
+        "assert not heavy, heavy\n"
+        "from densefit.retrieval.index.registry import capabilities_table\n"
+        "capabilities_table()\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+def test_no_import_circle_in_retrieval():
+    """No module of densefit/retrieval/ reaches itself again by imports: at module level, in
+    functions (STYLE.md: a function-level import never dodges a circle), or by name through
+    importlib (engines.py loads the engine modules, which must not import it back)."""
+    root = Path(__file__).resolve().parents[1] / "densefit" / "retrieval"
+    graph = import_graph(root, "densefit.retrieval")
+    assert graph["densefit.retrieval.index.engines"] >= {"densefit.retrieval.index.qdrant"}
+    assert find_circles(graph) == []
+
+
+def test_the_circle_finder_sees_function_level_and_importlib_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg.c import x\n")
+    (pkg / "c.py").write_text("import importlib\nimportlib.import_module('pkg.a')\n")
+    (pkg / "d.py").write_text("from pkg import a\n")  # into the circle, not part of it
+    graph = import_graph(pkg, "pkg")
+    assert find_circles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """``{module: modules of the package it imports}``, read from every import statement
+    (any level, TYPE_CHECKING blocks too) and every ``importlib.import_module("name")``; a
+    call with a computed name counts as importing every engine module of the registry
+    (engines.py's way of loading them)."""
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = (
+            ".".join((package, *parts[:-1]))
+            if parts[-1] == "__init__"
+            else ".".join((package, *parts))
+        )
+        modules[name] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+                found.add(node.module)
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "import_module"
+            ):
+                argument = node.args[0] if node.args else None
+                if isinstance(argument, ast.Constant):
+                    found.add(argument.value)
+                else:
+                    found.update(engine.module for engine in ENGINES.values())
+        graph[name] = {
+            m for m in found if m in modules and m != name and not name.startswith(m + ".")
+        }
+    return graph
+
+
+def find_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: each strongly connected set of two or more modules,
+    sorted (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                top = stack.pop()
+                members.append(top)
+                if top == node:
+                    break
+            if len(members) > 1:
+                circles.append(sorted(members))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(circles)

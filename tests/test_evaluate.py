@@ -277,3 +277,31 @@ def test_random_runs_agree_with_the_metric_definitions(seed, n_docs, k):
     for metric in metrics:
         mean = np.mean([reference[q][metric] for q in qrels])
         assert ours.metrics[metric] == pytest.approx(mean, abs=1e-6)
+
+
+@pytest.mark.parametrize("engine", ["embedded", "qdrant", "postgresql"])
+def test_eval_results_name_the_store_target(engine, new_target, tiny, beir_folder):
+    """A store's evaluation records where the store lives (folder, qdrant: target or
+    PostgreSQL URL, its password masked), on every engine."""
+    from densefit.data.corpus import load_beir
+    from densefit.evaluate import store_target
+    from densefit.retrieval.index import index_documents, open_store
+
+    beir = load_beir(beir_folder, "test")
+    target = new_target(engine)
+    with open_store(target, tiny) as store:
+        index_documents(store, tiny, beir.corpus.values())
+        expected = store_target(store)
+    result = evaluate(tiny, target, queries=beir.queries, qrels=beir.qrels, metrics=["mrr@10"])
+    assert result.info["store"] == expected and target.rsplit("/", 1)[-1] in expected
+    kept = evaluate(tiny, beir_folder, store_dir=target, metrics=["mrr@10"])
+    assert kept.info["store"] == expected
+
+
+def test_the_store_target_masks_a_password():
+    from densefit.evaluate import store_target
+
+    class Store:
+        location = "postgresql://densefit:s3cret@db.example:5432/search/docs"
+
+    assert store_target(Store()) == "postgresql://densefit:***@db.example:5432/search/docs"

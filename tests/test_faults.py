@@ -34,7 +34,9 @@ from typer.testing import CliRunner
 
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index import open_store
-from densefit.retrieval.index.filters import MAX_CONDITIONS, MAX_DEPTH
+from densefit.retrieval.index.filters import MAX_NESTING, parse_filters
+from densefit.retrieval.index.registry import engine_of
+from densefit.retrieval.index.sqlite_filters import MAX_CONDITIONS, MAX_DEPTH
 from densefit.testing.conformance import make_corpus, with_meta
 
 pytest.importorskip("fastapi")
@@ -59,7 +61,21 @@ def app():
     return app
 
 
-# -- the filters that cost SQLite most, at the validator's limits and one past them -----------
+# -- the filters that cost an engine most, at its limits and one past them ---------------------
+
+
+def limits(capabilities) -> tuple[int, int]:
+    """``(levels, conditions)``: the largest filter a store of ``capabilities`` takes (its
+    own limits; nesting is bounded by the language's where the engine has no limit of its
+    own). Every engine here declares a limit on conditions."""
+    assert capabilities.filter_max_conditions is not None, capabilities.engine
+    return capabilities.filter_max_depth or MAX_NESTING, capabilities.filter_max_conditions
+
+
+def target_limits(target: str) -> tuple[int, int]:
+    """:func:`limits` of the store at ``target``."""
+    with open_store(target, create=False) as store:
+        return limits(store.capabilities)
 
 
 def _worst_leaf(operator: str) -> dict:
@@ -70,16 +86,20 @@ def _worst_leaf(operator: str) -> dict:
     return {"field": "meta.year", "operator": operator, "value": values}
 
 
-def deepest(levels: int = MAX_DEPTH) -> dict:
-    """``levels`` logical operators, each holding a comparison before the nested one (the
-    arrangement SQLite's parser needs most stack for): NOT, NOT, AND, OR in turn, with
-    comparisons that leave the nested one's answer as it is, so the whole matches ``EN``."""
-    node: dict = EN
+def deepest(levels: int = MAX_DEPTH, conditions: int = MAX_CONDITIONS) -> dict:
+    """Up to ``levels`` logical operators (as many as ``conditions`` allow), each holding a
+    comparison before the nested one (the arrangement SQLite's parser needs most stack
+    for): NOT, NOT, AND, OR in turn, with comparisons that leave the nested one's answer as
+    it is, so the whole matches ``EN``."""
+    nodes: list[dict] = [EN]
     for i in range(levels):
         operator = ("NOT", "NOT", "AND", "OR")[i % 4]
         leaf = _worst_leaf("in" if operator == "OR" else "not in")
-        node = {"operator": operator, "conditions": [leaf, node]}
-    return node
+        deeper = {"operator": operator, "conditions": [leaf, nodes[-1]]}
+        if parse_filters(deeper).conditions > conditions:
+            break
+        nodes.append(deeper)
+    return nodes[-2] if len(nodes) % 4 == 2 else nodes[-1]  # not after one NOT of a pair
 
 
 def widest(conditions: int = MAX_CONDITIONS) -> dict:
@@ -90,10 +110,10 @@ def widest(conditions: int = MAX_CONDITIONS) -> dict:
     return {"operator": "OR", "conditions": [*years, EN]}
 
 
-def deep_and_wide(levels: int = MAX_DEPTH) -> dict:
+def deep_and_wide(levels: int = MAX_DEPTH, conditions: int = MAX_CONDITIONS) -> dict:
     """``levels`` operators, the nested one first and as many comparisons after it as the
     limit on conditions allows: SQLite's expression tree is deepest along the first one."""
-    width = (MAX_CONDITIONS - 1) // levels - 1
+    width = (conditions - 1) // levels - 1
     node: dict = EN
     for i in range(levels):
         operator, compare = [("OR", "=="), ("AND", "!=")][i % 2]  # leave the answer as it is
@@ -101,6 +121,14 @@ def deep_and_wide(levels: int = MAX_DEPTH) -> dict:
             {"field": "meta.year", "operator": compare, "value": 3000 + j} for j in range(width)
         ]
         node = {"operator": operator, "conditions": [node, *years]}
+    return node
+
+
+def _too_deep(levels: int) -> dict:
+    """``levels`` ANDs and ORs in turn around ``EN`` (few conditions: only nesting is past)."""
+    node: dict = EN
+    for i in range(levels):
+        node = {"operator": ("AND", "OR")[i % 2], "conditions": [node, EN]}
     return node
 
 
@@ -352,13 +380,13 @@ CLI_FAULTS = {
         "bad input", lambda t, d: ["search", "--store", t, "cells", "--mode", "hybrid", "--filter", json.dumps(NO_MATCH)],
         0, "no documents match the filter",
     ),
-    "a filter nesting past the limit": (
-        "bad input", lambda t, d: ["search", "--store", t, "cells", "--filter", json.dumps(deepest(MAX_DEPTH + 1))],
-        2, f"filters nest deeper than {MAX_DEPTH} levels",
+    "a filter nesting past the store's limit": (
+        "bad input", lambda t, d: ["search", "--store", t, "cells", "--filter", json.dumps(_too_deep(target_limits(t)[0] + 1))],
+        2, lambda t: f"filters nest deeper than {target_limits(t)[0]} levels",
     ),
-    "a filter past the limit on conditions": (
-        "bad input", lambda t, d: ["search", "--store", t, "cells", "--mode", "bm25", "--filter", json.dumps(widest(MAX_CONDITIONS + 1))],
-        2, f"more than {MAX_CONDITIONS} conditions",
+    "a filter past the store's limit on conditions": (
+        "bad input", lambda t, d: ["search", "--store", t, "cells", "--mode", "bm25", "--filter", json.dumps(widest(target_limits(t)[1] + 1))],
+        2, lambda t: f"more than {target_limits(t)[1]} conditions, the most the {engine_of(t)} engine takes",
     ),
     "an integer past 64 bits in a filter": (
         "bad input", lambda t, d: ["search", "--store", t, "cells", "--filter", json.dumps({"field": "meta.year", "operator": "==", "value": 2**63})],
@@ -448,7 +476,7 @@ def test_the_command_line_answers_each_fault_in_one_line(app, ctx, name, engine)
     situation, arguments, code, words = CLI_FAULTS[name]
     with SITUATIONS[situation][0](ctx(engine)) as target:
         args = [str(a) for a in arguments(target, ctx(engine).data)]
-        one_line(RUNNER.invoke(app, args), code, words)
+        one_line(RUNNER.invoke(app, args), code, words(target) if callable(words) else words)
 
 
 # -- the server ------------------------------------------------------------------------------------
@@ -464,6 +492,11 @@ def _search(filters, mode="dense"):
     )
 
 
+def _past(make, mode="dense"):
+    """A search with the filter ``make(levels, conditions)`` of the served store's limits."""
+    return lambda c: _search(make(*limits(c.app.state.store.capabilities)), mode)(c)
+
+
 # name: (situation, the request (client) -> response, status, a piece of the message, or with
 #        200 a check of the body)
 HTTP_FAULTS = {
@@ -471,8 +504,8 @@ HTTP_FAULTS = {
     "-Infinity metadata": ("bad input", lambda c: c.post("/documents", content=INF_BODY, headers=JSON), 422, "documents[0].meta.x.0: NaN or infinite"),
     "BM25 search, a filter matching nothing": ("bad input", _search(NO_MATCH, "bm25"), 200, lambda body: body["results"][0]["hits"] == []),
     "hybrid search, a filter matching nothing": ("bad input", _search(NO_MATCH, "hybrid"), 200, lambda body: body["results"][0]["hits"] == []),
-    "a filter nesting past the limit": ("bad input", _search(deepest(MAX_DEPTH + 1)), 400, f"filters nest deeper than {MAX_DEPTH} levels"),
-    "a filter past the limit on conditions": ("bad input", _search(widest(MAX_CONDITIONS + 1), "hybrid"), 400, f"more than {MAX_CONDITIONS} conditions"),
+    "a filter nesting past the store's limit": ("bad input", _past(lambda depth, _: _too_deep(depth + 1)), 400, lambda depth, _: f"filters nest deeper than {depth} levels"),
+    "a filter past the store's limit on conditions": ("bad input", _past(lambda _, most: widest(most + 1), "hybrid"), 400, lambda _, most: f"more than {most} conditions, the most the"),
     "an integer past 64 bits in a filter": ("bad input", _search({"field": "meta.year", "operator": "in", "value": [-(2**63) - 1]}), 400, "outside the 64-bit range"),
     "invalid UTF-8 to /v1/embeddings": ("bad input", lambda c: c.post("/v1/embeddings", content=b'{"input": "\xff\xfe"}', headers=JSON), 400, "byte 0xff at position 11 is not UTF-8"),
     "invalid UTF-8 to /embed": ("bad input", lambda c: c.post("/embed", content=b'{"inputs": "a\xc3"}', headers=JSON), 400, "byte 0xc3 at position 13 is not UTF-8"),
@@ -500,6 +533,8 @@ def test_the_server_answers_each_fault_with_a_4xx(ctx, model, name, engine, capf
             if status == 200:
                 assert expected(response.json()), response.text
             else:
+                if callable(expected):  # the message names the served store's limits
+                    expected = expected(*limits(store.capabilities))
                 assert expected in error_of(response), response.text
             assert client.get("/health").status_code == 200  # serving on
         if name == "junk appended: write":  # the write landed where the junk was
@@ -513,32 +548,30 @@ def test_the_server_answers_each_fault_with_a_4xx(ctx, model, name, engine, capf
 
 
 def test_the_limits_of_filters_run_on_every_engine(app, ctx, engine_name_all, tmp_path):
-    """The deepest and the widest filters the validator accepts run everywhere, dense and
-    BM25, over the command line and the server, and find what the embedded store finds."""
+    """The deepest and the widest filters each engine takes (its own limits) run there,
+    dense and BM25, over the command line and the server, and find what the embedded store
+    finds for the one condition they come down to (``EN``)."""
     c = ctx(engine_name_all)
     target, reference = c.store(), ctx("embedded").store()
     model = c.model
-    filters = {"deepest": deepest(), "widest": widest(), "deep and wide": deep_and_wide()}
     with open_store(target, create=False) as store, open_store(reference, create=False) as ref:
-        query = encode_texts(model, ["cells genes"])
+        levels, conditions = limits(store.capabilities)
+        filters = {
+            "deepest": deepest(levels, conditions),
+            "widest": widest(conditions),
+            "deep and wide": deep_and_wide(min(levels, MAX_DEPTH), conditions),
+        }
         for name, f in filters.items():
+            parsed = parse_filters(f, store.capabilities)  # within the limits, at them
+            assert parsed.conditions >= conditions - levels or name == "deepest", name
+            query = encode_texts(model, ["cells genes"])
             for mode in ("dense", "bm25"):
-                want = [
-                    h.id
-                    for h in ref.search(
-                        query, 5, filters=f, mode=mode, query_texts=["cells genes"]
-                    )[0]
-                ]
-                got = [
-                    h.id
-                    for h in store.search(
-                        query, 5, filters=f, mode=mode, query_texts=["cells genes"]
-                    )[0]
-                ]
-                assert got == want and want, (name, mode)
-            assert store.count_matching(f) == ref.count_matching(f) > 0, name
+                want = ref.search(query, 5, filters=EN, mode=mode, query_texts=["cells genes"])
+                got = store.search(query, 5, filters=f, mode=mode, query_texts=["cells genes"])
+                assert [h.id for h in got[0]] == [h.id for h in want[0]] != [], (name, mode)
+            assert store.count_matching(f) == ref.count_matching(EN) > 0, name
     path = tmp_path / "deepest.json"
-    path.write_text(json.dumps(deepest()))
+    path.write_text(json.dumps(filters["deepest"]))
     found = RUNNER.invoke(
         app, ["search", "--store", target, "cells", "--json", "--filter", f"@{path}"]
     )
@@ -672,7 +705,7 @@ def test_an_interrupted_admin_swap_is_reported_after_a_restart(ctx, engine_name_
     """GET /admin/reembed after a restart says ``interrupted`` (with the model and what is
     left), not ``idle``, while the store holds a half-done swap; a POST resumes it."""
     from densefit.models import load_model
-    from densefit.retrieval.index.swap import reembed_store
+    from densefit.retrieval.index.reembed import reembed_store
 
     c = ctx(engine_name_all)
     target, model = c.store(), c.model

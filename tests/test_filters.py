@@ -11,26 +11,37 @@ import time
 
 import numpy as np
 import pytest
+from conftest import STORE_ENGINES  # noqa: E402
 
 from densefit.data.types import Document
-from densefit.retrieval.index import LocalDocumentStore, open_store, search, validate_filters
+from densefit.retrieval.index import (
+    LocalDocumentStore,
+    open_store,
+    search,
+    sqlite_filters,
+    validate_filters,
+)
+from densefit.retrieval.index import filters as filters_module
 from densefit.retrieval.index.documents import DB_NAME
 from densefit.retrieval.index.exact import ExactBackend, exact_search
 from densefit.retrieval.index.filters import (
     INT_RANGE,
-    MAX_CONDITIONS,
-    MAX_DEPTH,
-    compile_filters,
     date_seconds,
     json_text,
-    meta_field_sql,
-    meta_index_sql,
     parse_filter_text,
     parse_filters,
     typed_fields,
 )
 from densefit.retrieval.index.searching import scaled_scores
-from densefit.retrieval.index.settings import StoreRecord
+from densefit.retrieval.index.sqlite_filters import (
+    MAX_CONDITIONS,
+    MAX_DEPTH,
+    compile_filters,
+    meta_field_sql,
+    meta_index_sql,
+)
+from densefit.retrieval.index.store import CAPABILITIES as EMBEDDED
+from densefit.retrieval.index.types import StoreRecord
 from densefit.retrieval.index.vectors import search_rows
 
 needs_haystack = pytest.mark.skipif(
@@ -516,7 +527,8 @@ def test_cli_search_filter(model_dir, tmp_path):
         indexes = conn.execute("SELECT name FROM sqlite_master WHERE type='index'")
         assert "filter_meta.year" in {name for (name,) in indexes}
     bad_field = runner.invoke(app, [*command, "--index-field", "year"])
-    assert bad_field.exit_code == 2 and "unknown filter field 'year'" in bad_field.output
+    assert bad_field.exit_code == 2
+    assert "metadata fields are named meta.NAME, got 'year'" in bad_field.output
     filters = '{"field": "meta.year", "operator": ">=", "value": 2008}'
     search = ["search", "--store", str(store), "cells", "-k", "3", "--json", "--scale-score"]
     result = runner.invoke(app, [*search, "--filter", filters])
@@ -558,11 +570,9 @@ def _nested(levels: int) -> dict:
 
 
 def test_nesting_is_allowed_to_the_limit_and_refused_past_it():
-    from densefit.retrieval.index.filters import MAX_DEPTH
-
     assert _matching(_table(METAS), _nested(MAX_DEPTH)) == [0, 2]
-    with pytest.raises(ValueError, match=f"^filters nest deeper than {MAX_DEPTH} levels: "):
-        compile_filters(_nested(MAX_DEPTH + 1))
+    with pytest.raises(ValueError, match=f"^filters nest deeper than {MAX_DEPTH} levels, "):
+        parse_filters(_nested(MAX_DEPTH + 1), EMBEDDED)
 
 
 def test_naive_dates_are_utc_whatever_the_machine_timezone(monkeypatch):
@@ -605,7 +615,7 @@ def test_empty_filters_are_no_filter_and_bad_ones_are_refused_when_normalised():
 
     assert normalise_filters(None) is None and normalise_filters({}) is None
     kept = {"field": "meta.n", "operator": "==", "value": 2}
-    assert normalise_filters(kept) == kept
+    assert normalise_filters(kept) == parse_filters(kept) and normalise_filters(kept).source == kept
     with pytest.raises(ValueError, match="has neither 'field' nor 'operator'"):
         normalise_filters({"junk": 1})
 
@@ -645,8 +655,8 @@ def _and_of(comparisons: int, last: dict | None = None) -> dict:
 
 
 TOO_MANY = (
-    f"^the filter holds more than {MAX_CONDITIONS} conditions: match many values with one "
-    "'in' list of strings or numbers$"
+    f"^the filter holds more than {MAX_CONDITIONS} conditions, the most the embedded engine "
+    "takes: match many values with one 'in' list of strings or numbers$"
 )
 
 
@@ -659,17 +669,18 @@ def test_the_condition_limit_counts_operators_comparisons_and_each_unlisted_in_v
     full = _and_of(MAX_CONDITIONS - 1)
     assert _matching(conn, full) == []  # n == 0 and n == 1 and ...: nothing, but it runs
     with pytest.raises(ValueError, match=TOO_MANY):
-        compile_filters(_and_of(MAX_CONDITIONS))
+        parse_filters(_and_of(MAX_CONDITIONS), EMBEDDED)
     scalars = {"field": "meta.lang", "operator": operator, "value": ["en", 2, 2.5, True] * 500}
     assert _matching(conn, _and_of(MAX_CONDITIONS - 1, scalars)) == []  # one condition
-    assert parse_filters(_and_of(MAX_CONDITIONS - 1, scalars)).conditions[-1] == parse_filters(
-        scalars
+    assert parse_filters(_and_of(MAX_CONDITIONS - 1, scalars), EMBEDDED).conditions == (
+        MAX_CONDITIONS
     )
+    assert parse_filters(scalars).conditions == 1
     for unlisted in (None, ["en"], {"a": 1}):
         one_more = {"field": "meta.lang", "operator": operator, "value": ["en", unlisted]}
         assert _matching(conn, _and_of(MAX_CONDITIONS - 2, one_more)) == []  # two: runs
         with pytest.raises(ValueError, match=TOO_MANY):
-            compile_filters(_and_of(MAX_CONDITIONS - 1, one_more))
+            parse_filters(_and_of(MAX_CONDITIONS - 1, one_more), EMBEDDED)
 
 
 def test_integers_are_compared_to_the_edges_of_64_bits_and_refused_past_them():
@@ -689,10 +700,10 @@ def test_integers_are_compared_to_the_edges_of_64_bits_and_refused_past_them():
 
 def test_the_depth_limit_says_how_to_flatten():
     with pytest.raises(ValueError) as error:
-        compile_filters(_nested(MAX_DEPTH + 1))
+        parse_filters(_nested(MAX_DEPTH + 1), EMBEDDED)
     assert str(error.value) == (
-        f"filters nest deeper than {MAX_DEPTH} levels: flatten the AND, OR and NOT "
-        "operators (an AND inside an AND is one AND)"
+        f"filters nest deeper than {MAX_DEPTH} levels, the most the embedded engine takes: "
+        "flatten the AND, OR and NOT operators (an AND inside an AND is one AND)"
     )
 
 
@@ -701,9 +712,9 @@ def test_the_depth_limit_says_how_to_flatten():
 
 def test_the_parsed_tree_names_fields_as_the_engines_store_them():
     assert parse_filters(None) is None and parse_filters({}) is None
-    text = parse_filters({"field": "text", "operator": "==", "value": "x"})
+    text = parse_filters({"field": "text", "operator": "==", "value": "x"}).root
     assert (text.field, text.column, text.path) == ("content", "text", ())
-    nested = parse_filters({"field": "meta.a.b", "operator": "==", "value": 1})
+    nested = parse_filters({"field": "meta.a.b", "operator": "==", "value": 1}).root
     assert (nested.field, nested.column, nested.path) == ("meta.a.b", None, ("a", "b"))
     with pytest.raises(ValueError, match="has type object"):
         parse_filters({"field": "meta.a", "operator": "in", "value": [1, object()]})
@@ -724,10 +735,10 @@ def test_metadata_field_sql_takes_meta_names_only():
 def test_filter_text_is_json_or_a_json_file_and_is_checked(tmp_path):
     given = {"field": "meta.city", "operator": "==", "value": "München"}
     assert parse_filter_text(None) is None
-    assert parse_filter_text(json.dumps(given, ensure_ascii=False)) == given
+    assert parse_filter_text(json.dumps(given, ensure_ascii=False)).source == given
     path = tmp_path / "filter.json"
     path.write_text(json.dumps(given, ensure_ascii=False), encoding="utf-8")
-    assert parse_filter_text(f"@{path}") == given
+    assert parse_filter_text(f"@{path}") == parse_filters(given)
     with pytest.raises(ValueError, match="^--filter is not valid JSON \\(Expecting value at "):
         parse_filter_text("{'field': 1}"[1:])
     path.write_text("{oops", encoding="utf-8")
@@ -827,3 +838,166 @@ def test_date_seconds_are_utc_and_name_where_a_bad_date_came_from(monkeypatch):
         date_seconds("soon", "meta.when >")
     with pytest.raises(ValueError, match="^filter value 'soon' for filter is a string"):
         date_seconds("soon")
+
+
+# -- one parse, each engine's emitter, each engine's limits ----------------------------------
+
+EN = {"field": "meta.lang", "operator": "==", "value": "en"}
+# every operator an emitter never sees: NOT, != and not in, nested
+NESTED = {
+    "operator": "OR",
+    "conditions": [
+        {"field": "meta.lang", "operator": "!=", "value": "de"},
+        {
+            "operator": "NOT",
+            "conditions": [{"field": "meta.year", "operator": "not in", "value": [2001, None]}],
+        },
+    ],
+}
+
+
+def _wide(conditions: int) -> dict:
+    """An OR of ``conditions`` conditions (itself and ``conditions - 2`` years, then EN)."""
+    years = [
+        {"field": "meta.year", "operator": "==", "value": 3000 + i} for i in range(conditions - 2)
+    ]
+    return {"operator": "OR", "conditions": [*years, EN]}
+
+
+def _deep(levels: int) -> dict:
+    node: dict = EN
+    for i in range(levels):
+        node = {"operator": ("AND", "OR")[i % 2], "conditions": [node, EN]}
+    return node
+
+
+class _Spelled:
+    """An emitter that spells the filter as text and records what it was given."""
+
+    def __init__(self):
+        self.operators: set[str] = set()
+
+    def compare(self, c):
+        self.operators.add(c.operator)
+        return f"{c.field} {c.operator} {json.dumps(c.value)}"
+
+    def negate(self, term):
+        assert not term.startswith(("not ", "(")), term  # only a comparison is negated
+        return f"not {term}"
+
+    def all_of(self, terms):
+        assert len(terms) != 1 and not any(t.startswith("(all") for t in terms)  # spliced
+        return "(all " + ", ".join(terms) + ")"
+
+    def any_of(self, terms):
+        assert len(terms) != 1 and not any(t.startswith("(any") for t in terms)
+        return "(any " + ", ".join(terms) + ")"
+
+
+def test_emitters_get_comparisons_their_negations_and_and_or_only():
+    spelled = _Spelled()
+    assert filters_module.emit(parse_filters(NESTED), spelled) == (
+        '(any not meta.lang == "de", meta.year in [2001, null])'
+    )
+    rng = random.Random(7)
+    for _ in range(300):
+        filters_module.emit(parse_filters(_random_filter(rng, deepest=4)), spelled)
+    assert spelled.operators == {"==", "in", ">", ">=", "<", "<="}
+    assert filters_module.emit(parse_filters({"operator": "AND", "conditions": []}), spelled) == (
+        "(all )"
+    )
+
+
+def test_validating_parses_and_never_compiles(monkeypatch, tmp_path):
+    def compile_(*args, **kwargs):
+        raise AssertionError("a filter was compiled while it was validated")
+
+    monkeypatch.setattr(filters_module, "emit", compile_)
+    monkeypatch.setattr(sqlite_filters, "emit", compile_)
+    for check in (validate_filters, filters_module.normalise_filters, parse_filters):
+        check(NESTED)
+        check(NESTED, EMBEDDED)
+    assert parse_filter_text(json.dumps(NESTED), EMBEDDED) == parse_filters(NESTED)
+    with pytest.raises(ValueError, match="needs a list"):
+        validate_filters({"field": "meta.n", "operator": "in", "value": 3}, EMBEDDED)
+    store = LocalDocumentStore.create(tmp_path / "s", _record(4))
+    try:  # the patch is what a store compiles with: the checks above would have seen it
+        with pytest.raises(AssertionError, match="compiled while it was validated"):
+            store.count_matching(NESTED)
+    finally:
+        store.close()
+
+
+@pytest.fixture(params=STORE_ENGINES)
+def filled(request, new_target):
+    """A store on each engine holding tests' 30 documents with metadata, random vectors."""
+    store = open_store(new_target(request.param), record=_record(4))
+    docs = _docs()
+    store.write(docs, np.random.default_rng(0).standard_normal((len(docs), 4)).astype(np.float32))
+    yield store
+    store.close()
+
+
+def test_a_filter_is_parsed_once_on_every_engine(filled, monkeypatch):
+    parsed_trees = []
+    real = filters_module._parse_tree
+    monkeypatch.setattr(
+        filters_module, "_parse_tree", lambda *a: parsed_trees.append(a[0]) or real(*a)
+    )
+    found = search(filled, None, "cells", filters=NESTED, mode="bm25")  # the library's edge
+    assert parsed_trees == [NESTED] and found
+    assert all(h.meta["lang"] != "de" or h.meta["year"] == 2001 for h in found)
+    parsed_trees.clear()
+    query = np.ones((1, 4), np.float32)
+    filled.search(query, 3, filters=NESTED, mode="hybrid", query_texts=["cells"], dense_filters=EN)
+    assert parsed_trees == [NESTED, EN]  # each once, their AND not parsed again
+    parsed_trees.clear()
+    (
+        filled.count_matching(NESTED),
+        filled.filter_documents(NESTED),
+        filled.meta_values("meta.lang", NESTED),
+    )
+    assert parsed_trees == [NESTED] * 3
+    parsed_trees.clear()
+    once = parse_filters(NESTED)
+    assert filled.count_matching(once) == len(filled.filter_documents(once)) > 0
+    filled.search(query, 3, filters=once)
+    assert parsed_trees == [NESTED]  # only the parse above: a parsed filter travels as it is
+
+
+def test_each_engine_takes_filters_to_its_own_limits(filled):
+    caps = filled.capabilities
+    engine = caps.engine
+    for size, limit, too_large, message in (
+        (_wide, caps.filter_max_conditions, 1001, "the filter holds more than {} conditions"),
+        (_deep, caps.filter_max_depth, 21, "filters nest deeper than {} levels"),
+    ):
+        given = size(too_large)  # past the embedded store's limits
+        if limit is not None and limit < too_large:
+            with pytest.raises(
+                ValueError, match=f"^{message.format(limit)}, the most the {engine} engine takes: "
+            ):
+                filled.count_matching(given)
+            with pytest.raises(ValueError, match=f"the most the {engine} engine takes"):
+                filled.search(None, 3, filters=parse_filters(given), mode="bm25", query_texts=["x"])
+        else:
+            assert filled.count_matching(given) == filled.count_matching(EN) > 0
+            hits = filled.search(None, 3, filters=given, mode="bm25", query_texts=["cells"])[0]
+            assert hits and all(h.meta["lang"] == "en" for h in hits)
+    assert (engine == "embedded") == (caps.filter_max_conditions == MAX_CONDITIONS)
+    if engine == "postgresql":  # what SQLite cannot take, PostgreSQL does
+        assert caps.filter_max_conditions is None or caps.filter_max_conditions > MAX_CONDITIONS
+        assert caps.filter_max_depth is None or caps.filter_max_depth > MAX_DEPTH
+
+
+def test_qdrant_matches_a_wide_in_list_of_strings_with_one_condition():
+    """Qdrant's emitter sends the strings of an ``in`` list as one ``MatchAny`` (its local
+    mode evaluates each condition in Python, per document)."""
+    pytest.importorskip("qdrant_client", reason="qdrant-client is not installed")
+    from densefit.retrieval.index.qdrant import compile_filter
+
+    ids = [f"d{i}" for i in range(5000)]
+    wide = compile_filter({"field": "id", "operator": "in", "value": [*ids, "d1", 7]})
+    number, strings = wide.should
+    assert number.key == "fields.id.n" and strings.key == "fields.id.s"
+    assert strings.match.any == ids  # once each, in order

@@ -25,8 +25,8 @@ from densefit.models import load_model  # noqa: E402
 from densefit.retrieval.encode import encode_texts  # noqa: E402
 from densefit.retrieval.export import export_model  # noqa: E402
 from densefit.retrieval.index import open_store  # noqa: E402
-from densefit.retrieval.index.settings import SettingsMismatchError  # noqa: E402
-from densefit.retrieval.runtimes import VectorSource  # noqa: E402
+from densefit.retrieval.index.types import SettingsMismatchError  # noqa: E402
+from densefit.retrieval.vector_source import VectorSource  # noqa: E402
 from densefit.testing import tiny_model  # noqa: E402
 
 WORDS = "cells genes python function memory batch vaccine dose search query protein".split()

@@ -415,3 +415,96 @@ def test_bad_mode_is_one_line_exit_2(app, tiny_models, data, tmp_path):
     assert result.exit_code == 2, result.output
     lines = result.stderr.splitlines()
     assert lines == ["error: --mode must be one of dense, bm25, hybrid, got 'lexical'"], lines
+
+
+def _corpus_file(path, rows):
+    """A JSONL corpus of ``rows`` ``(id, text, meta)``; ``json.dumps`` writes a float NaN as
+    ``NaN``, which the corpus reader refuses."""
+    path.write_text(
+        "".join(json.dumps({"_id": i, "text": t, "metadata": m}) + "\n" for i, t, m in rows)
+    )
+    return path
+
+
+ENGINES = ("embedded", "postgresql", "qdrant", "milvus")
+
+
+@pytest.fixture
+def engine_target(new_target, tmp_path):
+    """``engine_target(engine)``: a new store's target on ``engine``, Milvus Lite's too."""
+
+    def make(engine: str) -> str:
+        if engine != "milvus":
+            return new_target(engine)
+        pytest.importorskip("pymilvus", reason="pymilvus is not installed (densefit[milvus])")
+        pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
+        return f"milvus:{tmp_path}/m.db"
+
+    return make
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("refused_at", [1, 3])
+def test_a_refused_index_leaves_no_store(
+    app, tiny_models, tmp_path, engine_target, engine, refused_at
+):
+    """A corpus refused before anything was committed (its only row, or a later row of the
+    first commit) leaves no store behind on any engine, so the corrected corpus indexes with
+    another model."""
+    from densefit.retrieval.index.engines import open_store
+    from densefit.retrieval.index.types import NoStoreError
+
+    target = engine_target(engine)
+    rows = [(f"d{i}", f"text number {i}", {"v": i}) for i in range(1, refused_at)]
+    bad = _corpus_file(tmp_path / "bad.jsonl", [*rows, ("nan", "a text", {"v": float("nan")})])
+    refused = invoke(app, ["index", bad, "--model", tiny_models / "tiny", "--store", target])
+    assert refused.exit_code == 2 and f"bad.jsonl:{refused_at}" in refused.stderr, refused.output
+    with pytest.raises(NoStoreError):
+        open_store(target, create=False)
+    good = _corpus_file(tmp_path / "good.jsonl", [*rows, ("ok", "a text", {"v": 0.5})])
+    other = tiny_models / "tiny-other"
+    indexed = invoke(app, ["index", good, "--model", other, "--store", target])
+    assert indexed.exit_code == 0, indexed.output
+    with open_store(target, create=False) as store:
+        assert store.count() == refused_at and store.model_name == str(other)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_refused_index_keeps_a_store_that_held_data(
+    app, tiny_models, tmp_path, engine_target, engine
+):
+    from densefit.retrieval.index.engines import open_store
+
+    target, model = engine_target(engine), tiny_models / "tiny"
+    good = _corpus_file(tmp_path / "good.jsonl", [("a", "cells divide", {}), ("b", "genes", {})])
+    assert invoke(app, ["index", good, "--model", model, "--store", target]).exit_code == 0
+    bad = _corpus_file(tmp_path / "bad.jsonl", [("c", "more", {"v": float("nan")})])
+    refused = invoke(app, ["index", bad, "--model", model, "--store", target])
+    assert refused.exit_code == 2, refused.output
+    with open_store(target, create=False) as store:
+        assert store.count() == 2 and store.get(["a"])[0].text == "cells divide"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_failed_copy_into_a_new_store_leaves_none(
+    app, tiny_models, tmp_path, engine_target, engine, monkeypatch
+):
+    """``index --from-store`` into a new target that fails before a document is copied
+    leaves no store there."""
+    import densefit.jobs
+    from densefit.retrieval.index.engines import open_store
+    from densefit.retrieval.index.types import NoStoreError
+
+    source, target = tmp_path / "source", engine_target(engine)
+    good = _corpus_file(tmp_path / "good.jsonl", [("a", "cells divide", {})])
+    model = tiny_models / "tiny"
+    assert invoke(app, ["index", good, "--model", model, "--store", source]).exit_code == 0
+
+    def refused(*args, **kwargs):
+        raise ValueError("refused by the test")
+
+    monkeypatch.setattr(densefit.jobs, "copy_documents", refused)
+    failed = invoke(app, ["index", "--from-store", source, "--store", target])
+    assert failed.exit_code == 2 and "refused by the test" in failed.stderr, failed.output
+    with pytest.raises(NoStoreError):
+        open_store(target, create=False)

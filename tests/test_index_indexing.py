@@ -169,7 +169,7 @@ def test_as_document_errors():
 
 
 def test_retriever_refuses_other_settings_unless_reembed(tmp_path):
-    from densefit.retrieval.index.settings import SettingsMismatchError
+    from densefit.retrieval.index.types import SettingsMismatchError
     from densefit.testing import tiny_model
 
     retriever = Retriever(tiny_model(tmp_path / "m"))

@@ -16,7 +16,7 @@ from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index import open_store
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.locking import StoreLockedError, writer_lock
-from densefit.retrieval.index.settings import SettingsMismatchError, VectorSettings
+from densefit.retrieval.index.types import SettingsMismatchError, VectorSettings
 from densefit.testing.conformance import make_corpus
 
 
@@ -56,21 +56,6 @@ def test_other_truncation_is_refused_and_nothing_changes(model, tmp_path):
         assert "\n" not in message
         np.testing.assert_array_equal(store.vectors([d.id for d in docs]), before)
         assert store.dead_rows() == 0
-
-
-def test_reembed_remakes_every_vector_even_those_not_in_the_input(model, tmp_path):
-    docs = make_corpus(20)
-    with open_store(tmp_path / "s", model) as store:
-        index_documents(store, model, docs)
-        model.max_seq_length = 8  # the corpus texts are longer: truncation changes vectors
-        report = index_documents(store, model, docs[:10], reembed=True)
-        assert (report.reembedded, report.reembedded_stored, report.encoded) == (10, 10, 20)
-        expected = _unit(encode_texts(model, [d.text for d in docs]))
-        stored = store.vectors([d.id for d in docs])
-        np.testing.assert_allclose(stored, expected, atol=1e-6)
-        assert store.settings.max_seq_length == 8 and store.all_stale_ids() == []
-        again = index_documents(store, model, docs)  # the new settings are the store's now
-        assert (again.unchanged, again.encoded) == (20, 0)
 
 
 def test_interrupted_reembed_resumes_without_the_flag(model, tmp_path):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from densefit.data.types import Document
+from densefit.errors import ReadOnlyStoreError
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index import LocalDocumentStore, StoreError, open_store
 from densefit.testing.conformance import EmbeddedConformance, make_corpus
@@ -91,6 +92,44 @@ def test_refuses_to_create_in_a_non_empty_folder(tmp_path, model):
         open_store(tmp_path, model)
 
 
+def test_drop_deletes_the_store_files_and_keeps_the_others(model, tmp_path):
+    docs = make_corpus(12)
+    embeddings = encode_texts(model, [d.text for d in docs])
+    with open_store(tmp_path / "s", model, backend="faiss" if _has_faiss() else None) as store:
+        store.write(docs, embeddings)
+        store.delete([docs[0].id])
+        store.search(None, 3, mode="bm25", query_texts=["cells"])
+        store.flush()  # the BM25 (and FAISS) caches are files now
+        made = {p.name for p in store.path.iterdir()}
+        assert "store.sqlite" in made and any(n.startswith("bm25-") for n in made)
+        (store.path / "notes.txt").write_text("mine")
+        store.drop()
+        assert [p.name for p in (tmp_path / "s").iterdir()] == ["notes.txt"]
+        store.close()  # closed already: nothing to do
+    (tmp_path / "s" / "notes.txt").unlink()
+    with open_store(tmp_path / "s", model) as store:
+        store.write(docs, embeddings)
+        store.drop()
+    assert not (tmp_path / "s").exists()  # nothing else was in it
+    temporary = open_store(None, model)
+    temporary.drop()
+    assert not temporary.path.exists()
+
+
+def test_a_read_only_store_is_not_dropped(model, tmp_path):
+    with open_store(tmp_path / "s", model) as store:
+        store.write(make_corpus(2), encode_texts(model, ["a", "b"]))
+    with LocalDocumentStore(tmp_path / "s", read_only=True) as store:
+        with pytest.raises(ReadOnlyStoreError, match="read-only"):
+            store.drop()
+    with open_store(tmp_path / "s", create=False) as store:
+        assert store.count() == 2
+
+
+def _has_faiss() -> bool:
+    return importlib.util.find_spec("faiss") is not None
+
+
 def test_write_validation(model, tmp_path):
     docs = make_corpus(3)
     with open_store(tmp_path / "s", model) as store:
@@ -155,9 +194,12 @@ def test_snippet_and_hit_dict():
 
 def test_store_satisfies_the_protocol(model):
     from densefit.retrieval.index import DocumentStore, ExactBackend, VectorBackend
+    from densefit.retrieval.index.base import ROLES
 
     with open_store(None, model) as store:
         assert isinstance(store, DocumentStore)
+        assert all(isinstance(store, role) for role in ROLES.values())  # it declares them all
+        assert all(getattr(store.capabilities, name) for name in ROLES)
         assert isinstance(store.backend, VectorBackend)
     assert isinstance(ExactBackend(), VectorBackend)
 

@@ -16,10 +16,10 @@ from densefit.losses import margin_mse, mnrl
 from densefit.losses.matryoshka import matryoshka, truncate
 from densefit.memory.planner import probe_run
 from densefit.retrieval.encode import configure_model, encode_texts
-from densefit.retrieval.index.base import ModelMismatchError
 from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search_batch
+from densefit.retrieval.index.types import ModelMismatchError
 from densefit.training.objective import make_loss_fn
 from densefit.training.setup import setup_run
 from densefit.training.step import train_step

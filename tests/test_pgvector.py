@@ -37,21 +37,22 @@ from densefit.retrieval.bm25 import Bm25Index, Tokens  # noqa: E402
 from densefit.retrieval.encode import encode_texts  # noqa: E402
 from densefit.retrieval.fusion import Fusion  # noqa: E402
 from densefit.retrieval.index import pgvector as engine  # noqa: E402
-from densefit.retrieval.index.base import (  # noqa: E402
-    CapabilityError,
-    ModelMismatchError,
-    ModelSwappedError,
-    StoreError,
-)
 from densefit.retrieval.index.common import normalise_rows  # noqa: E402
 from densefit.retrieval.index.engines import open_store  # noqa: E402
 from densefit.retrieval.index.indexing import index_documents  # noqa: E402
 from densefit.retrieval.index.locking import StoreLockedError  # noqa: E402
-from densefit.retrieval.index.settings import StoreRecord, record_for  # noqa: E402
-from densefit.retrieval.index.swap import reembed_store  # noqa: E402
+from densefit.retrieval.index.reembed import reembed_store  # noqa: E402
+from densefit.retrieval.index.settings import record_for  # noqa: E402
+from densefit.retrieval.index.types import (  # noqa: E402
+    CapabilityError,
+    ModelMismatchError,
+    StoreError,
+    StoreRecord,  # noqa: E402
+)
 from densefit.testing import SWAP_QUERIES, save_swap_models, swap_corpus, tiny_model  # noqa: E402
 from densefit.testing.conformance import (  # noqa: E402
     StoreConformance,
+    SwapConformance,
     make_corpus,
     reference_match,
     with_meta,
@@ -687,27 +688,36 @@ def _vector_tables(uri: str, target: str) -> list[str]:
     return [name[len(table) + 1 :] for (name,) in rows]
 
 
-@pytest.mark.parametrize("new_name", ["new", "wide"])
-def test_a_swap_equals_a_fresh_index_with_the_new_model(
-    swap_store, swap_models, postgres_uri, new_name
+class TestPostgresSwap(SwapConformance):
+    """Every swap behaviour the suite states, on a fresh table of the session's server: its
+    generations are vector tables (``TABLE_v<g>``), one left after a switch or a cancel."""
+
+    backend = "exact"
+
+    @pytest.fixture
+    def target(self, postgres_uri):
+        return _new_target(postgres_uri)
+
+    @pytest.fixture(autouse=True)
+    def _uri(self, postgres_uri):
+        self.uri = postgres_uri
+
+    def generations(self, target) -> list[str]:
+        return _vector_tables(self.uri, target)
+
+
+def test_a_swap_builds_the_next_tables_hnsw_index_before_the_switch(
+    swap_store, swap_models, postgres_uri
 ):
-    old, new = load_model(swap_models["old"]), load_model(swap_models[new_name])
+    """Another store object (a server's) sees the new model and the HNSW index the swap
+    built for it, valid; the old table is dropped."""
+    new = load_model(swap_models["wide"])
     with open_store(swap_store, backend="exact") as store:
-        before = _swap_ranking(store, old)
-        report = reembed_store(store, new, commit_every=7)
-        assert report.switched and not report.resumed and report.embedded == 40
-        assert store.dim == new.get_embedding_dimension() and store.model_generation == 1
-        _equals_fresh(store, new, swap_corpus(40))
-        with pytest.raises(ModelMismatchError):  # the old model no longer made these vectors
-            store.check_model(old)
-    # Another store object (a server's, another process's) sees the new model, and the HNSW
-    # index the swap built for it.
+        assert reembed_store(store, new, commit_every=7).switched
     with open_store(swap_store, new) as store:
-        _equals_fresh(store, new, swap_corpus(40))
-        assert _swap_ranking(store, new) != before
         assert store.info()["hnsw_deferred"] is False
-    assert _vector_tables(postgres_uri, swap_store) == ["v1"]  # the old one dropped
     index = f"{engine.parse_target(swap_store).table}_v1_hnsw"
+    assert _vector_tables(postgres_uri, swap_store) == ["v1"]  # the old one dropped
     with psycopg.connect(postgres_uri, autocommit=True) as conn:
         assert engine._index_valid(conn, index) is True
 
@@ -721,135 +731,6 @@ def test_a_binary_store_swaps_its_vectors_and_codes(target, swap_models):
         _equals_fresh(store, new, swap_corpus(40))  # float32 kept beside the codes
         with pytest.raises(StoreError, match="binary store swaps to binary vectors"):
             store.begin_swap(record_for(old, "float32"))
-
-
-def test_the_old_model_serves_until_the_switch_and_stale_queries_are_refused(
-    swap_store, swap_models
-):
-    old, new = load_model(swap_models["old"]), load_model(swap_models["new"])
-    with open_store(swap_store, backend="exact") as store:
-        before = _swap_ranking(store, old, model_generation=0)
-        target, resumed = store.begin_swap(record_for(new, store.vector_kind))
-        assert not resumed and store.swap_target().generation == target.generation == 1
-        again, resumed = store.begin_swap(record_for(new, store.vector_kind))
-        assert resumed and again.generation == 1 and again.record.same_vectors(target.record)
-        pending = store.swap_pending(-1, 25)
-        vectors = encode_texts(new, [text for *_, text in pending], prompt_name="document")
-        assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 25
-        assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 0  # done
-        assert store.info()["swap"] == {"model": target.record.model_name, "dim": 32,
-                                        "remaining": 15}  # fmt: skip
-        assert not store.finish_swap(target)  # documents left: nothing switches
-        assert _swap_ranking(store, old, model_generation=0) == before  # the old model serves
-        store.check_model(old)
-        report = reembed_store(store, new)
-        assert report.resumed and report.embedded == 15
-        with pytest.raises(ModelSwappedError):  # queries embedded for the old model
-            _swap_ranking(store, old, model_generation=0)
-        fresh = _fresh(new, swap_corpus(40))
-        _same_ranking(_swap_ranking(store, new, model_generation=1), _swap_ranking(fresh, new))
-
-
-def test_writes_and_deletes_during_a_swap_reach_both_generations(swap_store, swap_models):
-    """Writes before a chunk commits (the swap meets the moved rows again) and after it: a
-    document rewritten after its chunk committed loses the next vector of its old text, and
-    ends with the new model's vector of its new text."""
-    old, new = load_model(swap_models["old"]), load_model(swap_models["new"])
-    docs = {d.id: d for d in swap_corpus(40)}
-    with open_store(swap_store, backend="exact") as store:
-        target, _ = store.begin_swap(record_for(new, store.vector_kind))
-        pending = store.swap_pending(-1, 30)
-        vectors = encode_texts(new, [text for *_, text in pending], prompt_name="document")
-        # Before the chunk commits: a document rewritten, one deleted, two written with both
-        # models (a server's writer), one by the old model only, one with new metadata.
-        changed = Document("d3", "zebra zebra music", meta={"n": 3})
-        store.write([changed], _embed(old, [changed]))
-        store.delete(["d5"])
-        both = [Document("s1", "bread kernel signal"), Document("d7", "python python")]
-        store.write(both, _embed(old, both), swap_embeddings=_embed(new, both), swap_target=target)
-        only_old = Document("o1", "river bone cell")
-        store.write([only_old], _embed(old, [only_old]))
-        store.write_metadata([Document("d9", docs["d9"].text, "a title", {"n": 99})])
-        # The chunk embedded before those writes: d3, d5 and d7 moved or went, and are left.
-        assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 27
-        # After the chunk committed: d10 rewritten by the old model only (its committed next
-        # vector is its old text's: it must go), d12 by both, d11 deleted.
-        late = Document("d10", "kernel kernel bread", meta={"n": 10})
-        store.write([late], _embed(old, [late]))
-        late_both = Document("d12", "signal bone vitamin", meta={"n": 12})
-        store.write(
-            [late_both],
-            _embed(old, [late_both]),
-            swap_embeddings=_embed(new, [late_both]),
-            swap_target=target,
-        )
-        store.delete(["d11"])
-        assert store.info()["swap"]["remaining"] == 40 - 30 + 1 + 1 + 1  # the rest, d3, o1, d10
-        report = reembed_store(store, new, commit_every=4)
-        assert report.resumed and report.switched
-        assert report.embedded == 40 - 30 + 1 + 1 + 1  # s1, d7 and d12 came with both
-        np.testing.assert_allclose(
-            store.vectors(["d10"]), _unit(_embed(new, [late])), rtol=0, atol=1e-5
-        )  # the new model's vector of the new text
-        docs.update({d.id: d for d in [changed, *both, only_old, late, late_both]})
-        docs["d9"] = Document("d9", docs["d9"].text, "a title", {"n": 99})
-        del docs["d5"], docs["d11"]
-        _equals_fresh(store, new, list(docs.values()))
-        assert store.count() == len(docs)
-
-
-def test_another_store_object_follows_the_switch(swap_store, swap_models):
-    """A replica (another server on the table): searches embedded for the old model are
-    refused with ModelSwappedError, so are writes, and then it serves the new model."""
-    old, new = load_model(swap_models["old"]), load_model(swap_models["wide"])
-    writer = open_store(swap_store, old, backend="exact")  # opened before the swap
-    searcher = open_store(swap_store, old, backend="exact")
-    try:
-        queries = encode_texts(old, SWAP_QUERIES, prompt_name="query")
-        assert searcher.search(queries, 5, model_generation=0)
-        with open_store(swap_store, backend="exact") as store:
-            assert reembed_store(store, new).switched
-        with pytest.raises(ModelSwappedError, match="switched to the model"):
-            searcher.search(queries, 5, model_generation=0)
-        assert searcher.model_generation == 1 and searcher.dim == 48
-        fresh = _fresh(new, swap_corpus(40))
-        _same_ranking(_swap_ranking(searcher, new, model_generation=1), _swap_ranking(fresh, new))
-        doc = Document("late", "python kernel")
-        with pytest.raises(ModelSwappedError, match="switched to the model"):
-            writer.write([doc], _embed(old, [doc]))
-        assert writer.dim == 48 and writer.get(["late"]) == [None]  # reloaded, nothing written
-        writer.write([doc], _embed(new, [doc]))
-        writer.check_model(new)
-        assert searcher.search(_embed(new, [doc]), 1)[0][0].id == "late"
-    finally:
-        writer.close()
-        searcher.close()
-
-
-def test_a_swap_to_another_model_starts_afresh_and_cancel_drops_it(
-    swap_store, swap_models, postgres_uri
-):
-    old, new, wide = (load_model(swap_models[n]) for n in ("old", "new", "wide"))
-    with open_store(swap_store, backend="exact") as store:
-        before = _swap_ranking(store, old)
-        target, _ = store.begin_swap(record_for(new, store.vector_kind))
-        pending = store.swap_pending(-1, 10)
-        vectors = encode_texts(new, [t for *_, t in pending], prompt_name="document")
-        store.write_swap(target, [(r, i) for r, i, _ in pending], vectors)
-        assert _vector_tables(postgres_uri, swap_store) == ["v0", "v1"]
-        with pytest.raises(StoreError, match="model swap"):
-            index_documents(store, old, swap_corpus(40), reembed=True)
-        assert store.cancel_swap()
-        assert store.info()["swap"] is None and not store.cancel_swap()
-        assert _vector_tables(postgres_uri, swap_store) == ["v0"]
-        assert _swap_ranking(store, old) == before
-        with pytest.raises(StoreError, match="cancelled or restarted"):
-            store.write_swap(target, [(r, i) for r, i, _ in pending], vectors)
-        store.begin_swap(record_for(new, store.vector_kind))
-        report = reembed_store(store, wide)  # another model than the swap under way
-        assert not report.resumed and report.embedded == 40
-        _equals_fresh(store, wide, swap_corpus(40))
-    assert len(_vector_tables(postgres_uri, swap_store)) == 1
 
 
 def _kill_after(function, n: int, when=lambda *args, **kwargs: True):
@@ -866,100 +747,6 @@ def _kill_after(function, n: int, when=lambda *args, **kwargs: True):
         return result
 
     return wrapped
-
-
-@pytest.mark.parametrize(
-    ("point", "n", "switched"),
-    [("vectors", 1, False), ("committed", 3, False), ("vectors", 5, False),
-     ("built", 1, False), ("switch", 1, False), ("cleanup", 2, True)],
-)  # fmt: skip
-def test_a_sigkill_anywhere_leaves_the_old_model_serving_and_the_swap_resumable(
-    swap_store, swap_models, postgres_uri, point, n, switched
-):
-    """``vectors``: the n-th chunk's vectors sent, not committed; ``committed``: the n-th
-    chunk committed; ``built``: the new table's HNSW index built; ``switch``: the switch's
-    record written, not committed; ``cleanup``: switched, the old table not dropped yet."""
-    if not hasattr(os, "fork"):
-        pytest.skip("the crash test needs os.fork")
-    old, new = load_model(swap_models["old"]), load_model(swap_models["wide"])
-    with open_store(swap_store, backend="exact") as store:
-        before = _swap_ranking(store, old)
-    cls = engine.PostgresStore
-
-    def swap_and_die():
-        if point == "vectors":
-            cls._copy_vectors = _kill_after(cls._copy_vectors, n)
-        elif point == "committed":
-            cls.write_swap = _kill_after(cls.write_swap, n)
-        elif point == "built":
-            cls._build_index = _kill_after(cls._build_index, n)
-        elif point == "switch":
-            cls._set_meta = _kill_after(
-                cls._set_meta, n, lambda self, cur, values, drop=(): engine.SWAP_KEY in drop
-            )
-        else:
-            cls._drop_unused = _kill_after(lambda self: None, n)  # the drop never happens
-        with open_store(swap_store, backend="exact") as child:
-            reembed_store(child, new, commit_every=5, runtime="torch")
-
-    with _forked(swap_and_die):
-        pass
-    with open_store(swap_store, backend="exact") as store:
-        if switched:
-            store.check_model(new)
-            assert _vector_tables(postgres_uri, swap_store) == ["v1"]  # dropped when opened
-        else:  # nothing of the live generation changed
-            store.check_model(old)
-            assert _swap_ranking(store, old) == before
-            assert store.info()["swap"]["dim"] == 48
-        report = reembed_store(store, new, commit_every=5)
-        assert report.switched and report.resumed is not switched
-        _equals_fresh(store, new, swap_corpus(40))
-    assert len(_vector_tables(postgres_uri, swap_store)) == 1
-
-
-def test_searches_during_an_admin_swap_all_succeed_and_end_on_the_new_model(
-    swap_store, swap_models
-):
-    pytest.importorskip("fastapi")
-    from fastapi.testclient import TestClient
-
-    from densefit.serve.app import create_app
-    from densefit.serve.config import ServeConfig
-
-    old, new = load_model(swap_models["old"]), load_model(swap_models["wide"])
-    key = {"X-API-Key": "secret"}
-    store = open_store(swap_store, old, backend="exact")
-    app = create_app(store, old, ServeConfig(api_key="secret"))
-    statuses: list[int] = []
-    stop = threading.Event()
-    with TestClient(app) as client:
-
-        def search_until_stopped():
-            while not stop.is_set():
-                r = client.post("/search", json={"query": SWAP_QUERIES, "k": 5}, headers=key)
-                statuses.append(r.status_code)
-
-        searchers = [threading.Thread(target=search_until_stopped) for _ in range(2)]
-        for thread in searchers:
-            thread.start()
-        started = client.post("/admin/reembed", json={"model": swap_models["wide"]}, headers=key)
-        assert started.status_code == 202, started.text
-        new_doc = {"id": "w1", "text": "zebra kernel bread"}
-        written = client.post("/documents", json={"documents": [new_doc]}, headers=key)
-        assert written.status_code == 200, written.text
-        app.state.admin._thread.join(timeout=300)
-        stop.set()
-        for thread in searchers:
-            thread.join()
-        status = client.get("/admin/reembed", headers=key).json()
-        assert status["state"] == "done", status
-        assert statuses and set(statuses) == {200}, statuses[:20]
-        assert client.get("/health", headers=key).json()["dim"] == 48
-        got = client.post("/search", json={"query": SWAP_QUERIES, "k": 5}, headers=key).json()
-    docs = [*swap_corpus(40), Document("w1", new_doc["text"])]
-    want = _swap_ranking(_fresh(new, docs), new)
-    _same_ranking([[(h["id"], h["score"]) for h in r["hits"]] for r in got["results"]], want)
 
 
 def test_densefit_reembed_swaps_a_postgresql_store(swap_store, swap_models):
@@ -1050,7 +837,7 @@ def test_a_load_killed_anywhere_leaves_a_store_that_answers_and_builds_later(
 
     def load_and_die():
         cls = engine.PostgresStore
-        cls._upsert = _kill_after(cls._upsert, 2)  # the second chunk committed, no flush
+        cls._after_write = _kill_after(cls._after_write, 2)  # the second chunk committed
         with open_store(target) as store, store.writer_lock():
             for start in range(0, 400, 150):
                 store.write(docs[start : start + 150], vectors[start : start + 150])

@@ -3,6 +3,7 @@ resume after an interruption, re-running what a config change affects, config er
 
 import importlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -133,9 +134,29 @@ def test_run_writes_every_artefact_and_the_report_parses(workspace, tmp_path):
         "12 of the 30 documents",
     ):
         assert text in md, text
+    # Per query: the rows average to the reported metrics; report.md sums them up, and
+    # report.html holds them, self-contained (tests/test_report_html.py drives it in a browser).
+    rows = [json.loads(line) for line in (out / "eval" / "per_query.jsonl").open()]
+    assert sorted(r["query_id"] for r in rows) == [f"q{i}" for i in range(16, 24)]
+    for name, role in (("base", "base"), ("trained", "new")):
+        for metric, value in report["eval"][name]["metrics"].items():
+            mean = sum(r[f"{role}_metrics"][metric] for r in rows) / len(rows)
+            assert mean == pytest.approx(value, abs=1e-6), (name, metric)
+    assert all(r["query"] == f"what about {TOPICS[int(r['query_id'][1:]) % 6]} "
+               f"{r['query_id'][1:]}" for r in rows)  # fmt: skip
+    per_query = report["per_query"]
+    assert per_query["metric"] == "ndcg@10" and per_query["queries"] == 8
+    assert per_query["better"] + per_query["same"] + per_query["worse"] == 8
+    assert "## Per query" in md and f"{per_query['better']} of 8 queries got better" in md
+    page = (out / "report.html").read_text()
+    assert 'id="per-query-data"' in page and "data:image/png;base64," in page
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", page)
+    assert "## Results" not in page and '<h2 id="results">Results</h2>' in page
     # The printed table says what was evaluated.
     assert "base vs trained" in result.stdout and "8 queries" in result.stdout
     assert "12 of 30" in result.stdout and "4 random distractors" in result.stdout
+    printed = " ".join(result.stdout.split())
+    assert f"per query (ndcg@10): {per_query['better']} better" in printed
 
     again = run_pipeline(load_run_config(config, {"output": str(out)}))
     assert again.ran == [] and again.skipped == [

@@ -180,7 +180,7 @@ def test_index_and_search_commands_take_the_precision(tmp_path):
 def test_serve_embeds_queries_at_its_precision_and_refuses_writes_of_another(tiny):
     """serve --precision fp16 on an fp32 store: its queries search it, its writes are refused
     with the reason (documents of one store are one precision)."""
-    from densefit.retrieval.index.settings import SettingsMismatchError
+    from densefit.retrieval.index.types import SettingsMismatchError
     from densefit.serve.config import ServeConfig
     from densefit.serve.swap import query_state_maker
 

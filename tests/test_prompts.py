@@ -19,7 +19,7 @@ from densefit.retrieval.encode import configure_model, encode_texts
 from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.indexing import index_documents
 from densefit.retrieval.index.searching import search_batch
-from densefit.retrieval.index.settings import SettingsMismatchError
+from densefit.retrieval.index.types import SettingsMismatchError
 from densefit.training.loop import train
 from densefit.training.setup import setup_run
 from densefit.training.step import train_step

@@ -13,6 +13,7 @@ import os
 import random
 import threading
 from importlib.metadata import version
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,17 +26,21 @@ from densefit.data.types import Document  # noqa: E402
 from densefit.retrieval.bm25 import K1, B, Bm25Index, Tokens, tokenize  # noqa: E402
 from densefit.retrieval.fusion import Fusion  # noqa: E402
 from densefit.retrieval.index import qdrant  # noqa: E402
-from densefit.retrieval.index.base import (  # noqa: E402
-    CapabilityError,
-    ModelMismatchError,
-    ModelSwappedError,
-    StoreError,
-)
 from densefit.retrieval.index.engines import open_store  # noqa: E402
 from densefit.retrieval.index.locking import StoreLockedError  # noqa: E402
-from densefit.retrieval.index.settings import StoreRecord  # noqa: E402
+from densefit.retrieval.index.types import (  # noqa: E402
+    CapabilityError,
+    ModelMismatchError,
+    StoreError,
+    StoreRecord,  # noqa: E402
+)
 from densefit.testing import SWAP_QUERIES, save_swap_models, swap_corpus  # noqa: E402
-from densefit.testing.conformance import StoreConformance, make_corpus, with_meta  # noqa: E402
+from densefit.testing.conformance import (  # noqa: E402
+    StoreConformance,
+    SwapConformance,
+    make_corpus,
+    with_meta,
+)
 
 
 def _record(dim: int = 8, similarity: str = "cosine", kind: str = "float32") -> StoreRecord:
@@ -650,21 +655,6 @@ def test_write_order_keys_increase(tmp_path):
         assert all(k % 1024 == store._tag for k in keys) and max(keys) < 2**63
 
 
-def test_reembedding_marks_and_clears_stale_vectors(tmp_path, model):
-    with open_store(f"qdrant:{tmp_path}/q", model) as store:
-        docs = make_corpus(6)
-        store.write(docs, _vectors(6, 32))
-        store.start_reembedding(model)
-        assert store.all_stale_ids() == [d.id for d in docs]
-        assert store.stale_ids([docs[1].id, "zz"]) == {docs[1].id}
-        assert store.vectors_for_texts(list(store.hashes([docs[1].id]).values())[0][:1]) == {}
-        with pytest.raises(StoreError, match="still hold vectors made before --reembed"):
-            store.finish_reembedding()
-        store.write(docs, _vectors(6, 32, seed=1))
-        assert store.all_stale_ids() == []
-        store.finish_reembedding()
-
-
 def test_writer_lock(tmp_path):
     with open_store(f"qdrant:{tmp_path}/q", record=_record()) as store:
         with pytest.raises(ValueError, match="lock_timeout must be >= 0"):
@@ -786,126 +776,27 @@ def swap_target(tmp_path, swap_models) -> str:
     return target
 
 
-@pytest.mark.parametrize("new_name", ["new", "wide"])
-def test_a_swap_equals_a_fresh_index_with_the_new_model(
-    tmp_path, swap_models, swap_target, new_name
-):
-    from densefit.retrieval.index.swap import reembed_store
+class TestQdrantSwap(SwapConformance):
+    """Every swap behaviour the suite states, in local mode: its generations are the
+    collections behind the store's alias (``NAME_g<N>``), one left after a switch or a cancel."""
 
-    old, new = swap_models["old"], swap_models[new_name]
+    @pytest.fixture
+    def target(self, tmp_path):
+        return f"qdrant:{tmp_path}/q"
+
+    def generations(self, target) -> list[str]:
+        return _collections(Path(target[len("qdrant:") :]))
+
+
+def test_a_swap_moves_the_alias_and_keeps_the_bm25_scores(swap_models, swap_target):
+    from densefit.retrieval.index.reembed import reembed_store
+
     with open_store(swap_target) as store:
-        before, bm25 = _ranking(store, old), _bm25_ranking(store)
+        bm25 = _bm25_ranking(store)
         assert store.info()["serving_collection"] == "densefit_g0"
-        report = reembed_store(store, new, commit_every=7)
-        assert report.switched and not report.resumed and report.embedded == 40
-        assert (store.dim, store.model_generation) == (new.get_embedding_dimension(), 1)
+        assert reembed_store(store, swap_models["wide"], commit_every=7).switched
         assert store.info()["serving_collection"] == "densefit_g1"
         assert _bm25_ranking(store) == bm25  # the same sparse vectors and average length
-        _assert_equals_fresh(store, new, swap_corpus(), tmp_path / "fresh")
-        with pytest.raises(ModelMismatchError):  # the old model no longer made these vectors
-            store.check_model(old)
-    assert _collections(tmp_path / "q") == ["densefit_g1"]  # the old generation dropped
-    with open_store(swap_target) as again:  # reopened: the new model, generation 1
-        assert again.model_generation == 1 and _ranking(again, new) != before
-        _assert_equals_fresh(again, new, swap_corpus(), tmp_path / "fresh2")
-
-
-def test_the_old_model_serves_until_the_switch_and_stale_queries_are_refused(
-    tmp_path, swap_models, swap_target
-):
-    from densefit.retrieval.index.settings import record_for
-    from densefit.retrieval.index.swap import reembed_store
-
-    old, new = swap_models["old"], swap_models["new"]
-    with open_store(swap_target) as store:
-        before = _ranking(store, old, model_generation=0)
-        target, resumed = store.begin_swap(record_for(new, store.vector_kind))
-        assert not resumed and store.swap_target().generation == target.generation == 1
-        pending = store.swap_pending(-1, 25)
-        assert [row for row, *_ in pending] == sorted(row for row, *_ in pending)
-        vectors = _embed(new, [text for *_, text in pending])
-        assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 25
-        assert store.info()["swap"] == {"model": target.record.model_name, "dim": 32,
-                                        "remaining": 15}  # fmt: skip
-        assert store.swap_pending(pending[-1][0], 100) == store.swap_pending(-1, 100)
-        assert not store.finish_swap(target)  # documents left: nothing switches
-        assert _ranking(store, old, model_generation=0) == before  # the old generation serves
-        store.check_model(old)
-        assert reembed_store(store, new).resumed
-        with pytest.raises(ModelSwappedError):  # queries embedded for the old model
-            _ranking(store, old, model_generation=0)
-        got = _ranking(store, new, model_generation=1)
-    with open_store(f"qdrant:{tmp_path}/fresh", new) as fresh:
-        from densefit.retrieval.index import index_documents
-
-        index_documents(fresh, new, swap_corpus())
-        assert got == _ranking(fresh, new)
-
-
-def test_a_stopped_swap_resumes_after_reopening(tmp_path, swap_models, swap_target):
-    from densefit.retrieval.index.swap import reembed_store
-
-    old, new = swap_models["old"], swap_models["wide"]
-    asked = []
-
-    def stop_after_two_chunks() -> bool:
-        asked.append(1)
-        return len(asked) > 2
-
-    with open_store(swap_target) as store:
-        report = reembed_store(store, new, commit_every=7, should_stop=stop_after_two_chunks)
-        assert not report.switched and report.embedded == 14
-        store.check_model(old)  # still the old model's
-        assert store.info()["swap"]["remaining"] == 26
-    with open_store(swap_target) as store:  # another run, the folder opened afresh
-        assert store.swap_target().record.dim == 48
-        report = reembed_store(store, new, commit_every=7)
-        assert report.resumed and report.switched and report.embedded == 26
-        _assert_equals_fresh(store, new, swap_corpus(), tmp_path / "fresh")
-    assert _collections(tmp_path / "q") == ["densefit_g1"]
-
-
-def test_writes_and_deletes_during_a_swap_reach_both_generations(
-    tmp_path, swap_models, swap_target
-):
-    from densefit.retrieval.index.settings import record_for
-    from densefit.retrieval.index.swap import reembed_store
-
-    old, new = swap_models["old"], swap_models["new"]
-    docs = {d.id: d for d in swap_corpus()}
-    with open_store(swap_target) as store:
-        target, _ = store.begin_swap(record_for(new, store.vector_kind))
-        pending = store.swap_pending(-1, 30)
-        chunk = [doc_id for _, doc_id, _ in pending]
-        vectors = _embed(new, [text for *_, text in pending])
-        # Meanwhile, among the chunk's documents: one rewritten, one deleted, one written
-        # with both models' vectors (a server's writer), one given new metadata; and two new
-        # documents, one embedded by both models and one by the old only.
-        rewritten, deleted, both, retitled = chunk[3], chunk[5], chunk[7], chunk[9]
-        changed = Document(rewritten, "zebra zebra music", meta={"n": -1})
-        store.write([changed], _embed(old, [changed.text]))
-        store.delete([deleted])
-        dual = [Document("s1", "bread kernel signal"), Document(both, "python python")]
-        store.write(
-            dual,
-            _embed(old, [d.text for d in dual]),
-            swap_embeddings=_embed(new, [d.text for d in dual]),
-            swap_target=target,
-        )
-        only_old = Document("o1", "river bone cell")
-        store.write([only_old], _embed(old, [only_old.text]))
-        store.write_metadata([Document(retitled, docs[retitled].text, "a title", {"n": 99})])
-        # The chunk embedded before those writes: the rewritten ones and the deleted one left.
-        assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 27
-        report = reembed_store(store, new, commit_every=4)
-        assert report.resumed and report.switched
-        assert report.embedded == 40 - 30 + 1 + 1  # the rest, the rewrite, o1 (s1: both)
-        docs.update({d.id: d for d in [changed, *dual, only_old]})
-        docs[retitled] = Document(retitled, docs[retitled].text, "a title", {"n": 99})
-        del docs[deleted]
-        _assert_equals_fresh(store, new, list(docs.values()), tmp_path / "fresh")
-        assert store.get([retitled])[0].title == "a title"
-        assert store.count_matching({"field": "meta.n", "operator": "==", "value": 99}) == 1
 
 
 def _swap_after_a_chunk(store, new, size: int = 10):
@@ -920,35 +811,12 @@ def _swap_after_a_chunk(store, new, size: int = 10):
     return target, [doc_id for _, doc_id, _ in pending]
 
 
-def test_a_rewrite_after_its_chunk_was_copied_gets_the_new_models_vector_of_its_new_text(
-    tmp_path, swap_models, swap_target
-):
-    """The copy made before the rewrite holds the new model's vector of the old text: the
-    switch must not keep it (nor the copy's old metadata)."""
-    from densefit.retrieval.index.swap import reembed_store
-
-    old, new = swap_models["old"], swap_models["new"]
-    with open_store(swap_target) as store:
-        _, chunk = _swap_after_a_chunk(store, new)
-        before = store.get([chunk[0]])[0]
-        rewritten = Document(chunk[0], "vitamin vitamin kernel socket", meta={"n": 0})
-        store.write([rewritten], _embed(old, [rewritten.text]))  # the old model only
-        store.write_metadata([Document(chunk[1], "", "retitled", {"n": -1})])  # both copies
-        report = reembed_store(store, new, commit_every=8)
-        assert report.switched
-        got = store.vectors([rewritten.id])[0]
-        assert not np.allclose(got, _stored(new, [before.text])[0], atol=1e-3)
-        np.testing.assert_allclose(got, _stored(new, [rewritten.text])[0], atol=1e-5)
-        assert report.embedded == 30 + 1  # the rest and the rewrite
-        assert store.get([chunk[1]])[0].title == "retitled"
-
-
 def test_changes_that_missed_the_swap_are_found_at_the_switch(tmp_path, swap_models, swap_target):
     """Writes by a process whose view of the store predates the swap (on a server, read up
     to a second before) reach the serving collection only: the swap finds the copies made
     from an older text or metadata by their ``seq`` and ``meta_hash`` and embeds them again,
     and drops the copies of deleted documents."""
-    from densefit.retrieval.index.swap import reembed_store
+    from densefit.retrieval.index.reembed import reembed_store
 
     old, new = swap_models["old"], swap_models["new"]
     with open_store(swap_target) as store:
@@ -973,46 +841,6 @@ def test_changes_that_missed_the_swap_are_found_at_the_switch(tmp_path, swap_mod
         )
         assert store.get([chunk[3]])[0].title == "t" and store.get([chunk[4]]) == [None]
         assert store.count() == 39 == len(list(store.ids()))
-
-
-def test_a_write_prepared_for_the_old_model_after_the_switch_is_refused(swap_models, swap_target):
-    from densefit.retrieval.index.swap import reembed_store
-
-    old, new = swap_models["old"], swap_models["new"]  # the same size: nothing else tells
-    writer = open_store(swap_target)  # another handle, opened before the swap
-    try:
-        with open_store(swap_target) as store:
-            reembed_store(store, new)
-        doc = Document("late", "python kernel")
-        with pytest.raises(ModelSwappedError, match="switched to the model") as caught:
-            writer.write([doc], _embed(old, [doc.text]))
-        _one_line(caught)
-        assert writer.get(["late"]) == [None] and writer.model_generation == 1
-        writer.write([doc], _embed(new, [doc.text]))  # embedded again with the new model
-        writer.check_model(new)
-    finally:
-        writer.close()
-
-
-def test_cancel_drops_the_swap_and_another_model_starts_afresh(tmp_path, swap_models, swap_target):
-    from densefit.retrieval.index.swap import reembed_store
-
-    old, new, wide = swap_models["old"], swap_models["new"], swap_models["wide"]
-    with open_store(swap_target) as store:
-        before = _ranking(store, old)
-        _swap_after_a_chunk(store, new)
-        assert _collections(tmp_path / "q") == ["densefit_g0", "densefit_g1"]
-        with pytest.raises(StoreError, match="model swap to .* is under way") as caught:
-            store.start_reembedding(old)
-        _one_line(caught)
-        assert store.cancel_swap()
-        assert store.swap_target() is None and not store.cancel_swap()
-        assert _collections(tmp_path / "q") == ["densefit_g0"]
-        assert _ranking(store, old) == before
-        _swap_after_a_chunk(store, new)
-        report = reembed_store(store, wide)  # another model than the swap under way
-        assert not report.resumed and report.embedded == 40
-        _assert_equals_fresh(store, wide, swap_corpus(), tmp_path / "fresh")
 
 
 def _legacy_store(folder, model, documents: list[Document]) -> str:
@@ -1045,7 +873,7 @@ def _legacy_store(folder, model, documents: list[Document]) -> str:
 def test_a_store_made_before_aliases_works_and_is_migrated_by_its_first_swap(tmp_path, swap_models):
     from qdrant_client import QdrantClient
 
-    from densefit.retrieval.index.swap import reembed_store
+    from densefit.retrieval.index.reembed import reembed_store
 
     old, new = swap_models["old"], swap_models["wide"]
     target = _legacy_store(tmp_path / "q", old, swap_corpus())
@@ -1075,7 +903,7 @@ def _killed_in(target: str, model, method: str, n: int, when: str, create: bool 
     or "after") qdrant-client's ``method`` is called the ``n``-th time."""
     from qdrant_client import QdrantClient
 
-    from densefit.retrieval.index.swap import reembed_store
+    from densefit.retrieval.index.reembed import reembed_store
 
     if not hasattr(os, "fork"):
         pytest.skip("needs os.fork")
@@ -1113,18 +941,17 @@ def _killed_in(target: str, model, method: str, n: int, when: str, create: bool 
 @pytest.mark.parametrize(
     ("method", "n", "when", "legacy", "switched"),
     [
-        ("upsert", 3, "after", False, False),  # three chunks copied
         ("update_collection_aliases", 1, "before", False, False),  # promoted, alias not moved
         ("delete_collection", 1, "before", False, True),  # alias moved, old not dropped
         ("update_collection_aliases", 1, "before", True, True),  # plain deleted, no alias yet
     ],
-    ids=["after-a-chunk", "before-the-alias", "before-the-drop", "legacy-before-the-alias"],
+    ids=["before-the-alias", "before-the-drop", "legacy-before-the-alias"],
 )
 def test_a_swap_killed_anywhere_serves_one_model_and_resumes(
     tmp_path, swap_models, method, n, when, legacy, switched
 ):
     from densefit.retrieval.index import index_documents
-    from densefit.retrieval.index.swap import reembed_store
+    from densefit.retrieval.index.reembed import reembed_store
 
     old, new = swap_models["old"], swap_models["wide"]
     if legacy:

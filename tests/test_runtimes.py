@@ -26,7 +26,7 @@ from densefit.retrieval.export import (  # noqa: E402
 from densefit.retrieval.index import open_store  # noqa: E402
 from densefit.retrieval.index.indexing import index_documents  # noqa: E402
 from densefit.retrieval.index.searching import search_batch  # noqa: E402
-from densefit.retrieval.index.settings import SettingsMismatchError  # noqa: E402
+from densefit.retrieval.index.types import SettingsMismatchError  # noqa: E402
 from densefit.retrieval.runtimes import (  # noqa: E402
     MANIFEST,
     Runtime,

@@ -338,7 +338,7 @@ def test_queries_and_documents_get_the_prompts_the_store_was_indexed_with(tmp_pa
 
     from densefit.retrieval.encode import configure_model
     from densefit.retrieval.index.searching import search_batch
-    from densefit.retrieval.index.settings import SettingsMismatchError
+    from densefit.retrieval.index.types import SettingsMismatchError
 
     prompted = configure_model(
         copy.deepcopy(model), query_prompt="query: ", document_prompt="passage: "

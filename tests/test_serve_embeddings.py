@@ -301,6 +301,7 @@ def test_a_mixed_batch_embeds_no_bm25_query_and_each_mode_gets_its_own_hits(
 ):
     """One micro-batch of embedding inputs and dense, BM25 and hybrid queries: every result
     equals that item searched or embedded alone, and the BM25 query is never embedded."""
+    from densefit.retrieval.index.request import SearchRequest
     from densefit.serve.app import search_queries
     from densefit.serve.batcher import Query
     from densefit.serve.embeddings import EmbedInput, run_batch
@@ -308,9 +309,9 @@ def test_a_mixed_batch_embeds_no_bm25_query_and_each_mode_gets_its_own_hits(
     texts = [f"{WORDS[1]} {WORDS[7]}", f"{WORDS[2]} {WORDS[5]}", f"{WORDS[3]} {WORDS[8]}"]
     items = [
         EmbedInput(texts[0]),
-        Query(texts[1], k=4, mode="bm25"),
-        Query(texts[0], k=4, mode="dense"),
-        Query(texts[2], k=4, mode="hybrid"),
+        Query(texts[1], SearchRequest("bm25", 4)),
+        Query(texts[0], SearchRequest("dense", 4)),
+        Query(texts[2], SearchRequest("hybrid", 4)),
     ]
     with LocalDocumentStore(store_dir) as store:
         results = run_batch(store, model, items, search_queries)

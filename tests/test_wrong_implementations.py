@@ -24,7 +24,7 @@ from densefit.data.types import Document
 from densefit.models import load_model
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.index import index_documents, open_store
-from densefit.retrieval.index.swap import reembed_store
+from densefit.retrieval.index.reembed import reembed_store
 
 WORDS = "cell protein python kernel socket river bread music zebra vitamin bone signal".split()
 
@@ -71,7 +71,8 @@ def test_an_export_that_passes_its_check_but_ranks_apart_from_fp32_does_not_agre
     monkeypatch, model_dir, tmp_path
 ):
     from densefit.retrieval.export import MIN_TOP10_OVERLAP
-    from densefit.retrieval.runtimes import TORCH, disagreement, resolve_runtime
+    from densefit.retrieval.runtimes import TORCH, resolve_runtime
+    from densefit.retrieval.vector_source import disagreement
 
     apart = _export_checked_as(monkeypatch, model_dir, mixed=MIN_TOP10_OVERLAP / 2)
     assert apart["passed"] and apart["check"]["top10_overlap"] >= MIN_TOP10_OVERLAP

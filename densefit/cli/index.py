@@ -32,6 +32,7 @@ def index(options: IndexJob) -> None:
     """
     job = options.replace(show_progress=progress_of(options))
     from densefit.jobs import check_index_job, index_job  # the framework: only when indexing
+    from densefit.retrieval.index.registry import redacted  # the target as messages show it
     from densefit.training import distributed  # torch.distributed: only when indexing
 
     check_index_job(job)  # with --nproc: one error line, before any process starts
@@ -41,7 +42,7 @@ def index(options: IndexJob) -> None:
     except KeyboardInterrupt:
         if distributed.is_main_process():
             err.print(
-                f"\ninterrupted: {job.store} keeps every committed document; run the same "
+                f"\ninterrupted: {redacted(job.store)} keeps every committed document; run the same "
                 "command again to resume"
             )
         raise typer.Exit(130) from None
@@ -56,7 +57,7 @@ def index(options: IndexJob) -> None:
         typer.echo(json.dumps(payload, indent=2))
         return
     info = outcome.store
-    err.print(f"{job.store}: {info['documents']:,} documents ({info['model']}, {info['dim']}-d)")
+    err.print(f"{info['path']}: {info['documents']:,} documents ({info['model']}, {info['dim']}-d)")
     err.print(outcome.report.summary())
     if outcome.read.n_skipped:
         err.print(f"[yellow]skipped rows:[/] {outcome.read.summary()}")

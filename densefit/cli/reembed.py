@@ -25,17 +25,20 @@ def reembed(options: ReembedJob) -> None:
     """
     job = options.replace(show_progress=progress_of(options))
     from densefit.jobs import reembed_job  # the framework: only when re-embedding
+    from densefit.retrieval.index.registry import redacted  # the target as messages show it
 
     try:
         report = reembed_job(job)
     except KeyboardInterrupt:
         err.print(
-            f"\ninterrupted: {job.store} still serves its current model and keeps the new "
+            f"\ninterrupted: {redacted(job.store)} still serves its current model and keeps the new "
             "vectors made so far; run the same command again to resume"
         )
         raise typer.Exit(130) from None
     if report is None:
-        err.print(f"{job.store}: no model swap under way any more; it serves its current model")
+        err.print(
+            f"{redacted(job.store)}: no model swap under way any more; it serves its current model"
+        )
         return
     if job.json:
         typer.echo(json.dumps(report.to_dict(), indent=2))

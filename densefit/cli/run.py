@@ -71,7 +71,7 @@ def run(options: RunCommand, overrides: dict) -> None:
         markup=False,
     )
     out.print(
-        f"report: {result.output / 'report.md'} (+ report.json, plots/); "
+        f"report: {result.output / 'report.md'} (+ report.html, report.json, plots/); "
         f"{time.perf_counter() - started:.0f}s this run",
         markup=False,
     )

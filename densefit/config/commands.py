@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from densefit.choices import DEFAULT_INT8_RECIPES, EXPORT_TARGETS, INT8_RECIPES, ON_CHECK_FAILURE
+from densefit.choices import (
+    DEFAULT_INT8_RECIPES,
+    EXPORT_TARGETS,
+    INT8_RECIPES,
+    ON_CHECK_FAILURE,
+    embeds,
+)
 from densefit.config.evaluation import EvalConfig
 from densefit.config.mine import MineConfig
 from densefit.config.options import Options, option, section
@@ -308,7 +314,7 @@ class EvalJob(Options):
     def check(self) -> None:
         """--dataset, or --store with --queries and --qrels; --compare needs --dataset;
         --dims needs embeddings to cut (not --mode bm25)."""
-        if self.dims is not None and self.eval.mode == "bm25":
+        if self.dims is not None and not embeds(self.eval.mode):
             raise self.error(
                 "dims", "cuts the embeddings, which --mode bm25 does not use: drop one of them"
             )

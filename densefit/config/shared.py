@@ -206,7 +206,8 @@ STORE = shared(
     None,
     "The store: a folder (the embedded store; densefit index creates it), "
     "postgresql://USER@HOST/DATABASE/TABLE (PostgreSQL + pgvector), "
-    "qdrant://HOST:PORT/COLLECTION or qdrant:FOLDER (Qdrant).",
+    "qdrant://HOST:PORT/COLLECTION or qdrant:FOLDER (Qdrant), "
+    "milvus://HOST:PORT/COLLECTION or milvus:FILE.db (Milvus, Milvus Lite).",
     flag="--store",
     short="-s",
     metavar="STORE",

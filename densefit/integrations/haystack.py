@@ -80,19 +80,28 @@ except ImportError:  # pragma: no cover - depends on the environment
         "densefit.integrations.haystack needs Haystack 3: pip install 'densefit[haystack]'"
     ) from None
 
-from densefit.choices import FUSIONS, RUNTIME_CHOICES, SEARCH_MODES, VECTOR_KINDS
+from densefit.choices import (
+    FUSIONS,
+    RUNTIME_CHOICES,
+    VECTOR_KINDS,
+    embeds,
+    reads_texts,
+    search_mode,
+)
 from densefit.config.shared import DENSE_WEIGHT, FUSION, FUSION_DEPTH, RRF_K, RUNTIME
 from densefit.data.text import InvalidText, checked_text
 from densefit.data.types import Document as DensefitDocument
 from densefit.integrations.haystack_embedders import DensefitDocumentEmbedder, DensefitTextEmbedder
 from densefit.models import load_model
 from densefit.retrieval.fusion import Fusion
-from densefit.retrieval.index.base import DocumentStore, NoStoreError
+from densefit.retrieval.index.base import DocumentStore, MetadataStats
 from densefit.retrieval.index.common import checked_vectors
 from densefit.retrieval.index.engines import open_store
-from densefit.retrieval.index.filters import validate_filters
+from densefit.retrieval.index.filters import Filter, parse_filters
+from densefit.retrieval.index.registry import require
+from densefit.retrieval.index.request import SearchRequest
 from densefit.retrieval.index.searching import embed_queries, model_for_store, search_embedded
-from densefit.retrieval.index.settings import StoreRecord
+from densefit.retrieval.index.types import NoStoreError, StoreRecord
 
 __all__ = [
     "EXTERNAL_MODEL",
@@ -109,7 +118,8 @@ EXTERNAL_MODEL = "external"
 # Haystack's similarity names -> densefit's (densefit.choices.SIMILARITIES).
 HAYSTACK_SIMILARITIES = {"cosine": "cosine", "dot_product": "dot", "dot": "dot"}
 _HAS_EMBEDDING = {"field": f"meta.{RESERVED_KEY}.embedded", "operator": "!=", "value": False}
-_NO_EMBEDDING = {**_HAS_EMBEDDING, "operator": "=="}
+_WITH_EMBEDDING = parse_filters(_HAS_EMBEDDING)  # the dense side's further condition
+_NO_EMBEDDING = parse_filters({**_HAS_EMBEDDING, "operator": "=="})  # parsed once, not per search
 
 
 # Haystack's metadata type names (as its InMemoryDocumentStore reports them) by SQLite's
@@ -156,13 +166,13 @@ def _meta_field(name: str) -> str:
     return name if name.startswith("meta.") else f"meta.{name}"
 
 
-def _checked_filters(filters: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``filters`` (None for none), or Haystack's FilterError saying what is malformed."""
+def _checked_filters(filters: dict[str, Any] | None, store=None) -> Filter | None:
+    """``filters`` parsed (None for none) for ``store``'s engine (None: no store yet), or
+    Haystack's FilterError saying what is malformed or too large for the engine."""
     try:
-        validate_filters(filters)
+        return parse_filters(filters, None if store is None else store.capabilities)
     except ValueError as exc:
         raise FilterError(str(exc)) from None
-    return filters or None
 
 
 class DensefitDocumentStore:
@@ -284,17 +294,17 @@ class DensefitDocumentStore:
     @_locked
     def count_documents_by_filter(self, filters: dict[str, Any]) -> int:
         """The number of documents matching ``filters``."""
-        filters = _checked_filters(filters)
+        filters = _checked_filters(filters, self._store)
         return 0 if self._store is None else self._store.count_matching(filters)
 
     @_locked
     def filter_documents(self, filters: dict[str, Any] | None = None) -> list[Document]:
         """The documents matching ``filters`` (Haystack's syntax), in the order written.
 
-        Filters are evaluated in SQLite (:mod:`densefit.retrieval.index.filters`); a
-        malformed filter raises ``FilterError``.
+        Filters are parsed once (:mod:`densefit.retrieval.index.filters`) and evaluated by
+        the store's engine; a malformed filter raises ``FilterError``.
         """
-        filters = _checked_filters(filters)
+        filters = _checked_filters(filters, self._store)
         if self._store is None:
             return []
         found = self._store.filter_documents(filters)
@@ -346,7 +356,7 @@ class DensefitDocumentStore:
     @_locked
     def delete_by_filter(self, filters: dict[str, Any]) -> int:
         """Delete the documents matching ``filters``; returns how many."""
-        filters = _checked_filters(filters)
+        filters = _checked_filters(filters, self._store)
         if self._store is None:
             return 0
         ids = [d.id for d in self._store.filter_documents(filters)]
@@ -356,7 +366,7 @@ class DensefitDocumentStore:
     def update_by_filter(self, filters: dict[str, Any], meta: dict[str, Any]) -> int:
         """Merge ``meta`` into the metadata of the documents matching ``filters`` (their
         text and embedding stay); returns how many were updated."""
-        filters = _checked_filters(filters)
+        filters = _checked_filters(filters, self._store)
         if RESERVED_KEY in meta:
             raise ValueError(f"the metadata key {RESERVED_KEY!r} is reserved by densefit")
         if self._store is None:
@@ -375,11 +385,11 @@ class DensefitDocumentStore:
         takes among the documents matching ``filters``: ``{field without "meta.": count}``.
         Values keep their type (``1``, ``1.0``, ``True``, ``"1"`` are four); missing and null
         values do not count."""
-        filters = _checked_filters(filters)
+        filters = _checked_filters(filters, self._store)
         counts = {}
         for name in metadata_fields:
             field = _meta_field(name)
-            values = [] if self._store is None else self._store.meta_values(field, filters)
+            values = [] if self._store is None else self._statistics().meta_values(field, filters)
             counts[field.removeprefix("meta.")] = len(values)
         return counts
 
@@ -392,7 +402,7 @@ class DensefitDocumentStore:
         if self._store is None:
             return {}
         info = {}
-        for key, kinds in self._store.meta_fields().items():
+        for key, kinds in self._statistics().meta_fields().items():
             if key == RESERVED_KEY:
                 continue
             names: dict[str, int] = {}
@@ -412,7 +422,7 @@ class DensefitDocumentStore:
         order as dates); ``None`` for both when it has neither."""
         if self._store is None:
             return {"min": None, "max": None}
-        low, high = self._store.meta_range(_meta_field(metadata_field))
+        low, high = self._statistics().meta_range(_meta_field(metadata_field))
         return {"min": low, "max": high}
 
     @_locked
@@ -429,12 +439,13 @@ class DensefitDocumentStore:
         ``(values[from_ : from_ + size], total)``. ``search_term`` keeps the values whose
         text contains it (case-insensitive). Values are ordered by their text, then their
         type, so pages are stable; they keep their type (``1`` and ``"1"`` are two)."""
-        filters = _checked_filters(filters)
+        filters = _checked_filters(filters, self._store)
         if from_ < 0 or size < 0:
             raise ValueError(f"from_ and size must be >= 0, got {from_} and {size}")
         if self._store is None:
             return [], 0
-        values = [v for v, _ in self._store.meta_values(_meta_field(metadata_field), filters)]
+        stats = self._statistics()
+        values = [v for v, _ in stats.meta_values(_meta_field(metadata_field), filters)]
         if search_term:
             wanted = search_term.lower()
             values = [v for v in values if wanted in str(v).lower()]
@@ -454,20 +465,15 @@ class DensefitDocumentStore:
     ) -> list[Document]:
         """The ``top_k`` documents with embeddings closest to ``query_embedding`` among
         those matching ``filters``, best first, with ``score`` set."""
-        filters = _checked_filters(filters)
+        filters = _checked_filters(filters, self._store)
         if self._store is None or top_k == 0:
             return []
         query = self._query_vector(query_embedding)
-        dense_filters = _HAS_EMBEDDING if self._has_documents_without_embedding() else None
-        hits = search_embedded(
-            self._store,
-            [""],
-            query,
-            top_k=top_k,
-            filters=filters,
-            scale_score=scale_score,
-            dense_filters=dense_filters,
-        )[0]
+        dense_filters = _WITH_EMBEDDING if self._has_documents_without_embedding() else None
+        request = SearchRequest(
+            "dense", top_k, filters, scale_score=scale_score, dense_filters=dense_filters
+        )
+        hits = search_embedded(self._store, [""], query, request)[0]
         return self._scored(hits, return_embedding)
 
     @_locked
@@ -515,7 +521,7 @@ class DensefitDocumentStore:
         return_embedding,
         fusion=None,
     ) -> list[Document]:
-        filters = _checked_filters(filters)
+        filters = _checked_filters(filters, self._store)
         if not isinstance(query, str):
             raise ValueError(f"{mode} retrieval needs the query text, got {type(query).__name__}")
         checked_text(query, "query")  # InvalidText (a ValueError) names the problem
@@ -523,21 +529,12 @@ class DensefitDocumentStore:
             return []
         query_vector = None
         dense_filters = None
-        if mode == "hybrid":
+        if embeds(mode):
             query_vector = self._query_vector(query_embedding)
             if self._has_documents_without_embedding():
-                dense_filters = _HAS_EMBEDDING
-        hits = search_embedded(
-            self._store,
-            [query],
-            query_vector,
-            top_k=top_k,
-            filters=filters,
-            scale_score=scale_score,
-            mode=mode,
-            fusion=fusion,
-            dense_filters=dense_filters,
-        )[0]
+                dense_filters = _WITH_EMBEDDING
+        request = SearchRequest(mode, top_k, filters, fusion, scale_score, dense_filters)
+        hits = search_embedded(self._store, [query], query_vector, request)[0]
         return self._scored(hits, return_embedding)
 
     def embed_queries(self, queries: list[str], runtime: str = RUNTIME.default) -> np.ndarray:
@@ -545,7 +542,7 @@ class DensefitDocumentStore:
         records (or ``model=``; loaded once), with its query prompt and vector size, the
         transformer run by ``runtime`` (:data:`densefit.choices.RUNTIME_CHOICES`). A runtime
         whose vectors may not meet the store's raises
-        :class:`~densefit.retrieval.index.settings.SettingsMismatchError` (a ValueError), a
+        :class:`~densefit.retrieval.index.types.SettingsMismatchError` (a ValueError), a
         store of external embeddings (no model recorded) a ValueError."""
         if self._store is None or self._store.model_name == EXTERNAL_MODEL:
             raise ValueError(
@@ -567,6 +564,13 @@ class DensefitDocumentStore:
             )
         return query
 
+    def _statistics(self) -> MetadataStats:
+        """The store, for metadata statistics; CapabilityError (one line naming the engines
+        that can) where its engine has none."""
+        doing = "give metadata statistics"
+        require(self._store.capabilities, "metadata_stats", doing, location=self._store.location)
+        return self._store
+
     def _scored(self, hits, return_embedding: bool) -> list[Document]:
         found = [DensefitDocument(h.id, h.text, h.title, h.meta) for h in hits]
         documents = self._to_haystack(found, with_embedding=return_embedding)
@@ -575,8 +579,8 @@ class DensefitDocumentStore:
     def _has_documents_without_embedding(self) -> bool:
         """Whether any stored document lacks an embedding (an index lookup: the field is
         indexed, so that searches without such documents need no filter at all)."""
-        if not self._indexed:
-            self._store.index_meta_field(_NO_EMBEDDING["field"])
+        if not self._indexed and self._store.capabilities.upkeep:
+            self._store.index_meta_field(_HAS_EMBEDDING["field"])
             self._indexed = True
         return self._store.count_matching(_NO_EMBEDDING) > 0
 
@@ -726,7 +730,8 @@ def _retriever_init(
         raise ValueError(f"runtime must be one of {', '.join(RUNTIME_CHOICES)}, not {runtime!r}")
     retriever.runtime = runtime
     retriever.document_store = document_store
-    retriever.filters = _checked_filters(filters)
+    _checked_filters(filters)  # malformed: FilterError now (kept as given, for to_dict)
+    retriever.filters = filters or None
     retriever.top_k = top_k
     retriever.scale_score = scale_score
     retriever.return_embedding = return_embedding
@@ -914,8 +919,7 @@ class DensefitHybridRetriever:
         depth: int = FUSION_DEPTH.default,
         runtime: str = RUNTIME.default,
     ) -> None:
-        if mode not in SEARCH_MODES:
-            raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
+        search_mode(mode)
         if fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, not {fusion!r}")
         _retriever_init(
@@ -1009,9 +1013,9 @@ class DensefitHybridRetriever:
         top_k = self.top_k if top_k is None else top_k
         if top_k < 0:
             raise ValueError(f"top_k must be at least 0, got {top_k}")
-        if self.mode != "dense" and query is None:
+        if reads_texts(self.mode) and query is None:
             raise ValueError(f"mode {self.mode!r} needs the query text: connect `query`")
-        if self.mode != "bm25" and query_embedding is None and query is None:
+        if embeds(self.mode) and query_embedding is None and query is None:
             raise ValueError(
                 f"mode {self.mode!r} needs the query embedding: connect `query_embedding` "
                 "(or `query`, embedded by the store's model)"
@@ -1024,9 +1028,9 @@ class DensefitHybridRetriever:
             if return_embedding is None
             else return_embedding,
         }
-        if self.mode == "dense":
+        if not reads_texts(self.mode):
             return "embedding_retrieval", {"query_embedding": query_embedding, **options}
-        if self.mode == "bm25":
+        if not embeds(self.mode):
             return "bm25_retrieval", {"query": query, **options}
         arguments = {"query": query, "query_embedding": query_embedding, **options}
         return "hybrid_retrieval", {**arguments, "fusion": self._fusion}

@@ -36,7 +36,7 @@ Each component loads its own copy of the model.
 Give both embedders of a store the same model and runtime: ``auto`` picks the same export
 for the same model folder, but an int8 export's vectors are not torch's, and a query
 embedded by one runtime family against documents embedded by another ranks less well
-(:func:`densefit.retrieval.runtimes.disagreement`).
+(:func:`densefit.retrieval.vector_source.disagreement`).
 
 An indexing pipeline and a query pipeline over Haystack's ``InMemoryDocumentStore``, here
 with a tiny random model saved to the folder ``tiny`` (use your model's folder or name, e.g.

@@ -1,4 +1,6 @@
-"""The report of ``densefit run``: report.json (everything), report.md (to read), PNG plots.
+"""The report of ``densefit run``: report.json (everything), report.md (to read), report.html
+(the same, with the per-query view, in one file that opens from disk), PNG plots, and
+``eval/per_query.jsonl`` (base and trained lined up per query: :mod:`densefit.comparison`).
 
 Plots (matplotlib, Agg backend) go to ``OUTPUT/plots/``:
 
@@ -20,17 +22,20 @@ import json
 import os
 import platform
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 import yaml
 
 from densefit._version import __version__
+from densefit.comparison import QueryComparison, compare_queries
 from densefit.config.run import RunConfig
 from densefit.config.shared import model_or_default
-from densefit.data.corpus import read_qrels
+from densefit.data.corpus import find_beir_file, iter_corpus, read_qrels, read_queries
 from densefit.evaluate import EvalResult, compare_results, format_p_value
+from densefit.pipeline.report_html import write_html
 
 __all__ = ["describe_eval", "load_eval_results", "read_eval_log", "read_train_log", "write_report"]
 
@@ -54,20 +59,10 @@ def describe_eval(info: dict, n_queries: int) -> str:
 def load_eval_results(output: str | os.PathLike) -> list:
     """The base and trained :class:`~densefit.evaluate.EvalResult` saved in ``output/eval``."""
 
-    out = []
-    for name in ("base", "trained"):
-        d = json.loads((Path(output) / "eval" / f"{name}.json").read_text())
-        out.append(
-            EvalResult(
-                d["name"],
-                d["metrics"],
-                d["per_query"],
-                d["n_queries"],
-                d.get("missing_queries", []),
-                d.get("info", {}),
-            )
-        )
-    return out
+    return [
+        EvalResult.from_dict(json.loads((Path(output) / "eval" / f"{name}.json").read_text()))
+        for name in ("base", "trained")
+    ]
 
 
 def _log_records(path: str | os.PathLike) -> list[dict]:
@@ -399,11 +394,40 @@ def write_report(
     eval_plot = _eval_plot(out, evals_during, train_config.eval_metric)
     if eval_plot:
         report["plots"]["eval"] = eval_plot
+    comparison = _per_query(config, evals["base"], evals["trained"])
+    texts = {}
+    if comparison is not None:
+        comparison.write_jsonl(out / "eval" / "per_query.jsonl")
+        report["per_query"] = {**comparison.summary, "file": "eval/per_query.jsonl"}
+        texts = comparison.texts
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    (out / "report.md").write_text(
-        _markdown(report, yaml.safe_dump(report["config"], sort_keys=False))
-    )
+    markdown = _markdown(report, yaml.safe_dump(report["config"], sort_keys=False), texts)
+    (out / "report.md").write_text(markdown)
+    write_html(out / "report.html", markdown, comparison, folder=out)
     return report
+
+
+def _per_query(config: RunConfig, base: EvalResult, trained: EvalResult) -> QueryComparison | None:
+    """Base and trained lined up per query, with the query and document texts of the data
+    folder; None for evaluations saved without their rankings."""
+    if not (base.rankings and trained.rankings):
+        return None
+    with warnings.catch_warnings():  # the evaluation warned about the files already
+        warnings.simplefilter("ignore")
+        try:
+            queries = read_queries(find_beir_file(config.data, "queries"), on_bad_row="skip")
+        except (OSError, ValueError):
+            queries = {}
+        comparison = compare_queries(
+            base, trained, metric=next(iter(base.metrics)), queries=queries
+        )
+        wanted = comparison.document_ids()
+        try:
+            corpus = iter_corpus(config.data, on_bad_row="skip")
+            comparison.add_texts({doc.id: doc.text for doc in corpus if doc.id in wanted})
+        except (OSError, ValueError):
+            pass  # the report names the documents by id
+    return comparison
 
 
 def _metrics(comparison: dict) -> dict:
@@ -451,11 +475,12 @@ def _fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
-def _markdown(r: dict, config_yaml: str) -> str:
+def _markdown(r: dict, config_yaml: str, texts: Mapping[str, str]) -> str:
     """report.md: one section per piece, in reading order."""
     pieces = (
         _md_summary(r),
         _md_results(r),
+        _md_per_query(r.get("per_query"), texts),
         _md_training(r),
         _md_during_training(r.get("eval_during_training")),
         _md_memory_plan(r["memory_plan"]),
@@ -514,6 +539,82 @@ def _md_results(r: dict) -> list[str]:
             f"{m['wins']} / {m['losses']} / {m['ties']} | {format_p_value(m['p_value'])} |"
         )
     return lines + ["", "![base vs trained](plots/metrics.png)"]
+
+
+def _md_per_query(s: dict | None, texts: Mapping[str, str], top: int = 5) -> list[str]:
+    """Queries better / same / worse, the rank-change counts, the largest wins and losses
+    and the trained model's top hits to review (:mod:`densefit.comparison`)."""
+    if not s:
+        return []
+    lines = [
+        "## Per query",
+        "",
+        f"On {s['metric']}, {s['better']} of {s['queries']} queries got better, {s['same']} "
+        f"stayed the same and {s['worse']} got worse. Every query (ranks, scores and top hits "
+        f"of both models) is in `{s['file']}`; `report.html` shows them.",
+        "",
+        "Rank of the best relevant document, base -> trained (k = "
+        f"{s['depth']} retrieved per query):",
+        "",
+        "| " + " | ".join(s["rank_changes"]) + " |",
+        "|" + "---|" * len(s["rank_changes"]),
+        "| " + " | ".join(str(n) for n in s["rank_changes"].values()) + " |",
+    ]
+    for title, rows in (("Largest wins", s["wins"]), ("Largest losses", s["losses"])):
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"### {title}",
+            "",
+            "| query | base | trained | delta | best rank (base -> trained) | trained's top hit |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in rows[:top]:
+            hit = row["new_top"]
+            lines.append(
+                f"| {_md_query(row)} | {row['base']:.4f} | {row['new']:.4f} | "
+                f"{row['delta']:+.4f} | {_fmt(row['base_best_rank'])} -> "
+                f"{_fmt(row['new_best_rank'])} | {_md_doc(hit, texts)} |"
+            )
+    review = s["possible_missing_labels"]
+    if review:
+        lines += [
+            "",
+            "### Top hits to review (possible missing labels)",
+            "",
+            f"The trained model's top hit is unjudged and scores within {s['close']:.0%} of the "
+            "best judged relevant document: often a relevant document nobody labelled.",
+            "",
+            "| query | unjudged top hit (score) | best judged (rank, score) |",
+            "|---|---|---|",
+        ]
+        for row in review[:top]:
+            best = row["relevant"]
+            lines.append(
+                f"| {_md_query(row)} | {_md_doc(row['hit'], texts)} ({row['hit']['score']:.4f}) | "
+                f"`{best['id']}` ({best['new_rank']}, {best['new_score']:.4f}) |"
+            )
+        if len(review) > top:
+            more = len(review) - top
+            lines += ["", f'{more} more: `{s["file"]}`, or report.html\'s "to review" filter.']
+    return lines
+
+
+def _md_query(row: dict) -> str:
+    return f"`{row['query_id']}` {_md_cell(row.get('query') or '')}".strip()
+
+
+def _md_doc(hit: dict | None, texts: Mapping[str, str]) -> str:
+    if hit is None:
+        return "-"
+    return f"`{hit['id']}` {_md_cell(texts.get(hit['id'], ''))}".strip()
+
+
+def _md_cell(text: str, width: int = 90) -> str:
+    """``text`` fit for a markdown table cell: one line, pipes escaped, cut at ``width``."""
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _md_training(r: dict) -> list[str]:

@@ -4,7 +4,8 @@
     train         MNRL, memory auto, checkpoints                     -> OUTPUT/model/
     eval_base     the base model on the held-out split               -> OUTPUT/eval/base.json
     eval_trained  the trained model, the same settings               -> OUTPUT/eval/trained.json
-    report        report.md, report.json, plots/*.png
+    report        report.md, report.html, report.json, plots/*.png,
+                  eval/per_query.jsonl (base and trained lined up per query)
 
 A finished stage writes ``OUTPUT/stages/<name>.json``: its result, its outputs and the
 *fingerprint* of everything it depends on (the config keys it reads, the sha256 of the data
@@ -33,6 +34,7 @@ import torch
 import yaml
 from rich.console import Console
 
+from densefit.choices import embeds
 from densefit.config.commands import EvalJob, MineJob, TrainJob
 from densefit.config.run import RunConfig, train_paths
 from densefit.config.shared import model_or_default
@@ -154,6 +156,12 @@ class RunResult:
         table = format_table([base, trained], title=title or "before / after")
         searched = search_caption([base, trained])
         table.caption = f"{describe_eval(base.info, base.n_queries)}; {searched}"
+        per_query = self.report.get("per_query")
+        if per_query:
+            table.caption += (
+                f"; per query ({per_query['metric']}): {per_query['better']} better, "
+                f"{per_query['same']} same, {per_query['worse']} worse (report.html)"
+            )
         return table
 
 
@@ -285,6 +293,7 @@ class Pipeline:
             ),
             "eval": settings,
             "on_bad_row": c.on_bad_row,
+            "keeps": "rankings",  # eval/*.json keep each query's ranking for the report
         }
 
     # -- the run
@@ -323,7 +332,7 @@ class Pipeline:
             "pairs": train_source,
             "corpus": self._digest("corpus", lambda: file_digest(find_corpus_file(c.data))),
             "mine": dataclasses.asdict(c.mine),
-            "model": self._model_digest() if c.mine.method != "bm25" else None,
+            "model": self._model_digest() if embeds(c.mine.method) else None,
             "on_bad_row": c.on_bad_row,
         }
         mine_fp = fingerprint(inputs)
@@ -381,7 +390,8 @@ class Pipeline:
         inputs = {s: self.markers[s]["fingerprint"] for s in STAGES[:-1] if s in self.markers}
         inputs["config"] = self.config.to_dict()
         plots = ("training", "resources", "metrics")
-        outputs = ["report.md", "report.json", *(f"plots/{name}.png" for name in plots)]
+        outputs = ["report.md", "report.html", "report.json"]
+        outputs += [f"plots/{name}.png" for name in plots]
         self._stage(5, "report", fingerprint(inputs), inputs, self._report, outputs)
 
     # -- stages
@@ -504,7 +514,7 @@ class Pipeline:
             model=str(model_ref), max_seq_length=settings.max_seq_length,
             seconds=round(time.perf_counter() - t0, 2),
         )  # fmt: skip
-        full = result.to_dict(per_query=True)
+        full = result.to_dict(per_query=True, rankings=True)
         self._write_json(self.out / "eval" / f"{name}.json", full)
         self.console.print(
             f"{name}: "
@@ -517,11 +527,13 @@ class Pipeline:
         report = write_report(
             self.out, self.config, self.markers, ran=list(self.result.ran), stages=STAGES[:-1]
         )
-        return {"files": ["report.md", "report.json", "plots/"], "metrics": report["metrics"]}
+        files = ["report.md", "report.html", "report.json", "plots/", "eval/per_query.jsonl"]
+        return {"files": files, "metrics": report["metrics"]}
 
 
 def _summary(full: dict) -> dict:
-    return {k: v for k, v in full.items() if k != "per_query"}
+    """A saved evaluation without its per-query parts: what a stage marker keeps."""
+    return {k: v for k, v in full.items() if k not in ("per_query", "rankings", "qrels")}
 
 
 def _stamp(t: float) -> str:

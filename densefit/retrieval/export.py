@@ -31,7 +31,7 @@ file (``top10_overlap``) and mixed with torch's (``top10_overlap_mixed``: fp32 q
 file's documents and the reverse, the worse of the two). An fp32 file passes when every cosine
 is at least ``1 - 1e-5``; a quantized one when the mean cosine and the top-10 overlap reach
 :data:`MIN_COSINE` and :data:`MIN_TOP10_OVERLAP`; it *agrees with fp32* (a store may be queried
-across the two, :func:`densefit.retrieval.runtimes.disagreement`) when the mixed overlap does
+across the two, :func:`densefit.retrieval.vector_source.disagreement`) when the mixed overlap does
 too. A file that fails is deleted and the export raises :class:`ExportCheckError` with the
 numbers (``on_check_failure="warn"``: kept, recorded as failed, never picked by ``auto``).
 """

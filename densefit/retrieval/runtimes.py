@@ -53,7 +53,7 @@ import threading
 import time
 import warnings
 import weakref
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -61,18 +61,16 @@ import torch
 
 from densefit.choices import AUTO_PRECISION, PRECISIONS, RUNTIME_CHOICES
 from densefit.models import eval_mode, resolve_model_path, transformer_of
+from densefit.retrieval.vector_source import FP32, VectorSource, disagreement
 
 __all__ = [
     "AUTO_ORDER",
-    "FP32",
     "HALF_COSINE",
     "MANIFEST",
     "Runtime",
     "RuntimeUnavailableError",
     "TORCH",
-    "VectorSource",
     "auto_candidates",
-    "disagreement",
     "export_onnx",
     "exports_of",
     "model_folder",
@@ -90,7 +88,6 @@ __all__ = [
     "write_manifest_entry",
 ]
 
-FP32 = "fp32"
 MANIFEST = "densefit_export.json"
 MANIFEST_FORMAT = "densefit-export/1"
 # The folder and the file of each runtime, as sentence-transformers names them (its
@@ -125,83 +122,6 @@ _DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 class RuntimeUnavailableError(ValueError):
     """The runtime asked for cannot run this model here; the message says how to fix it."""
-
-
-# ----------------------------------------------------------------------------- families
-
-
-@dataclass(frozen=True)
-class VectorSource:
-    """What computed a set of vectors: the runtime, its file and its family.
-
-    ``family`` is ``"fp32"`` for torch and fp32 exports, ``"int8:<sha256 prefix>"`` for a
-    quantized file, ``"fp16"`` / ``"bf16"`` for torch at that ``precision``;
-    ``agrees_with_fp32``: the file's or precision's check found it ranks like fp32 when
-    queries and documents come from the two families (always True for fp32).
-
-    >>> TORCH.source.family, TORCH.source.precision
-    ('fp32', 'fp32')
-    """
-
-    runtime: str = "torch"
-    family: str = FP32
-    file: str | None = None  # relative to the model folder ("onnx/model.onnx")
-    agrees_with_fp32: bool = True
-    precision: str = FP32  # the transformer's number format (torch: --precision)
-
-    def to_json(self) -> str:
-        """The store's meta entry."""
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | None) -> VectorSource:
-        """Read a store's entry; a store without one was written by torch (fp32), an entry
-        without a precision (written before it was recorded) in fp32."""
-        if not text:
-            return cls()
-        data = json.loads(text)
-        fields = {k: data[k] for k in ("runtime", "family", "file", "agrees_with_fp32")}
-        return cls(**fields, precision=data.get("precision", FP32))
-
-    def describe(self) -> str:
-        """``onnx-int8 (onnx/model_qint8_avx2.onnx)`` / ``torch`` / ``torch fp16``."""
-        if self.file:
-            return f"{self.runtime} ({self.file})"
-        return self.runtime if self.precision == FP32 else f"{self.runtime} {self.precision}"
-
-
-def disagreement(stored: VectorSource, given: VectorSource, *, mixing: bool) -> str | None:
-    """Why vectors from ``given`` may not meet vectors from ``stored``, or None when they may.
-
-    ``mixing``: ``given`` would write documents beside ``stored``'s (indexing): only the same
-    family. Otherwise ``given`` embeds queries against ``stored``'s documents: the same family,
-    fp32 against a quantized file whose check says it agrees with fp32, or torch at any two
-    precisions (each checked against fp32).
-
-    >>> int8 = VectorSource("onnx-int8", "int8:ab12", "onnx/model_qint8_avx2.onnx", True)
-    >>> disagreement(int8, TORCH.source, mixing=False) is None
-    True
-    >>> disagreement(int8, TORCH.source, mixing=True)[:40]
-    'documents were embedded by onnx-int8 (on'
-    """
-    if stored.family == given.family:
-        return None
-    what = "documents were embedded" if mixing else "the store's documents were embedded"
-    reason = f"{what} by {stored.describe()}, this run embeds with {given.describe()}"
-    if mixing:
-        return reason + ": one store holds vectors of one runtime family"
-    checked = (stored.agrees_with_fp32, given.agrees_with_fp32)
-    if {stored.family, given.family} <= set(PRECISIONS) and all(checked):
-        return None  # fp32 and half precisions, each checked against fp32: queries cross
-    quantized = given if stored.family == FP32 else stored
-    if FP32 in (stored.family, given.family) and quantized.agrees_with_fp32:
-        return None
-    if FP32 not in (stored.family, given.family):
-        return reason + ": two different quantized exports are never compared"
-    return reason + (
-        f": the check of {quantized.describe()} did not find that its vectors rank like "
-        "fp32 ones when mixed with them"
-    )
 
 
 # ----------------------------------------------------------------------------- runtimes

@@ -4,7 +4,8 @@ Routes: ``POST /search``, ``POST /documents`` (upsert), ``DELETE /documents``,
 ``GET /documents/{id}``, ``POST /v1/embeddings`` and ``POST /embed``
 (:mod:`densefit.serve.embeddings`), ``POST`` and ``GET /admin/reembed`` (a model swap with
 no downtime, :mod:`densefit.serve.swap`; only with an API key), ``GET /health``,
-``GET /metrics`` and the OpenAPI docs at ``/docs``.
+``GET /metrics``, the OpenAPI docs at ``/docs`` and the search page at ``/``
+(:mod:`densefit.serve.ui`, unless ``--no-ui``).
 
 - Searches go through the :class:`~densefit.serve.batcher.MicroBatcher` (one forward pass
   for the queries of concurrent requests), writes through the
@@ -26,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
-import json
 import logging
 import sqlite3
 import time
@@ -40,7 +40,8 @@ from densefit.choices import SEARCH_MODES
 from densefit.data.corpus import non_finite_path
 from densefit.data.types import Document
 from densefit.errors import StorageFault, storage_fault
-from densefit.retrieval.index.filters import validate_filters
+from densefit.retrieval.index.filters import Filter, parse_filters
+from densefit.retrieval.index.request import SearchRequest as StoreRequest
 from densefit.retrieval.index.searching import embed_queries, search_embedded
 from densefit.serve.batcher import MicroBatcher, Query
 from densefit.serve.config import ServeConfig, is_local_host, worker_threads
@@ -55,6 +56,7 @@ from densefit.serve.errors import (
 )
 from densefit.serve.metrics import Metrics
 from densefit.serve.swap import AdminSwap, ServedModel, query_state_maker, retrying_swaps
+from densefit.serve.ui import UI_PATHS, add_ui_routes
 from densefit.serve.writer import DocumentWriter
 
 try:
@@ -91,13 +93,13 @@ def search_queries(
 ) -> list[object]:
     """Embed the ``queries`` that need it (dense and hybrid ones; one forward pass, or a few
     of similar lengths: :func:`~densefit.retrieval.encode.padding_aware_cuts`), then search
-    the store once per (k, filters, scale_score, mode) group; one hit list (or exception)
-    per query, in order. ``embeddings``: the embeddings of the queries that are not ``bm25``
-    (in order), when the batch embedded them already; ``runtime``: what runs the model (a
+    the store once per group of queries with equal search requests (their ``request``: mode,
+    k, filters...); one hit list (or exception) per query, in order. ``embeddings``: the
+    embeddings of the queries whose mode embeds (in order), when the batch embedded them already; ``runtime``: what runs the model (a
     name, resolved in the worker thread); ``model_generation``: the store's model generation
     ``model`` is for (a search after a model swap then fails with
     :class:`~densefit.retrieval.index.store.ModelSwappedError` instead of mixing models)."""
-    embedded = [i for i, q in enumerate(queries) if q.mode != "bm25"]
+    embedded = [i for i, q in enumerate(queries) if q.request.embeds]
     vectors = embeddings
     if vectors is None and embedded:
         vectors = embed_queries(
@@ -113,8 +115,7 @@ def search_queries(
     row_of = {query: row for row, query in enumerate(embedded)}
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, q in enumerate(queries):
-        key = (q.k, json.dumps(q.filters, sort_keys=True), q.scale_score, q.mode)
-        groups[key].append(i)
+        groups[q.request.key].append(i)
     results: list[object] = [None] * len(queries)
     for indices in groups.values():
         first = queries[indices[0]]
@@ -122,18 +123,21 @@ def search_queries(
             hits = search_embedded(
                 store,
                 [queries[i].text for i in indices],
-                vectors[[row_of[i] for i in indices]] if first.mode != "bm25" else None,
-                top_k=first.k,
-                filters=first.filters,
-                scale_score=first.scale_score,
-                mode=first.mode,
-                model_generation=model_generation,
+                vectors[[row_of[i] for i in indices]] if first.request.embeds else None,
+                first.request.embedded_for(model_generation),
             )
         except Exception as exc:  # noqa: BLE001 - fails only this group's queries
             hits = [exc] * len(indices)
         for i, found in zip(indices, hits, strict=True):
             results[i] = found
     return results
+
+
+def search_modes(capabilities) -> list[str]:
+    """The search modes (:data:`~densefit.choices.SEARCH_MODES`) a store of ``capabilities``
+    runs: ``/health`` lists them for clients (the search page offers those)."""
+    able = {"dense": True, "bm25": bool(capabilities.lexical), "hybrid": capabilities.hybrid}
+    return [mode for mode in SEARCH_MODES if able[mode]]
 
 
 # -- request and response bodies -------------------------------------------------------------
@@ -205,7 +209,8 @@ _WRITE_METHODS = {"POST", "DELETE", "PUT", "PATCH"}
 _ARRIVAL = "densefit.search_arrival"  # scope key: the batcher's "arrived" callback
 _BATCHED = {"/search", "/v1/embeddings", "/embed"}  # routes whose texts go through the batcher
 _ADMIN = "/admin/reembed"
-_ROUTES = {*_BATCHED, _ADMIN, "/documents", "/health", "/metrics", "/docs", "/openapi.json"}
+_ROUTES = {*_BATCHED, _ADMIN, "/documents", "/health", "/metrics", "/docs", "/openapi.json",
+           *UI_PATHS}  # fmt: skip
 
 
 def _route_label(path: str) -> str:
@@ -235,6 +240,8 @@ class Guard:
         self.metrics = metrics
         self.batcher = batcher
         self.key = config.api_key.encode() if config.api_key else None
+        # the search page's files: a browser opening a page sends no key (its API calls do)
+        self.open_paths = UI_PATHS if config.ui else frozenset()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -275,6 +282,8 @@ class Guard:
     def _refusal(self, scope) -> JSONResponse | None:
         headers = dict(scope["headers"])
         path = scope["path"]
+        if scope["method"] == "GET" and path in self.open_paths:
+            return None
         if self.key is not None:
             given = headers.get(b"x-api-key")
             auth = headers.get(b"authorization", b"")
@@ -369,7 +378,7 @@ def _replay(body: bytes):
 
 def create_app(store, model, config: ServeConfig | None = None, *, close_store: bool = True):
     """A FastAPI app serving ``store`` with ``model`` (which must have made its embeddings:
-    :class:`~densefit.retrieval.index.base.ModelMismatchError` otherwise, with the prompts
+    :class:`~densefit.retrieval.index.types.ModelMismatchError` otherwise, with the prompts
     the store was indexed with: :class:`~densefit.retrieval.index.settings.
     SettingsMismatchError` otherwise).
 
@@ -445,6 +454,8 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     _add_routes(app, store, config, batcher, writer, metrics)
     _add_admin_routes(app, admin, config)
     add_embedding_routes(app, store, served, config, batcher, _ARRIVAL)
+    if config.ui:
+        add_ui_routes(app)
     app.add_middleware(Guard, config=config, metrics=metrics, batcher=batcher)
     return app
 
@@ -476,7 +487,7 @@ def _add_admin_routes(app, admin: AdminSwap, config: ServeConfig) -> None:
 def _update_bm25(store) -> None:
     """After a write is acknowledged: bring the BM25 index up to date in the writer thread, if
     this server searched by BM25 already, so that the next BM25 search does not wait for it."""
-    if getattr(store, "bm25_loaded", False):
+    if store.capabilities.upkeep and store.bm25_loaded:
         store.update_bm25()
 
 
@@ -543,12 +554,11 @@ def _check_texts(texts: str | list[str], what: str, config: ServeConfig) -> None
         checked_request_text(text, f"{what}[{i}]", max_chars=config.max_text_chars)
 
 
-def _check_filters(filters: dict | None) -> dict | None:
+def _check_filters(filters: dict | None, capabilities) -> Filter | None:
     if not filters:
         return None
     checked_request_json(filters, "filters")
-    validate_filters(filters)  # ValueError -> 400 saying what is wrong
-    return filters
+    return parse_filters(filters, capabilities)  # ValueError -> 400 saying what is wrong
 
 
 def _check_document(doc: DocumentIn, i: int, config: ServeConfig) -> None:
@@ -588,8 +598,10 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
         if not 1 <= request.k <= config.max_k:
             raise ClientError(422, f"k must be between 1 and {config.max_k}, got {request.k}")
         _check_texts(request.query, "query", config)
-        filters = _check_filters(request.filters)
-        queries = [Query(t, request.k, filters, request.scale_score, request.mode) for t in texts]
+        filters = _check_filters(request.filters, store.capabilities)
+        # the request's one search request, shared by its queries
+        asked = StoreRequest(request.mode, request.k, filters, scale_score=request.scale_score)
+        queries = [Query(t, asked) for t in texts]
         found = await batcher.search(queries, http.scope.get(_ARRIVAL))
         # A ready JSONResponse skips FastAPI's recursive jsonable_encoder over every hit.
         return JSONResponse(
@@ -643,6 +655,9 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
         served = app.state.served.state  # the model generation answering now
         return {
             "status": "ok",
+            "engine": store.capabilities.engine,
+            "modes": search_modes(store.capabilities),
+            "max_k": config.max_k,
             "documents": store.count(),
             "model": store.model_name,
             "dim": store.dim,

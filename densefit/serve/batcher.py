@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from densefit.retrieval.encode import TextTokens
+from densefit.retrieval.index.request import SearchRequest
 
 __all__ = ["MicroBatcher", "Query"]
 
@@ -44,10 +45,8 @@ class Query:
     """One query of a search request, with what the search needs besides the text."""
 
     text: str
-    k: int = 10
-    filters: dict | None = None
-    scale_score: bool = False
-    mode: str = "dense"  # densefit.choices.SEARCH_MODES: bm25 queries are not embedded
+    # how to search (mode, k, parsed filter...): one per HTTP request, shared by its queries
+    request: SearchRequest = field(default_factory=SearchRequest)
     future: asyncio.Future | None = field(default=None, repr=False)
     tokens: TextTokens | None = field(default=None, repr=False)  # set by the batcher's measure
 

@@ -106,6 +106,12 @@ class ServeConfig(Options):
         "model's densefit_config.json records --matryoshka-dims.",
         flag="--matryoshka/--no-matryoshka",
     )
+    ui: bool = option(
+        True,
+        "Serve the search page at / (a query box over the HTTP API, from the package: no "
+        "CDN); --no-ui leaves the server API-only.",
+        flag="--ui/--no-ui",
+    )
 
 
 @dataclass(kw_only=True)

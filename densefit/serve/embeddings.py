@@ -146,9 +146,9 @@ def run_batch(
     queries = [
         i
         for i, item in enumerate(items)
-        if isinstance(item, Query) and (i in vectors or item.mode == "bm25")
+        if isinstance(item, Query) and (i in vectors or not item.request.embeds)
     ]
-    dense = [i for i in queries if items[i].mode != "bm25"]
+    dense = [i for i in queries if items[i].request.embeds]
     if queries:
         found = search(
             store,
@@ -203,7 +203,7 @@ def measure_request(model, items: Sequence[Query | EmbedInput]) -> None:
 
 def _embedded(item: Query | EmbedInput) -> bool:
     """Whether the forward pass embeds ``item``: BM25 queries are searched by their text."""
-    return not (isinstance(item, Query) and item.mode == "bm25")
+    return not isinstance(item, Query) or item.request.embeds
 
 
 def _prompt_of(item: Query | EmbedInput, prompts: dict[str, str]) -> str | None:

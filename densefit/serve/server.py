@@ -13,9 +13,9 @@ import warnings
 
 from densefit.config.shared import model_or_default
 from densefit.models import load_model, resolve_device
-from densefit.retrieval.index.base import NoStoreError
 from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.searching import model_for_store
+from densefit.retrieval.index.types import NoStoreError
 from densefit.serve.app import create_app
 from densefit.serve.config import DEFAULT_HOST, DEFAULT_PORT, is_local_host
 
@@ -43,7 +43,7 @@ def run_server(
     )
     server = uvicorn.Server(config)
     print(
-        f"densefit serve: http://{host}:{port} (API docs at /docs); SIGTERM or Ctrl-C stops",
+        f"densefit serve: http://{host}:{port} ({_pages(app)}); SIGTERM or Ctrl-C stops",
         file=sys.stderr,
         flush=True,
     )
@@ -95,6 +95,12 @@ def serve_job(job) -> None:  # noqa: ANN001 - a densefit.serve.config.ServeJob
     app = create_app(store, model, config)
     print(f"densefit serve: {runtime_line(app.state.served.state)}", file=sys.stderr, flush=True)
     run_server(app, host=job.host, port=job.port)
+
+
+def _pages(app) -> str:
+    """The pages a person opens: the search page (unless ``--no-ui``) and the API docs."""
+    has_ui = any(getattr(route, "path", None) == "/" for route in app.routes)
+    return "search page at /, API docs at /docs" if has_ui else "API docs at /docs"
 
 
 def runtime_line(state) -> str:

@@ -6,7 +6,7 @@ generation it belongs to), replaced in one assignment when the store switches to
 model. That happens two ways:
 
 - ``POST /admin/reembed`` (behind the API key): :class:`AdminSwap` loads the new model and
-  runs :func:`~densefit.retrieval.index.swap.reembed_store` in a thread, while the writer
+  runs :func:`~densefit.retrieval.index.reembed.reembed_store` in a thread, while the writer
   embeds every write for both models; at the switch the new model becomes the served one.
 - ``densefit reembed`` in another process: the next search finds the store switched
   (:class:`~densefit.retrieval.index.store.ModelSwappedError`), and the server loads the
@@ -30,10 +30,10 @@ import torch
 from densefit.config.shared import ENCODE_BATCH_SIZE
 from densefit.models import load_model, resolve_device
 from densefit.retrieval.encode import configure_model, encode_texts, fastest_runtime
-from densefit.retrieval.index.base import ModelSwappedError
+from densefit.retrieval.index.reembed import reembed_store
 from densefit.retrieval.index.searching import model_for_store, query_runtime
-from densefit.retrieval.index.settings import SettingsMismatchError, StoreRecord, record_for
-from densefit.retrieval.index.swap import reembed_store
+from densefit.retrieval.index.settings import record_for
+from densefit.retrieval.index.types import ModelSwappedError, SettingsMismatchError, StoreRecord
 from densefit.retrieval.runtimes import (
     RuntimeUnavailableError,
     auto_candidates,

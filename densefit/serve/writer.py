@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from densefit.data.types import Document
-from densefit.retrieval.index.base import ModelSwappedError
+from densefit.retrieval.index.types import ModelSwappedError
 from densefit.serve.swap import SWAP_RETRIES
 
 __all__ = ["DocumentWriter", "WriteAck"]

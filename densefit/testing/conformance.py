@@ -18,7 +18,7 @@ object (as another process or server replica makes them), model mismatch errors,
 (top k of the matches, against a plain-Python reference), BM25 and hybrid search (BM25 equal
 to an index built from scratch over the current documents after writes, updates and deletes;
 hybrid equal to the fusion of the two rankings) and, where the engine promises it
-(:class:`~densefit.retrieval.index.base.Capabilities`), compaction and crashes: a child
+(:class:`~densefit.retrieval.index.types.Capabilities`), compaction and crashes: a child
 process (forked) indexing a corpus is SIGKILLed between batches, and the store must reopen
 with its last committed state, documents and vectors aligned, and a rerun must resume. A
 test of something the engine does not declare is skipped, saying so.
@@ -32,8 +32,10 @@ Needs pytest; uses :func:`densefit.testing.tiny_model` (no downloads).
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -41,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fastapi.testclient import TestClient  # the `test` extra has the `serve` extra's FastAPI
 
 from densefit.data.types import Document
 from densefit.models import load_model, model_name_of
@@ -48,15 +51,26 @@ from densefit.retrieval.bm25 import Bm25Index, Tokens
 from densefit.retrieval.encode import encode_texts
 from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index import vectors
-from densefit.retrieval.index.base import ModelMismatchError
 from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.indexing import index_documents
+from densefit.retrieval.index.reembed import reembed_store
+from densefit.retrieval.index.registry import redacted
 from densefit.retrieval.index.searching import search
-from densefit.testing import WORDS, tiny_model
+from densefit.retrieval.index.settings import record_for
+from densefit.retrieval.index.types import (
+    ModelMismatchError,
+    ModelSwappedError,
+    NoStoreError,
+    StoreError,
+)
+from densefit.serve.app import create_app
+from densefit.serve.config import ServeConfig
+from densefit.testing import SWAP_QUERIES, WORDS, save_swap_models, swap_corpus, tiny_model
 
 __all__ = [
     "EmbeddedConformance",
     "StoreConformance",
+    "SwapConformance",
     "make_corpus",
     "reference_match",
     "with_meta",
@@ -507,6 +521,102 @@ class StoreConformance:
         assert model_name_of(model) != store.model_name  # the name really differs
         store.check_model(model)
 
+    # -- roles: metadata statistics, re-embedding, upkeep, drop ------------------------------
+    # (the contract helper's section: each role's test skips where the engine does not declare
+    # it; tests/test_engines.py checks that the suite exercises every member of the contract)
+
+    def test_the_store_says_what_it_is(self, store, target, model):
+        assert store.location == redacted(target)
+        assert store.record.model_name == store.model_name == model_name_of(model)
+        assert (store.record.dim, store.record.vector_kind) == (store.dim, self.vectors)
+        assert store.model_generation == 0
+        info = store.info()
+        assert info["engine"] == store.capabilities.engine and info["documents"] == store.count()
+
+    def test_metadata_statistics_are_those_of_the_matching_documents(self, target, model, backend):
+        docs = _statistics_corpus()
+        with self.open(target, model, backend) as store:
+            self.needs(store, "metadata_stats")
+            store.write(docs, _embed(model, docs))
+            filters = {"field": "meta.lang", "operator": "!=", "value": "de"}
+            matching = [d for d in docs if reference_match(filters, d)]
+            assert store.meta_fields() == _reference_fields(docs)
+            for field in ("meta.lang", "meta.year", "meta.score", "meta.rare", "meta.tags.topic"):
+                for flt, among in ((None, docs), (filters, matching)):
+                    got = sorted(map(repr, store.meta_values(field, flt)))
+                    assert got == sorted(map(repr, _reference_values(among, field))), field
+                    assert store.meta_range(field, flt) == _reference_range(among, field)
+            assert store.meta_values("meta.none") == [] and store.meta_range("meta.none") == (
+                None,
+                None,
+            )
+
+    def test_reembedding_marks_every_vector_stale_until_written_again(self, store, model, docs):
+        self.needs(store, "reembedding")
+        store.start_reembedding(model)
+        assert store.all_stale_ids() == [d.id for d in docs]
+        assert store.stale_ids([docs[1].id, "no-such-id"]) == {docs[1].id}
+        text_hash = store.hashes([docs[1].id])[docs[1].id][0]
+        assert store.vectors_for_texts([text_hash]) == {}  # a stale vector is not copied
+        with pytest.raises(StoreError, match="still hold vectors made before --reembed"):
+            store.finish_reembedding()
+        store.write(docs[:5], _embed(model, docs[:5]))
+        assert store.all_stale_ids() == [d.id for d in docs[5:]]
+        assert store.stale_ids([docs[1].id]) == set()
+        assert list(store.vectors_for_texts([text_hash])) == [text_hash]
+        store.write(docs[5:], _embed(model, docs[5:]))
+        assert store.all_stale_ids() == []
+        store.finish_reembedding()
+        store.finish_reembedding()  # nothing under way: nothing to do
+
+    def test_reembed_with_new_settings_remakes_every_vector(self, store, model, docs):
+        self.needs(store, "reembedding")
+        shorter = copy.deepcopy(model)
+        shorter.max_seq_length = 8  # the corpus texts are longer: truncation changes vectors
+        report = index_documents(store, shorter, docs[:10], reembed=True)
+        assert (report.reembedded, report.reembedded_stored) == (10, len(docs) - 10)
+        assert store.settings.max_seq_length == 8 and store.all_stale_ids() == []
+        np.testing.assert_allclose(
+            store.vectors([d.id for d in docs]),
+            _normalise(_embed(shorter, docs)),
+            atol=self.vector_atol,
+        )
+        again = index_documents(store, shorter, docs)  # the new settings are the store's now
+        assert (again.unchanged, again.encoded) == (len(docs), 0)
+
+    def test_upkeep_keeps_bm25_and_metadata_indexes_current(self, target, model, backend):
+        docs = with_meta(make_corpus(self.n_docs))
+        with self.open(target, model, backend) as store:
+            self.needs(store, "upkeep")
+            store.write(docs, _embed(model, docs))
+            filters = {"field": "meta.lang", "operator": "==", "value": "de"}
+            before = store.count_matching(filters)
+            store.index_meta_field("meta.lang")
+            store.index_meta_field("meta.lang")  # idempotent
+            assert store.count_matching(filters) == before > 0
+            with pytest.raises(ValueError):
+                store.index_meta_field("lang")  # not a metadata field
+            assert store.dead_rows() >= 0
+            if store.capabilities.lexical:
+                self._bm25(store, [docs[0].text], 1)
+            new = Document("upkeep-new", "zebra quartz upkeep " + docs[0].text, title="new")
+            store.write([new], _embed(model, [new]))
+            if store.bm25_loaded:  # this process holds an index: one update brings it current
+                assert store.update_bm25() is True and store.update_bm25() is False
+            else:  # the engine keeps BM25 current itself
+                assert store.update_bm25() is False
+            if store.capabilities.lexical:
+                assert self._bm25(store, ["zebra quartz upkeep"], 1)[0][0][0] == new.id
+
+    def test_drop_deletes_the_store(self, target, model, backend, docs):
+        store = self.open(target, model, backend)
+        store.write(docs, _embed(model, docs))
+        store.drop()
+        with pytest.raises(NoStoreError):
+            self.open(target, backend=backend)
+        with self.open(target, model, backend) as again:  # a new, empty store
+            assert again.count() == 0 and again.count_matching(None) == 0
+
     # -- crashes ---------------------------------------------------------------------------
 
     def _fork_indexer(self, model, target, backend, mode: str, n: int) -> tuple[int, int]:
@@ -737,3 +847,430 @@ def _close(a, b, atol: float = 1e-5) -> bool:
         for qa, qb in zip(a, b, strict=True)
         for (_, x), (_, y) in zip(qa, qb, strict=True)
     )
+
+
+def _statistics_corpus() -> list[Document]:
+    """Documents whose metadata mixes JSON types: strings, integers, reals, booleans, an
+    object, null and missing values (the shapes metadata statistics must tell apart)."""
+    docs = with_meta(make_corpus(24, prefix="stat"))
+    out = []
+    for i, d in enumerate(docs):
+        meta = dict(d.meta)
+        meta["score"] = (0.5 * i) if i % 4 else None  # reals, and null
+        if i % 5 == 0:
+            del meta["year"]  # missing
+        if i == 3:
+            meta["year"] = "unknown"  # a string among numbers: the range keeps to numbers
+        out.append(Document(d.id, d.text, d.title, meta))
+    return out
+
+
+def _json_type(value) -> str | None:
+    """SQLite's ``json_type`` name of a metadata value (None for null)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "real"
+    if isinstance(value, str):
+        return "text"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _meta_value(doc: Document, field: str):
+    value = doc.meta
+    for name in field[len("meta.") :].split("."):
+        value = value.get(name) if isinstance(value, dict) else None
+    return value
+
+
+def _reference_values(docs: list[Document], field: str) -> list[tuple[object, int]]:
+    """Each distinct value (by JSON type and value) with its count; nulls left out."""
+    counts: dict[tuple, list] = {}
+    for doc in docs:
+        value = _meta_value(doc, field)
+        kind = _json_type(value)
+        if kind is not None:
+            counts.setdefault((kind, repr(value)), [value, 0])[1] += 1
+    return [(value, n) for value, n in counts.values()]
+
+
+def _reference_range(docs: list[Document], field: str) -> tuple[object, object]:
+    """``(min, max)`` of the numbers (not booleans), else of the strings, else ``(None, None)``."""
+    values = [_meta_value(d, field) for d in docs]
+    for kinds in (("integer", "real"), ("text",)):
+        found = [v for v in values if _json_type(v) in kinds]
+        if found:
+            return min(found), max(found)
+    return None, None
+
+
+def _reference_fields(docs: list[Document]) -> dict[str, dict[str, int]]:
+    fields: dict[str, dict[str, int]] = {}
+    for doc in docs:
+        for key, value in doc.meta.items():
+            kind = _json_type(value)
+            if kind is not None:
+                kinds = fields.setdefault(key, {})
+                kinds[kind] = kinds.get(kind, 0) + 1
+    return fields
+
+
+# == model swaps (densefit reembed): every engine that declares model_swap ===================
+# Owned with densefit.retrieval.index.swap: the coordinator's state machine, run on an engine.
+
+
+def _swap_embed(model, docs: list[Document]) -> np.ndarray:
+    return encode_texts(model, [d.text for d in docs], prompt_name="document")
+
+
+def _swap_ranking(store, model, **options) -> list[list[tuple[str, float]]]:
+    queries = encode_texts(model, SWAP_QUERIES, prompt_name="query")
+    return _as_pairs(store.search(queries, 5, **options))
+
+
+def _swap_fresh(model, documents: list[Document]):
+    """An embedded store indexed from scratch by ``model``: what a swap must equal."""
+    store = open_store(None, model)
+    index_documents(store, model, documents)
+    return store
+
+
+def _kill_after(function, n: int):
+    """``function`` that SIGKILLs its process once its ``n``-th call has returned (inside the
+    caller's transaction, when the call is in one)."""
+    calls = [0]
+
+    def wrapped(*args, **kwargs):
+        result = function(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    return wrapped
+
+
+class SwapConformance:
+    """Model swaps (:mod:`densefit.retrieval.index.swap`) on an engine that declares
+    ``model_swap``: subclass once per engine with the ``target`` fixture (a fresh store per
+    test), ``backend`` (exact search: rankings are compared with an embedded store indexed
+    from scratch) and :meth:`generations`. The store holds what a fresh index by the new
+    model holds after a switch; the old model serves, unchanged, until the switch; writes,
+    deletes and metadata updates during a swap reach both generations; another store object
+    follows the switch; a stopped or killed swap resumes; cancelling drops the swap's storage.
+    """
+
+    backend: str | None = None
+
+    @pytest.fixture
+    def target(self, tmp_path):
+        return tmp_path / "store"
+
+    def generations(self, target) -> list[str] | None:
+        """The names of the store's vector storages (files, tables, collections); None:
+        not checked."""
+        return None
+
+    def open(self, target, model=None):
+        return open_store(target, model, backend=self.backend, create=model is not None)
+
+    def assert_generations(self, target, n: int) -> None:
+        found = self.generations(target)
+        if found is not None:
+            assert len(found) == n, found
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def swap_models(cls, tmp_path_factory) -> dict:
+        """Loaded tiny models ``old``, ``new`` (another seed, same size), ``wide`` (48-d),
+        and their folders under ``"paths"``."""
+        paths = save_swap_models(tmp_path_factory.mktemp("swap-models"))
+        return {name: load_model(str(path)) for name, path in paths.items()} | {"paths": paths}
+
+    @pytest.fixture
+    def indexed(self, target, swap_models):
+        """The target of a store of 40 documents indexed by the ``old`` model."""
+        with self.open(target, swap_models["old"]) as store:
+            if not store.capabilities.model_swap:
+                pytest.skip(f"the {store.capabilities.engine} engine does not swap models")
+            index_documents(store, swap_models["old"], swap_corpus(40))
+        return target
+
+    def assert_equals_fresh(self, store, model, documents: list[Document]) -> None:
+        """The store holds what a fresh index of ``documents`` by ``model`` does: the same
+        documents, vectors (up to the rounding of other batches: a swap embeds chunks in
+        write order), and ranking; no swap is under way."""
+        fresh = _swap_fresh(model, documents)
+        ids = sorted(d.id for d in documents)
+        assert sorted(store.ids()) == ids
+        np.testing.assert_allclose(store.vectors(ids), fresh.vectors(ids), rtol=0, atol=1e-5)
+        assert store.get(ids) == fresh.get(ids)
+        assert _close_scores(_swap_ranking(store, model), _swap_ranking(fresh, model), 1e-4)
+        store.check_model(model)
+        assert store.swap_target() is None and store.info()["swap"] is None
+
+    @pytest.mark.parametrize("new_name", ["new", "wide"])
+    def test_a_swap_equals_a_fresh_index_with_the_new_model(self, indexed, swap_models, new_name):
+        old, new = swap_models["old"], swap_models[new_name]
+        before_storage = self.generations(indexed)
+        with self.open(indexed) as store:
+            before = _swap_ranking(store, old)
+            store.check_model(old)  # checked, and cached until the model generation changes
+            report = reembed_store(store, new, commit_every=7)
+            assert report.switched and not report.resumed and report.embedded == 40
+            assert (store.dim, store.model_generation) == (new.get_embedding_dimension(), 1)
+            assert store.info()["model_swaps"] == 1
+            self.assert_equals_fresh(store, new, swap_corpus(40))
+            with pytest.raises(ModelMismatchError):  # the old model no longer made them
+                store.check_model(old)
+        with self.open(indexed) as store:  # another process: the new model, generation 1
+            assert store.model_generation == 1 and _swap_ranking(store, new) != before
+            self.assert_equals_fresh(store, new, swap_corpus(40))
+        self.assert_generations(indexed, 1)
+        if before_storage is not None:  # the old generation dropped
+            assert self.generations(indexed) != before_storage
+
+    def test_the_old_model_serves_until_the_switch_and_stale_queries_are_refused(
+        self, indexed, swap_models
+    ):
+        old, new = swap_models["old"], swap_models["new"]
+        with self.open(indexed) as store:
+            before = _swap_ranking(store, old, model_generation=0)
+            target, resumed = store.begin_swap(record_for(new, store.vector_kind))
+            assert not resumed and store.swap_target().generation == target.generation
+            again, resumed = store.begin_swap(record_for(new, store.vector_kind))
+            assert resumed and again.generation == target.generation
+            with pytest.raises(StoreError, match="swaps to float32 vectors"):
+                store.begin_swap(record_for(new, "binary"))
+            pending = store.swap_pending(-1, 25)
+            assert [r for r, *_ in pending] == sorted(r for r, *_ in pending)
+            vectors = encode_texts(new, [text for *_, text in pending], prompt_name="document")
+            assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 25
+            assert store.info()["swap"] == {"model": target.record.model_name, "dim": 32,
+                                            "remaining": 15}  # fmt: skip
+            assert store.swap_pending(pending[-1][0], 100) == store.swap_pending(-1, 100)
+            assert not store.finish_swap(target)  # documents left: nothing switches
+            assert _swap_ranking(store, old, model_generation=0) == before  # the old serves
+            store.check_model(old)
+            report = reembed_store(store, new)
+            assert report.resumed and report.embedded == 15
+            with pytest.raises(ModelSwappedError):  # queries embedded for the old model
+                _swap_ranking(store, old, model_generation=0)
+            got = _swap_ranking(store, new, model_generation=1)
+        assert _close_scores(got, _swap_ranking(_swap_fresh(new, swap_corpus(40)), new), 1e-4)
+
+    def test_a_stopped_swap_resumes_after_reopening(self, indexed, swap_models):
+        old, new = swap_models["old"], swap_models["wide"]
+        asked = []
+
+        def stop_after_two_chunks() -> bool:
+            asked.append(1)
+            return len(asked) > 2
+
+        with self.open(indexed) as store:
+            report = reembed_store(store, new, commit_every=7, should_stop=stop_after_two_chunks)
+            assert not report.switched and report.embedded == 14
+            store.check_model(old)  # still the old model's
+            assert store.info()["swap"]["remaining"] == 26
+        self.assert_generations(indexed, 2)
+        with self.open(indexed) as store:  # another run, the store opened afresh
+            assert store.swap_target().record.dim == 48
+            report = reembed_store(store, new, commit_every=7)
+            assert report.resumed and report.switched and report.embedded == 26
+            self.assert_equals_fresh(store, new, swap_corpus(40))
+        self.assert_generations(indexed, 1)
+
+    def test_writes_and_deletes_during_a_swap_reach_both_generations(self, indexed, swap_models):
+        """Writes before a chunk is written (the swap meets the moved rows again) and after
+        it: a document rewritten after its chunk was written loses the next vector of its old
+        text, and ends with the new model's vector of its new text."""
+        old, new = swap_models["old"], swap_models["new"]
+        docs = {d.id: d for d in swap_corpus(40)}
+        with self.open(indexed) as store:
+            target, _ = store.begin_swap(record_for(new, store.vector_kind))
+            pending = store.swap_pending(-1, 30)
+            vectors = encode_texts(new, [text for *_, text in pending], prompt_name="document")
+            # Before the chunk is written: a document rewritten, one deleted, two written with
+            # both models (a server's writer), one by the old model only, one retitled.
+            changed = Document("d3", "zebra zebra music", meta={"n": 3})
+            store.write([changed], _swap_embed(old, [changed]))
+            store.delete(["d5"])
+            both = [Document("s1", "bread kernel signal"), Document("d7", "python python")]
+            store.write(
+                both,
+                _swap_embed(old, both),
+                swap_embeddings=_swap_embed(new, both),
+                swap_target=target,
+            )
+            only_old = Document("o1", "river bone cell")
+            store.write([only_old], _swap_embed(old, [only_old]))
+            store.write_metadata([Document("d9", docs["d9"].text, "a title", {"n": 99})])
+            # The chunk embedded before those writes: d3, d5 and d7 moved or went, and are left.
+            assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 27
+            # After the chunk: d10 rewritten by the old model only (the next vector of its old
+            # text must go), d12 by both, d11 deleted.
+            late = Document("d10", "kernel kernel bread", meta={"n": 10})
+            store.write([late], _swap_embed(old, [late]))
+            late_both = Document("d12", "signal bone vitamin", meta={"n": 12})
+            store.write(
+                [late_both],
+                _swap_embed(old, [late_both]),
+                swap_embeddings=_swap_embed(new, [late_both]),
+                swap_target=target,
+            )
+            store.delete(["d11"])
+            assert store.info()["swap"]["remaining"] == 40 - 30 + 3  # the rest, d3, o1, d10
+            report = reembed_store(store, new, commit_every=4)
+            assert report.resumed and report.switched
+            assert report.embedded == 40 - 30 + 3  # s1, d7 and d12 came with both
+            np.testing.assert_allclose(
+                store.vectors(["d10"]), _normalise(_swap_embed(new, [late])), rtol=0, atol=1e-5
+            )  # the new model's vector of the new text
+            docs.update({d.id: d for d in [changed, *both, only_old, late, late_both]})
+            docs["d9"] = Document("d9", docs["d9"].text, "a title", {"n": 99})
+            del docs["d5"], docs["d11"]
+            self.assert_equals_fresh(store, new, list(docs.values()))
+            assert store.count() == len(docs)
+            assert store.count_matching({"field": "meta.n", "operator": "==", "value": 99}) == 1
+
+    def test_another_store_object_follows_the_switch(self, indexed, swap_models):
+        """A replica (another process or server on the store): searches and writes prepared
+        for the old model are refused with ModelSwappedError, then it serves the new model."""
+        old, new = swap_models["old"], swap_models["wide"]
+        writer = self.open(indexed)  # opened before the swap
+        searcher = self.open(indexed)
+        try:
+            queries = encode_texts(old, SWAP_QUERIES, prompt_name="query")
+            assert searcher.search(queries, 5, model_generation=0)
+            searcher.check_model(old)  # cached until the model generation changes
+            with self.open(indexed) as store:
+                assert reembed_store(store, new).switched
+            with pytest.raises(ModelSwappedError, match="switched to the model"):
+                searcher.search(queries, 5, model_generation=0)
+            assert searcher.model_generation == 1 and searcher.dim == 48
+            with pytest.raises(ModelMismatchError):
+                searcher.check_model(old)
+            doc = Document("late", "python kernel")
+            with pytest.raises(ModelSwappedError, match="switched to the model"):
+                writer.write([doc], _swap_embed(old, [doc]))
+            assert writer.dim == 48 and writer.get(["late"]) == [None]  # reloaded, not written
+            writer.write([doc], _swap_embed(new, [doc]))
+            writer.check_model(new)
+            assert searcher.search(_swap_embed(new, [doc]), 1)[0][0].id == "late"
+        finally:
+            writer.close()
+            searcher.close()
+
+    def test_a_swap_to_another_model_starts_afresh_and_cancel_drops_it(self, indexed, swap_models):
+        old, new, wide = swap_models["old"], swap_models["new"], swap_models["wide"]
+        with self.open(indexed) as store:
+            before = _swap_ranking(store, old)
+            target, _ = store.begin_swap(record_for(new, store.vector_kind))
+            pending = store.swap_pending(-1, 10)
+            vectors = encode_texts(new, [t for *_, t in pending], prompt_name="document")
+            assert store.write_swap(target, [(r, i) for r, i, _ in pending], vectors) == 10
+            self.assert_generations(indexed, 2)
+            if store.capabilities.compaction:
+                assert store.compact() == 0  # no compaction while a swap is under way
+            with pytest.raises(StoreError, match="model swap to .* is under way"):
+                index_documents(store, old, swap_corpus(40), reembed=True)
+            assert store.cancel_swap()
+            assert store.info()["swap"] is None and not store.cancel_swap()
+            self.assert_generations(indexed, 1)
+            assert _swap_ranking(store, old) == before
+            with pytest.raises(StoreError, match="cancelled or restarted"):
+                store.write_swap(target, [(r, i) for r, i, _ in pending], vectors)
+            store.begin_swap(record_for(new, store.vector_kind))
+            report = reembed_store(store, wide)  # another model than the swap under way
+            assert not report.resumed and report.embedded == 40
+            self.assert_equals_fresh(store, wide, swap_corpus(40))
+        self.assert_generations(indexed, 1)
+
+    @pytest.mark.parametrize(
+        ("step", "n"),
+        [("_put_next", 1), ("write_swap", 3), ("_put_next", 5), ("_before_switch", 1),
+         ("_switch", 1), ("_swap_changed", 2)],
+        ids=["first-chunk-written", "third-chunk-done", "fifth-chunk-written", "before-switch",
+             "switch-written", "switched"],
+    )  # fmt: skip
+    def test_a_kill_anywhere_leaves_one_model_serving_and_the_swap_resumable(
+        self, indexed, swap_models, step, n
+    ):
+        """A forked child swapping the store is SIGKILLed after the ``n``-th call of one of
+        the coordinator's steps returned: ``_put_next`` and ``_switch`` inside their
+        transaction (not committed, where the engine has transactions), ``_swap_changed``'s
+        second call after the switch."""
+        if not hasattr(os, "fork"):
+            pytest.skip("the crash test needs os.fork")
+        old, new = swap_models["old"], swap_models["wide"]
+        with self.open(indexed) as store:
+            before = _swap_ranking(store, old)
+            transactions = store.capabilities.transactions
+        switched = step == "_swap_changed" or (step == "_switch" and not transactions)
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            try:
+                torch.set_num_threads(1)
+                child = self.open(indexed)
+                cls = type(child)
+                setattr(cls, step, _kill_after(getattr(cls, step), n))
+                reembed_store(child, new, commit_every=5, runtime="torch")
+            except BaseException:  # noqa: BLE001 - report and leave without running pytest code
+                traceback.print_exc()
+            os._exit(1)
+        StoreConformance._wait_killed(pid)
+        with self.open(indexed) as store:
+            if switched:
+                store.check_model(new)
+            else:  # nothing of the live generation changed
+                store.check_model(old)
+                assert _swap_ranking(store, old) == before
+                assert store.info()["swap"]["dim"] == 48
+            report = reembed_store(store, new, commit_every=5)
+            assert report.switched and report.resumed is not switched
+            self.assert_equals_fresh(store, new, swap_corpus(40))
+        self.assert_generations(indexed, 1)
+
+    def test_searches_during_an_admin_swap_all_succeed_and_end_on_the_new_model(
+        self, indexed, swap_models
+    ):
+        old, new = swap_models["old"], swap_models["wide"]
+        wide = str(swap_models["paths"]["wide"])
+        key = {"X-API-Key": "secret"}
+        app = create_app(self.open(indexed, old), old, ServeConfig(api_key="secret"))
+        statuses: list[int] = []
+        stop = threading.Event()
+        with TestClient(app) as client:
+
+            def search_until_stopped():
+                while not stop.is_set():
+                    r = client.post("/search", json={"query": SWAP_QUERIES, "k": 5}, headers=key)
+                    statuses.append(r.status_code)
+
+            searchers = [threading.Thread(target=search_until_stopped) for _ in range(2)]
+            for thread in searchers:
+                thread.start()
+            started = client.post("/admin/reembed", json={"model": wide}, headers=key)
+            assert started.status_code == 202, started.text
+            again = client.post("/admin/reembed", json={"model": wide}, headers=key)
+            assert again.status_code in (409, 202)  # 202 only if the first had finished
+            new_doc = {"id": "w1", "text": "zebra kernel bread"}
+            written = client.post("/documents", json={"documents": [new_doc]}, headers=key)
+            assert written.status_code == 200, written.text
+            app.state.admin._thread.join(timeout=300)
+            stop.set()
+            for thread in searchers:
+                thread.join()
+            status = client.get("/admin/reembed", headers=key).json()
+            assert status["state"] == "done", status
+            assert statuses and set(statuses) == {200}, statuses[:20]
+            assert client.get("/health", headers=key).json()["dim"] == 48
+            got = client.post("/search", json={"query": SWAP_QUERIES, "k": 5}, headers=key)
+        docs = [*swap_corpus(40), Document("w1", new_doc["text"])]
+        want = _swap_ranking(_swap_fresh(new, docs), new)
+        found = [[(h["id"], h["score"]) for h in r["hits"]] for r in got.json()["results"]]
+        assert _close_scores(found, want, 1e-4)

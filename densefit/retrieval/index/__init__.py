@@ -1,10 +1,12 @@
 """Document stores and vector search.
 
-One store contract (:class:`~densefit.retrieval.index.base.DocumentStore`) and the engines
-behind it, opened by :func:`~densefit.retrieval.index.engines.open_store` from a target: a
-folder (the embedded store: SQLite for documents, an append-only vector file for embeddings,
-exact and FAISS backends), ``postgresql://...`` (PostgreSQL with pgvector) or
-``qdrant://...`` / ``qdrant:FOLDER`` (Qdrant); indexing that resumes after a crash, and
+One store contract (:class:`~densefit.retrieval.index.base.DocumentStore` and its optional
+roles; the records and errors in :mod:`~densefit.retrieval.index.types`) and the engines
+behind it (:mod:`~densefit.retrieval.index.registry`), opened by
+:func:`~densefit.retrieval.index.engines.open_store` from a target: a folder (the embedded
+store: SQLite for documents, an append-only vector file for embeddings, exact and FAISS
+backends), ``postgresql://...`` (PostgreSQL with pgvector) or ``qdrant://...`` /
+``qdrant:FOLDER`` (Qdrant); indexing that resumes after a crash, and
 search::
 
     from densefit.retrieval.index import open_store, index_documents, search
@@ -29,16 +31,22 @@ from __future__ import annotations
 from densefit._lazy import lazy_exports
 
 _EXPORTS = {
-    "Capabilities": "densefit.retrieval.index.base",
-    "CapabilityError": "densefit.retrieval.index.base",
+    "Capabilities": "densefit.retrieval.index.types",
+    "CapabilityError": "densefit.retrieval.index.types",
     "DocumentStore": "densefit.retrieval.index.base",
-    "ModelSwappedError": "densefit.retrieval.index.base",
-    "NoStoreError": "densefit.retrieval.index.base",
-    "ModelMismatchError": "densefit.retrieval.index.base",
-    "SearchHit": "densefit.retrieval.index.base",
-    "StoreError": "densefit.retrieval.index.base",
+    "ModelSwappedError": "densefit.retrieval.index.types",
+    "NoStoreError": "densefit.retrieval.index.types",
+    "ModelMismatchError": "densefit.retrieval.index.types",
+    "SearchHit": "densefit.retrieval.index.types",
+    "StoreError": "densefit.retrieval.index.types",
     "VectorBackend": "densefit.retrieval.index.base",
-    "WriteResult": "densefit.retrieval.index.base",
+    "MetadataStats": "densefit.retrieval.index.base",
+    "ModelSwap": "densefit.retrieval.index.base",
+    "Reembedding": "densefit.retrieval.index.base",
+    "Upkeep": "densefit.retrieval.index.base",
+    "SettingsMismatchError": "densefit.retrieval.index.types",
+    "StoreRecord": "densefit.retrieval.index.types",
+    "WriteResult": "densefit.retrieval.index.types",
     "ExactBackend": "densefit.retrieval.index.exact",
     "exact_search": "densefit.retrieval.index.exact",
     "validate_filters": "densefit.retrieval.index.filters",
@@ -50,8 +58,9 @@ _EXPORTS = {
     "search_batch": "densefit.retrieval.index.searching",
     "LocalDocumentStore": "densefit.retrieval.index.store",
     "make_backend": "densefit.retrieval.index.store",
-    "ENGINES": "densefit.retrieval.index.engines",
-    "engine_of": "densefit.retrieval.index.engines",
+    "ENGINES": "densefit.retrieval.index.registry",
+    "engine_of": "densefit.retrieval.index.registry",
+    "require": "densefit.retrieval.index.registry",
     "open_store": "densefit.retrieval.index.engines",
     "record_for": "densefit.retrieval.index.settings",
 }

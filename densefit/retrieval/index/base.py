@@ -1,21 +1,29 @@
-"""The store contract: what every engine holding densefit's documents and vectors does.
+"""The store contract: what every engine holding densefit's documents and vectors does, and
+the optional roles an engine may add.
 
 A :class:`DocumentStore` keeps documents (id, text, title, ``meta``) and their embeddings
 together, records which model made the embeddings and with which settings, and searches them
 by embedding, by BM25 over the texts, or both fused, among the documents a filter (Haystack's
-syntax) lets through. Indexing, search, evaluation, serving, re-embedding, mining and the
-Haystack integration need nothing else from a store; :func:`~densefit.retrieval.index.engines.
-open_store` is the one way to get one, for a target naming the engine:
+syntax) lets through. Indexing, search, evaluation, serving, mining and the Haystack
+integration need nothing else from a store; :func:`~densefit.retrieval.index.engines.
+open_store` is the one way to get one, for a target naming the engine
+(:mod:`~densefit.retrieval.index.registry`).
 
-- a folder: the embedded store (SQLite and a vector file, :mod:`~densefit.retrieval.index.store`);
-- ``postgresql://...``: PostgreSQL with pgvector (:mod:`~densefit.retrieval.index.pgvector`);
-- ``qdrant://host:port/collection`` or ``qdrant:FOLDER``: Qdrant
-  (:mod:`~densefit.retrieval.index.qdrant`).
+Beyond the core, an engine implements the roles its
+:class:`~densefit.retrieval.index.types.Capabilities` declare, and a command that needs one
+checks it before it starts (:func:`~densefit.retrieval.index.registry.require`: one line
+naming the engines that can):
 
-Engines differ in what they can do, and say so in their :class:`Capabilities`: a command that
-asks for something its engine lacks gets one line naming the engines that can
-(:class:`CapabilityError`). The conformance suite (:mod:`densefit.testing.conformance`) states
-the behaviour every engine shows and runs on each.
+- :class:`Reembedding` (``capabilities.reembedding``): ``densefit index --reembed``;
+- :class:`ModelSwap` (``capabilities.model_swap``): ``densefit reembed``, serve's swap;
+- :class:`Upkeep` (``capabilities.upkeep``): ``densefit compact``, BM25 kept current by a
+  server, ``--index-meta``;
+- :class:`MetadataStats` (``capabilities.metadata_stats``): the Haystack store's metadata
+  methods.
+
+The records and errors these protocols speak of are :mod:`~densefit.retrieval.index.types`'s.
+The conformance suite (:mod:`densefit.testing.conformance`) states the behaviour of the core
+and of every role, and runs on each engine for the roles it declares.
 
 A :class:`VectorBackend` is the embedded store's search part: the store owns the committed
 vectors and hands them to the backend after every commit, so a backend is a cache that can
@@ -26,180 +34,47 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from densefit.data.types import Document
-
-if TYPE_CHECKING:  # the record types are the settings module's; it imports this one
-    from densefit.retrieval.index.settings import StoreRecord, SwapTarget, VectorSettings
+from densefit.retrieval.index.types import (
+    Capabilities,
+    SearchHit,
+    StoreRecord,
+    SwapTarget,
+    WriteResult,
+)
 
 __all__ = [
-    "Capabilities",
-    "CapabilityError",
+    "ROLES",
     "DocumentStore",
-    "ModelMismatchError",
-    "ModelSwappedError",
-    "NoStoreError",
-    "SearchHit",
-    "StoreError",
+    "MetadataStats",
+    "ModelSwap",
+    "Reembedding",
+    "Upkeep",
     "VectorBackend",
-    "WriteResult",
+    "members",
 ]
-
-
-class StoreError(ValueError):
-    """A document store cannot do what was asked; the message says why and what to do.
-
-    A ValueError: like bad input, it is the user's to fix, and the CLI prints it as one line.
-    """
-
-
-class NoStoreError(StoreError):
-    """There is no store at the target (and it was not to be created)."""
-
-
-class ModelMismatchError(StoreError):
-    """The store's embeddings were made by a different model than the one given."""
-
-
-class ModelSwappedError(StoreError):
-    """The store switched to another model since the caller embedded its queries: embed
-    them again with the store's model (:attr:`DocumentStore.model_generation`)."""
-
-
-class CapabilityError(StoreError):
-    """The store's engine cannot do what was asked; the message names the engines that can."""
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What an engine can do, declared once by its module.
-
-    ``vector_kinds``: the vector kinds it stores (:data:`densefit.choices.VECTOR_KINDS`);
-    ``backends``: the vector searches it offers (:data:`densefit.choices.SEARCH_BACKENDS`;
-    the first is its default); ``lexical``: how ``mode="bm25"`` ranks (None: not at all);
-    ``hybrid``: dense and lexical fused; ``model_swap``: a new model's vectors built beside
-    the current ones and switched to atomically (``densefit reembed``); ``transactions``: a
-    write commits all its documents or none; ``crash_safe``: a process killed at any point
-    leaves the last committed state readable, and indexing resumes (the conformance suite
-    kills one to check); ``compaction``: dead vectors are dropped by :meth:`DocumentStore.
-    compact` rather than by the engine itself; ``shared``: several processes (servers behind
-    a load balancer) may serve one store and see each other's writes.
-    """
-
-    engine: str
-    vector_kinds: tuple[str, ...]
-    backends: tuple[str, ...]
-    lexical: str | None
-    hybrid: bool
-    model_swap: bool
-    transactions: bool
-    crash_safe: bool
-    compaction: bool
-    shared: bool
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    """One search result: the document, its score (higher is better) and its 1-based rank."""
-
-    id: str
-    score: float
-    rank: int
-    text: str = ""
-    title: str = ""
-    meta: dict = field(default_factory=dict, hash=False, compare=False)
-
-    def snippet(self, width: int = 160) -> str:
-        """The start of the text, whitespace folded, cut at a word boundary near ``width``.
-
-        >>> SearchHit("d1", 0.5, 1, text="Cells   divide.\\nOften.").snippet()
-        'Cells divide. Often.'
-        """
-        if width < 1:
-            raise ValueError(f"width must be at least 1 character, got {width}")
-        text = " ".join(self.text.split())
-        if len(text) <= width:
-            return text
-        cut = text.rfind(" ", 0, width)
-        return text[: cut if cut > width // 2 else width].rstrip() + " ..."
-
-    def to_dict(self) -> dict:
-        return {
-            "rank": self.rank,
-            "id": self.id,
-            "score": self.score,
-            "title": self.title,
-            "text": self.text,
-            "meta": self.meta,
-        }
-
-
-@dataclass(frozen=True)
-class WriteResult:
-    """What one committed write did."""
-
-    added: int = 0
-    updated: int = 0
-
-
-@runtime_checkable
-class VectorBackend(Protocol):
-    """Searches a store's committed vectors by inner product.
-
-    The store calls :meth:`update` after every commit (and once when it opens) with *all*
-    committed rows: rows are only ever appended, and ``alive[i]`` says whether row ``i``
-    still belongs to a document (updates and deletes leave dead rows behind until the store
-    compacts; after compaction the store builds a new backend).
-    """
-
-    name: str
-
-    def update(self, vectors: np.ndarray, alive: np.ndarray) -> None:
-        """See the committed ``(n, dim)`` vectors and the ``(n,)`` bool mask of live rows."""
-        ...
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The best ``k`` live rows for each of the ``(q, dim)`` float32 queries.
-
-        Returns ``(scores, rows)``, both ``(q, k)``, best first; where fewer than ``k`` live
-        rows exist, the tail has ``rows == -1`` and ``scores == -inf``.
-        """
-        ...
-
-    def flush(self) -> None:
-        """Persist whatever the backend caches on disk (a no-op for exact search)."""
-        ...
 
 
 @runtime_checkable
 class DocumentStore(Protocol):
-    """What index, search, eval, serve, reembed, mining and the Haystack integration need
-    from a store; every engine implements all of it (:func:`~densefit.retrieval.index.
-    engines.open_store` gives one). Members an engine's :class:`Capabilities` leave out
-    raise :class:`CapabilityError`. Every method is safe to call from several threads.
+    """The core every engine implements (:func:`~densefit.retrieval.index.engines.open_store`
+    gives one); the optional roles below add to it. Every method is safe to call from
+    several threads. ``model_name``, ``dim``, ``similarity``, ``vector_kind`` and
+    ``settings`` are :attr:`record`'s (the shared base class offers them as properties).
     """
 
     # -- what the store is -----------------------------------------------------------------
     location: str  # the target it was opened from, for messages (a folder, a URL)
     capabilities: Capabilities
-    model_name: str
-    dim: int
-    similarity: str  # densefit.choices.SIMILARITIES
-    vector_kind: str  # densefit.choices.VECTOR_KINDS
     model_generation: int  # model swaps the store went through (searches say which they embed for)
 
     @property
     def record(self) -> StoreRecord:
         """The model and settings that made the vectors."""
-        ...
-
-    @property
-    def settings(self) -> VectorSettings | None:
-        """How the vectors were made (None: not recorded)."""
         ...
 
     def info(self) -> dict:
@@ -208,12 +83,13 @@ class DocumentStore(Protocol):
 
     # -- the model -------------------------------------------------------------------------
     def check_model(self, model) -> None:
-        """Raise :class:`ModelMismatchError` unless ``model`` made this store's embeddings."""
+        """Raise :class:`~densefit.retrieval.index.types.ModelMismatchError` unless ``model``
+        made this store's embeddings."""
         ...
 
     def check_settings(self, model, runtime=None) -> None:
-        """Raise :class:`~densefit.retrieval.index.settings.SettingsMismatchError` when
-        ``model`` (run by ``runtime``) would embed documents differently from the stored ones."""
+        """Raise :class:`~densefit.retrieval.index.types.SettingsMismatchError` when ``model``
+        (run by ``runtime``) would embed documents differently from the stored ones."""
         ...
 
     def adopt_runtime(self, source) -> bool:
@@ -249,32 +125,17 @@ class DocumentStore(Protocol):
         """The documents matching ``filters``, in the order they were written."""
         ...
 
-    def meta_values(self, field: str, filters: dict | None = None) -> list[tuple[object, int]]:
-        """Each distinct value of a metadata field among the matches, with its count."""
-        ...
-
-    def meta_range(self, field: str, filters: dict | None = None) -> tuple[object, object]:
-        """``(min, max)`` of a metadata field's numbers (else strings) among the matches."""
-        ...
-
-    def meta_fields(self) -> dict[str, dict[str, int]]:
-        """``{top-level metadata key: {JSON type: documents}}``."""
-        ...
-
-    def index_meta_field(self, field: str) -> None:
-        """Make filters on a metadata field look documents up (idempotent)."""
-        ...
-
     # -- searching -------------------------------------------------------------------------
     def search(
         self,
         query_embeddings: np.ndarray | None = None,
         top_k: int = 10,
         *,
+        query_texts: Sequence[str] | None = None,
+        request=None,
         filters: dict | None = None,
         scale_score: bool = False,
         mode: str = "dense",
-        query_texts: Sequence[str] | None = None,
         fusion=None,
         dense_filters: dict | None = None,
         model_generation: int | None = None,
@@ -282,8 +143,11 @@ class DocumentStore(Protocol):
         """The ``top_k`` best documents for each query among those matching ``filters``
         (:mod:`densefit.retrieval.index.filters`): by ``query_embeddings`` (``mode="dense"``),
         by BM25 over ``query_texts`` (``"bm25"``) or by both fused (``"hybrid"``, ``fusion``:
-        :class:`~densefit.retrieval.fusion.Fusion`); :class:`~densefit.retrieval.index.
-        ranking.RankedSearch` assembles it for every engine."""
+        :class:`~densefit.retrieval.fusion.Fusion`). ``request``: a
+        :class:`~densefit.retrieval.index.request.SearchRequest` holding those options
+        (made once where the search came in) instead of them;
+        :meth:`~densefit.retrieval.index.common.StoreCommon.search` assembles it for every
+        engine."""
         ...
 
     # -- writing ---------------------------------------------------------------------------
@@ -314,18 +178,51 @@ class DocumentStore(Protocol):
         one indexer (or one model swap) at a time; waits ``timeout`` seconds (None: for ever)."""
         ...
 
-    # -- re-embedding with new settings (densefit index --reembed) ------------------------------
+    # -- the store as a whole ----------------------------------------------------------------
+    def flush(self) -> None:
+        """Persist caches; documents are durable once a write returns."""
+        ...
+
+    def drop(self) -> None:
+        """Delete everything this store holds at its target (documents, vectors, its model
+        record: the embedded store's files, a database's tables or collections) and close
+        it; opening the target afterwards finds no store."""
+        ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> DocumentStore: ...
+
+    def __exit__(self, *exc) -> None: ...
+
+
+@runtime_checkable
+class Reembedding(Protocol):
+    """Re-embedding every document with new settings of the same model, in place
+    (``densefit index --reembed``; :attr:`Capabilities.reembedding`)."""
+
     def start_reembedding(self, model, runtime=None) -> None:
         """Record ``model``'s settings and mark every stored vector stale."""
         ...
 
-    def stale_ids(self, ids: Sequence[str]) -> set[str]: ...
+    def stale_ids(self, ids: Sequence[str]) -> set[str]:
+        """The stale ones among ``ids`` (a write of a document makes it current)."""
+        ...
 
-    def all_stale_ids(self) -> list[str]: ...
+    def all_stale_ids(self) -> list[str]:
+        """Every stale id, in write order."""
+        ...
 
-    def finish_reembedding(self) -> None: ...
+    def finish_reembedding(self) -> None:
+        """Clear the mark once no vector is stale."""
+        ...
 
-    # -- a model swap (densefit reembed; Capabilities.model_swap) ------------------------------
+
+@runtime_checkable
+class ModelSwap(Protocol):
+    """A new model's vectors built beside the current ones and switched to atomically
+    (``densefit reembed``, serve's swap; :attr:`Capabilities.model_swap`)."""
+
     def swap_target(self) -> SwapTarget | None:
         """The model swap under way (None: none, or an engine without swaps)."""
         ...
@@ -342,7 +239,11 @@ class DocumentStore(Protocol):
 
     def cancel_swap(self) -> bool: ...
 
-    # -- upkeep ----------------------------------------------------------------------------
+
+@runtime_checkable
+class Upkeep(Protocol):
+    """Keeping a store's side structures current (:attr:`Capabilities.upkeep`)."""
+
     def dead_rows(self) -> int:
         """Vectors kept for updated or deleted documents until :meth:`compact` (0 where the
         engine reclaims them itself)."""
@@ -361,12 +262,75 @@ class DocumentStore(Protocol):
         """Bring this process's BM25 index up to date now; whether it changed."""
         ...
 
-    def flush(self) -> None:
-        """Persist caches; documents are durable once a write returns."""
+    def index_meta_field(self, field: str) -> None:
+        """Make filters on a metadata field look documents up (idempotent)."""
         ...
 
-    def close(self) -> None: ...
 
-    def __enter__(self) -> DocumentStore: ...
+@runtime_checkable
+class MetadataStats(Protocol):
+    """Statistics of the documents' metadata (:attr:`Capabilities.metadata_stats`)."""
 
-    def __exit__(self, *exc) -> None: ...
+    def meta_values(self, field: str, filters: dict | None = None) -> list[tuple[object, int]]:
+        """Each distinct value of a metadata field among the matches, with its count."""
+        ...
+
+    def meta_range(self, field: str, filters: dict | None = None) -> tuple[object, object]:
+        """``(min, max)`` of a metadata field's numbers (else strings) among the matches."""
+        ...
+
+    def meta_fields(self) -> dict[str, dict[str, int]]:
+        """``{top-level metadata key: {JSON type: documents}}``."""
+        ...
+
+
+# Each optional role, by the Capabilities field that declares it.
+ROLES: dict[str, type] = {
+    "reembedding": Reembedding,
+    "model_swap": ModelSwap,
+    "upkeep": Upkeep,
+    "metadata_stats": MetadataStats,
+}
+
+
+def members(protocol: type) -> list[str]:
+    """The members a protocol of this module asks for (attributes, properties, methods,
+    ``__enter__``/``__exit__``), sorted.
+
+    >>> len(members(DocumentStore)), len(members(Upkeep))
+    (26, 5)
+    """
+    names = set(getattr(protocol, "__annotations__", {}))
+    for name in vars(protocol):
+        if not name.startswith("_") or name in ("__enter__", "__exit__"):
+            names.add(name)
+    return sorted(names)
+
+
+@runtime_checkable
+class VectorBackend(Protocol):
+    """Searches a store's committed vectors by inner product.
+
+    The store calls :meth:`update` after every commit (and once when it opens) with *all*
+    committed rows: rows are only ever appended, and ``alive[i]`` says whether row ``i``
+    still belongs to a document (updates and deletes leave dead rows behind until the store
+    compacts; after compaction the store builds a new backend).
+    """
+
+    name: str
+
+    def update(self, vectors: np.ndarray, alive: np.ndarray) -> None:
+        """See the committed ``(n, dim)`` vectors and the ``(n,)`` bool mask of live rows."""
+        ...
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The best ``k`` live rows for each of the ``(q, dim)`` float32 queries.
+
+        Returns ``(scores, rows)``, both ``(q, k)``, best first; where fewer than ``k`` live
+        rows exist, the tail has ``rows == -1`` and ``scores == -inf``.
+        """
+        ...
+
+    def flush(self) -> None:
+        """Persist whatever the backend caches on disk (a no-op for exact search)."""
+        ...

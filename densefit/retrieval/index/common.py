@@ -2,51 +2,70 @@
 checks, and the search assembled once.
 
 :class:`StoreCommon` is the base of every engine's store class. Its :meth:`~StoreCommon.search`
-checks the mode, the queries and the filters, asks the engine for each side's ranking (the
-embeddings, BM25, or both), fuses and scales them, and builds the hits; an engine supplies
-the parts that touch its data:
+takes a :class:`~densefit.retrieval.index.request.SearchRequest` (the mode, the parsed
+filter, ``top_k``, the fusion...), checks the queries, asks the engine for each side's
+ranking (the embeddings, BM25, or both), fuses and scales them, and builds the hits; an
+engine supplies the parts that touch its data:
 
 - ``_refresh()``: make :attr:`record` and :attr:`model_generation` current (another process
   may have written or switched the model);
-- ``_where(filters)``: a checked, non-empty filter compiled for the engine (SQL, a payload
-  filter, the embedded store's matching rows);
+- ``_where(filters)``: a parsed filter (:class:`~densefit.retrieval.index.filters.Filter`,
+  within the engine's limits) emitted for the engine (SQL, a payload filter, the embedded
+  store's matching rows);
 - ``_dense(queries, k, where)`` and ``_lexical(texts, k, where)``: for each query, the best
-  ``k`` matching documents as ``(keys, scores)``, best first; a key is an ``int64`` that
-  orders documents as they were written (ties in a fused ranking go to the earlier one);
-- ``_documents_at(keys)``: ``{key: (id, text, title, meta)}`` of the ranked documents, from
-  which :meth:`~StoreCommon.search` builds the :class:`~densefit.retrieval.index.base.SearchHit` s.
-
-The class also holds ``_lock`` (an ``RLock``: one call at a time per store object, which a
-server's threads share).
+  ``k`` matching documents as a :class:`~densefit.retrieval.index.request.Ranked` (keys and
+  scores, best first, and the documents when they came with the ranking); a key is an
+  ``int64`` that orders documents as they were written (ties in a fused ranking go to the
+  earlier one);
+- ``_documents_at(keys)``: ``{key: (id, text, title, meta)}`` of ranked documents that came
+  without theirs, from which :meth:`~StoreCommon.search` builds the
+  :class:`~densefit.retrieval.index.types.SearchHit` s;
+- ``_reading()``, optional: the context a search runs in (default: ``_lock``, an ``RLock``:
+  one call at a time per store object, which a server's threads share; a database engine
+  adds its snapshot);
+- ``_faults``: the engine's error table (:class:`Fault` rows: which native errors become
+  which of densefit's, one line naming the store), applied by ``_errors()``
+  (:func:`translated`).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
-from densefit.choices import SEARCH_MODES
 from densefit.data.corpus import non_finite_path
 from densefit.data.types import Document
+from densefit.errors import StorageFault
 from densefit.retrieval.fusion import Fusion
-from densefit.retrieval.index.base import ModelSwappedError, SearchHit
-from densefit.retrieval.index.engines import require
-from densefit.retrieval.index.filters import normalise_filters
+from densefit.retrieval.index.filters import Filter
 from densefit.retrieval.index.lexical import BM25_SCALE
-from densefit.retrieval.index.settings import StoreRecord, SwapTarget, VectorSettings
+from densefit.retrieval.index.request import Ranked, SearchRequest
+from densefit.retrieval.index.settings import check_model, settings_of
+from densefit.retrieval.index.types import (
+    ModelSwappedError,
+    SearchHit,
+    StoreError,
+    StoreRecord,
+    SwapTarget,
+    VectorSettings,
+)
 
 __all__ = [
+    "Fault",
     "StoreCommon",
     "checked_documents",
-    "checked_mode",
     "checked_queries",
     "checked_query_texts",
     "checked_vectors",
     "normalise_rows",
+    "one_line",
     "scaled_scores",
+    "translated",
 ]
 
 
@@ -76,23 +95,6 @@ def normalise_rows(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     norms = np.where((norms == 0) | (np.abs(norms - 1) <= 1e-6), 1, norms)
     return vectors / norms
-
-
-def checked_mode(mode: str, capabilities=None) -> str:
-    """``mode`` when it is a search mode (:data:`densefit.choices.SEARCH_MODES`) that the
-    engine of ``capabilities`` (None: any) can run; ValueError or
-    :class:`~densefit.retrieval.index.base.CapabilityError` (one line) otherwise.
-
-    >>> checked_mode("hybrid")
-    'hybrid'
-    """
-    if mode not in SEARCH_MODES:
-        raise ValueError(f"mode must be one of {', '.join(SEARCH_MODES)}, not {mode!r}")
-    if capabilities is not None and mode == "bm25":
-        require(capabilities, "lexical", "search by BM25 (--mode bm25)")
-    if capabilities is not None and mode == "hybrid":
-        require(capabilities, "hybrid", "search by dense and BM25 fused (--mode hybrid)")
-    return mode
 
 
 def checked_queries(record: StoreRecord, query_embeddings: np.ndarray, top_k: int) -> np.ndarray:
@@ -187,6 +189,67 @@ def checked_query_texts(texts, mode: str) -> list[str]:
     return texts
 
 
+@dataclass(frozen=True)
+class Fault:
+    """One row of an engine's error table (:func:`translated`): the native errors it
+    ``match`` es (exception classes, or a predicate) become ``error(message)``, where
+    ``message`` is a template (``{detail}``: the first line of the native message; the
+    engine writes the store's redacted location into it) or a function of the native error
+    giving the message, the error itself, or None (not this row's after all).
+
+    >>> table = [Fault(KeyError, "db://s: no such key ({detail})")]
+    >>> try:
+    ...     with translated(table):
+    ...         {}["x"]
+    ... except StoreError as error:
+    ...     print(error)
+    db://s: no such key ('x')
+    """
+
+    match: type | tuple[type, ...] | Callable[[BaseException], bool]
+    message: str | Callable[[BaseException], str | BaseException | None]
+    error: type[Exception] = StoreError
+
+    def translate(self, exc: BaseException) -> BaseException | None:
+        """The error ``exc`` becomes by this row (None: not this row's)."""
+        kinds = self.match if isinstance(self.match, (type, tuple)) else None
+        if not (isinstance(exc, kinds) if kinds is not None else self.match(exc)):
+            return None
+        if isinstance(self.message, str):
+            return self.error(self.message.replace("{detail}", one_line(exc)))
+        made = self.message(exc)
+        return made if made is None or isinstance(made, BaseException) else self.error(made)
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an error's message, whitespace folded (its type's name if empty)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return " ".join(lines[0].split()) if lines else type(exc).__name__
+
+
+@contextmanager
+def translated(table: Sequence[Fault]) -> Iterator[None]:
+    """Run the block with an engine's native errors turned into densefit's: the first row of
+    ``table`` that translates one gives the error raised instead (one line, naming the
+    store); densefit's own errors (:class:`~densefit.retrieval.index.types.StoreError`,
+    :class:`~densefit.errors.StorageFault`) and errors no row knows pass unchanged."""
+    try:
+        yield
+    except (StoreError, StorageFault):
+        raise
+    except Exception as exc:
+        for row in table:
+            error = row.translate(exc)
+            if error is not None:
+                raise error from None
+        raise
+
+
+def _ranked(answer) -> Ranked:
+    """A hook's answer for one query as :class:`Ranked` (a plain ``(keys, scores)`` pair too)."""
+    return answer if isinstance(answer, Ranked) else Ranked(*answer)
+
+
 def _parameter_version(model) -> int:
     """Changes whenever a parameter is modified in place (optimizer steps, load_state_dict)."""
     try:
@@ -201,6 +264,7 @@ class StoreCommon:
     location: str
     capabilities = None  # each engine's class sets its module's Capabilities
     model_generation: int = 0
+    backend_name: str = ""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -237,26 +301,67 @@ class StoreCommon:
     # -- the model -------------------------------------------------------------------------
 
     def check_model(self, model) -> None:
-        """Raise :class:`~densefit.retrieval.index.base.ModelMismatchError` unless ``model``
-        made this store's embeddings (:meth:`StoreRecord.check_model <densefit.retrieval.
-        index.settings.StoreRecord.check_model>`); checked once per model object until its
-        parameters are modified."""
+        """Raise :class:`~densefit.retrieval.index.types.ModelMismatchError` unless ``model``
+        made this store's embeddings (:func:`~densefit.retrieval.index.settings.check_model`);
+        checked once per model object until its parameters are modified."""
         with self._lock:
             self._refresh()
             version = _parameter_version(model)
             cached = self._checked.get(id(model))
             if cached is not None and cached[0]() is model and cached[1] == version:
                 return
-            self._record.check_model(model, self.location)
+            check_model(self._record, model, self.location)
             self._checked[id(model)] = (weakref.ref(model), version)
 
     def check_settings(self, model, runtime=None) -> None:
-        """Raise :class:`~densefit.retrieval.index.settings.SettingsMismatchError` when
+        """Raise :class:`~densefit.retrieval.index.types.SettingsMismatchError` when
         ``model`` would embed documents differently (truncation, prompts, normalisation, or a
         ``runtime`` of another family than the stored vectors'; None: torch)."""
         with self._lock:
             self._refresh()
-            self._record.check_settings(VectorSettings.of(model, runtime), self.location)
+            self._record.check_settings(settings_of(model, runtime), self.location)
+
+    def _loaded(self, record: StoreRecord, model_generation: int) -> None:
+        """Take ``record`` and ``model_generation`` as just read from the store. The one
+        rule of the model-check cache: a new model generation (a model swap) checks every
+        model again."""
+        if model_generation != self.model_generation:
+            self._checked.clear()
+        self._record, self.model_generation = record, model_generation
+
+    # -- info ------------------------------------------------------------------------------
+
+    def info(self) -> dict:
+        """A summary for humans and ``--json``: engine, location (a password redacted),
+        model, settings, size, the model swap under way, then the engine's own keys
+        (:meth:`_info_extra`, which may also replace these); read as a search reads
+        (:meth:`_reading`)."""
+        with self._reading():
+            self._refresh()
+            settings = self.settings
+            shared = {
+                "engine": self.capabilities.engine,
+                "path": self.location,
+                "model": self.model_name,
+                "dim": self.dim,
+                "similarity": self.similarity,
+                "vectors": self.vector_kind,
+                "max_seq_length": settings.max_seq_length if settings else None,
+                "normalize": settings.normalize if settings else None,
+                "prompts": dict(settings.prompts) if settings else None,
+                "runtime": settings.source.describe() if settings else None,
+                "documents": self.count(),
+                "dead_rows": self.dead_rows(),
+                "backend": self.backend_name,
+                "bm25": self.capabilities.lexical,
+                "model_swaps": self.model_generation,
+                "swap": self._swap_progress(),
+            }
+            return shared | self._info_extra()
+
+    def _info_extra(self) -> dict:
+        """The engine's own keys of :meth:`info` (read in its :meth:`_reading`)."""
+        return {}
 
     # -- searching -------------------------------------------------------------------------
 
@@ -265,113 +370,151 @@ class StoreCommon:
         query_embeddings: np.ndarray | None = None,
         top_k: int = 10,
         *,
-        filters: dict | None = None,
+        query_texts: Sequence[str] | None = None,
+        request: SearchRequest | None = None,
+        filters: Filter | dict | None = None,
         scale_score: bool = False,
         mode: str = "dense",
-        query_texts: Sequence[str] | None = None,
         fusion: Fusion | None = None,
-        dense_filters: dict | None = None,
+        dense_filters: Filter | dict | None = None,
         model_generation: int | None = None,
     ) -> list[list[SearchHit]]:
         """The ``top_k`` best documents for each query, best first.
 
-        ``mode`` (:data:`densefit.choices.SEARCH_MODES`): ``"dense"`` ranks by the query
-        embeddings (``query_embeddings``, ``(q, dim)`` or one ``(dim,)`` vector; cosine stores
-        normalise them); ``"bm25"`` by BM25 over the documents' texts (``query_texts``, one
-        text per query; documents sharing no token with a query are not found, so fewer than
-        ``top_k`` may come back); ``"hybrid"`` fuses both rankings (``fusion``, default
-        reciprocal rank fusion: :class:`~densefit.retrieval.fusion.Fusion`) and needs both.
+        ``request`` (:class:`~densefit.retrieval.index.request.SearchRequest`, made where
+        the search came in) says how to search; without one, the keyword options below make
+        it (passing both is a TypeError). The queries: ``query_embeddings`` (``(q, dim)`` or
+        one ``(dim,)`` vector; cosine stores normalise them) when the mode ranks by
+        embeddings, ``query_texts`` (one text per query) when it ranks by BM25.
 
-        ``filters`` (Haystack's syntax, :mod:`~densefit.retrieval.index.filters`) restricts
-        the search to the matching documents *before* ranking, on both sides of a hybrid
-        search: the best ``top_k`` that match, not the ``top_k`` filtered afterwards.
-        ``scale_score`` maps scores to [0, 1]: dense as
-        :func:`scaled_scores`, BM25 as
-        ``expit(score / 8)`` (Haystack's in-memory BM25), fused scores by
+        ``mode`` (:data:`densefit.choices.SEARCH_MODES`): ``"dense"`` ranks by the query
+        embeddings; ``"bm25"`` by BM25 over the documents' texts (documents sharing no token
+        with a query are not found, so fewer than ``top_k`` may come back); ``"hybrid"``
+        fuses both rankings (``fusion``, default reciprocal rank fusion:
+        :class:`~densefit.retrieval.fusion.Fusion`) and needs both.
+
+        ``filters`` (Haystack's syntax, :mod:`~densefit.retrieval.index.filters`: a dict,
+        parsed once into the request, or a parsed
+        :class:`~densefit.retrieval.index.filters.Filter`; checked against this engine's
+        limits) restricts the search to the matching documents *before* ranking, on both
+        sides of a hybrid search: the best ``top_k`` that match, not the ``top_k`` filtered
+        afterwards. ``scale_score`` maps scores to [0, 1]: dense as :func:`scaled_scores`,
+        BM25 as ``expit(score / 8)`` (Haystack's in-memory BM25), fused scores by
         :meth:`Fusion.scaled <densefit.retrieval.fusion.Fusion.scaled>`. ``dense_filters``
         are further conditions for the dense side only (the Haystack store leaves documents
         without an embedding out of it, not out of BM25). ``model_generation``: the
         :attr:`model_generation` the query embeddings were made for; when the store has
         switched to another model since (a model swap),
-        :class:`~densefit.retrieval.index.base.ModelSwappedError` instead of a ranking by
+        :class:`~densefit.retrieval.index.types.ModelSwappedError` instead of a ranking by
         the wrong model.
         """
-        checked_mode(mode, self.capabilities)
-        if top_k < 1:
-            raise ValueError(f"top_k must be at least 1, got {top_k}")
-        with self._lock:
-            self._refresh()  # first: the record the queries are checked against is current
-            if model_generation is not None and model_generation != self.model_generation:
-                raise ModelSwappedError(
-                    f"{self.location}: the store switched to the model {self.model_name!r}; "
-                    "embed the queries with it"
-                )
-            texts = None if mode == "dense" else checked_query_texts(query_texts, mode)
-            queries = None
-            if mode != "bm25":
-                if query_embeddings is None:
-                    raise ValueError(f"{mode} search needs the query embeddings")
-                queries = checked_queries(self._record, query_embeddings, top_k)
-            if texts is not None and queries is not None and len(texts) != len(queries):
-                raise ValueError(
-                    f"hybrid search got {len(texts)} query texts for {len(queries)} query "
-                    "embeddings"
-                )
-            fusion = fusion or Fusion()
-            filters = normalise_filters(filters)
-            where = None if filters is None else self._where(filters)
-            dense_where = where
-            if normalise_filters(dense_filters) is not None:
-                both = [f for f in (filters, dense_filters) if f]
-                dense_where = self._where({"operator": "AND", "conditions": both})
-            if mode == "dense":
-                ranked = self._dense(queries, top_k, dense_where)
-                if scale_score:
-                    ranked = [(k, scaled_scores(s, self.similarity)) for k, s in ranked]
-            elif mode == "bm25":
-                ranked = self._lexical(texts, top_k, where)
-                if scale_score:
-                    ranked = [(k, scaled_scores(s, "bm25")) for k, s in ranked]
-            else:
-                depth = max(top_k, fusion.depth)
-                dense = self._dense(queries, depth, dense_where)
-                lexical = self._lexical(texts, depth, where)
-                ranked = []
-                for (dense_keys, dense_scores), (bm25_keys, bm25_scores) in zip(
-                    dense, lexical, strict=True
-                ):
-                    keys, fused = fusion.fuse(
-                        [dense_keys, bm25_keys], top_k, [dense_scores, bm25_scores]
-                    )
-                    ranked.append((keys, fusion.scaled(fused) if scale_score else fused))
+        options = (top_k, filters, scale_score, mode, fusion, dense_filters, model_generation)
+        if request is None:
+            request = SearchRequest(
+                mode, top_k, filters, fusion, scale_score, dense_filters, model_generation
+            )
+        elif options != (10, None, False, "dense", None, None, None):
+            raise TypeError("search takes request= or its options (top_k, mode...), not both")
+        request.within(self.capabilities)  # the engine can run the mode and the filters
+        with self._reading():
+            return self._search(request, query_embeddings, query_texts)
+
+    def _search(self, request: SearchRequest, query_embeddings, query_texts):
+        """:meth:`search` inside :meth:`_reading`."""
+        self._refresh()  # first: the record the queries are checked against is current
+        if request.model_generation not in (None, self.model_generation):
+            raise ModelSwappedError(
+                f"{self.location}: the store switched to the model {self.model_name!r}; "
+                "embed the queries with it"
+            )
+        top_k, mode = request.top_k, request.mode
+        texts = checked_query_texts(query_texts, mode) if request.reads_texts else None
+        queries = None
+        if request.embeds:
+            if query_embeddings is None:
+                raise ValueError(f"{mode} search needs the query embeddings")
+            queries = checked_queries(self._record, query_embeddings, top_k)
+        if texts is not None and queries is not None and len(texts) != len(queries):
+            raise ValueError(
+                f"hybrid search got {len(texts)} query texts for {len(queries)} query embeddings"
+            )
+        filters, dense_filters = request.filters, request.dense_filters
+        if filters is not None and dense_filters is not None:
+            dense_filters = Filter.all_of(filters, dense_filters).within(self.capabilities)
+        where = None if filters is None else self._where(filters)
+        dense_where = where if dense_filters is None else self._where(dense_filters)
+        fusion = request.fusion or Fusion()
+        fused = request.embeds and request.reads_texts
+        depth = max(top_k, fusion.depth) if fused else top_k
+        dense = lexical = None
+        if request.embeds:
+            dense = [_ranked(r) for r in self._dense(queries, depth, dense_where)]
+        if request.reads_texts:
+            lexical = [_ranked(r) for r in self._lexical(texts, depth, where)]
+        if dense is None or lexical is None:
+            ranked, similarity = (dense, self.similarity) if lexical is None else (lexical, "bm25")
+            if request.scale_score:
+                ranked = [r._replace(scores=scaled_scores(r.scores, similarity)) for r in ranked]
             return self._hits(ranked)
+        ranked = []
+        for by_dense, by_bm25 in zip(dense, lexical, strict=True):
+            keys, scores = fusion.fuse(
+                [by_dense.keys, by_bm25.keys], top_k, [by_dense.scores, by_bm25.scores]
+            )
+            scores = fusion.scaled(scores) if request.scale_score else scores
+            documents = {**(by_bm25.documents or {}), **(by_dense.documents or {})}
+            ranked.append(Ranked(keys, scores, documents))
+        return self._hits(ranked)
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """What a search runs inside: the store object's lock (one call at a time); an
+        engine adds what its reads need (a database snapshot, its errors translated)."""
+        with self._lock:
+            yield
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """The engine's native errors raised in the block as densefit's, by its table
+        ``_faults`` (:class:`Fault` rows, set when the store opens: they name its location)."""
+        with translated(self._faults):
+            yield
 
     # -- what each engine supplies ----------------------------------------------------------
+
+    _faults: Sequence[Fault] = ()  # the engine's error table (see _errors)
 
     def _refresh(self) -> None:
         """Make the record current (nothing to do for an engine that keeps none in memory)."""
 
-    def _where(self, filters: dict):
+    def _where(self, filters: Filter):
         raise NotImplementedError
 
-    def _dense(self, queries: np.ndarray, k: int, where) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _dense(self, queries: np.ndarray, k: int, where) -> list[Ranked]:
         raise NotImplementedError
 
-    def _lexical(self, texts: list[str], k: int, where) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _lexical(self, texts: list[str], k: int, where) -> list[Ranked]:
         raise NotImplementedError
 
     def _documents_at(self, keys: list[int]) -> dict[int, tuple[str, str, str, dict]]:
-        """``{key: (id, text, title, meta)}`` of the documents still stored under ``keys``."""
+        """``{key: (id, text, title, meta)}`` of the documents still stored under ``keys``
+        (asked only for keys no hook returned the document of)."""
         raise NotImplementedError
 
-    def _hits(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[SearchHit]]:
-        """Search hits for each query's ``(keys, scores)``, best first; a key whose document
-        is gone (deleted since it was ranked) is left out."""
-        docs = self._documents_at(sorted({int(k) for keys, _ in ranked for k in keys}))
+    def _hits(self, ranked: list[Ranked]) -> list[list[SearchHit]]:
+        """Search hits for each query's :class:`~densefit.retrieval.index.request.Ranked`,
+        best first: its documents, or :meth:`_documents_at` for the keys that came without
+        one; a key whose document is gone (deleted since it was ranked) is left out."""
+        docs: dict[int, tuple[str, str, str, dict]] = {}
+        for r in ranked:
+            docs.update(r.documents or {})
+        missing = {int(k) for r in ranked for k in r.keys.tolist()} - docs.keys()
+        if missing:
+            docs.update(self._documents_at(sorted(missing)))
         results = []
-        for keys, scores in ranked:
+        for r in ranked:
             hits = []
-            for key, score in zip(keys.tolist(), np.asarray(scores).tolist(), strict=True):
+            for key, score in zip(r.keys.tolist(), np.asarray(r.scores).tolist(), strict=True):
                 if key in docs:
                     doc_id, text, title, meta = docs[key]
                     hits.append(SearchHit(doc_id, float(score), len(hits) + 1, text, title, meta))

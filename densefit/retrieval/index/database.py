@@ -4,42 +4,68 @@
 model checks and the search) what an engine whose data lives in a database does alike, on
 top of a few methods each engine writes:
 
-- the record: ``_save_settings(settings)`` records new vector settings (and ``_refresh()``
-  re-reads the record, as :class:`~densefit.retrieval.index.common.StoreCommon` says);
+- the record: ``_read_record()`` reads it and hands its keys to
+  :meth:`~DatabaseStore._take_record` (the one rule of what a new record resets);
+  :meth:`~DatabaseStore._refresh` calls it at most every ``_record_seconds`` (0: at every
+  call); ``_save_settings(settings)`` records new vector settings;
 - re-embedding with new settings (``densefit index --reembed``): ``_mark_stale()`` marks
   every stored vector stale in one write, ``_stale(ids)`` lists the stale ones among
   ``ids`` (None: all of them), in write order; a write clears the mark of what it writes;
-- writing: ``_upsert(rows, vectors)`` writes :class:`StoredRow` s (the document, its hashes
-  and its typed filter fields) with their checked vectors and returns the ids stored
-  before (:meth:`~DatabaseStore.write` checks the input and counts);
+- writing: :meth:`~DatabaseStore.write`, :meth:`~DatabaseStore.write_metadata` and
+  :meth:`~DatabaseStore.delete` check the input and count, and run the engine's
+  ``_upsert(tx, rows, vectors, next_vectors)`` (:class:`StoredRow` s: the document, its
+  hashes and its typed filter fields, with their checked vectors and, during a model swap,
+  the next model's; returns the ids stored before), ``_set_metadata(tx, documents)`` and
+  ``_remove(tx, ids)`` inside ``_swap_transaction()`` (the swap's transaction, with the
+  record re-read), with the optional ``_before_write(rows, prepared_for)`` and
+  ``_after_write()`` around a write;
+- errors: ``_faults``, the engine's table of its native errors
+  (:class:`~densefit.retrieval.index.common.Fault`), applied by ``_errors()``;
+- :meth:`~DatabaseStore.info`: the engine's own keys from ``_info_extra()``;
 - reading in pages: ``_ids_after(last, limit)``;
 - and the contract's other data methods (``count``, ``count_matching``, ``get``,
-  ``hashes``, ``vectors``, ``vectors_for_texts``, ``filter_documents``, ``write_metadata``,
-  ``delete``, ``index_meta_field``, ``writer_lock``, ``close``) and the search parts.
+  ``hashes``, ``vectors``, ``vectors_for_texts``, ``filter_documents``,
+  ``index_meta_field``, ``writer_lock``, ``close``) and the search parts.
 
 Metadata statistics (:meth:`~DatabaseStore.meta_values`, :meth:`~DatabaseStore.meta_range`,
 :meth:`~DatabaseStore.meta_fields`, Haystack's metadata methods) are computed here from the
 matching documents, with the embedded store's semantics; an engine may answer them itself.
 An engine without model swaps refuses them with one line
-(:class:`~densefit.retrieval.index.base.CapabilityError`); a database reclaims dead vectors
+(:class:`~densefit.retrieval.index.types.CapabilityError`); a database reclaims dead vectors
 itself, so there is nothing to compact and no BM25 file to keep.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+import math
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from densefit.data.types import Document
-from densefit.retrieval.index.base import StoreError, WriteResult
-from densefit.retrieval.index.common import StoreCommon, checked_vectors
+from densefit.retrieval.index.common import StoreCommon, checked_documents, checked_write
 from densefit.retrieval.index.documents import meta_hash, text_hash
-from densefit.retrieval.index.engines import require
-from densefit.retrieval.index.filters import meta_field_sql, typed_fields
-from densefit.retrieval.index.settings import SwapTarget, VectorSettings
+from densefit.retrieval.index.filters import meta_path, typed_fields
+from densefit.retrieval.index.registry import require
+from densefit.retrieval.index.settings import settings_of
+from densefit.retrieval.index.swap import (
+    MODEL_GENERATION_KEY,
+    SWAP_KEY,
+    model_swapped,
+    next_vectors_for,
+    refuse_during_swap,
+)
+from densefit.retrieval.index.types import (
+    StoreError,
+    StoreRecord,
+    SwapTarget,
+    VectorSettings,
+    WriteResult,
+)
 
 __all__ = ["DatabaseStore", "StoredRow"]
 
@@ -64,9 +90,8 @@ def _json_type(value) -> str | None:
 
 def _field_value(meta: dict, field: str):
     """The value of ``meta.a.b`` in a document's metadata (None when missing)."""
-    meta_field_sql(field)  # the name checked as filters check theirs
     value = meta
-    for name in field[len("meta.") :].split("."):
+    for name in meta_path(field):  # the name checked as filters check theirs
         value = value.get(name) if isinstance(value, dict) else None
     return value
 
@@ -99,8 +124,40 @@ class DatabaseStore(StoreCommon):
 
     # -- the record ------------------------------------------------------------------------
 
+    _record_seconds = 0.0  # a record read stays current this long (0: read at every call)
+    _read_at = -math.inf
+
+    def _refresh(self) -> None:
+        """Make the record current (another process may have changed the settings, or begun
+        or finished a model swap): read it again unless read less than ``_record_seconds``
+        ago."""
+        self._check_open()
+        if time.monotonic() - self._read_at >= self._record_seconds:
+            self._read_record()
+
+    def _take_record(self, meta: Mapping[str, str]) -> None:
+        """Make this object's view current from the record's keys ``meta`` as just read: the
+        record and the model generation (:meth:`~densefit.retrieval.index.common.
+        StoreCommon._loaded`, which says when checked models are checked again) and the swap
+        under way."""
+        record = StoreRecord.from_meta(meta, self.location)
+        self._loaded(record, int(meta.get(MODEL_GENERATION_KEY) or 0))
+        self._swap = SwapTarget.from_json(meta.get(SWAP_KEY) or None, self.location)
+        self._read_at = time.monotonic()
+
+    def _check_open(self) -> None:
+        """StoreError once closed (an engine whose reads say so by themselves: nothing)."""
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """What a call runs inside: the object's lock, the store open, the engine's errors
+        translated (:meth:`~densefit.retrieval.index.common.StoreCommon._errors`)."""
+        with self._lock, self._errors():
+            self._check_open()
+            yield
+
     def adopt_runtime(self, source) -> bool:
-        """Record ``source`` (a :class:`~densefit.retrieval.runtimes.VectorSource`) as what
+        """Record ``source`` (a :class:`~densefit.retrieval.vector_source.VectorSource`) as what
         makes this store's vectors when it holds none yet; returns whether it did."""
         with self._lock:
             self._refresh()
@@ -113,9 +170,11 @@ class DatabaseStore(StoreCommon):
 
     def start_reembedding(self, model, runtime=None) -> None:
         """Record ``model``'s settings and mark every stored vector stale: the next indexing
-        re-embeds them (those missing from its input from their stored text)."""
+        re-embeds them (those missing from its input from their stored text); refused while
+        a model swap is under way (the swap records its own settings)."""
         with self._lock:
-            self._save_settings(VectorSettings.of(model, runtime))
+            refuse_during_swap(self.location, self.swap_target())
+            self._save_settings(settings_of(model, runtime))
             self._mark_stale()
 
     def stale_ids(self, ids: Sequence[str]) -> set[str]:
@@ -132,6 +191,8 @@ class DatabaseStore(StoreCommon):
             raise StoreError(f"{self.location}: documents still hold vectors made before --reembed")
 
     # -- a model swap ----------------------------------------------------------------------
+
+    _swap: SwapTarget | None = None  # the swap under way, as last read
 
     def swap_target(self) -> SwapTarget | None:
         """None: no model swap is under way (an engine with swaps overrides this)."""
@@ -150,6 +211,9 @@ class DatabaseStore(StoreCommon):
         """False: no model swap is under way."""
         return False
 
+    def _swap_progress(self) -> dict | None:
+        return None
+
     # -- writing ---------------------------------------------------------------------------
 
     def write(
@@ -162,16 +226,47 @@ class DatabaseStore(StoreCommon):
     ) -> WriteResult:
         """Add or replace ``documents`` (by id) with their embeddings (normalised for a
         cosine store), each document's stale mark cleared; in one transaction where the
-        engine has them (:attr:`~densefit.retrieval.index.base.Capabilities.transactions`)."""
+        engine has them (:attr:`~densefit.retrieval.index.types.Capabilities.transactions`).
+
+        While a model swap is under way a written document's next vector is the new model's
+        vector of its text, ``swap_embeddings`` (made for ``swap_target``, the swap under
+        way: :meth:`swap_target`), or none until the swap embeds it. A write prepared for
+        the model the store has switched from (another process's swap) is refused with
+        :class:`~densefit.retrieval.index.types.ModelSwappedError`: embed again and write.
+        """
         documents = list(documents)
-        vectors = checked_vectors(self._record, documents, embeddings)
-        if swap_embeddings is not None:
-            self._no_swap()
+        with self._lock:  # the model the caller embedded for, as this object last read it
+            record, prepared_for = self._record, self.model_generation
+        vectors, next_vectors = checked_write(
+            record, documents, embeddings, swap_embeddings, swap_target
+        )
         if not documents:
             return WriteResult()
-        with self._lock:
-            existed = self._upsert([StoredRow.of(d) for d in documents], vectors)
-        return WriteResult(added=len(documents) - len(existed), updated=len(existed))
+        rows = [StoredRow.of(d) for d in documents]
+        self._before_write(rows, prepared_for)
+        with self._swap_transaction() as tx:
+            if self.model_generation != prepared_for:
+                raise model_swapped(self.location, self.model_name)
+            next_vectors = next_vectors_for(self._swap, swap_target, next_vectors)
+            existed = self._upsert(tx, rows, vectors, next_vectors)
+        self._after_write()
+        return WriteResult(added=len(rows) - len(existed), updated=len(existed))
+
+    def write_metadata(self, documents: Sequence[Document]) -> int:
+        """Replace title and metadata of stored documents (their text, vector and place in
+        the write order stay; in the next generation too while a model swap is under way);
+        returns how many were stored."""
+        documents = list(documents)
+        checked_documents(documents)
+        with self._swap_transaction() as tx:
+            return self._set_metadata(tx, documents)
+
+    def delete(self, ids: Iterable[str]) -> int:
+        """Delete documents by id (their vectors, current and next, with them), in one
+        transaction where the engine has them; returns how many existed."""
+        ids = list(dict.fromkeys(ids))
+        with self._swap_transaction() as tx:
+            return self._remove(tx, ids) if ids else 0
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -217,28 +312,6 @@ class DatabaseStore(StoreCommon):
                     kinds[kind] = kinds.get(kind, 0) + 1
         return fields
 
-    def info(self) -> dict:
-        """A summary for humans and ``--json``: engine, model, settings, size."""
-        settings = self.settings
-        return {
-            "engine": self.capabilities.engine,
-            "path": self.location,
-            "model": self.model_name,
-            "dim": self.dim,
-            "similarity": self.similarity,
-            "vectors": self.vector_kind,
-            "max_seq_length": settings.max_seq_length if settings else None,
-            "normalize": settings.normalize if settings else None,
-            "prompts": dict(settings.prompts) if settings else None,
-            "runtime": settings.source.describe() if settings else None,
-            "documents": self.count(),
-            "dead_rows": 0,
-            "backend": self.backend_name,
-            "bm25": self.capabilities.lexical,
-            "model_swaps": self.model_generation,
-            "swap": None,
-        }
-
     # -- upkeep: the database does it ------------------------------------------------------------
 
     def dead_rows(self) -> int:
@@ -259,8 +332,6 @@ class DatabaseStore(StoreCommon):
 
     # -- what each engine supplies ----------------------------------------------------------
 
-    backend_name: str = ""
-
     def _save_settings(self, settings: VectorSettings) -> None:
         raise NotImplementedError
 
@@ -273,9 +344,30 @@ class DatabaseStore(StoreCommon):
     def _ids_after(self, last: str, limit: int) -> list[str]:
         raise NotImplementedError
 
-    def _upsert(self, rows: list[StoredRow], vectors: np.ndarray) -> set[str]:
-        """Write ``rows`` with their checked ``vectors``; the ids that were stored before."""
+    def _swap_transaction(self) -> AbstractContextManager:
+        """The write transaction (swap.py's primitive; see :meth:`write`)."""
         raise NotImplementedError
 
-    def write_metadata(self, documents: Sequence[Document]) -> int:
+    def _before_write(self, rows: list[StoredRow], prepared_for: int) -> None:
+        """Outside the write's transaction, before it (checks, or a load's preparations)."""
+
+    def _upsert(
+        self, tx, rows: list[StoredRow], vectors: np.ndarray, next_vectors: np.ndarray | None
+    ) -> set[str]:
+        """Write ``rows`` with their checked ``vectors`` in ``tx``, and, while a swap is under
+        way, into its generation with ``next_vectors`` (None: leave them out of it, for the
+        swap to embed); returns the ids that were stored before."""
+        raise NotImplementedError
+
+    def _after_write(self) -> None:
+        """After the write's transaction committed."""
+
+    def _set_metadata(self, tx, documents: list[Document]) -> int:
+        """Replace title and metadata of the stored ones among ``documents`` (checked) in
+        ``tx`` (the next generation's copies too); how many were stored."""
+        raise NotImplementedError
+
+    def _remove(self, tx, ids: list[str]) -> int:
+        """Delete the documents ``ids`` (unique, at least one) in ``tx`` (the next
+        generation's copies too); how many existed."""
         raise NotImplementedError

@@ -297,7 +297,7 @@ class DocumentTable:
 
     def rows_matching(self, where: str, params: Sequence) -> list[int]:
         """The vector rows of the documents satisfying the SQL clause ``where`` (a compiled
-        filter, :func:`~densefit.retrieval.index.filters.compile_filters`), in row order."""
+        filter, :func:`~densefit.retrieval.index.sqlite_filters.compile_filters`), in row order."""
         query = f"SELECT row FROM documents WHERE {where} ORDER BY row"
         return [r for (r,) in self.conn.execute(query, list(params))]
 
@@ -315,7 +315,7 @@ class DocumentTable:
         return int(self.conn.execute(query, list(params)).fetchone()[0])
 
     # -- metadata statistics ----------------------------------------------------------------
-    # ``field_sql`` and ``type_sql`` come from filters.meta_field_sql (a checked JSON path);
+    # ``field_sql`` and ``type_sql`` come from sqlite_filters.meta_field_sql (a checked JSON path);
     # ``where`` from compile_filters (bound parameters).
 
     def meta_values(

@@ -1,172 +1,45 @@
-"""Where a store lives: the engines, and :func:`open_store`, the one way to open or create one.
+"""Opening a store: :func:`open_store`, the one way to open or create one, for a target
+naming its engine (:mod:`~densefit.retrieval.index.registry`: the engines, their targets and
+capabilities).
 
-A target names the engine by its form:
-
-=====================================================  ============================================
-target                                                 engine
-=====================================================  ============================================
-a folder (``runs/store``), or None (temporary)         the embedded store (SQLite + a vector file)
-``postgresql://USER@HOST:PORT/DATABASE/TABLE``         PostgreSQL with pgvector (``postgres://`` too)
-``qdrant://HOST:PORT/COLLECTION``, ``qdrant:FOLDER``   Qdrant: a server, or its local mode in a folder
-=====================================================  ============================================
-
-An engine is one module (listed in :data:`ENGINES`) that declares what it can do
-(``CAPABILITIES``, a :class:`~densefit.retrieval.index.base.Capabilities`), optionally
-``why_none(target)`` (why there is no store there, when it can say better than "none"), and
-two functions:
+An engine is one module (named in its :data:`~densefit.retrieval.index.registry.ENGINES`
+row) that reads its ``CAPABILITIES`` from that row, optionally says ``why_none(target)`` (why
+there is no store there, when it can say better than "none"), and gives two functions:
 ``open_existing(target, *, backend, rescore, lock_timeout)`` (the store there, or None when
 there is none) and ``create(target, record, *, backend, rescore, lock_timeout)`` (a new,
-empty store recording ``record``, the model's :class:`~densefit.retrieval.index.settings.
+empty store recording ``record``, the model's :class:`~densefit.retrieval.index.types.
 StoreRecord`; when another process created it meanwhile, that one opened). Its store class
-implements :class:`~densefit.retrieval.index.base.DocumentStore`, most of it inherited from
-:class:`~densefit.retrieval.index.common.StoreCommon`. A module imports its client library
-inside those functions, so that listing the engines (and their capabilities) needs none.
-
->>> engine_of("runs/store"), engine_of("postgresql://me@db/search/docs"), engine_of("qdrant:q")
-('embedded', 'postgresql', 'qdrant')
->>> redacted("postgresql://me:secret@db:5432/search/docs")
-'postgresql://me:***@db:5432/search/docs'
+implements :class:`~densefit.retrieval.index.base.DocumentStore` and the roles its
+capabilities declare, most of it inherited from :class:`~densefit.retrieval.index.common.
+StoreCommon`. This module loads the engine modules by name; they never import it back. A
+module imports its client library inside those functions, so that importing it needs none.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import re
 from collections.abc import Callable
 from types import ModuleType
 
+import densefit.retrieval.index as index_package  # record_for, lazily: see open_store
 from densefit.choices import VECTOR_KINDS
-from densefit.retrieval.index.base import (
+from densefit.retrieval.index.base import DocumentStore
+from densefit.retrieval.index.registry import ENGINES, engine_of, redacted, require
+from densefit.retrieval.index.types import (
     Capabilities,
-    CapabilityError,
-    DocumentStore,
     ModelMismatchError,
     NoStoreError,
     StoreError,
 )
-from densefit.retrieval.index.settings import record_for
 
-__all__ = [
-    "ENGINES",
-    "capabilities_of",
-    "capabilities_table",
-    "engine_of",
-    "open_store",
-    "redacted",
-    "require",
-]
-
-# Each engine: its module, the URL schemes of its targets (a target with none of them is a
-# folder: the embedded store's) and how a target is written.
-ENGINES: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "embedded": ("densefit.retrieval.index.store", (), "a folder"),
-    "postgresql": (
-        "densefit.retrieval.index.pgvector",
-        ("postgresql", "postgres"),
-        "`postgresql://USER@HOST/DATABASE/TABLE`",
-    ),
-    "qdrant": (
-        "densefit.retrieval.index.qdrant",
-        ("qdrant",),
-        "`qdrant://HOST:PORT/COLLECTION`, `qdrant:FOLDER`",
-    ),
-}
-_SCHEME = re.compile(r"^([a-z][a-z0-9+.-]*):")
-
-
-def engine_of(target: str | os.PathLike | None) -> str:
-    """The engine a target names (see the module docstring)."""
-    if target is None or isinstance(target, os.PathLike):
-        return "embedded"
-    found = _SCHEME.match(str(target))
-    if found is not None:
-        for engine, (_, schemes, _) in ENGINES.items():
-            if found.group(1).lower() in schemes:
-                return engine
-    return "embedded"
+__all__ = ["engine_module", "open_store"]
 
 
 def engine_module(engine: str) -> ModuleType:
-    """The module implementing ``engine`` (see :data:`ENGINES`)."""
-    return importlib.import_module(ENGINES[engine][0])
-
-
-def capabilities_of(engine: str) -> Capabilities:
-    """What ``engine`` can do."""
-    return engine_module(engine).CAPABILITIES
-
-
-def capabilities_table() -> str:
-    """Every engine's capabilities as a Markdown table (docs/search.md holds it; a test
-    checks that it is current).
-
-    >>> capabilities_table().splitlines()[0]
-    '| | the embedded store | postgresql | qdrant |'
-    """
-    engines = {e: capabilities_of(e) for e in ENGINES}
-
-    def yes(value: bool) -> str:
-        return "yes" if value else "no"
-
-    rows = [
-        ("target", lambda e, c: ENGINES[e][2]),
-        ("vector kinds", lambda e, c: ", ".join(c.vector_kinds)),
-        ("`--backend`", lambda e, c: ", ".join(c.backends) + " (default " + c.backends[0] + ")"),
-        ("`--mode bm25`", lambda e, c: c.lexical or "no"),
-        ("`--mode hybrid`", lambda e, c: yes(c.hybrid)),
-        ("model swap (`reembed`)", lambda e, c: yes(c.model_swap)),
-        ("transactions", lambda e, c: yes(c.transactions)),
-        ("crash safe (tested by SIGKILL)", lambda e, c: yes(c.crash_safe)),
-        ("`compact`", lambda e, c: yes(c.compaction)),
-        ("several servers on one store", lambda e, c: yes(c.shared)),
-    ]
-    lines = ["| | " + " | ".join(_named(e) for e in engines) + " |"]
-    lines.append("|---" * (len(engines) + 1) + "|")
-    for label, cell in rows:
-        lines.append(f"| {label} | " + " | ".join(cell(e, c) for e, c in engines.items()) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def redacted(target: str | os.PathLike | None) -> str:
-    """``target`` as messages show it: a URL's password replaced by ``***``."""
-    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", str(target))
-
-
-def require(
-    capabilities: Capabilities,
-    ability: str,
-    doing: str,
-    value: str | None = None,
-    location: str | None = None,
-) -> None:
-    """Raise :class:`~densefit.retrieval.index.base.CapabilityError` (one line naming the
-    engines that can) unless the engine of ``capabilities`` has ``ability`` (a
-    :class:`~densefit.retrieval.index.base.Capabilities` field: true, set, or holding
-    ``value``); ``doing`` says what was asked, as the user asked it.
-
-    >>> require(capabilities_of("embedded"), "vector_kinds", "store int8 vectors", "int8")
-    """
-    if _has(capabilities, ability, value):
-        return
-    able = [e for e in ENGINES if _has(capabilities_of(e), ability, value)]
-    where = f"{location} " if location else ""
-    offered = ""
-    if value is not None:
-        offered = f" (it offers {', '.join(getattr(capabilities, ability))})"
-    others = f": {' and '.join(_named(e) for e in able)} can" if able else ""
-    raise CapabilityError(f"{where}({_named(capabilities.engine)}) cannot {doing}{offered}{others}")
-
-
-def _has(capabilities: Capabilities, ability: str, value: str | None) -> bool:
-    held = getattr(capabilities, ability)
-    if value is not None:
-        return value in held
-    return bool(held)
-
-
-def _named(engine: str) -> str:
-    return "the embedded store" if engine == "embedded" else engine
+    """The module implementing ``engine`` (see :data:`~densefit.retrieval.index.registry.
+    ENGINES`)."""
+    return importlib.import_module(ENGINES[engine].module)
 
 
 def _backend_name(backend: str | Callable | None) -> str | None:
@@ -193,7 +66,7 @@ def open_store(
     made elsewhere) when there is none yet and ``create`` allows.
 
     With a ``model`` the store is checked against it (:class:`~densefit.retrieval.index.
-    base.ModelMismatchError` when the embeddings came from another model). ``target=None``
+    types.ModelMismatchError` when the embeddings came from another model). ``target=None``
     gives a temporary embedded store. ``backend`` is the vector search (the engine's own
     default when None: exact for the embedded store, ``faiss`` / ``faiss:FACTORY`` there
     too; ``exact`` or ``hnsw`` for PostgreSQL and Qdrant): a search-time choice that may
@@ -202,7 +75,7 @@ def open_store(
     the candidates per result an int8 or binary store rescores. Creation is safe against
     concurrent callers (waiting up to ``lock_timeout`` seconds for another's): the store is
     created once. An engine that cannot do what was asked (a vector kind, a backend) raises
-    :class:`~densefit.retrieval.index.base.CapabilityError` naming the engines that can.
+    :class:`~densefit.retrieval.index.types.CapabilityError` naming the engines that can.
 
     >>> from densefit.testing import tiny_model
     >>> store = open_store(None, tiny_model())
@@ -211,7 +84,7 @@ def open_store(
     """
     engine = engine_of(target)
     module = engine_module(engine)
-    capabilities: Capabilities = module.CAPABILITIES
+    capabilities: Capabilities = ENGINES[engine].capabilities
     location = redacted(target)
     name = _backend_name(backend)
     if name is not None:
@@ -233,7 +106,9 @@ def open_store(
                     f"vector kind {vectors!r} is not supported: use one of "
                     f"{', '.join(VECTOR_KINDS)}"
                 )
-            record = record_for(model, vectors)
+            # the settings module loads the model's framework (torch): the package exports
+            # record_for lazily (densefit/_lazy.py), so listing and opening stores loads none
+            record = index_package.record_for(model, vectors)
         require(
             capabilities,
             "vector_kinds",

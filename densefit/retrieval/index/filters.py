@@ -1,4 +1,5 @@
-"""Metadata filters in Haystack's syntax, compiled to SQL over the store's document table.
+"""Metadata filters in Haystack's syntax: the language, parsed once into a small checked
+form that every engine turns into its own query.
 
 A filter is a comparison or a logical combination of filters::
 
@@ -8,31 +9,34 @@ A filter is a comparison or a logical combination of filters::
         {"operator": "NOT", "conditions": [{"field": "id", "operator": "in", "value": ["d1"]}]},
     ]}
 
-Fields are ``meta.NAME`` (nested: ``meta.a.b``) or the top-level ``id``, ``content`` (the
-text; ``text`` is accepted too) and ``title``. Operators: ``== != > >= < <= in not in`` and
-``AND OR NOT`` (``NOT`` negates the AND of its conditions). The semantics are Haystack's
+Fields are ``meta.NAME`` (nested: ``meta.a.b``; names of letters, digits, ``_``, ``-`` and
+spaces) or the top-level ``id``, ``content`` (the text; ``text`` is accepted too) and
+``title``. Operators: ``== != > >= < <= in not in`` and ``AND OR NOT`` (``NOT`` negates
+the AND of its conditions). The semantics are Haystack's
 (``haystack.utils.filters.document_matches_filter``, the reference of its document-store
-test suite):
+test suite), on every engine:
 
 - a missing field is ``None``: ``== None`` matches it, ``!= x`` matches it;
 - ``> >= < <=`` with ``None`` match nothing; with a number they compare numbers (bools
-  count as 1 and 0, as in Python; a string in the document does not match); with a string the string must be an ISO 8601
-  date and documents match whose value is a date string on the right side of it (one that
-  starts as YYYY-MM-DD and SQLite's ``julianday()`` reads; timezones are honoured; a naive
-  date is read as UTC); a list value is an error;
+  count as 1 and 0, as in Python; a string in the document does not match); with a string
+  the string must be an ISO 8601 date and documents match whose value is a date string on
+  the right side of it (one that starts as YYYY-MM-DD and SQLite's ``julianday()`` reads;
+  timezones are honoured; a naive date is read as UTC); a list value is an error;
 - ``in`` / ``not in`` need a list (a tuple or another iterable is an error);
 - ``==`` between numbers ignores int/float (``2 == 2.0``), and ``1 == True`` as in Python;
   strings never equal numbers. Strings are equal when they are the same string (Haystack
   also equates two spellings of one instant, ``...T10:00:00`` and ``...T10:00:00+00:00``).
 
-:func:`compile_filters` turns a filter into a SQL ``WHERE`` clause with bound parameters:
-values are never put into SQL text. Field names are part of the SQL (a JSON path), which
-lets SQLite use an expression index on ``json_extract(meta, '$."lang"')``
-(:func:`meta_index_sql`); they are therefore restricted to letters, digits, ``_``, ``-`` and
-spaces and checked before they are used.
+:func:`parse_filters` checks a filter and parses it into a :class:`Filter` (a tree of
+:class:`Comparison` and :class:`Logical`): the one validation, which never compiles. The
+parsed filter is what travels to an engine; each engine emits its own query from it with
+:func:`emit` (the embedded store's SQL: :mod:`~densefit.retrieval.index.sqlite_filters`;
+PostgreSQL's and Qdrant's beside their stores). An engine's limits on a filter's size are
+in its :class:`~densefit.retrieval.index.types.Capabilities` (``filter_max_depth``,
+``filter_max_conditions``), and the parse checks them for the engine it is given.
 
->>> compile_filters({"field": "meta.lang", "operator": "==", "value": "en"})
-('json_extract(meta, \\'$."lang"\\') = ?', ['en'])
+>>> parse_filters({"field": "meta.year", "operator": ">", "value": 2020}).root
+Comparison(field='meta.year', operator='>', value=2020, column=None, path=('year',))
 >>> validate_filters({"field": "meta.year", "operator": ">", "value": "last year"})
 Traceback (most recent call last):
 ...
@@ -46,147 +50,57 @@ import math
 import re
 import sqlite3
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from fnmatch import fnmatchcase
-from typing import Any
+from functools import cached_property
+from typing import Any, Protocol, TypeVar
 
 __all__ = [
     "COMPARISON_OPERATORS",
+    "DATE_GLOB",
     "INT_RANGE",
     "LOGICAL_OPERATORS",
-    "MAX_CONDITIONS",
-    "MAX_DEPTH",
+    "MAX_NESTING",
     "Comparison",
+    "Emitter",
+    "Filter",
     "Logical",
-    "compile_filters",
     "date_seconds",
-    "meta_field_sql",
-    "meta_index_sql",
+    "emit",
+    "json_text",
+    "meta_path",
     "normalise_filters",
     "parse_filter_text",
     "parse_filters",
     "typed_fields",
+    "utc_iso",
     "validate_filters",
 ]
 
 COMPARISON_OPERATORS = ("==", "!=", ">", ">=", "<", "<=", "in", "not in")
 LOGICAL_OPERATORS = ("AND", "OR", "NOT")
-# Top-level fields and the document-table column holding each.
+# Top-level fields and the embedded store's document-table column holding each.
 COLUMNS = {"id": "id", "content": "text", "text": "text", "title": "title"}
 _NAME = re.compile(r"^[\w\- ]+$")
-_ORDERING = {">": ">", ">=": ">=", "<": "<", "<=": "<="}
-# What SQLite 3.40 compiles, measured with the filters that cost it most (tests/test_faults.py
-# holds them; they run on every engine): its parser stack (100 entries) overflows at 22
-# nested logical operators, its expression tree (1,000 levels deep) at about 990 conditions.
-MAX_DEPTH = 20  # logical operators (AND, OR, NOT) nested in one another
-MAX_CONDITIONS = 900  # comparisons, logical operators, and lists, objects and None in `in`
-INT_RANGE = (-(2**63), 2**63 - 1)  # SQLite's integers; a larger number can be a float
+# The language's own bound on nesting, whatever the engine: the parse and the emitters
+# recurse once per level, well inside Python's 1,000 frames.
+MAX_NESTING = 100
+INT_RANGE = (-(2**63), 2**63 - 1)  # 64-bit integers; a larger number can be a float
+_POSITIVE = {"!=": "==", "not in": "in"}  # what emit() hands an emitter, negated
 
 
-def normalise_filters(filters: dict | None) -> dict | None:
-    """``filters`` checked (:func:`validate_filters`), or None when there is nothing to filter.
-
-    ``None`` and ``{}`` mean no filter.
-
-    >>> normalise_filters({}) is None
-    True
-    """
-    if filters is None or (isinstance(filters, dict) and not filters):
-        return None
-    validate_filters(filters)
-    return filters
-
-
-def validate_filters(filters: dict | None) -> None:
-    """Raise ValueError (one line saying what is wrong and where) unless ``filters`` is a
-    well-formed filter (see the module docstring); ``None`` and ``{}`` are fine.
-
-    >>> validate_filters({"field": "meta.n", "operator": "in", "value": 3})
-    Traceback (most recent call last):
-    ...
-    ValueError: filter meta.n in needs a list value, got int 3
-    """
-    if filters is None or (isinstance(filters, dict) and not filters):
-        return
-    compile_filters(filters)
-
-
-def parse_filter_text(text: str | None) -> dict | None:
-    """A filter given as text (``--filter``): JSON, or ``@PATH`` of a JSON file; checked
-    (:func:`validate_filters`), or a ``ValueError`` saying what to write.
-
-    >>> parse_filter_text('{"field": "meta.lang", "operator": "==", "value": "en"}')
-    {'field': 'meta.lang', 'operator': '==', 'value': 'en'}
-    """
-    if text is None:
-        return None
-    source = "--filter"
-    if text.startswith("@"):
-        source = text[1:]
-        with open(source, encoding="utf-8") as fh:
-            text = fh.read()
-    try:
-        filters = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"{source} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
-            'pass e.g. \'{"field": "meta.lang", "operator": "==", "value": "en"}\''
-        ) from None
-    validate_filters(filters)
-    return filters
-
-
-def compile_filters(filters: dict) -> tuple[str, list]:
-    """``(sql, params)``: a ``WHERE`` clause over the ``documents`` table and its parameters.
-
-    Raises ValueError for a malformed filter (:func:`parse_filters`). The clause is true
-    exactly for the documents the filter matches (SQL's NULLs are folded so that ``NOT``
-    negates as in Python).
-    """
-    if isinstance(filters, dict) and not filters:
-        raise ValueError(
-            "filter {} has neither 'field' nor 'operator': a comparison needs "
-            "field/operator/value, a logical filter operator (AND, OR, NOT) and conditions"
-        )
-    params: list = []
-    sql = _sql(parse_filters(filters), params)
-    return sql, params
-
-
-def meta_index_sql(field: str) -> tuple[str, str]:
-    """``(index name, CREATE INDEX statement)`` for an expression index on a ``meta.`` field.
-
-    >>> meta_index_sql("meta.lang")[1]
-    'CREATE INDEX IF NOT EXISTS "filter_meta.lang" ON documents(json_extract(meta, \\'$."lang"\\'))'
-    """
-    value_sql, _ = _field_sql(field)
-    if not field.startswith("meta."):
-        raise ValueError(f"only meta.* fields need an index ({field} is a column), got {field!r}")
-    name = f"filter_{field}"
-    return name, f'CREATE INDEX IF NOT EXISTS "{name}" ON documents({value_sql})'
-
-
-def meta_field_sql(field: str) -> tuple[str, str]:
-    """``(value SQL, JSON type SQL)`` of the metadata field ``field`` (``"meta.lang"``,
-    nested ``"meta.a.b"``), its name checked as filters check theirs; ValueError otherwise.
-
-    >>> meta_field_sql("meta.lang")
-    ('json_extract(meta, \\'$."lang"\\')', 'json_type(meta, \\'$."lang"\\')')
-    """
-    if not isinstance(field, str) or not field.startswith("meta."):
-        raise ValueError(f"metadata fields are named meta.NAME, got {field!r}")
-    return _field_sql(field)
-
-
-# -- parsing: one checked tree every engine compiles -----------------------------------------
+# -- the parsed form ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Comparison:
     """One checked comparison: ``field`` as the filter names it (``text`` read as
-    ``content``), the document-table ``column`` of a top-level field (None for ``meta.*``),
-    the metadata ``path`` (``("a", "b")`` for ``meta.a.b``; empty for a column)."""
+    ``content``), the embedded store's ``column`` of a top-level field (None for
+    ``meta.*``), the metadata ``path`` (``("a", "b")`` for ``meta.a.b``; empty for a
+    column). ``value`` is None, a bool, a 64-bit int, a finite float, a string (an ISO
+    date for ``> >= < <=``: :func:`date_seconds`, :func:`utc_iso`) or, for ``== !=``, a
+    list or dict; ``in`` / ``not in`` hold a list of those."""
 
     field: str
     operator: str
@@ -203,15 +117,57 @@ class Logical:
     conditions: tuple
 
 
-def parse_filters(filters: dict | None) -> Comparison | Logical | None:
-    """``filters`` checked and parsed into the tree the engines compile (SQL for the
-    embedded store and PostgreSQL, a payload filter for Qdrant): the one place a filter is
-    validated. None for no filter (``None`` or ``{}``); ValueError (one line: what is wrong
-    and where) for a malformed one.
+@dataclass(frozen=True)
+class Filter:
+    """A checked filter: what a search, a count or a statistic takes to an engine.
 
-    >>> parse_filters({"field": "meta.a.b", "operator": "in", "value": [1, 2]})
+    ``root``: the tree of :class:`Comparison` and :class:`Logical`; ``depth``: the most
+    logical operators around one condition; ``conditions``: its size, as engines limit it
+    (every comparison and logical operator, and each None, list or dict in an ``in`` list:
+    strings and numbers in one list are matched as one term); ``source``: the filter as
+    given.
+    """
+
+    root: Comparison | Logical
+    depth: int
+    conditions: int
+    source: Any = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def key(self) -> str:
+        """The filter as canonical JSON text: equal for equal filters (to group searches)."""
+        return json.dumps(self.source, sort_keys=True, default=repr)
+
+    @classmethod
+    def all_of(cls, *filters: Filter) -> Filter:
+        """The AND of parsed filters, without parsing them again."""
+        root = Logical("AND", tuple(f.root for f in filters))
+        source = {"operator": "AND", "conditions": [f.source for f in filters]}
+        depth = 1 + max((f.depth for f in filters), default=0)
+        return cls(root, depth, 1 + sum(f.conditions for f in filters), source)
+
+    def within(self, capabilities) -> Filter:
+        """This filter when it is within the limits of the engine of ``capabilities``
+        (None: any engine); ValueError (one line naming the engine and its limit) otherwise."""
+        if capabilities is None:
+            return self
+        _check_depth(self.depth, capabilities)
+        _check_conditions(self.conditions, capabilities)
+        return self
+
+
+def parse_filters(filters, capabilities=None) -> Filter | None:
+    """``filters`` checked and parsed (:class:`Filter`): the one place a filter is
+    validated, for the engine of ``capabilities`` (its limits on size; None: no engine's).
+    None for no filter (``None`` or ``{}``); an already parsed :class:`Filter` comes back
+    as it is, its size checked against ``capabilities``. ValueError (one line: what is
+    wrong and where) for a malformed filter or one too large for the engine.
+
+    >>> parse_filters({"field": "meta.a.b", "operator": "in", "value": [1, 2]}).root
     Comparison(field='meta.a.b', operator='in', value=[1, 2], column=None, path=('a', 'b'))
     """
+    if isinstance(filters, Filter):
+        return filters.within(capabilities)
     if filters is None or (isinstance(filters, dict) and not filters):
         return None
     if not isinstance(filters, dict):
@@ -219,25 +175,168 @@ def parse_filters(filters: dict | None) -> Comparison | Logical | None:
             f"filters must be a dict like {{'field': 'meta.lang', 'operator': '==', "
             f"'value': 'en'}}, got {type(filters).__name__}"
         )
-    return _parse(filters, depth=0, counted=[0])
+    return _parse_tree(filters, capabilities)
 
 
-def _parse(node: Any, depth: int, counted: list[int]) -> Comparison | Logical:
-    """``node`` checked and parsed; ``counted[0]`` counts the conditions met so far."""
-    if depth > MAX_DEPTH:
+def normalise_filters(filters, capabilities=None) -> Filter | None:
+    """:func:`parse_filters`: the checked filter, or None when there is nothing to filter
+    (``None`` and ``{}``).
+
+    >>> normalise_filters({}) is None
+    True
+    """
+    return parse_filters(filters, capabilities)
+
+
+def validate_filters(filters, capabilities=None) -> None:
+    """Raise ValueError (one line saying what is wrong and where) unless ``filters`` is a
+    well-formed filter (see the module docstring) within the limits of the engine of
+    ``capabilities``; ``None`` and ``{}`` are fine. It parses (:func:`parse_filters`).
+
+    >>> validate_filters({"field": "meta.n", "operator": "in", "value": 3})
+    Traceback (most recent call last):
+    ...
+    ValueError: filter meta.n in needs a list value, got int 3
+    """
+    parse_filters(filters, capabilities)
+
+
+def parse_filter_text(text: str | None, capabilities=None) -> Filter | None:
+    """A filter given as text (``--filter``): JSON, or ``@PATH`` of a JSON file, parsed
+    (:func:`parse_filters`), or a ``ValueError`` saying what to write.
+
+    >>> parse_filter_text('{"field": "meta.lang", "operator": "==", "value": "en"}').source
+    {'field': 'meta.lang', 'operator': '==', 'value': 'en'}
+    """
+    if text is None:
+        return None
+    source = "--filter"
+    if text.startswith("@"):
+        source = text[1:]
+        with open(source, encoding="utf-8") as fh:
+            text = fh.read()
+    try:
+        filters = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise ValueError(
-            f"filters nest deeper than {MAX_DEPTH} levels: flatten the AND, OR and NOT "
-            "operators (an AND inside an AND is one AND)"
-        )
+            f"{source} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
+            'pass e.g. \'{"field": "meta.lang", "operator": "==", "value": "en"}\''
+        ) from None
+    return parse_filters(filters, capabilities)
+
+
+def meta_path(field: Any) -> tuple[str, ...]:
+    """The path of the metadata field ``field`` (``"meta.a.b"`` -> ``("a", "b")``), its name
+    checked as filters check theirs; ValueError otherwise.
+
+    >>> meta_path("meta.a.b")
+    ('a', 'b')
+    """
+    if not isinstance(field, str) or not field.startswith("meta."):
+        raise ValueError(f"metadata fields are named meta.NAME, got {field!r}")
+    return _field_parts(field)[1]
+
+
+# -- emitting: what each engine writes -----------------------------------------------------------
+
+T = TypeVar("T")
+
+
+class Emitter(Protocol[T]):
+    """How an engine spells a filter (:func:`emit` calls it): a comparison, the negation of
+    one, and the AND and OR of terms. Nothing else reaches it: no NOT, ``!=`` or
+    ``not in``."""
+
+    def compare(self, comparison: Comparison) -> T:
+        """``comparison``, whose operator is one of ``== in > >= < <=``: true exactly for
+        the documents it matches (unknown, e.g. a missing field, must not count as true)."""
+
+    def negate(self, term: T) -> T:
+        """NOT of a :meth:`compare` term: true for every document it does not match."""
+
+    def all_of(self, terms: list[T]) -> T:
+        """AND of ``terms`` (at least two, or none: matches every document)."""
+
+    def any_of(self, terms: list[T]) -> T:
+        """OR of ``terms`` (at least two, or none: matches no document)."""
+
+
+def emit(parsed: Filter, emitter: Emitter[T]) -> T:
+    """``parsed`` spelled by ``emitter``, walked once: NOTs pushed down to the comparisons
+    (a negated AND is the OR of the negated conditions, and the reverse), ``!=`` and
+    ``not in`` given as the negations of ``==`` and ``in``, and an AND inside an AND (an OR
+    inside an OR) spliced into one.
+
+    >>> class Text:
+    ...     def compare(self, c): return f"{c.field} {c.operator} {c.value!r}"
+    ...     def negate(self, term): return f"not({term})"
+    ...     def all_of(self, terms): return "(" + " and ".join(terms) + ")"
+    ...     def any_of(self, terms): return "(" + " or ".join(terms) + ")"
+    >>> emit(parse_filters({"operator": "NOT", "conditions": [
+    ...     {"field": "id", "operator": "!=", "value": "a"},
+    ...     {"operator": "NOT", "conditions": [{"field": "meta.n", "operator": ">", "value": 1}]},
+    ... ]}), Text())
+    "(id == 'a' or meta.n > 1)"
+    """
+    return _emit(parsed.root, emitter, False)
+
+
+def _emit(node: Comparison | Logical, emitter: Emitter[T], negated: bool) -> T:
+    if isinstance(node, Comparison):
+        if node.operator in _POSITIVE:
+            node, negated = replace(node, operator=_POSITIVE[node.operator]), not negated
+        term = emitter.compare(node)
+        return emitter.negate(term) if negated else term
+    operator = _effective(node, negated)
+    terms: list[T] = []
+    _gather(node, operator, negated, emitter, terms)
+    if len(terms) == 1:
+        return terms[0]
+    return emitter.all_of(terms) if operator == "AND" else emitter.any_of(terms)
+
+
+def _effective(node: Logical, negated: bool) -> str:
+    """AND or OR: what ``node`` is once its negation (and a NOT's) is pushed into it."""
+    operator = "AND" if node.operator == "NOT" else node.operator
+    return operator if negated == (node.operator == "NOT") else _FLIP[operator]
+
+
+_FLIP = {"AND": "OR", "OR": "AND"}
+
+
+def _gather(node: Logical, operator: str, negated: bool, emitter, terms: list) -> None:
+    """The terms of ``node``'s conditions under ``operator``, nested ones of the same
+    operator (and those of one condition, which are that condition) spliced in."""
+    inner = negated != (node.operator == "NOT")  # what the conditions are seen through
+    for condition in node.conditions:
+        if isinstance(condition, Logical) and (
+            len(condition.conditions) == 1 or _effective(condition, inner) == operator
+        ):
+            _gather(condition, operator, inner, emitter, terms)
+        else:
+            terms.append(_emit(condition, emitter, inner))
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+
+def _parse_tree(filters: dict, capabilities) -> Filter:
+    """A dict parsed: the one parse of a filter (tests count its calls)."""
+    counted = [0, 0]  # conditions, depth
+    root = _parse(filters, 0, counted, capabilities)
+    return Filter(root, counted[1], counted[0], filters)
+
+
+def _parse(node: Any, depth: int, counted: list[int], capabilities) -> Comparison | Logical:
+    """``node`` checked and parsed; ``counted`` holds the conditions met so far and the
+    deepest level."""
+    _check_depth(depth, capabilities)
+    counted[1] = max(counted[1], depth)
     if not isinstance(node, dict):
         raise ValueError(f"a filter condition must be a dict, got {type(node).__name__} {node!r}")
     parsed = _parse_comparison(node) if "field" in node else None
     counted[0] += 1 if parsed is None else _conditions(parsed)
-    if counted[0] > MAX_CONDITIONS:
-        raise ValueError(
-            f"the filter holds more than {MAX_CONDITIONS} conditions: match many values "
-            "with one 'in' list of strings or numbers"
-        )
+    _check_conditions(counted[0], capabilities)
     if parsed is not None:
         return parsed
     if "operator" not in node:
@@ -258,12 +357,37 @@ def _parse(node: Any, depth: int, counted: list[int]) -> Comparison | Logical:
         raise ValueError(
             f"'conditions' of {operator} must be a list, got {type(conditions).__name__}"
         )
-    return Logical(operator, tuple(_parse(c, depth + 1, counted) for c in conditions))
+    return Logical(operator, tuple(_parse(c, depth + 1, counted, capabilities) for c in conditions))
+
+
+def _check_depth(depth: int, capabilities) -> None:
+    limit = getattr(capabilities, "filter_max_depth", None)
+    if limit is not None and depth > limit:
+        raise ValueError(
+            f"filters nest deeper than {limit} levels, the most the "
+            f"{capabilities.engine} engine takes: flatten the AND, OR and NOT operators (an "
+            "AND inside an AND is one AND)"
+        )
+    if depth > MAX_NESTING:
+        raise ValueError(
+            f"filters nest deeper than {MAX_NESTING} levels: flatten the AND, OR and NOT "
+            "operators (an AND inside an AND is one AND)"
+        )
+
+
+def _check_conditions(conditions: int, capabilities) -> None:
+    limit = getattr(capabilities, "filter_max_conditions", None)
+    if limit is not None and conditions > limit:
+        raise ValueError(
+            f"the filter holds more than {limit} conditions, the most the "
+            f"{capabilities.engine} engine takes: match many values with one 'in' list of "
+            "strings or numbers"
+        )
 
 
 def _conditions(node: Comparison) -> int:
-    """The terms a comparison compiles to: one, and one more for each None, list or object
-    in an ``in`` list (strings and numbers are matched as one term)."""
+    """The size of a comparison: one, and one more for each None, list or object in an
+    ``in`` list (strings and numbers are matched as one term)."""
     if node.operator not in ("in", "not in"):
         return 1
     return 1 + sum(not isinstance(v, (str, bool, int, float)) for v in node.value)
@@ -343,123 +467,20 @@ def _check_ordering_value(value: Any, where: str) -> None:
             "'<=' compare numbers or ISO dates"
         )
     if isinstance(value, str):
-        _utc_iso(value, where)
+        utc_iso(value, where)
     elif not isinstance(value, (bool, int, float)):
         raise ValueError(
             f"filter {where} got a {type(value).__name__} value: compare numbers or ISO dates"
         )
 
 
-# -- SQLite: the embedded store --------------------------------------------------------------
+def utc_iso(value: str, where: str = "filter") -> str:
+    """``value`` (an ISO 8601 date) as the UTC ``YYYY-MM-DDTHH:MM:SS.SSS`` SQLite's
+    ``julianday()`` reads (a naive date is UTC); ValueError naming ``where`` otherwise.
 
-
-def _sql(node: Comparison | Logical, params: list, negated: bool = False) -> str:
-    """The clause of ``node`` (of its negation when ``negated``), with NOTs pushed down to
-    the comparisons: a negated AND is the OR of the negated conditions and the reverse, so
-    that a chain of NOTs adds no nesting. A comparison's NULL means false (the negation of a
-    comparison folds it: :func:`_negate`), so these laws hold as in Python."""
-    if isinstance(node, Logical):
-        operator = node.operator
-        if operator == "NOT":  # NOT is the negated AND
-            operator, negated = "AND", not negated
-        if negated:
-            operator = "OR" if operator == "AND" else "AND"
-        parts = [_sql(c, params, negated) for c in node.conditions]
-        if not parts:
-            return "1" if operator == "AND" else "0"
-        return parts[0] if len(parts) == 1 else "(" + f" {operator} ".join(parts) + ")"
-    value_sql, type_sql = _sql_of(node.column, node.path)
-    operator, value = node.operator, node.value
-    if operator in ("==", "!="):
-        sql = _scalar_equal(value_sql, type_sql, value, params)
-        return _negate(sql) if (operator == "!=") != negated else sql
-    if operator in ("in", "not in"):
-        sql = _member(value_sql, type_sql, value, params)
-        return _negate(sql) if (operator == "not in") != negated else sql
-    sql = _ordering(value_sql, type_sql, operator, value, params, f"{node.field} {operator}")
-    return _negate(sql) if negated else sql
-
-
-def _negate(sql: str) -> str:
-    """NOT of a clause whose NULLs mean false (a monotone AND/OR of comparisons)."""
-    return f"NOT COALESCE({sql}, 0)"
-
-
-def _field_sql(field: Any) -> tuple[str, str]:
-    """SQL for the field's value and for its JSON type (``'text'`` for columns)."""
-    return _sql_of(*_field_parts(field))
-
-
-def _sql_of(column: str | None, path: tuple[str, ...]) -> tuple[str, str]:
-    if column is not None:
-        return column, "'text'"
-    json_path = "$" + "".join(f'."{name}"' for name in path)
-    return f"json_extract(meta, '{json_path}')", f"json_type(meta, '{json_path}')"
-
-
-# In every comparison the value test comes before the type test: it fails for most rows, and
-# each JSON function parses the document's metadata again (SQLite < 3.45 caches no parse).
-
-
-def _scalar_equal(value_sql: str, type_sql: str, value: Any, params: list) -> str:
-    if value is None:
-        return f"{value_sql} IS NULL"
-    if isinstance(value, (list, dict)):
-        # ASCII escapes, as the store writes metadata (json.dumps' default): SQLite compares
-        # a list or dict as JSON text, and keeps a string's escapes in it ("Stra\u00dfe")
-        params.append(json.dumps(value))
-        return f"({value_sql} = json(?) AND {type_sql} IN ('array', 'object'))"
-    if isinstance(value, (bool, int, float)):
-        if type_sql == "'text'":
-            return "0"  # a column holds text, which never equals a number
-        params.append(value)
-        return f"({value_sql} = ? AND {type_sql} IN ('integer', 'real', 'true', 'false'))"
-    params.append(value)  # a string (parse_filters let nothing else through)
-    return f"{value_sql} = ?"
-
-
-def _member(value_sql: str, type_sql: str, values: list, params: list) -> str:
-    """``value IN values``: strings and numbers each as one bound JSON array (no limit on
-    the list's length), ``None`` as ``IS NULL``, lists and dicts one by one."""
-    strings = [v for v in values if isinstance(v, str)]
-    numbers = [v for v in values if isinstance(v, (bool, int, float))]
-    others = [v for v in values if not isinstance(v, (str, bool, int, float))]
-    parts = []
-    if strings:
-        params.append(json.dumps(strings, ensure_ascii=False))
-        parts.append(f"{value_sql} IN (SELECT value FROM json_each(?))")
-    if numbers and type_sql != "'text'":
-        params.append(json.dumps(numbers))
-        parts.append(
-            f"({value_sql} IN (SELECT value FROM json_each(?)) AND "
-            f"{type_sql} IN ('integer', 'real', 'true', 'false'))"
-        )
-    parts += [_scalar_equal(value_sql, type_sql, v, params) for v in others]
-    return "(" + " OR ".join(parts) + ")" if parts else "0"
-
-
-def _ordering(
-    value_sql: str, type_sql: str, operator: str, value: Any, params: list, where: str
-) -> str:
-    if value is None:
-        return "0"  # Haystack: None is not ordered
-    if isinstance(value, str):
-        params.append(_utc_iso(value, where))
-        op = _ORDERING[operator]
-        return (
-            f"(julianday({value_sql}) {op} julianday(?) AND {type_sql} = 'text' "
-            f"AND {value_sql} GLOB '{_DATE_GLOB}')"
-        )
-    if type_sql == "'text'":
-        return "0"
-    params.append(value)  # a number (parse_filters let nothing else through)
-    numbers = "'integer', 'real', 'true', 'false'"  # bools are 1 and 0, as in Python
-    return f"({value_sql} {_ORDERING[operator]} ? AND {type_sql} IN ({numbers}))"
-
-
-def _utc_iso(value: str, where: str) -> str:
-    """``value`` as the UTC ``YYYY-MM-DDTHH:MM:SS.SSS`` SQLite's ``julianday()`` reads (so
-    both sides of a comparison are converted by SQLite alike; naive dates are UTC)."""
+    >>> utc_iso("2024-01-02T03:00:00+01:00")
+    '2024-01-02T02:00:00.000'
+    """
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
@@ -480,24 +501,17 @@ def _short(node: Any, width: int = 120) -> str:
 # -- typed fields: the same semantics on engines without SQLite's JSON functions ------------
 
 # A stored string is a date when it starts as one (YYYY-MM-DD) and SQLite's julianday() reads
-# it: the embedded store's SQL holds to this, and typed_fields' "d" is julianday()'s reading,
-# so that every engine agrees (julianday() alone also reads bare numbers and 'now').
-_DATE_GLOB = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*"  # fnmatchcase reads it as GLOB does
+# it: the embedded store's SQL holds to this (sqlite_filters.py), and typed_fields' "d" is
+# julianday()'s reading, so that every engine agrees (julianday() alone also reads bare
+# numbers and 'now').
+DATE_GLOB = "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*"  # fnmatchcase reads it as GLOB does
 _UNIX_EPOCH_MS = 210_866_760_000_000  # the Julian day of 1970-01-01 (2440587.5) in ms
-_JSON_TYPES = {
-    bool: None,
-    int: "integer",
-    float: "real",
-    str: "text",
-    list: "array",
-    dict: "object",
-}
 
 
 def typed_fields(doc_id: str, text: str, title: str, meta: dict) -> dict[str, dict[str, Any]]:
     """Every filterable field of a document with its value split by type, as an engine
     without SQLite's JSON functions stores it beside the document so that its filters
-    (compiled from :func:`parse_filters`) keep the embedded store's semantics exactly:
+    (emitted from :func:`parse_filters`' form) keep the embedded store's semantics exactly:
     ``{field: {"t": JSON type, "n": number, "s": string, "d": date, "j": JSON text}}``.
 
     Fields are named as filters name them (``id``, ``content``, ``title``, ``meta.a.b``;
@@ -525,7 +539,7 @@ def typed_fields(doc_id: str, text: str, title: str, meta: dict) -> dict[str, di
 
 def _typed_text(value: str) -> dict[str, Any]:
     typed: dict[str, Any] = {"t": "text", "s": value}
-    if fnmatchcase(value, _DATE_GLOB):
+    if fnmatchcase(value, DATE_GLOB):
         seconds = _sqlite_date_seconds(value)
         if seconds is not None:  # else shaped like a date, not one (2024-13-45)
             typed["d"] = seconds
@@ -571,4 +585,4 @@ def date_seconds(value: str, where: str = "filter") -> float:
     >>> date_seconds("1970-01-02T00:00:00+01:00")
     82800.0
     """
-    return datetime.fromisoformat(_utc_iso(value, where)).replace(tzinfo=timezone.utc).timestamp()
+    return datetime.fromisoformat(utc_iso(value, where)).replace(tzinfo=timezone.utc).timestamp()

@@ -19,8 +19,10 @@ from tqdm.auto import tqdm
 from densefit.data.types import Document
 from densefit.models import model_name_of
 from densefit.retrieval.encode import embedding_dimension, encode_with_callback
-from densefit.retrieval.index.base import DocumentStore, ModelMismatchError
+from densefit.retrieval.index.base import DocumentStore
 from densefit.retrieval.index.documents import meta_hash, text_hash
+from densefit.retrieval.index.registry import require
+from densefit.retrieval.index.types import ModelMismatchError
 from densefit.retrieval.runtimes import resolve_runtime
 
 __all__ = ["IndexReport", "copy_documents", "index_documents", "prune_documents"]
@@ -153,6 +155,13 @@ def index_documents(
     store.check_model(model)
     if total is None and isinstance(documents, Sequence):
         total = len(documents)
+    if reembed:
+        require(
+            store.capabilities,
+            "reembedding",
+            "re-embed its documents with new settings (--reembed)",
+            location=store.location,
+        )
     report = IndexReport(store=store.location, model=model_name_of(model))
     started = time.perf_counter()
     with store.writer_lock(lock_timeout):
@@ -171,7 +180,7 @@ def index_documents(
             for chunk in _chunks(documents, commit_every):
                 _index_chunk(store, embed, chunk, seen_ids, bar, report)
             _reembed_the_rest(store, embed, commit_every, bar, report)
-        if compact and store.dead_rows() > max(1024, store.count()):
+        if compact and store.capabilities.upkeep and store.dead_rows() > max(1024, store.count()):
             report.compacted = store.compact()
         store.flush()
     report.seconds = time.perf_counter() - started
@@ -187,7 +196,7 @@ def _index_chunk(store, embed, chunk, seen_ids, bar, report) -> None:
     """Compare one chunk with the store by hash, embed what is new or changed, commit."""
     unique, repeats = _dedupe(chunk, seen_ids, report)
     stored = store.hashes(list(unique))
-    stale = store.stale_ids(list(unique))
+    stale = store.stale_ids(list(unique)) if store.capabilities.reembedding else set()
     to_embed, meta_only = [], []
     for doc in unique.values():
         hashes = stored.get(doc.id)
@@ -217,6 +226,8 @@ def _index_chunk(store, embed, chunk, seen_ids, bar, report) -> None:
 def _reembed_the_rest(store, embed, commit_every: int, bar, report) -> None:
     """Re-embed, from their stored text, the documents still holding vectors made before
     ``reembed`` (those not in this run's input), then clear the store's stale mark."""
+    if not store.capabilities.reembedding:
+        return
     stale = store.all_stale_ids()
     for start in range(0, len(stale), commit_every):
         docs = [d for d in store.get(stale[start : start + commit_every]) if d is not None]
@@ -282,7 +293,7 @@ def copy_documents(
     """Copy every document of ``source`` with its metadata and stored vector into
     ``target`` (another engine, usually), embedding nothing: how a store outgrows its
     machine. ``target`` must record the same vectors (the same model and settings:
-    :class:`~densefit.retrieval.index.base.ModelMismatchError` otherwise). Documents already
+    :class:`~densefit.retrieval.index.types.ModelMismatchError` otherwise). Documents already
     in ``target`` with the same text keep their vector (metadata changes are written), so a
     copy that stopped resumes where it was; ``target`` keeps documents ``source`` lacks.
 

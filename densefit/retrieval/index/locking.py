@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from densefit.retrieval.index.base import StoreError
+from densefit.retrieval.index.types import StoreError
 
 __all__ = ["LOCK_NAME", "StoreLockedError", "writer_lock"]
 

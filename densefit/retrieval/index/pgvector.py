@@ -26,7 +26,7 @@ table               holds
 ``TABLE_postings``  BM25: one row per (token, document) with the term frequency
 ``TABLE_stats``     the number of documents and of their tokens (BM25's N and avgdl)
 ``TABLE_record``    the model and settings (:meth:`StoreRecord.to_meta
-                    <densefit.retrieval.index.settings.StoreRecord.to_meta>`, as the
+                    <densefit.retrieval.index.types.StoreRecord.to_meta>`, as the
                     embedded store's meta table), the live vector table's generation, the
                     model swaps so far and the swap under way
 ==================  ===========================================================================
@@ -57,11 +57,11 @@ text). When every document has a next vector, the next table's HNSW index is bui
 (concurrently: writes go on), and one transaction switches the record to the new model,
 its settings and the next generation, and counts the model swap (``model_generation``);
 the old table is dropped after. Searches prepared for the old model get
-:class:`~densefit.retrieval.index.base.ModelSwappedError`, writes too.
+:class:`~densefit.retrieval.index.types.ModelSwappedError`, writes too.
 
 Searches: ``backend="hnsw"`` (the default) walks the HNSW index with ``hnsw.ef_search`` at
 least ``k``; ``"exact"`` scans every row. A filtered search always scans exactly the rows
-the filter matches (filters compile to a ``WHERE`` clause over ``fields`` with bound
+the filter matches (filters are emitted as a ``WHERE`` clause over ``fields`` with bound
 parameters: :func:`where_clause`), so the top ``k`` of the matches come back, not the top
 ``k`` filtered afterwards. Scores are inner products (``<#>``; cosine stores hold unit
 vectors). A binary store takes ``rescore x k`` candidates by the Hamming distance of the
@@ -89,7 +89,7 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from functools import wraps
@@ -100,29 +100,34 @@ import numpy as np
 
 from densefit.data.types import Document
 from densefit.retrieval.bm25 import K1, B, Tokens, tokenize
-from densefit.retrieval.index.base import (
-    Capabilities,
-    CapabilityError,
-    ModelSwappedError,
-    SearchHit,
-    StoreError,
-    WriteResult,
-)
-from densefit.retrieval.index.common import checked_documents, checked_vectors, checked_write
+from densefit.retrieval.index.common import Fault, one_line, translated
 from densefit.retrieval.index.database import DatabaseStore, StoredRow
-from densefit.retrieval.index.engines import redacted
 from densefit.retrieval.index.filters import (
     Comparison,
-    Logical,
+    Filter,
     date_seconds,
+    emit,
     json_text,
-    meta_field_sql,
+    meta_path,
     parse_filters,
     typed_fields,
 )
 from densefit.retrieval.index.locking import LOCK_NAME, StoreLockedError
 from densefit.retrieval.index.quantized import DEFAULT_RESCORE
-from densefit.retrieval.index.settings import StoreRecord, SwapTarget, VectorSettings
+from densefit.retrieval.index.registry import capabilities_of, redacted
+from densefit.retrieval.index.swap import (
+    MODEL_GENERATION_KEY,
+    SWAP_KEY,
+    SwapCoordinator,
+    switched_meta,
+)
+from densefit.retrieval.index.types import (
+    CapabilityError,
+    StoreError,
+    StoreRecord,
+    SwapTarget,
+    VectorSettings,
+)
 
 __all__ = [
     "CAPABILITIES",
@@ -135,20 +140,7 @@ __all__ = [
     "where_clause",
 ]
 
-CAPABILITIES = Capabilities(
-    engine="postgresql",
-    # float16: halfvec, on servers with pgvector >= 0.7; binary: bit(dim) sign codes
-    # searched for candidates, rescored against the float32 vectors kept beside them
-    vector_kinds=("float32", "float16", "binary"),
-    backends=("hnsw", "exact"),
-    lexical="bm25 in SQL over a postings table (bm25s's tokens and scores)",
-    hybrid=True,
-    model_swap=True,  # the next generation's vector table, switched to in one transaction
-    transactions=True,
-    crash_safe=True,  # tests/test_pgvector.py kills a writer mid-transaction
-    compaction=False,  # PostgreSQL reclaims updated and deleted rows itself (VACUUM)
-    shared=True,
-)
+CAPABILITIES = capabilities_of("postgresql")  # declared in its registry row
 DEFAULT_TABLE = "densefit"
 _TABLE = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 _HALFVEC = (0, 7)  # the pgvector version that added halfvec
@@ -162,8 +154,6 @@ _RESET = {
 _CONNECT_TIMEOUT = 10  # seconds, unless the target sets connect_timeout
 # The record's keys beside StoreRecord.to_meta()'s (whose "generation" names the live
 # vector table TABLE_v<generation>), as the embedded store keeps them in its meta table.
-SWAP_KEY = "swap"  # the SwapTarget of the model swap under way
-MODEL_GENERATION_KEY = "model_generation"  # the model swaps the store went through
 UNUSED_KEY = "unused_vectors"  # generations of vector tables left to drop (JSON list)
 INDEX_KEY, DEFERRED = "hnsw", "deferred"  # the live table's HNSW index is not built yet
 # A write of at least this many documents into a store holding no more is a load: the
@@ -240,26 +230,44 @@ def parse_target(target: str) -> Target:
     return Target(conninfo, table, location)
 
 
-def _one_line(exc: BaseException) -> str:
-    """The first line of a server's message, whitespace folded."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    return " ".join(lines[0].split()) if lines else type(exc).__name__
+_CONNECT_FIXES = (  # a failed connection's message (a pattern) -> what to do
+    (
+        r'database "([^"]*)" does not exist',
+        "create it (createdb {}) or name another database in the target",
+    ),
+    (
+        r"password authentication failed|no password supplied",
+        "check the user and password in the target (postgresql://USER:PASSWORD@...)",
+    ),
+    (r'role "[^"]*" does not exist', "name an existing user in the target (postgresql://USER@...)"),
+    (r"", "start the server, or fix the host, port or ?host= socket folder in the target"),
+)
 
 
-def _connection_error(target: Target, exc: BaseException) -> StoreError:
-    """A one-line StoreError for a failed connection: what went wrong and what to do."""
-    text = str(exc)
-    detail = _one_line(exc)
-    missing = re.search(r'database "([^"]*)" does not exist', text)
-    if missing:
-        fix = f"create it (createdb {missing.group(1)}) or name another database in the target"
-    elif "password authentication failed" in text or "no password supplied" in text:
-        fix = "check the user and password in the target (postgresql://USER:PASSWORD@...)"
-    elif re.search(r'role "[^"]*" does not exist', text):
-        fix = "name an existing user in the target (postgresql://USER@...)"
-    else:
-        fix = "start the server, or fix the host, port or ?host= socket folder in the target"
-    return StoreError(f"{target.location}: cannot connect to PostgreSQL ({detail}): {fix}")
+def _faults(location: str, *, connecting: bool = False) -> tuple[Fault, ...]:
+    """PostgreSQL's error table (:func:`~densefit.retrieval.index.common.translated`): a
+    failed connection says what to fix; a lost server, or a statement it refused, one line."""
+    psycopg = _psycopg()
+    if connecting:
+        return (Fault(psycopg.OperationalError, lambda exc: _cannot_connect(location, exc)),)
+    return (
+        Fault(
+            psycopg.OperationalError,
+            f"{location}: PostgreSQL failed ({{detail}}): check that the server is running; "
+            "the store connects again at its next call",
+        ),
+        Fault(psycopg.Error, f"{location}: PostgreSQL refused ({{detail}})"),
+    )
+
+
+def _cannot_connect(location: str, exc: BaseException) -> str:
+    """What went wrong connecting and what to do (the first fix whose pattern matches)."""
+    for pattern, fix in _CONNECT_FIXES:
+        found = re.search(pattern, str(exc))
+        if found:
+            fix = fix.format(*found.groups())
+            return f"{location}: cannot connect to PostgreSQL ({one_line(exc)}): {fix}"
+    raise AssertionError("the last pattern matches everything")  # pragma: no cover
 
 
 def _connect(target: Target):
@@ -270,10 +278,8 @@ def _connect(target: Target):
     options: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
     if "connect_timeout" not in target.conninfo:
         options["connect_timeout"] = _CONNECT_TIMEOUT
-    try:
+    with translated(_faults(target.location, connecting=True)):
         conn = psycopg.connect(target.conninfo, **options)
-    except psycopg.OperationalError as exc:
-        raise _connection_error(target, exc) from None
     # Metadata as the embedded store writes it: values JSON cannot hold as text, no NaN.
     psycopg.types.json.set_json_dumps(_json_dumps, context=conn)
     try:
@@ -303,28 +309,26 @@ def _lock_key(*parts: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-# -- filters: the checked tree compiled to SQL over the typed fields -------------------------
+# -- filters: the parsed filter emitted as SQL over the typed fields -------------------------
 
 
-def where_clause(filters: dict):
+def where_clause(filters: Filter | dict):
     """``(sql, params)``: a ``WHERE`` clause over the documents table's ``fields`` column
-    that is true exactly for the documents ``filters`` match, with the embedded store's
-    semantics (:mod:`densefit.retrieval.index.filters`); values are bound parameters, and
-    field names (checked by :func:`~densefit.retrieval.index.filters.parse_filters`) are
-    quoted literals of a JSON path. ValueError (one line) for a malformed filter.
+    that is true exactly for the documents ``filters`` (parsed, :class:`~densefit.retrieval.
+    index.filters.Filter`; a dict is parsed for this engine) match, with the embedded
+    store's semantics; values are bound parameters, and field names (checked by the parse:
+    letters, digits, ``_ - .`` and spaces) are quoted literals of a JSON path. ``TRUE`` for
+    no filter.
 
     >>> clause, params = where_clause({"field": "meta.n", "operator": "in", "value": [1, "a"]})
     >>> sql_text(clause), params
     ("((fields -> 'meta.n' ->> 's') = ANY(%s) OR ((fields -> 'meta.n' ->> 'n')::float8) = ANY(%s))", [['a'], [1.0]])
     """
-    node = parse_filters(filters)
-    if node is None:
-        raise ValueError(
-            "filter {} has neither 'field' nor 'operator': a comparison needs "
-            "field/operator/value, a logical filter operator (AND, OR, NOT) and conditions"
-        )
-    params: list = []
-    return _clause(node, params), params
+    parsed = parse_filters(filters, CAPABILITIES)
+    if parsed is None:
+        return _sql().SQL("TRUE"), []
+    emitter = _Where()
+    return _sql().SQL(emit(parsed, emitter)), emitter.params
 
 
 def sql_text(clause) -> str:
@@ -333,82 +337,83 @@ def sql_text(clause) -> str:
     return clause.as_string()
 
 
-def _clause(node: Comparison | Logical, params: list):
-    sql = _sql()
-    if isinstance(node, Logical):
-        parts = [_clause(c, params) for c in node.conditions]
-        if node.operator == "OR":
-            return (
-                sql.SQL("({})").format(sql.SQL(" OR ").join(parts)) if parts else sql.SQL("FALSE")
-            )
-        both = sql.SQL("({})").format(sql.SQL(" AND ").join(parts)) if parts else sql.SQL("TRUE")
-        return _negate(both) if node.operator == "NOT" else both
-    operator, value = node.operator, node.value
-    if operator in ("==", "!="):
-        clause = _equal(node.field, value, params)
-        return _negate(clause) if operator == "!=" else clause
-    if operator in ("in", "not in"):
-        clause = _member(node.field, value, params)
-        return _negate(clause) if operator == "not in" else clause
-    return _ordering(node.field, operator, value, params)
-
-
-def _negate(clause):
-    """NOT of a clause whose NULLs mean false (a missing field compares as NULL)."""
-    return _sql().SQL("NOT COALESCE({}, FALSE)").format(clause)
-
-
 def _typed(field: str, part: str):
     """The typed value ``part`` (``s`` string, ``n`` number, ``d`` date, ``j`` JSON) of a
     document's filter field, as SQL (NULL where the field has none)."""
-    sql = _sql()
-    text = sql.SQL("(fields -> {} ->> {})").format(sql.Literal(field), sql.Literal(part))
-    if part in ("n", "d"):
-        return sql.SQL("({}::float8)").format(text)
-    return text
+    return _sql().SQL(_typed_text(field, part))
 
 
-def _equal(field: str, value: Any, params: list):
-    sql = _sql()
-    if value is None:  # a missing or null field has no entry
-        return sql.SQL("NOT (fields ? {})").format(sql.Literal(field))
-    if isinstance(value, (list, dict)):
-        params.append(json_text(value))
-        return sql.SQL("{} = %s").format(_typed(field, "j"))
-    if isinstance(value, (bool, int, float)):  # numbers and bools (1 == True), never strings
-        params.append(float(value))
-        return sql.SQL("{} = %s").format(_typed(field, "n"))
-    params.append(value)  # a string (parse_filters let nothing else through)
-    return sql.SQL("{} = %s").format(_typed(field, "s"))
+def _typed_text(field: str, part: str) -> str:
+    text = f"(fields -> {_quoted(field)} ->> '{part}')"
+    return f"({text}::float8)" if part in ("n", "d") else text
 
 
-def _member(field: str, values: list, params: list):
-    sql = _sql()
-    strings = [v for v in values if isinstance(v, str)]
-    numbers = [float(v) for v in values if isinstance(v, (bool, int, float))]
-    others = [v for v in values if not isinstance(v, (str, bool, int, float))]
-    parts = []
-    if strings:
-        params.append(strings)
-        parts.append(sql.SQL("{} = ANY(%s)").format(_typed(field, "s")))
-    if numbers:
-        params.append(numbers)
-        parts.append(sql.SQL("{} = ANY(%s)").format(_typed(field, "n")))
-    parts += [_equal(field, v, params) for v in others]
-    return sql.SQL("({})").format(sql.SQL(" OR ").join(parts)) if parts else sql.SQL("FALSE")
+def _quoted(name: str) -> str:
+    """A checked field name as an SQL string literal."""
+    return "'" + name.replace("'", "''") + "'"
 
 
-def _ordering(field: str, operator: str, value: Any, params: list):
-    sql = _sql()
-    if value is None:
-        return sql.SQL("FALSE")  # Haystack: None is not ordered
-    if isinstance(value, str):  # an ISO date: documents whose value is a date string
-        params.append(date_seconds(value, f"{field} {operator}"))
-        part = "d"
-    else:
-        params.append(float(value))  # numbers and bools (1 and 0)
-        part = "n"
-    return sql.SQL("{} {} %s").format(_typed(field, part), sql.SQL(operator))
+class _Where:
+    """The filter emitter (:class:`~densefit.retrieval.index.filters.Emitter`): SQL text
+    over the typed fields (plain strings: psycopg's composition costs 0.2 ms a comparison),
+    its parameters, bound as ``%s``, collected in ``params``."""
+
+    def __init__(self) -> None:
+        self.params: list = []
+
+    def compare(self, c: Comparison) -> str:
+        if c.operator == "==":
+            return self._equal(c.field, c.value)
+        if c.operator == "in":
+            return self._member(c.field, c.value)
+        return self._ordering(c)
+
+    def negate(self, clause: str) -> str:
+        """NOT of a clause whose NULLs mean false (a missing field compares as NULL)."""
+        return f"NOT COALESCE({clause}, FALSE)"
+
+    def all_of(self, clauses: list[str]) -> str:
+        return "(" + " AND ".join(clauses) + ")" if clauses else "TRUE"
+
+    def any_of(self, clauses: list[str]) -> str:
+        return "(" + " OR ".join(clauses) + ")" if clauses else "FALSE"
+
+    def _equal(self, field: str, value: Any) -> str:
+        if value is None:  # a missing or null field has no entry
+            return f"NOT (fields ? {_quoted(field)})"
+        if isinstance(value, (list, dict)):
+            self.params.append(json_text(value))
+            return f"{_typed_text(field, 'j')} = %s"
+        if isinstance(value, (bool, int, float)):  # numbers and bools (1 == True), no strings
+            self.params.append(float(value))
+            return f"{_typed_text(field, 'n')} = %s"
+        self.params.append(value)  # a string (the parse let nothing else through)
+        return f"{_typed_text(field, 's')} = %s"
+
+    def _member(self, field: str, values: list) -> str:
+        strings = [v for v in values if isinstance(v, str)]
+        numbers = [float(v) for v in values if isinstance(v, (bool, int, float))]
+        others = [v for v in values if not isinstance(v, (str, bool, int, float))]
+        parts = []
+        if strings:
+            self.params.append(strings)
+            parts.append(f"{_typed_text(field, 's')} = ANY(%s)")
+        if numbers:
+            self.params.append(numbers)
+            parts.append(f"{_typed_text(field, 'n')} = ANY(%s)")
+        parts += [self._equal(field, v) for v in others]
+        return self.any_of(parts) if len(parts) != 1 else parts[0]
+
+    def _ordering(self, c: Comparison) -> str:
+        if c.value is None:
+            return "FALSE"  # Haystack: None is not ordered
+        if isinstance(c.value, str):  # an ISO date: documents whose value is a date string
+            self.params.append(date_seconds(c.value, f"{c.field} {c.operator}"))
+            part = "d"
+        else:
+            self.params.append(float(c.value))  # numbers and bools (1 and 0)
+            part = "n"
+        return f"{_typed_text(c.field, part)} {c.operator} %s"
 
 
 # -- the store ------------------------------------------------------------------------------
@@ -501,7 +506,7 @@ def _build_memory(rows: int, dim: int, kind: str) -> int:
     return int(min(high, max(low, rows * (vector + 1024) * 5 // 4)))
 
 
-class PostgresStore(DatabaseStore):
+class PostgresStore(SwapCoordinator, DatabaseStore):
     """A densefit store in a PostgreSQL table (see the module docstring); get one from
     :func:`~densefit.retrieval.index.engines.open_store` with a ``postgresql://`` target.
 
@@ -518,6 +523,7 @@ class PostgresStore(DatabaseStore):
         super().__init__()
         self.location = target.location
         self._target = target
+        self._faults = _faults(target.location)
         self._conn = conn
         self._names = _Names(target.table)
         self.backend_name = backend
@@ -602,20 +608,6 @@ class PostgresStore(DatabaseStore):
                 except psycopg.errors.LockNotAvailable:
                     return False
 
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """The server's errors as one-line StoreErrors naming the store."""
-        psycopg = _psycopg()
-        try:
-            yield
-        except psycopg.OperationalError as exc:
-            raise StoreError(
-                f"{self.location}: PostgreSQL failed ({_one_line(exc)}): check that the server "
-                "is running; the store connects again at its next call"
-            ) from None
-        except psycopg.Error as exc:
-            raise StoreError(f"{self.location}: PostgreSQL refused ({_one_line(exc)})") from None
-
     # -- the record ------------------------------------------------------------------------
 
     def _load(self, cur) -> None:
@@ -625,27 +617,15 @@ class PostgresStore(DatabaseStore):
         meta = dict(cur.fetchall())
         if meta == self._meta:
             return
-        record = StoreRecord.from_meta(meta, self.location)
-        if self._meta and (
-            meta.get("model_name") != self._meta.get("model_name")
-            or meta.get("fingerprint") != self._meta.get("fingerprint")
-        ):
-            self._checked.clear()
-        self._meta, self._record = meta, record
-        self.model_generation = int(meta.get(MODEL_GENERATION_KEY, "0"))
+        self._take_record(meta)
+        self._meta = meta
         self._generation = int(meta.get("generation", "0"))
-        self._swap = SwapTarget.from_json(meta.get(SWAP_KEY), self.location)
         self._unused = [int(g) for g in json.loads(meta.get(UNUSED_KEY, "[]"))]
         self._deferred = meta.get(INDEX_KEY) == DEFERRED
 
     def _read_record(self) -> None:
         with self._lock, self._snapshot() as cur:
             self._load(cur)
-
-    def _refresh(self) -> None:
-        """Re-read the record (another process may have changed the settings, written a
-        load, or switched the model)."""
-        self._read_record()
 
     def _set_meta(self, cur, values: dict[str, str], drop: Sequence[str] = ()) -> None:
         """Write ``values`` into the record and remove the keys ``drop``, in ``cur``'s
@@ -725,7 +705,7 @@ class PostgresStore(DatabaseStore):
             return int(cur.fetchone()[0])
 
     @_locked
-    def count_matching(self, filters: dict | None = None) -> int:
+    def count_matching(self, filters: Filter | dict | None = None) -> int:
         """How many documents match ``filters`` (all of them for None or ``{}``)."""
         where, params = self._where_or_all(filters)
         query = _sql().SQL("SELECT count(*) FROM {} WHERE {}").format(self._names.docs, where)
@@ -793,7 +773,7 @@ class PostgresStore(DatabaseStore):
         return {h: v.to_numpy().astype(np.float32) for h, v in rows}
 
     @_locked
-    def filter_documents(self, filters: dict | None = None) -> list[Document]:
+    def filter_documents(self, filters: Filter | dict | None = None) -> list[Document]:
         """The documents matching ``filters``, in the order they were written (an updated
         document counts as written last)."""
         where, params = self._where_or_all(filters)
@@ -806,7 +786,7 @@ class PostgresStore(DatabaseStore):
     def index_meta_field(self, field: str) -> None:
         """Expression indexes on the metadata field ``field`` (``"meta.lang"``): its string
         and its number, which ``==``, ``in`` and ``>``-style filters compare. Idempotent."""
-        meta_field_sql(field)  # the name checked as filters check theirs
+        meta_path(field)  # the name checked as filters check theirs
         sql = _sql()
         name = hashlib.sha256(field.encode("utf-8")).hexdigest()[:12]
         with self._writing() as cur:
@@ -817,37 +797,10 @@ class PostgresStore(DatabaseStore):
                     )
                 )
 
-    def info(self) -> dict:
-        """A summary for humans and ``--json``: engine, model, settings, size, the model
-        swap under way (its model and the documents it has still to embed) and whether the
-        HNSW index waits for a load to end."""
-        info = super().info()
-        with self._lock, self._snapshot() as cur:
-            self._load(cur)
-            swap = self._swap
-            remaining = None if swap is None else self._remaining(cur, swap)
-            info["model_swaps"] = self.model_generation
-            info["hnsw_deferred"] = self._deferred
-        if swap is not None:
-            info["swap"] = {
-                "model": swap.record.model_name,
-                "dim": swap.record.dim,
-                "remaining": remaining,
-            }
-        return info
+    def _info_extra(self) -> dict:
+        return {"hnsw_deferred": self._deferred}  # whether the index waits for a load to end
 
     # -- stale vectors (--reembed) -----------------------------------------------------------
-
-    def start_reembedding(self, model, runtime=None) -> None:
-        """Record ``model``'s settings and mark every stored vector stale (refused while a
-        model swap is under way: the swap records its own settings)."""
-        swap = self.swap_target()
-        if swap is not None:
-            raise StoreError(
-                f"{self.location}: a model swap to {swap.record.model_name!r} is under way: "
-                "finish it (densefit reembed) before re-embedding with new settings"
-            )
-        super().start_reembedding(model, runtime)
 
     def _mark_stale(self) -> None:
         with self._writing() as cur:
@@ -867,138 +820,78 @@ class PostgresStore(DatabaseStore):
 
     # -- writing ---------------------------------------------------------------------------
 
-    def write(
-        self,
-        documents: Sequence[Document],
-        embeddings: np.ndarray,
-        *,
-        swap_embeddings: np.ndarray | None = None,
-        swap_target: SwapTarget | None = None,
-    ) -> WriteResult:
-        """Add or replace ``documents`` (by id) with their embeddings (normalised for a
-        cosine store), each document's stale mark cleared, in one transaction.
-
-        While a model swap is under way a written document's next vector is the new model's
-        vector of its text, ``swap_embeddings`` (made for ``swap_target``, the swap under
-        way: :meth:`swap_target`), or none until the swap embeds it. A write prepared for
-        the model the store has switched from (another process's swap) is refused with
-        :class:`~densefit.retrieval.index.base.ModelSwappedError`: embed again and write.
-        A load (at least :data:`BULK_MIN` documents into a store holding no more) builds
-        the HNSW index once at its end (see the module docstring).
-        """
-        documents = list(documents)
-        with self._lock:  # the model the caller embedded for, as this object last read it
-            record, prepared_for = self._record, self.model_generation
-        vectors, next_vectors = checked_write(
-            record, documents, embeddings, swap_embeddings, swap_target
-        )
-        if not documents:
-            return WriteResult()
-        rows = [StoredRow.of(d) for d in documents]
-        existed = self._upsert(rows, vectors, next_vectors, swap_target, prepared_for)
-        return WriteResult(added=len(documents) - len(existed), updated=len(existed))
-
-    def _upsert(
-        self,
-        rows: list[StoredRow],
-        vectors: np.ndarray,
-        next_vectors: np.ndarray | None = None,
-        swap_target: SwapTarget | None = None,
-        prepared_for: int | None = None,
-    ) -> set[str]:
-        """Delete the documents' old rows, vectors (current and next) and postings, COPY
-        the new ones in with new ``seq`` values, update the counts: one transaction.
-        ``prepared_for``: the model generation the vectors were checked against (None:
-        this object's)."""
-        sql, names = _sql(), self._names
-        if prepared_for is None:
-            prepared_for = self.model_generation
+    def _before_write(self, rows: list[StoredRow], prepared_for: int) -> None:
+        """A load (at least :data:`BULK_MIN` documents into a store holding no more) drops
+        the HNSW index, built once at its end (see the module docstring)."""
         if len(rows) >= BULK_MIN:
             self._defer_index(len(rows), prepared_for)
+
+    def _upsert(
+        self, cur, rows: list[StoredRow], vectors: np.ndarray, next_vectors: np.ndarray | None
+    ) -> set[str]:
+        """Delete the documents' old rows, vectors (current and next) and postings, COPY
+        the new ones in with new ``seq`` values, update the counts."""
+        sql, names = _sql(), self._names
         documents = [r.document for r in rows]
         ids = [d.id for d in documents]
         texts = [_checked_text(d) for d in documents]
         metas = [_checked_meta(d) for d in documents]
         postings, lengths = _postings(texts)
-        with self._writing() as cur:
-            self._load(cur)
-            if self.model_generation != prepared_for:
-                raise ModelSwappedError(
-                    f"{self.location}: the store switched to the model {self.model_name!r} "
-                    "while this write was prepared; embed the documents with it and write again"
-                )
-            swap = self._swap
-            cur.execute(
-                sql.SQL("DELETE FROM {} WHERE id = ANY(%s) RETURNING id, seq, length").format(
-                    names.docs
-                ),
-                (ids,),
+        swap = self._swap
+        old = self._drop_rows(cur, ids)
+        cur.execute(
+            "SELECT nextval(%s::regclass) FROM generate_series(1, %s)",
+            (names.seq_name, len(rows)),
+        )
+        seqs = sorted(s for (s,) in cur.fetchall())
+        copy = sql.SQL(
+            "COPY {} (id, seq, text, title, meta, fields, text_hash, meta_hash, length) "
+            "FROM STDIN (FORMAT BINARY)"
+        ).format(names.docs)
+        with cur.copy(copy) as writer:
+            writer.set_types(
+                ["text", "int8", "text", "text", "jsonb", "jsonb", "text", "text", "int4"]
             )
-            old = cur.fetchall()
-            if old:
-                old_seqs = [seq for _, seq, _ in old]
-                tables = [names.postings, self._vectors()]
-                if swap is not None:  # a rewritten document's next vector is its old text's
-                    tables.append(names.vectors(swap.generation))
-                for table in tables:
-                    cur.execute(
-                        sql.SQL("DELETE FROM {} WHERE seq = ANY(%s)").format(table), (old_seqs,)
+            for i, row in enumerate(rows):
+                writer.write_row(
+                    (
+                        row.document.id,
+                        seqs[i],
+                        texts[i],
+                        row.document.title or "",
+                        metas[i],
+                        row.fields,
+                        row.text_hash,
+                        row.meta_hash,
+                        int(lengths[i]),
                     )
-            cur.execute(
-                "SELECT nextval(%s::regclass) FROM generate_series(1, %s)",
-                (names.seq_name, len(rows)),
+                )
+        self._copy_vectors(cur, self._vectors(), seqs, vectors)
+        if next_vectors is not None:
+            self._copy_vectors(cur, names.vectors(swap.generation), seqs, next_vectors)
+        positions, tokens, tfs = postings
+        if tokens:
+            doc_seqs = np.asarray(seqs, dtype=np.int64)[positions].tolist()
+            doc_lengths = lengths[positions].tolist()
+            copy = sql.SQL("COPY {} (token, seq, tf, length) FROM STDIN (FORMAT BINARY)").format(
+                names.postings
             )
-            seqs = sorted(s for (s,) in cur.fetchall())
-            copy = sql.SQL(
-                "COPY {} (id, seq, text, title, meta, fields, text_hash, meta_hash, length) "
-                "FROM STDIN (FORMAT BINARY)"
-            ).format(names.docs)
             with cur.copy(copy) as writer:
-                writer.set_types(
-                    ["text", "int8", "text", "text", "jsonb", "jsonb", "text", "text", "int4"]
-                )
-                for i, row in enumerate(rows):
-                    writer.write_row(
-                        (
-                            row.document.id,
-                            seqs[i],
-                            texts[i],
-                            row.document.title or "",
-                            metas[i],
-                            row.fields,
-                            row.text_hash,
-                            row.meta_hash,
-                            int(lengths[i]),
-                        )
-                    )
-            self._copy_vectors(cur, self._vectors(), seqs, vectors)
-            if (
-                swap is not None
-                and next_vectors is not None
-                and swap.record.same_vectors(swap_target.record)
-            ):
-                self._copy_vectors(cur, names.vectors(swap.generation), seqs, next_vectors)
-            positions, tokens, tfs = postings
-            if tokens:
-                doc_seqs = np.asarray(seqs, dtype=np.int64)[positions].tolist()
-                doc_lengths = lengths[positions].tolist()
-                copy = sql.SQL(
-                    "COPY {} (token, seq, tf, length) FROM STDIN (FORMAT BINARY)"
-                ).format(names.postings)
-                with cur.copy(copy) as writer:
-                    writer.set_types(["text", "int8", "int4", "int4"])
-                    for posting in zip(tokens, doc_seqs, tfs, doc_lengths):
-                        writer.write_row(posting)
-            cur.execute(
-                sql.SQL("UPDATE {} SET documents = documents + %s, tokens = tokens + %s").format(
-                    names.stats
-                ),
-                (len(rows) - len(old), int(lengths.sum()) - sum(n for _, _, n in old)),
-            )
-            deferred = self._deferred
-        if deferred and not self._loading:
-            self._build_deferred_index()
+                writer.set_types(["text", "int8", "int4", "int4"])
+                for posting in zip(tokens, doc_seqs, tfs, doc_lengths):
+                    writer.write_row(posting)
+        cur.execute(
+            sql.SQL("UPDATE {} SET documents = documents + %s, tokens = tokens + %s").format(
+                names.stats
+            ),
+            (len(rows) - len(old), int(lengths.sum()) - sum(n for _, _, n in old)),
+        )
         return {doc_id for doc_id, _, _ in old}
+
+    def _after_write(self) -> None:
+        """The HNSW index a write deferred, built now unless a load (a writer lock) goes on."""
+        if self._deferred and not self._loading:
+            self._build_deferred_index()
 
     def _copy_vectors(self, cur, table, seqs: Sequence[int], vectors: np.ndarray) -> None:
         """COPY ``(seq, vector[, code])`` rows into the vector table ``table`` (this store's
@@ -1022,10 +915,7 @@ class PostgresStore(DatabaseStore):
             for i, seq in enumerate(seqs):
                 writer.write_row((int(seq), values[i], *([codes[i]] if binary else [])))
 
-    def write_metadata(self, documents: Sequence[Document]) -> int:
-        """Replace title and metadata of stored documents (their text, vector and place in
-        the write order stay); returns how many were stored."""
-        checked_documents(documents)
+    def _set_metadata(self, cur, documents: list[Document]) -> int:
         psycopg = _psycopg()
         rows = []
         for doc in documents:
@@ -1045,44 +935,37 @@ class PostgresStore(DatabaseStore):
             "fields = jsonb_build_object('content', fields -> 'content') || %s WHERE id = %s"
         )
         changed = 0
-        with self._writing() as cur:
-            for row in rows:
-                cur.execute(query.format(self._names.docs), row)
-                changed += cur.rowcount
+        for row in rows:
+            cur.execute(query.format(self._names.docs), row)
+            changed += cur.rowcount
         return changed
 
-    def delete(self, ids: Iterable[str]) -> int:
-        """Delete documents by id (their vectors, current and next, with them) in one
-        transaction; returns how many existed."""
+    def _remove(self, cur, ids: list[str]) -> int:
         sql, names = _sql(), self._names
-        ids = list(dict.fromkeys(ids))
-        if not ids:
-            return 0
-        with self._writing() as cur:
-            self._load(cur)
+        gone = self._drop_rows(cur, ids)
+        if gone:
             cur.execute(
-                sql.SQL("DELETE FROM {} WHERE id = ANY(%s) RETURNING seq, length").format(
-                    names.docs
+                sql.SQL("UPDATE {} SET documents = documents - %s, tokens = tokens - %s").format(
+                    names.stats
                 ),
-                (ids,),
+                (len(gone), sum(n for _, _, n in gone)),
             )
-            gone = cur.fetchall()
-            if gone:
-                seqs = [seq for seq, _ in gone]
-                tables = [names.postings, self._vectors()]
-                if self._swap is not None:
-                    tables.append(names.vectors(self._swap.generation))
-                for table in tables:
-                    cur.execute(
-                        sql.SQL("DELETE FROM {} WHERE seq = ANY(%s)").format(table), (seqs,)
-                    )
-                cur.execute(
-                    sql.SQL(
-                        "UPDATE {} SET documents = documents - %s, tokens = tokens - %s"
-                    ).format(names.stats),
-                    (len(gone), sum(n for _, n in gone)),
-                )
         return len(gone)
+
+    def _drop_rows(self, cur, ids: list[str]) -> list[tuple[str, int, int]]:
+        """Delete the documents ``ids`` with their postings and vectors (current and next);
+        ``(id, seq, length)`` of those that were stored."""
+        sql, names = _sql(), self._names
+        query = sql.SQL("DELETE FROM {} WHERE id = ANY(%s) RETURNING id, seq, length")
+        gone = cur.execute(query.format(names.docs), (ids,)).fetchall()
+        if gone:
+            seqs = [seq for _, seq, _ in gone]
+            tables = [names.postings, self._vectors()]
+            if self._swap is not None:  # a rewritten document's next vector is its old text's
+                tables.append(names.vectors(self._swap.generation))
+            for table in tables:
+                cur.execute(sql.SQL("DELETE FROM {} WHERE seq = ANY(%s)").format(table), (seqs,))
+        return gone
 
     def writer_lock(
         self, timeout: float | None = None, *, name: str | None = None, doing: str | None = None
@@ -1198,147 +1081,98 @@ class PostgresStore(DatabaseStore):
         finally:
             conn.close()  # the build lock goes with the session
 
-    # -- a model swap: the next generation's vector table ---------------------------------
-    # The steps of densefit.retrieval.index.swap.reembed_store.
+    # -- a model swap: the next generation's vector table -----------------------------------
+    # SwapCoordinator (densefit.retrieval.index.swap) runs the swap over these primitives: the
+    # new model's vectors fill the next generation's table (no index while it fills), and the
+    # switch points the record at it in one transaction; unused tables are dropped after.
 
-    def swap_target(self) -> SwapTarget | None:
-        """The model swap under way (None: none)."""
-        with self._lock:
-            self._refresh()
-            return self._swap
+    @contextmanager
+    def _swap_transaction(self) -> Iterator:
+        try:
+            with self._writing() as cur:
+                self._load(cur)
+                yield cur
+        except BaseException:
+            self._meta = {}  # what this object noted in a rolled-back transaction: read again
+            raise
 
-    def begin_swap(self, target: StoreRecord) -> tuple[SwapTarget, bool]:
-        """Start re-embedding every document for ``target`` (the new model's record) into a
-        new vector table, or go on with the swap under way when it is for the same vectors;
-        returns the swap and whether it resumed one. A swap for another model starts afresh
-        (its table dropped); the live vectors are untouched either way."""
-        if target.vector_kind != self.vector_kind:
-            raise StoreError(
-                f"{self.location}: a {self.vector_kind} store swaps to {self.vector_kind} "
-                f"vectors, not {target.vector_kind}"
-            )
+    def _save_swap(self, cur, swap: SwapTarget | None) -> None:
+        if swap is None:
+            self._set_meta(cur, {}, drop=[SWAP_KEY])
+        else:
+            self._set_meta(cur, {SWAP_KEY: swap.to_json()})
+
+    def _create_generation(self, cur, record: StoreRecord, generation: int | None) -> int:
         names = self._names
-        with self._writing() as cur:
-            self._load(cur)
-            swap = self._swap
-            if swap is not None and swap.record.same_vectors(target):
-                return swap, True
-            unused = self._unused + ([swap.generation] if swap is not None else [])
-            generation = 1 + max([self._generation, *unused])
+        if generation is None:
+            generation = 1 + max([self._generation, *self._unused])
             while _exists(cur.connection, names.vectors_name(generation)):  # not ours
                 generation += 1
-            fresh = SwapTarget(target, generation)
-            cur.execute(_vector_table_sql(names, generation, target.vector_kind, target.dim))
-            self._set_meta(cur, {SWAP_KEY: fresh.to_json(), UNUSED_KEY: json.dumps(unused)})
-        self._read_record()
-        self._drop_unused()
-        return fresh, False
+        elif _exists(cur.connection, names.vectors_name(generation)):
+            return generation
+        cur.execute(_vector_table_sql(names, generation, record.vector_kind, record.dim))
+        return generation
 
-    @_locked
-    def swap_pending(self, after_row: int, limit: int) -> list[tuple[int, str, str]]:
-        """``(row, id, text)`` of up to ``limit`` documents past ``after_row`` (their
-        ``seq``) that the swap has still to embed, by row: a write gives a document a new
-        row, so one pass meets the documents written while it runs too."""
-        sql, names = _sql(), self._names
-        with self._snapshot() as cur:
+    def _drop_generation(self, cur, swap: SwapTarget) -> None:
+        self._unused = [*self._unused, swap.generation]  # dropped by _swap_changed
+        self._set_meta(cur, {UNUSED_KEY: json.dumps(self._unused)})
+
+    def _pending_rows(self, swap: SwapTarget, after_row: int, limit: int) -> list:
+        query = _sql().SQL(
+            "SELECT d.seq, d.id, d.text FROM {} d WHERE d.seq > %s AND NOT EXISTS "
+            "(SELECT 1 FROM {} n WHERE n.seq = d.seq) ORDER BY d.seq LIMIT %s"
+        )
+        with self._lock, self._snapshot() as cur:
             self._load(cur)
             if self._swap is None:
                 return []
-            query = sql.SQL(
-                "SELECT d.seq, d.id, d.text FROM {} d WHERE d.seq > %s AND NOT EXISTS "
-                "(SELECT 1 FROM {} n WHERE n.seq = d.seq) ORDER BY d.seq LIMIT %s"
-            ).format(names.docs, names.vectors(self._swap.generation))
+            query = query.format(self._names.docs, self._names.vectors(self._swap.generation))
             return [(int(s), i, t) for s, i, t in cur.execute(query, (after_row, limit))]
 
-    def write_swap(
-        self, target: SwapTarget, pending: Sequence[tuple[int, str]], embeddings: np.ndarray
-    ) -> int:
-        """Commit the new model's ``embeddings`` of the ``(row, id)`` documents
-        :meth:`swap_pending` gave; a document rewritten or deleted since (its row moved or
-        gone) is left for the swap to meet again. Returns the vectors recorded."""
-        pending = list(pending)
-        vectors = checked_vectors(target.record, [Document(i, "") for _, i in pending], embeddings)
-        sql, names = _sql(), self._names
-        with self._writing() as cur:
+    def _count_pending(self, swap: SwapTarget) -> int:
+        query = _sql().SQL(
+            "SELECT count(*) FROM {} d WHERE NOT EXISTS (SELECT 1 FROM {} n WHERE n.seq = d.seq)"
+        )
+        with self._lock, self._snapshot() as cur:  # in the swap's transaction when one is open
             self._load(cur)
-            swap = self._swap_for(target)
-            next_table = names.vectors(swap.generation)
-            cur.execute(
-                sql.SQL(
-                    "SELECT d.seq, d.id FROM {} d WHERE d.seq = ANY(%s) AND NOT EXISTS "
-                    "(SELECT 1 FROM {} n WHERE n.seq = d.seq)"
-                ).format(names.docs, next_table),
-                ([row for row, _ in pending],),
-            )
-            current = dict(cur.fetchall())
-            keep = [k for k, (row, i) in enumerate(pending) if current.get(row) == i]
-            if keep:
-                self._copy_vectors(cur, next_table, [pending[k][0] for k in keep], vectors[keep])
-        return len(keep)
+            if self._swap is None:
+                return 0
+            query = query.format(self._names.docs, self._names.vectors(self._swap.generation))
+            return int(cur.execute(query).fetchone()[0])
 
-    def finish_swap(self, target: SwapTarget) -> bool:
-        """Switch to the new model's vectors when every document has one, and return True;
-        False (nothing changed) while documents are left to embed. The next table's HNSW
-        index is built first (writes and searches go on), then one transaction records
-        the new model, its settings and vector table and counts the swap; searches and
-        writes prepared for the old model get :class:`~densefit.retrieval.index.base.
-        ModelSwappedError` from then on. The old vector table is dropped after."""
-        with self._lock, self._snapshot() as cur:
-            self._load(cur)
-            swap = self._swap_for(target)
-            if self._remaining(cur, swap):
-                return False
-        self._build_index(swap.generation, swap.record)
-        sql, names = _sql(), self._names
-        with self._writing() as cur:
-            self._load(cur)
-            swap = self._swap_for(target)
-            if self._remaining(cur, swap):  # written meanwhile, for the swap to embed
-                return False
-            meta = swap.record.to_meta()
-            values = {key: meta[key] for key in ("model_name", "dim", "similarity", "fingerprint")}
-            values.update((swap.record.settings or VectorSettings()).to_meta())
-            values["generation"] = str(swap.generation)
-            values[MODEL_GENERATION_KEY] = str(self.model_generation + 1)
-            values[UNUSED_KEY] = json.dumps([*self._unused, self._generation])
-            self._set_meta(cur, values, drop=[SWAP_KEY, INDEX_KEY])  # its index: built above
-            cur.execute(sql.SQL("UPDATE {} SET stale = FALSE WHERE stale").format(names.docs))
-        self._read_record()
-        self._drop_unused()
-        return True
-
-    def cancel_swap(self) -> bool:
-        """Drop the model swap under way (its vector table with it; the live vectors serve
-        on). Returns whether there was one."""
-        with self._writing() as cur:
-            self._load(cur)
-            swap = self._swap
-            if swap is None:
-                return False
-            unused = json.dumps([*self._unused, swap.generation])
-            self._set_meta(cur, {UNUSED_KEY: unused}, drop=[SWAP_KEY])
-        self._read_record()
-        self._drop_unused()
-        return True
-
-    def _swap_for(self, target: SwapTarget) -> SwapTarget:
-        """The swap under way (as last loaded), which must be ``target``'s."""
-        swap = self._swap
-        if swap is None or not swap.record.same_vectors(target.record):
-            raise StoreError(f"{self.location}: the model swap was cancelled or restarted")
-        return swap
-
-    def _remaining(self, cur, swap: SwapTarget) -> int:
-        """Documents without a vector in ``swap``'s table (in ``cur``'s transaction)."""
-        query = (
+    def _put_next(self, cur, swap: SwapTarget, pending: list, vectors: np.ndarray) -> int:
+        next_table = self._names.vectors(swap.generation)
+        cur.execute(
             _sql()
             .SQL(
-                "SELECT count(*) FROM {} d "
-                "WHERE NOT EXISTS (SELECT 1 FROM {} n WHERE n.seq = d.seq)"
+                "SELECT d.seq, d.id FROM {} d WHERE d.seq = ANY(%s) AND NOT EXISTS "
+                "(SELECT 1 FROM {} n WHERE n.seq = d.seq)"
             )
-            .format(self._names.docs, self._names.vectors(swap.generation))
+            .format(self._names.docs, next_table),
+            ([row for row, _ in pending],),
         )
-        return int(cur.execute(query).fetchone()[0])
+        current = dict(cur.fetchall())
+        keep = [k for k, (row, i) in enumerate(pending) if current.get(row) == i]
+        if keep:
+            self._copy_vectors(cur, next_table, [pending[k][0] for k in keep], vectors[keep])
+        return len(keep)
+
+    def _before_switch(self, swap: SwapTarget) -> bool:
+        """Build the next table's HNSW index before the switch (writes and searches go on)."""
+        if self._count_pending(swap):
+            return False
+        self._build_index(swap.generation, swap.record)
+        return True
+
+    def _switch(self, cur, swap: SwapTarget) -> None:
+        values = switched_meta(swap, self.model_generation)
+        values[UNUSED_KEY] = json.dumps([*self._unused, self._generation])
+        self._set_meta(cur, values, drop=[SWAP_KEY, INDEX_KEY])  # its index: built before
+        cur.execute(_sql().SQL("UPDATE {} SET stale = FALSE WHERE stale").format(self._names.docs))
+
+    def _swap_changed(self) -> None:
+        self._read_record()
+        self._drop_unused()
 
     def _drop_unused(self) -> None:
         """Drop the vector tables the record lists as unused (a switched or cancelled
@@ -1358,19 +1192,16 @@ class PostgresStore(DatabaseStore):
 
     # -- searching -------------------------------------------------------------------------
 
-    def search(self, *args, **kwargs) -> list[list[SearchHit]]:
-        with self._lock, self._snapshot():
-            return super().search(*args, **kwargs)
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        with self._lock, self._snapshot():  # a search's parts read one snapshot
+            yield
 
-    search.__doc__ = DatabaseStore.search.__doc__
-
-    def _where(self, filters: dict):
+    def _where(self, filters: Filter):
         return where_clause(filters)
 
-    def _where_or_all(self, filters: dict | None):
-        if parse_filters(filters) is None:
-            return _sql().SQL("TRUE"), []
-        return where_clause(filters)
+    def _where_or_all(self, filters: Filter | dict | None):
+        return where_clause(parse_filters(filters, self.capabilities))  # TRUE for no filter
 
     def _dense(self, queries: np.ndarray, k: int, where) -> list[tuple[np.ndarray, np.ndarray]]:
         """The best ``k`` rows per query by inner product: through the HNSW index
@@ -1493,6 +1324,23 @@ class PostgresStore(DatabaseStore):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def drop(self) -> None:
+        """Drop the store in one transaction: its tables (documents, every generation's
+        vectors, postings, statistics, the record) with their indexes, and its sequence;
+        the store is closed after."""
+        sql, names = _sql(), self._names
+        with self._writing() as cur:
+            cur.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = current_schema() AND c.relkind = 'r' AND c.relname ~ %s",
+                (f"^{names.table}_v[0-9]+$",),
+            )
+            vectors = [sql.Identifier(name) for (name,) in cur.fetchall()]
+            tables = [names.docs, names.postings, names.stats, names.record, *vectors]
+            cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.SQL(", ").join(tables)))
+            cur.execute(sql.SQL("DROP SEQUENCE IF EXISTS {}").format(names.seq))
+        self.close()
 
     def __repr__(self) -> str:
         return (
@@ -1748,15 +1596,14 @@ def _create_tables(conn, target: Target, record: StoreRecord) -> None:
         )
     version = _pgvector_version(conn)
     if version is None:
-        try:
-            with conn.transaction():
-                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        except psycopg.Error as exc:
-            raise StoreError(
-                f"{target.location}: the database has no pgvector and this user cannot add it "
-                f"({_one_line(exc)}): install pgvector on the server and run CREATE EXTENSION "
-                "vector in the database as its owner"
-            ) from None
+        no_pgvector = Fault(
+            psycopg.Error,
+            f"{target.location}: the database has no pgvector and this user cannot add it "
+            "({detail}): install pgvector on the server and run CREATE EXTENSION vector in "
+            "the database as its owner",
+        )
+        with translated([no_pgvector]), conn.transaction():
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         version = _pgvector_version(conn)
     kind, dim = record.vector_kind, int(record.dim)
     if kind == "float16" and version < _HALFVEC:

@@ -22,14 +22,14 @@ Qdrant's payload paths address any field name), ``text_hash``, ``meta_hash``, ``
 ``seq`` (the write order: each writer gives every document it writes ``microseconds * 1024 +
 tag``, the time strictly increasing per writer and ``tag`` a random 10-bit number per store
 object, so concurrent writers interleave by time and almost never collide). The model record
-(:class:`~densefit.retrieval.index.settings.StoreRecord`) is the collection's metadata,
+(:class:`~densefit.retrieval.index.types.StoreRecord`) is the collection's metadata,
 written with the collection in one call, with the store's name (``store``), its model
 generation (``model_generation``) and the model swap under way (``swap``), and read again
 before a search (on a server at most once a second): :meth:`~densefit.retrieval.index.common.
 StoreCommon.check_model` refuses another model as the embedded store does.
 
-Filters (:func:`compile_filter`) become one ``qdrant_client.models.Filter`` over the typed
-fields, with the embedded store's semantics exactly (a missing field is None, ``!=``
+Filters (parsed once, :mod:`~densefit.retrieval.index.filters`) are emitted by
+:func:`compile_filter` as one ``qdrant_client.models.Filter`` over the typed fields, with the embedded store's semantics exactly (a missing field is None, ``!=``
 matches it, numbers and bools compare as numbers, ISO dates by their instant, lists and
 dicts by their JSON text, ``NOT`` negates the AND of its conditions), applied inside the
 search: the best ``k`` of the matching documents come back. :meth:`~QdrantDocumentStore.
@@ -53,28 +53,19 @@ Writes are batched upserts (``wait=True``); Qdrant applies each batch, not a tra
 (``transactions=False``), and a write is idempotent by document id. Qdrant reclaims
 updated and deleted vectors itself (no compaction).
 
-Model swaps (``densefit reembed``, :mod:`densefit.retrieval.index.swap`), blue/green through
-the alias: :meth:`~QdrantDocumentStore.begin_swap` creates the next generation's collection
-(the new model's record and dimension, ``swap_of`` the serving collection, the serving
-collection's BM25 average length) and records the swap in the serving collection's metadata,
-where every process finds it; :meth:`~QdrantDocumentStore.write_swap` copies each document
-into it, a chunk at a time in write order (``seq`` is the swap's row): its payload, its BM25
-vector and the new model's vector. A copy counts only while its ``seq`` and ``meta_hash`` are
-the document's in the serving collection, that is while it was made from the document's
-current text and metadata. Writes during the swap go to the serving collection and to the
-next one: with the new model's vectors when the writer has them (``swap_embeddings``, as
-``densefit serve``'s writer), else they remove the documents from the next collection and the
-swap embeds their new text (its pass meets them: a write takes a later ``seq``); deletes and
-metadata updates apply to both.
-:meth:`~QdrantDocumentStore.finish_swap`, once every document has a current copy, records
+Model swaps (``densefit reembed``): :class:`~densefit.retrieval.index.swap.SwapCoordinator`'s
+steps, blue/green through the alias. The next generation is the collection ``NAME_g<N+1>``
+(the new model's record, ``swap_of`` the serving collection, its BM25 average length), the
+swap under way is recorded in the serving collection's metadata, and a copy of a document
+there (payload, BM25 vector, the new model's vector) counts only while its ``seq`` and
+``meta_hash`` are the document's in the serving collection, that is while it was made from
+its current text and metadata (a row of the swap is a ``seq``). Writes during the swap reach
+the next collection too, with the new model's vectors or, without them, by leaving it (the
+swap embeds their new text); deletes and metadata updates apply to both. The switch records
 ``model_generation + 1`` in the next collection, points the alias at it (one request: delete
-and create alias, applied together) and drops the old collection; a search or write prepared
-for the old model then gets :class:`~densefit.retrieval.index.base.ModelSwappedError`. BM25
-scores do not change at the switch (the same sparse vectors and average length). A swap
-stopped or killed leaves the serving collection serving: run again with the same model it
-goes on from the copies made, with another it drops the next collection and starts afresh;
-:meth:`~QdrantDocumentStore.cancel_swap` drops it. A process killed between a switch and the
-drop leaves the old collection, dropped at the next swap (local mode: when the folder is next
+and create alias, applied together) and drops the old collection; BM25 scores do not change
+(the same sparse vectors and average length). A process killed between a switch and the drop
+leaves the old collection, dropped at the next swap (local mode: when the folder is next
 opened); killed between creating a collection and its alias, the alias is made when the store
 is next opened.
 
@@ -138,7 +129,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,28 +141,33 @@ from densefit.choices import SIMILARITIES
 from densefit.data.types import Document
 from densefit.errors import storage_fault
 from densefit.retrieval.bm25 import K1, B, tokenize
-from densefit.retrieval.index.base import (
-    Capabilities,
-    ModelSwappedError,
-    SearchHit,
-    StoreError,
-    WriteResult,
-)
-from densefit.retrieval.index.common import checked_documents, checked_vectors, checked_write
+from densefit.retrieval.index.common import Fault, translated
 from densefit.retrieval.index.database import DatabaseStore, StoredRow
 from densefit.retrieval.index.documents import meta_hash
-from densefit.retrieval.index.engines import require
 from densefit.retrieval.index.filters import (
     Comparison,
-    Logical,
+    Filter,
     date_seconds,
+    emit,
     json_text,
-    meta_field_sql,
+    meta_path,
     parse_filters,
     typed_fields,
 )
 from densefit.retrieval.index.locking import StoreLockedError
-from densefit.retrieval.index.settings import StoreRecord, SwapTarget, VectorSettings
+from densefit.retrieval.index.registry import capabilities_of, redacted, require
+from densefit.retrieval.index.request import Ranked
+from densefit.retrieval.index.swap import (
+    MODEL_GENERATION_KEY,
+    SWAP_KEY,
+    SwapCoordinator,
+)
+from densefit.retrieval.index.types import (
+    StoreError,
+    StoreRecord,
+    SwapTarget,
+    VectorSettings,
+)
 
 __all__ = [
     "CAPABILITIES",
@@ -187,21 +183,7 @@ __all__ = [
     "token_id",
 ]
 
-CAPABILITIES = Capabilities(
-    engine="qdrant",
-    vector_kinds=("float32", "float16"),
-    backends=("hnsw", "exact"),
-    lexical=(
-        "bm25 (Qdrant sparse vectors with its IDF modifier; document lengths normalised by "
-        "the average length of the first documents written)"
-    ),
-    hybrid=True,
-    model_swap=True,
-    transactions=False,
-    crash_safe=False,
-    compaction=False,
-    shared=True,  # a server's; a store in local mode says False
-)
+CAPABILITIES = capabilities_of("qdrant")  # declared in its registry row
 
 DENSE = "dense"  # the named dense vector
 SPARSE = "bm25"  # the named sparse vector
@@ -210,8 +192,6 @@ DEFAULT_PORT = 6333
 API_KEY_VARIABLE = "QDRANT_API_KEY"
 LAYOUT = "densefit-qdrant/1"  # metadata key "layout": the payload layout above
 AVGDL_KEY = "bm25_avgdl"  # metadata: the average document length BM25 weights are made with
-MODEL_GENERATION_KEY = "model_generation"  # metadata: the model swaps the store went through
-SWAP_KEY = "swap"  # metadata of the serving collection: the SwapTarget of the swap under way
 STORE_KEY = "store"  # metadata of a generation collection: the store (alias) it belongs to
 BUILDING_KEY = "swap_of"  # metadata of a collection a swap is filling: the one it replaces
 _RECORD_COUNTERS = ("n_rows", "generation", "stale_below_row")  # the embedded store's only
@@ -248,7 +228,7 @@ def _models():
 @dataclass(frozen=True)
 class QdrantTarget:
     """Where a Qdrant store lives: a server (``host``, ``port``, ``https``) or a local-mode
-    ``folder``, and the ``collection``; ``location`` is the target as given."""
+    ``folder``, and the ``collection``; ``location`` is the target as shown (redacted)."""
 
     location: str
     collection: str
@@ -275,7 +255,7 @@ def _checked_collection(name: str, location: str) -> str:
 
 def parse_target(target: str) -> QdrantTarget:
     """The :class:`QdrantTarget` a ``qdrant:`` target names (see the module docstring), or a
-    one-line :class:`~densefit.retrieval.index.base.StoreError` saying what to write.
+    one-line :class:`~densefit.retrieval.index.types.StoreError` saying what to write.
 
     >>> parse_target("qdrant://localhost/docs").port
     6333
@@ -284,14 +264,14 @@ def parse_target(target: str) -> QdrantTarget:
     >>> parse_target("qdrant://localhost/my docs")
     Traceback (most recent call last):
     ...
-    densefit.retrieval.index.base.StoreError: qdrant://localhost/my docs: collection name 'my docs' is not 1 to 64 letters, digits, '_' or '-': pick a name like docs_v1
+    densefit.retrieval.index.types.StoreError: qdrant://localhost/my docs: collection name 'my docs' is not 1 to 64 letters, digits, '_' or '-': pick a name like docs_v1
     """
-    location = str(target)
-    if not location.lower().startswith("qdrant:"):
+    location = redacted(target)  # what messages show; the target itself is parsed
+    if not str(target).lower().startswith("qdrant:"):
         raise StoreError(f"{location} is not a Qdrant target: write qdrant://HOST:PORT/COLLECTION")
-    parts = urlsplit(location)
+    parts = urlsplit(str(target))
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    server = location[len("qdrant:") :].startswith("//") and bool(parts.netloc)
+    server = str(target)[len("qdrant:") :].startswith("//") and bool(parts.netloc)
     if server:
         return _server_target(location, parts, options)
     unknown = sorted(set(options) - {"collection"})
@@ -312,9 +292,8 @@ def parse_target(target: str) -> QdrantTarget:
 
 def _server_target(location: str, parts, options: dict) -> QdrantTarget:
     if parts.username is not None or parts.password is not None:
-        shown = location.replace(parts.netloc, "***@" + parts.netloc.rsplit("@", 1)[-1], 1)
         raise StoreError(
-            f"{shown}: a Qdrant target takes no user or key: set the API key in the "
+            f"{location}: a Qdrant target takes no user or key: set the API key in the "
             f"environment variable {API_KEY_VARIABLE}"
         )
     try:
@@ -430,21 +409,18 @@ def _server_error(target: QdrantTarget, exc: Exception) -> StoreError:
     )
 
 
-@contextlib.contextmanager
-def _requests(target: QdrantTarget) -> Iterator[None]:
-    """Turn a server's failures (unreachable, refused, an error answer) into StoreErrors,
-    and local mode's full disk or read-only folder into its StorageFault."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - httpx, grpc and qdrant-client raise many kinds
-        fault = storage_fault(exc, target.folder) if target.local else None
-        if fault is not None:
-            raise fault from None
-        if target.local or not _is_request_error(exc):
-            raise
-        raise _server_error(target, exc) from None
+def _faults(target: QdrantTarget) -> tuple[Fault, ...]:
+    """Qdrant's error table (:func:`~densefit.retrieval.index.common.translated`): local
+    mode's full disk or read-only folder as its StorageFault; a server's failures
+    (unreachable, refused, an error answer) as one line saying what to check."""
+    if target.local:
+        return (Fault(Exception, lambda exc: storage_fault(exc, target.folder)),)
+    return (Fault(_is_request_error, lambda exc: _server_error(target, exc)),)
+
+
+def _requests(target: QdrantTarget) -> AbstractContextManager:
+    """Qdrant's errors raised in the block translated (before a store object exists)."""
+    return translated(_faults(target))
 
 
 def _is_request_error(exc: Exception) -> bool:
@@ -501,21 +477,27 @@ class _Constant:
 EVERYTHING, NOTHING = _Constant(True), _Constant(False)
 
 
-def compile_filter(filters: dict | None):
-    """``filters`` (Haystack's syntax, :func:`~densefit.retrieval.index.filters.
-    parse_filters`) as a ``qdrant_client.models.Filter`` over the typed fields, or
+# Local mode evaluates a filter in Python, about 40 us per condition and stored document in
+# each search (bench/filter_limits.py: 900 conditions over 40 documents took 1.3-2 s a search);
+# a server evaluates it natively and has no limit of its own (Qdrant's strict mode can set one).
+LOCAL_FILTER_MAX_CONDITIONS = 200
+
+
+def compile_filter(filters: Filter | dict | None):
+    """``filters`` (parsed, :class:`~densefit.retrieval.index.filters.Filter`; a dict is
+    parsed for this engine) as a ``qdrant_client.models.Filter`` over the typed fields, or
     :data:`EVERYTHING` / :data:`NOTHING` when the filter matches every document or none
-    whatever they hold.
+    whatever they hold (no filter: EVERYTHING).
 
     >>> compile_filter({"operator": "OR", "conditions": []})
     NOTHING
     >>> compile_filter({"field": "meta.n", "operator": ">", "value": 2}).must[0].key
     'fields.meta_dn.n'
     """
-    node = parse_filters(filters)
-    if node is None:
+    parsed = parse_filters(filters, CAPABILITIES)
+    if parsed is None:
         return EVERYTHING
-    compiled = _compile(node, _models())
+    compiled = emit(parsed, _Payload(_models()))
     if isinstance(compiled, _Constant):
         return compiled
     return compiled if _is_filter(compiled) else _models().Filter(must=[compiled])
@@ -525,53 +507,78 @@ def _is_filter(condition) -> bool:
     return type(condition).__name__ == "Filter"
 
 
-def _any_of(parts: list, models):
-    if any(p is EVERYTHING for p in parts):
-        return EVERYTHING
-    parts = [p for p in parts if p is not NOTHING]
-    if not parts:
-        return NOTHING
-    return parts[0] if len(parts) == 1 else models.Filter(should=parts)
+class _Payload:
+    """The filter emitter (:class:`~densefit.retrieval.index.filters.Emitter`): Qdrant
+    conditions over the typed fields, :data:`EVERYTHING` and :data:`NOTHING` folded away."""
 
+    def __init__(self, models):
+        self.models = models
 
-def _all_of(parts: list, models):
-    if any(p is NOTHING for p in parts):
-        return NOTHING
-    parts = [p for p in parts if p is not EVERYTHING]
-    if not parts:
-        return EVERYTHING
-    return parts[0] if len(parts) == 1 else models.Filter(must=parts)
+    def compare(self, c: Comparison):
+        key = f"fields.{field_key(c.field)}"
+        if c.operator == "==":
+            return self._equal(key, c.value)
+        if c.operator == "in":
+            return self._member(key, c.value)
+        if c.value is None:
+            return NOTHING  # Haystack: None is not ordered
+        bound = {">": "gt", ">=": "gte", "<": "lt", "<=": "lte"}[c.operator]
+        if isinstance(c.value, str):  # an ISO date: by its instant, where the field is one
+            seconds = date_seconds(c.value, f"{c.field} {c.operator}")
+            return self.models.FieldCondition(
+                key=f"{key}.d", range=self.models.Range(**{bound: seconds})
+            )
+        # a number (bools are 1 and 0): where the field is a number or a bool
+        return self.models.FieldCondition(
+            key=f"{key}.n", range=self.models.Range(**{bound: float(c.value)})
+        )
 
+    def negate(self, condition):
+        if isinstance(condition, _Constant):
+            return NOTHING if condition.value else EVERYTHING
+        return self.models.Filter(must_not=[condition])
 
-def _negated(condition, models):
-    if isinstance(condition, _Constant):
-        return NOTHING if condition.value else EVERYTHING
-    return models.Filter(must_not=[condition])
+    def all_of(self, parts: list):
+        if any(p is NOTHING for p in parts):
+            return NOTHING
+        parts = [p for p in parts if p is not EVERYTHING]
+        if not parts:
+            return EVERYTHING
+        return parts[0] if len(parts) == 1 else self.models.Filter(must=parts)
 
+    def any_of(self, parts: list):
+        if any(p is EVERYTHING for p in parts):
+            return EVERYTHING
+        parts = [p for p in parts if p is not NOTHING]
+        if not parts:
+            return NOTHING
+        return parts[0] if len(parts) == 1 else self.models.Filter(should=parts)
 
-def _compile(node: Comparison | Logical, models):
-    if isinstance(node, Logical):
-        parts = [_compile(c, models) for c in node.conditions]
-        if node.operator == "OR":
-            return _any_of(parts, models)
-        conjunction = _all_of(parts, models)
-        return _negated(conjunction, models) if node.operator == "NOT" else conjunction
-    key = f"fields.{field_key(node.field)}"
-    operator, value = node.operator, node.value
-    if operator in ("==", "!="):
-        condition = _equal(key, value, models)
-        return condition if operator == "==" else _negated(condition, models)
-    if operator in ("in", "not in"):
-        condition = _any_of([_equal(key, v, models) for v in _unique(value)], models)
-        return condition if operator == "in" else _negated(condition, models)
-    if value is None:
-        return NOTHING  # Haystack: None is not ordered
-    bound = {">": "gt", ">=": "gte", "<": "lt", "<=": "lte"}[operator]
-    if isinstance(value, str):  # an ISO date: compared by its instant, where the field is one
-        seconds = date_seconds(value, f"{node.field} {operator}")
-        return models.FieldCondition(key=f"{key}.d", range=models.Range(**{bound: seconds}))
-    # a number (bools are 1 and 0): where the field is a number or a bool
-    return models.FieldCondition(key=f"{key}.n", range=models.Range(**{bound: float(value)}))
+    def _member(self, key: str, values: list):
+        """Strings as one ``MatchAny`` condition (one condition however long the list),
+        numbers and the rest each as its own equality."""
+        strings = list(dict.fromkeys(v for v in values if isinstance(v, str)))
+        rest = _unique([v for v in values if not isinstance(v, str)])
+        parts = [self._equal(key, v) for v in rest]
+        if len(strings) == 1:
+            parts.append(self._equal(key, strings[0]))
+        elif strings:
+            any_of = self.models.MatchAny(any=strings)
+            parts.append(self.models.FieldCondition(key=f"{key}.s", match=any_of))
+        return self.any_of(parts)
+
+    def _equal(self, key: str, value):
+        models = self.models
+        if value is None:  # missing or null: the field has no typed entry
+            return models.IsEmptyCondition(is_empty=models.PayloadField(key=f"{key}.t"))
+        if isinstance(value, (list, dict)):
+            return models.FieldCondition(
+                key=f"{key}.j", match=models.MatchValue(value=json_text(value))
+            )
+        if isinstance(value, (bool, int, float)):
+            number = float(value)
+            return models.FieldCondition(key=f"{key}.n", range=models.Range(gte=number, lte=number))
+        return models.FieldCondition(key=f"{key}.s", match=models.MatchValue(value=value))
 
 
 def _unique(values: list) -> list:
@@ -582,19 +589,6 @@ def _unique(values: list) -> list:
             seen.add(marker)
             out.append(value)
     return out
-
-
-def _equal(key: str, value, models):
-    if value is None:  # missing or null: the field has no typed entry
-        return models.IsEmptyCondition(is_empty=models.PayloadField(key=f"{key}.t"))
-    if isinstance(value, (list, dict)):
-        return models.FieldCondition(
-            key=f"{key}.j", match=models.MatchValue(value=json_text(value))
-        )
-    if isinstance(value, (bool, int, float)):
-        number = float(value)
-        return models.FieldCondition(key=f"{key}.n", range=models.Range(gte=number, lte=number))
-    return models.FieldCondition(key=f"{key}.s", match=models.MatchValue(value=value))
 
 
 def token_id(token: str) -> int:
@@ -640,13 +634,19 @@ def _version(point) -> tuple[int, str]:
     return int(point.payload["seq"]), point.payload.get("meta_hash", "")
 
 
+def _document_of(payload: dict) -> tuple[str, str, str, dict]:
+    """``(id, text, title, meta)`` of a point's payload."""
+    meta = payload.get("meta") or {}
+    return payload["id"], payload.get("text", ""), payload.get("title", ""), meta
+
+
 def _ranked_pairs(points) -> tuple[list[int], list[float]]:
     """Keys (``seq``) and scores, best first, ties by write order (as the embedded store)."""
     pairs = sorted((-float(p.score), int(p.payload["seq"])) for p in points)
     return [seq for _, seq in pairs], [-score for score, _ in pairs]
 
 
-class QdrantDocumentStore(DatabaseStore):
+class QdrantDocumentStore(SwapCoordinator, DatabaseStore):
     """A densefit store in a Qdrant collection (see the module docstring); get one from
     :func:`~densefit.retrieval.index.engines.open_store` with a ``qdrant:`` target.
 
@@ -669,26 +669,27 @@ class QdrantDocumentStore(DatabaseStore):
     def __init__(self, target: QdrantTarget, connection: _Connection, *, backend: str | None):
         super().__init__()
         self.target = target
+        self._faults = _faults(target)
         self.location = target.location
         self.collection = target.collection
         self._connection: _Connection | None = connection
         self._client = connection.client
         if connection.local:
             self._lock = connection.lock  # one call at a time on local mode's client
-            self.capabilities = dataclasses.replace(CAPABILITIES, shared=False)
+            self.capabilities = dataclasses.replace(
+                CAPABILITIES, shared=False, filter_max_conditions=LOCAL_FILTER_MAX_CONDITIONS
+            )
         self.backend_name = backend or CAPABILITIES.backends[0]
         self._models = _models()
-        self._read_at = -float("inf")
+        self._record_seconds = 0.0 if connection.local else _REFRESH_SECONDS
         self._avgdl: float | None = None
         self._tag = secrets.randbelow(1024)
         self._last_micros = 0
-        self._found: dict[int, dict] = {}  # the hits of the search under way, by key
         self.model_generation = -1  # read from the metadata below
-        self._swap: SwapTarget | None = None
         with self._lock:
             self._read_record()
             if connection.local:  # the folder is this process's: nobody else reads them
-                with _requests(self.target):
+                with self._errors():
                     self._drop_older_generations()
 
     # -- the record ------------------------------------------------------------------------
@@ -696,27 +697,18 @@ class QdrantDocumentStore(DatabaseStore):
     def _read_record(self) -> None:
         """Read the record, the BM25 length average, the model generation and the swap
         under way from the serving collection's metadata."""
-        with _requests(self.target):
+        with self._errors():
             info = self._client.get_collection(self.collection)
-        recorded = _record_of(info, self.target)
-        if recorded.model_generation != self.model_generation:
-            self._checked.clear()  # the models checked against the old record
-        self._record, self._avgdl = recorded.record, recorded.avgdl
-        self.model_generation, self._swap = recorded.model_generation, recorded.swap
-        self._read_at = time.monotonic()
-
-    def _refresh(self) -> None:
-        self._check_open()
-        if self._connection.local or time.monotonic() - self._read_at >= _REFRESH_SECONDS:
-            self._read_record()
+        meta = _record_of(info, self.target)
+        self._take_record(meta)
+        self._avgdl = None if AVGDL_KEY not in meta else float(meta[AVGDL_KEY])
 
     def _check_open(self) -> None:
         if self._connection is None:
             raise StoreError(f"{self.location}: the store is closed")
 
     def _save_settings(self, settings: VectorSettings) -> None:
-        with self._lock, _requests(self.target):
-            self._check_open()
+        with self._reading():
             self._client.update_collection(self.collection, metadata=settings.to_meta())
             self._read_record()
 
@@ -758,39 +750,34 @@ class QdrantDocumentStore(DatabaseStore):
 
     def count(self) -> int:
         """The number of documents."""
-        with self._lock, _requests(self.target):
-            self._check_open()
+        with self._reading():
             return self._client.count(self.collection, exact=True).count
 
-    def count_matching(self, filters: dict | None = None) -> int:
+    def count_matching(self, filters: Filter | dict | None = None) -> int:
         """How many documents match ``filters`` (all of them for None or ``{}``)."""
-        where = compile_filter(filters)
+        where = compile_filter(parse_filters(filters, self.capabilities))
         if where is NOTHING:
             return 0
-        with self._lock, _requests(self.target):
-            self._check_open()
+        with self._reading():
             query = None if where is EVERYTHING else where
             return self._client.count(self.collection, count_filter=query, exact=True).count
 
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         """The documents with these ids, None where an id is unknown."""
-        with self._lock, _requests(self.target):
-            self._check_open()
+        with self._reading():
             found = self._retrieve(ids, ["id", "text", "title", "meta"])
         return [None if i not in found else _document(found[i].payload) for i in ids]
 
     def hashes(self, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         """``{id: (text hash, meta hash)}`` of the stored ones among ``ids``."""
-        with self._lock, _requests(self.target):
-            self._check_open()
+        with self._reading():
             found = self._retrieve(ids, ["id", "text_hash", "meta_hash"])
         return {i: (p.payload["text_hash"], p.payload["meta_hash"]) for i, p in found.items()}
 
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
         """The stored float32 embeddings of ``ids`` (normalised, for cosine stores)."""
         ids = list(ids)
-        with self._lock, _requests(self.target):
-            self._check_open()
+        with self._reading():
             found = self._retrieve(ids, ["id"], [DENSE])
         missing = [i for i in ids if i not in found]
         if missing:
@@ -806,8 +793,7 @@ class QdrantDocumentStore(DatabaseStore):
             return {}
         models = self._models
         found: dict[str, tuple[int, np.ndarray]] = {}
-        with self._lock, _requests(self.target):
-            self._check_open()
+        with self._reading():
             for start in range(0, len(hashes), _PAGE):
                 where = models.Filter(
                     must=[
@@ -824,12 +810,11 @@ class QdrantDocumentStore(DatabaseStore):
                         found[h] = (seq, np.asarray(_dense_of(point), dtype=np.float32))
         return {h: vector for h, (_, vector) in found.items()}
 
-    def filter_documents(self, filters: dict | None = None) -> list[Document]:
+    def filter_documents(self, filters: Filter | dict | None = None) -> list[Document]:
         """The documents matching ``filters``, in the order they were written (an updated
         document counts as written last)."""
-        where = compile_filter(filters)
-        with self._lock, _requests(self.target):
-            self._check_open()
+        where = compile_filter(parse_filters(filters, self.capabilities))
+        with self._reading():
             points = list(self._scroll(where, ["id", "text", "title", "meta", "seq"]))
         points.sort(key=lambda p: int(p.payload["seq"]))
         return [_document(p.payload) for p in points]
@@ -839,8 +824,7 @@ class QdrantDocumentStore(DatabaseStore):
         yield from self._all_ids()
 
     def _all_ids(self) -> list[str]:
-        with self._lock, _requests(self.target):
-            self._check_open()
+        with self._reading():
             return sorted(p.payload["id"] for p in self._scroll(EVERYTHING, ["id"]))
 
     def _ids_after(self, last: str, limit: int) -> list[str]:
@@ -850,13 +834,12 @@ class QdrantDocumentStore(DatabaseStore):
         """Create Qdrant payload indexes on the typed parts of the metadata field ``field``
         (``"meta.lang"``), so that a server's filters on it look documents up (idempotent;
         local mode scans whatever is indexed)."""
-        meta_field_sql(field)  # the name checked as filters check theirs
+        meta_path(field)  # the name checked as filters check theirs
         schema = self._models.PayloadSchemaType
         key = f"fields.{field_key(field)}"
         parts = {"t": schema.KEYWORD, "s": schema.KEYWORD, "j": schema.KEYWORD}
         parts |= {"n": schema.FLOAT, "d": schema.FLOAT}
-        with self._lock, _requests(self.target):
-            self._check_open()
+        with self._reading():
             if self._connection.local:
                 return  # local mode scans: its payload indexes do nothing
             for part, kind in parts.items():
@@ -867,8 +850,7 @@ class QdrantDocumentStore(DatabaseStore):
     # -- re-embedding ---------------------------------------------------------------------
 
     def _mark_stale(self) -> None:
-        with self._lock, _requests(self.target):
-            self._check_open()
+        with self._reading():
             self._client.set_payload(
                 self.collection,
                 payload={"stale": True},
@@ -879,8 +861,7 @@ class QdrantDocumentStore(DatabaseStore):
     def _stale(self, ids: list[str] | None) -> list[str]:
         models = self._models
         stale = models.FieldCondition(key="stale", match=models.MatchValue(value=True))
-        with self._lock, _requests(self.target):
-            self._check_open()
+        with self._reading():
             if ids is None:
                 points = list(self._scroll(models.Filter(must=[stale]), ["id", "seq"]))
             else:
@@ -889,86 +870,57 @@ class QdrantDocumentStore(DatabaseStore):
         points.sort(key=lambda p: int(p.payload["seq"]))
         return [p.payload["id"] for p in points]
 
-    def start_reembedding(self, model, runtime=None) -> None:
-        """Record ``model``'s settings and mark every stored vector stale (refused while a
-        model swap is under way: the swap makes every vector anew)."""
-        with self._lock:
-            self._refresh()
-            if self._swap is not None:
-                raise StoreError(
-                    f"{self.location}: a model swap to {self._swap.record.model_name!r} is under "
-                    "way: finish it (densefit reembed) before re-embedding with new settings"
-                )
-            super().start_reembedding(model, runtime)
-
     # -- a model swap: the next generation collection ---------------------------------------
-    # The steps of densefit.retrieval.index.swap.reembed_store (see the module docstring).
+    # SwapCoordinator (densefit.retrieval.index.swap) runs the swap over these primitives (see
+    # the module docstring): the next generation is a collection beside the serving one, and
+    # the switch points the store's alias at it.
 
-    def swap_target(self) -> SwapTarget | None:
-        """The model swap under way (None: none)."""
-        with self._lock:
-            self._refresh()
-            return self._swap
-
-    def begin_swap(self, target: StoreRecord) -> tuple[SwapTarget, bool]:
-        """Start re-embedding every document for ``target`` (the new model's record) into a
-        new generation collection, or go on with the swap under way when it is for the same
-        vectors; returns the swap and whether it resumed one. A swap for another model is
-        started afresh (its collection dropped); the serving collection is untouched but
-        for the swap recorded in its metadata."""
-        if target.vector_kind != self.vector_kind:
-            raise StoreError(
-                f"{self.location}: a {self.vector_kind} store swaps to {self.vector_kind} "
-                f"vectors, not {target.vector_kind}: embed with the store's vector kind"
-            )
-        if target.similarity not in SIMILARITIES:
-            raise StoreError(
-                f"{self.location}: the model {target.model_name!r} scores by "
-                f"{target.similarity!r} similarity; the store serves "
-                f"{' and '.join(SIMILARITIES)} models"
-            )
-        with self._lock, _requests(self.target):
-            self._check_open()
+    @contextlib.contextmanager
+    def _swap_transaction(self) -> Iterator[None]:
+        """A write's or a swap step's context: the object's lock and the record read again
+        (no transaction: each step is ordered to be safe when killed)."""
+        with self._reading():
             self._read_record()
-            serving = self._serving()
-            self._drop_older_generations(serving)
-            swap = self._swap
-            if swap is not None and swap.record.same_vectors(target):
-                if not self._client.collection_exists(self._next_collection(swap)):
-                    self._create_next(swap, serving)  # dropped by hand: begun again, empty
-                return swap, True
-            fresh = SwapTarget(target, _generation_of(self.collection, serving, self.location) + 1)
-            collection = self._next_collection(fresh)
-            if self._client.collection_exists(collection):  # a swap cancelled or restarted
-                metadata = self._client.get_collection(collection).config.metadata or {}
-                if metadata.get(STORE_KEY) != self.collection:
-                    raise StoreError(
-                        f"{self.location}: collection {collection!r} exists and is not this "
-                        "store's: the next model swap creates it; delete or rename it"
-                    )
-                self._client.delete_collection(collection)
-            self._create_next(fresh, serving)
-            self._client.update_collection(self.collection, metadata={SWAP_KEY: fresh.to_json()})
-            self._read_record()
-        return fresh, False
+            yield None
 
-    def swap_pending(self, after_row: int, limit: int) -> list[tuple[int, str, str]]:
-        """``(row, id, text)`` of up to ``limit`` documents written after ``after_row`` (a
-        row is a document's write-order key, ``seq``) that the swap has still to embed, by
-        row: those without a copy in the next generation made from their current version (a
+    def _save_swap(self, tx, swap: SwapTarget | None) -> None:
+        recorded = None if swap is None else swap.to_json()
+        self._client.update_collection(self.collection, metadata={SWAP_KEY: recorded})
+
+    def _create_generation(self, tx, record: StoreRecord, generation: int | None) -> int:
+        serving = self._serving()
+        self._drop_older_generations(serving)
+        fresh = generation is None
+        if fresh:
+            generation = _generation_of(self.collection, serving, self.location) + 1
+        collection = generation_collection(self.collection, generation)
+        exists = self._client.collection_exists(collection)
+        if exists and fresh:  # a swap cancelled or restarted
+            metadata = self._client.get_collection(collection).config.metadata or {}
+            if metadata.get(STORE_KEY) != self.collection:
+                raise StoreError(
+                    f"{self.location}: collection {collection!r} exists and is not this "
+                    "store's: the next model swap creates it; delete or rename it"
+                )
+            self._client.delete_collection(collection)
+        if fresh or not exists:  # resumed: made again, empty, when dropped by hand
+            self._create_next(collection, record, serving)
+        return generation
+
+    def _drop_generation(self, tx, swap: SwapTarget) -> None:
+        collection = self._next_collection(swap)
+        if self._client.collection_exists(collection):
+            self._client.delete_collection(collection)
+
+    def _pending_rows(self, swap: SwapTarget, after_row: int, limit: int) -> list:
+        """Those without a copy in the next generation made from their current version (a
         copy whose ``seq`` or ``meta_hash`` is not the document's was made from an older
-        text or metadata)."""
-        if limit < 1:
-            return []
+        text or metadata); a row is a document's ``seq``."""
         models = self._models
+        collection = self._next_collection(swap)
         pending: list[tuple[int, str, str]] = []
-        with self._lock, _requests(self.target):
-            self._check_open()
-            self._refresh()
-            if self._swap is None:
-                return []
-            collection = self._next_collection(self._swap)
-            start = after_row + 1
+        start = after_row + 1
+        with self._errors():
             while len(pending) < limit:
                 points, _ = self._client.scroll(
                     self.collection,
@@ -988,93 +940,63 @@ class QdrantDocumentStore(DatabaseStore):
                 start = int(points[-1].payload["seq"]) + 1
         return pending[:limit]
 
-    def write_swap(
-        self, target: SwapTarget, pending: Sequence[tuple[int, str]], embeddings: np.ndarray
-    ) -> int:
-        """Write the new model's ``embeddings`` of the ``(row, id)`` documents
-        :meth:`swap_pending` gave into the next generation, with each document's payload
-        and BM25 vector as the serving collection holds them now; a document rewritten or
-        deleted since (its ``seq`` changed or gone) is left for the swap to meet again.
-        Returns the vectors written."""
-        documents = [Document(i, "") for _, i in pending]
-        vectors = checked_vectors(target.record, documents, embeddings)
+    def _count_pending(self, swap: SwapTarget) -> int:
+        with self._errors():
+            made = self._versions(self._next_collection(swap))
+            current = self._versions(self.collection)
+        return sum(made.get(i) != v for i, v in current.items())
+
+    def _put_next(self, tx, swap: SwapTarget, pending: list, vectors: np.ndarray) -> int:
+        """Copies with each document's payload and BM25 vector as the serving collection
+        holds them now."""
         models = self._models
-        with self._lock, _requests(self.target):
-            self._check_open()
-            self._read_record()
-            swap = self._swap_for(target)
-            current = self._retrieve([i for _, i in pending], True, [SPARSE])
-            keep = [
-                k
-                for k, (row, doc_id) in enumerate(pending)
-                if doc_id in current and int(current[doc_id].payload["seq"]) == row
-            ]
-            empty = models.SparseVector(indices=[], values=[])
-            copies = []
-            for k, vector in zip(keep, self._stored(vectors[keep]), strict=True):
-                point = current[pending[k][1]]
-                sparse = point.vector.get(SPARSE, empty) if point.vector else empty
-                copies.append(
-                    models.PointStruct(
-                        id=point.id,
-                        vector={DENSE: vector.tolist(), SPARSE: sparse},
-                        payload={**point.payload, "stale": False},
-                    )
+        current = self._retrieve([i for _, i in pending], True, [SPARSE])
+        keep = [
+            k
+            for k, (row, doc_id) in enumerate(pending)
+            if doc_id in current and int(current[doc_id].payload["seq"]) == row
+        ]
+        empty = models.SparseVector(indices=[], values=[])
+        copies = []
+        for k, vector in zip(keep, self._stored(vectors[keep]), strict=True):
+            point = current[pending[k][1]]
+            sparse = point.vector.get(SPARSE, empty) if point.vector else empty
+            copies.append(
+                models.PointStruct(
+                    id=point.id,
+                    vector={DENSE: vector.tolist(), SPARSE: sparse},
+                    payload={**point.payload, "stale": False},
                 )
-            self._upsert_points(self._next_collection(swap), copies)
+            )
+        self._upsert_points(self._next_collection(swap), copies)
         return len(copies)
 
-    def finish_swap(self, target: SwapTarget) -> bool:
-        """Switch the store to the next generation when every document has a copy there
-        made from its current version (:meth:`swap_pending`), and return True; False
-        (nothing changed) while documents are left to embed. The switch records the model
-        generation in the new collection, points the store's alias at it in one request
-        (a store made before aliases: two, see the module docstring), and drops the old
-        collection; searches prepared for the old model get :class:`~densefit.retrieval.
-        index.base.ModelSwappedError` from then on."""
-        with self._lock, _requests(self.target):
-            self._check_open()
-            self._read_record()
-            swap = self._swap_for(target)
-            collection = self._next_collection(swap)
-            current = self._versions(self.collection)
-            made = self._versions(collection)
-            if any(made.get(doc_id) != version for doc_id, version in current.items()):
-                return False
-            self._delete_points(collection, [i for i in made if i not in current])  # strays
-            finished = {MODEL_GENERATION_KEY: str(self.model_generation + 1), BUILDING_KEY: None}
-            if self._avgdl is not None:
-                finished[AVGDL_KEY] = repr(self._avgdl)
-            self._client.update_collection(collection, metadata=finished)
-            serving = self._serving()
-            if serving == self.collection:  # a plain collection, made before model swaps
-                self._client.delete_collection(serving)  # the name becomes the alias
-                self._client.update_collection_aliases(
-                    _alias_operations(self.collection, collection, self._models, replace=False)
-                )
-            else:
-                self._client.update_collection_aliases(
-                    _alias_operations(self.collection, collection, self._models, replace=True)
-                )
-                self._client.delete_collection(serving)
-            self._read_record()
-        return True
+    def _switch(self, tx, swap: SwapTarget) -> None:
+        """The next collection's copies of deleted documents dropped, the model generation
+        recorded in it, then the alias pointed at it in one request (a store made before
+        aliases: two, see the module docstring) and the old collection dropped."""
+        collection = self._next_collection(swap)
+        current = self._versions(self.collection)
+        self._delete_points(collection, [i for i in self._versions(collection) if i not in current])
+        finished = {MODEL_GENERATION_KEY: str(self.model_generation + 1), BUILDING_KEY: None}
+        if self._avgdl is not None:
+            finished[AVGDL_KEY] = repr(self._avgdl)
+        self._client.update_collection(collection, metadata=finished)
+        serving = self._serving()
+        if serving == self.collection:  # a plain collection, made before model swaps
+            self._client.delete_collection(serving)  # the name becomes the alias
+            self._client.update_collection_aliases(
+                _alias_operations(self.collection, collection, self._models, replace=False)
+            )
+        else:
+            self._client.update_collection_aliases(
+                _alias_operations(self.collection, collection, self._models, replace=True)
+            )
+            self._client.delete_collection(serving)
 
-    def cancel_swap(self) -> bool:
-        """Drop the model swap under way (its collection is deleted; the serving one serves
-        on). Returns whether there was one."""
-        with self._lock, _requests(self.target):
-            self._check_open()
+    def _swap_changed(self) -> None:
+        with self._lock:
             self._read_record()
-            swap = self._swap
-            if swap is None:
-                return False
-            self._client.update_collection(self.collection, metadata={SWAP_KEY: None})
-            collection = self._next_collection(swap)
-            if self._client.collection_exists(collection):
-                self._client.delete_collection(collection)
-            self._read_record()
-        return True
 
     def _next_collection(self, swap: SwapTarget) -> str:
         return generation_collection(self.collection, swap.generation)
@@ -1088,9 +1010,9 @@ class QdrantDocumentStore(DatabaseStore):
             )
         return serving
 
-    def _create_next(self, swap: SwapTarget, serving: str) -> None:
-        """The swap's empty collection: the new model's record, the BM25 length average of
-        the serving collection, and (on a server) its payload indexes."""
+    def _create_next(self, collection: str, record: StoreRecord, serving: str) -> None:
+        """A swap's empty ``collection``: the new model's ``record``, the BM25 length average
+        of the serving collection, and (on a server) its payload indexes."""
         extra = {BUILDING_KEY: serving}
         if self._avgdl is not None:
             extra[AVGDL_KEY] = repr(self._avgdl)
@@ -1098,25 +1020,7 @@ class QdrantDocumentStore(DatabaseStore):
         if not self._connection.local:
             schema = self._client.get_collection(serving).payload_schema or {}
             indexes = {field: info.data_type for field, info in schema.items()}
-        _new_collection(
-            self._client,
-            self.target,
-            self._next_collection(swap),
-            swap.record,
-            self._models,
-            extra,
-            indexes,
-        )
-
-    def _swap_for(self, target: SwapTarget) -> SwapTarget:
-        """The swap under way, which must be ``target``'s."""
-        swap = self._swap
-        if swap is None or not swap.record.same_vectors(target.record):
-            raise StoreError(
-                f"{self.location}: the model swap was cancelled or restarted: run densefit "
-                "reembed again"
-            )
-        return swap
+        _new_collection(self._client, self.target, collection, record, self._models, extra, indexes)
 
     def _versions(self, collection: str) -> dict[str, tuple[int, str]]:
         """``{id: (seq, meta hash)}`` of every point in ``collection``."""
@@ -1163,49 +1067,6 @@ class QdrantDocumentStore(DatabaseStore):
             self._avgdl = average
         return self._avgdl
 
-    def write(
-        self,
-        documents: Sequence[Document],
-        embeddings: np.ndarray,
-        *,
-        swap_embeddings: np.ndarray | None = None,
-        swap_target: SwapTarget | None = None,
-    ) -> WriteResult:
-        """Add or replace ``documents`` (by id) with their embeddings (normalised for a
-        cosine store), each document's stale mark cleared.
-
-        While a model swap is under way the documents reach the next generation too: with
-        the new model's vectors when ``swap_embeddings`` (made for ``swap_target``, the swap
-        under way: :meth:`swap_target`) are given, else they are removed from it, for the
-        swap to embed their new text. :class:`~densefit.retrieval.index.base.
-        ModelSwappedError` when the store switched model since this object last read it:
-        the embeddings were made for the old one.
-        """
-        documents = list(documents)
-        vectors, next_vectors = checked_write(
-            self._record, documents, embeddings, swap_embeddings, swap_target
-        )
-        if not documents:
-            return WriteResult()
-        with self._lock, _requests(self.target):
-            self._check_open()
-            generation = self.model_generation
-            self._read_record()
-            if self.model_generation != generation:
-                raise ModelSwappedError(
-                    f"{self.location}: the store switched to the model {self.model_name!r} "
-                    "while this write was prepared; embed the documents with it and write again"
-                )
-            swap = self._swap
-            if (
-                swap is None
-                or swap_target is None
-                or not swap.record.same_vectors(swap_target.record)
-            ):
-                next_vectors = None  # made for a swap no longer under way: the swap embeds them
-            existed = self._upsert([StoredRow.of(d) for d in documents], vectors, next_vectors)
-        return WriteResult(added=len(documents) - len(existed), updated=len(existed))
-
     def _stored(self, vectors: np.ndarray) -> np.ndarray:
         """``vectors`` as the collection keeps them (float16 stores: rounded to float16)."""
         if self.vector_kind == "float16":
@@ -1213,43 +1074,36 @@ class QdrantDocumentStore(DatabaseStore):
         return vectors
 
     def _upsert(
-        self, rows: list[StoredRow], vectors: np.ndarray, next_vectors: np.ndarray | None = None
+        self, tx, rows: list[StoredRow], vectors: np.ndarray, next_vectors: np.ndarray | None
     ) -> set[str]:
-        """Write ``rows`` with their checked ``vectors`` and return the ids stored before.
-        During a model swap the rows also go to the next generation, with ``next_vectors``
+        """During a model swap the rows also go to the next generation, with ``next_vectors``
         (the new model's), or leave it when there are none."""
         models = self._models
         vectors = self._stored(vectors)
         counted = _token_counts([row.document.text for row in rows])
-        with self._lock, _requests(self.target):
-            self._check_open()
-            existed = set(self._retrieve([r.document.id for r in rows], ["id"]))
-            avgdl = self._bm25_average(counted)
-            seqs = self._next_seqs(len(rows))
-            points = []
-            for row, vector, (counts, length), seq in zip(
-                rows, vectors, counted, seqs, strict=True
-            ):
-                doc = row.document
-                meta = _stored_meta(doc.meta)
-                payload = {
-                    "id": doc.id,
-                    "text": doc.text,
-                    "title": doc.title or "",
-                    "meta": meta,
-                    "fields": _typed_payload(doc.id, doc.text, doc.title or "", meta),
-                    "text_hash": row.text_hash,
-                    "meta_hash": row.meta_hash,
-                    "stale": False,
-                    "seq": seq,
-                }
-                vector = {DENSE: vector.tolist(), SPARSE: _sparse_vector(counts, length, avgdl)}
-                points.append(
-                    models.PointStruct(id=_point_id(doc.id), vector=vector, payload=payload)
-                )
-            self._upsert_points(self.collection, points)
-            if self._swap is not None:
-                self._write_next(self._swap, points, next_vectors)
+        existed = set(self._retrieve([r.document.id for r in rows], ["id"]))
+        avgdl = self._bm25_average(counted)
+        seqs = self._next_seqs(len(rows))
+        points = []
+        for row, vector, (counts, length), seq in zip(rows, vectors, counted, seqs, strict=True):
+            doc = row.document
+            meta = _stored_meta(doc.meta)
+            payload = {
+                "id": doc.id,
+                "text": doc.text,
+                "title": doc.title or "",
+                "meta": meta,
+                "fields": _typed_payload(doc.id, doc.text, doc.title or "", meta),
+                "text_hash": row.text_hash,
+                "meta_hash": row.meta_hash,
+                "stale": False,
+                "seq": seq,
+            }
+            vector = {DENSE: vector.tolist(), SPARSE: _sparse_vector(counts, length, avgdl)}
+            points.append(models.PointStruct(id=_point_id(doc.id), vector=vector, payload=payload))
+        self._upsert_points(self.collection, points)
+        if self._swap is not None:
+            self._write_next(self._swap, points, next_vectors)
         return existed
 
     def _upsert_points(self, collection: str, points: list) -> None:
@@ -1281,37 +1135,29 @@ class QdrantDocumentStore(DatabaseStore):
                 wait=True,
             )
 
-    def write_metadata(self, documents: Sequence[Document]) -> int:
-        """Replace title and metadata of stored documents (their text and vector stay; in
-        the next generation too while a model swap is under way); returns how many were
-        stored."""
-        checked_documents(documents)
+    def _set_metadata(self, tx, documents: list[Document]) -> int:
         models = self._models
-        documents = list(documents)
-        with self._lock, _requests(self.target):
-            self._check_open()
-            self._read_record()  # a swap begun meanwhile: its copies get the metadata too
-            found = self._retrieve([d.id for d in documents], ["id", "text"])
-            operations = {}
-            for doc in documents:
-                if doc.id not in found:
-                    continue
-                meta = _stored_meta(doc.meta)
-                text = found[doc.id].payload["text"]
-                payload = {
-                    "title": doc.title or "",
-                    "meta": meta,
-                    "fields": _typed_payload(doc.id, text, doc.title or "", meta),
-                    "meta_hash": meta_hash(doc),
-                }
-                operations[doc.id] = models.SetPayloadOperation(
-                    set_payload=models.SetPayload(payload=payload, points=[_point_id(doc.id)])
-                )
-            self._update_points(self.collection, list(operations.values()))
-            if self._swap is not None and operations:
-                collection = self._next_collection(self._swap)
-                copied = self._retrieve(list(operations), ["id"], collection=collection)
-                self._update_points(collection, [operations[i] for i in copied])
+        found = self._retrieve([d.id for d in documents], ["id", "text"])
+        operations = {}
+        for doc in documents:
+            if doc.id not in found:
+                continue
+            meta = _stored_meta(doc.meta)
+            text = found[doc.id].payload["text"]
+            payload = {
+                "title": doc.title or "",
+                "meta": meta,
+                "fields": _typed_payload(doc.id, text, doc.title or "", meta),
+                "meta_hash": meta_hash(doc),
+            }
+            operations[doc.id] = models.SetPayloadOperation(
+                set_payload=models.SetPayload(payload=payload, points=[_point_id(doc.id)])
+            )
+        self._update_points(self.collection, list(operations.values()))
+        if self._swap is not None and operations:
+            collection = self._next_collection(self._swap)
+            copied = self._retrieve(list(operations), ["id"], collection=collection)
+            self._update_points(collection, [operations[i] for i in copied])
         return len(operations)
 
     def _update_points(self, collection: str, operations: list) -> None:
@@ -1320,17 +1166,11 @@ class QdrantDocumentStore(DatabaseStore):
                 collection, operations[start : start + _UPSERT_BATCH], wait=True
             )
 
-    def delete(self, ids: Iterable[str]) -> int:
-        """Delete documents by id (from the next generation too while a model swap is under
-        way); returns how many existed."""
-        ids = list(dict.fromkeys(ids))
-        with self._lock, _requests(self.target):
-            self._check_open()
-            self._refresh()
-            existed = list(self._retrieve(ids, ["id"]))
-            self._delete_points(self.collection, existed)
-            if self._swap is not None:
-                self._delete_points(self._next_collection(self._swap), ids)
+    def _remove(self, tx, ids: list[str]) -> int:
+        existed = list(self._retrieve(ids, ["id"]))
+        self._delete_points(self.collection, existed)
+        if self._swap is not None:
+            self._delete_points(self._next_collection(self._swap), ids)
         return len(existed)
 
     def writer_lock(
@@ -1353,31 +1193,20 @@ class QdrantDocumentStore(DatabaseStore):
 
     # -- searching -------------------------------------------------------------------------
 
-    def search(self, *args, **kwargs) -> list[list[SearchHit]]:
-        with self._lock, _requests(self.target):
-            self._found = {}
-            try:
-                return super().search(*args, **kwargs)
-            finally:
-                self._found = {}
-
-    search.__doc__ = DatabaseStore.search.__doc__
-
-    def _where(self, filters: dict):
+    def _where(self, filters: Filter):
         return compile_filter(filters)
 
-    def _query(self, requests: list) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each request's ``(keys, scores)``; the hits' payloads kept for :meth:`_hits`."""
+    def _query(self, requests: list) -> list[Ranked]:
+        """Each request's ranking, with the documents of its points (their payloads)."""
         ranked = []
         answers = self._client.query_batch_points(self.collection, requests) if requests else []
         for answer in answers:
-            for point in answer.points:
-                self._found[int(point.payload["seq"])] = point.payload
             keys, scores = _ranked_pairs(answer.points)
-            ranked.append((np.array(keys, dtype=np.int64), np.array(scores, dtype=np.float64)))
+            documents = {int(p.payload["seq"]): _document_of(p.payload) for p in answer.points}
+            ranked.append(Ranked(np.array(keys, np.int64), np.array(scores, np.float64), documents))
         return ranked
 
-    def _dense(self, queries: np.ndarray, k: int, where) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _dense(self, queries: np.ndarray, k: int, where) -> list[Ranked]:
         if where is NOTHING:
             return [_nothing() for _ in queries]
         models = self._models
@@ -1396,7 +1225,7 @@ class QdrantDocumentStore(DatabaseStore):
         ]
         return self._query(requests)
 
-    def _lexical(self, texts: list[str], k: int, where) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _lexical(self, texts: list[str], k: int, where) -> list[Ranked]:
         models = self._models
         counted = _token_counts(texts)
         asked = [i for i, (counts, _) in enumerate(counted) if counts and where is not NOTHING]
@@ -1416,40 +1245,15 @@ class QdrantDocumentStore(DatabaseStore):
         answers = dict(zip(asked, self._query(requests), strict=True))
         return [answers.get(i, _nothing()) for i in range(len(texts))]
 
-    def _documents_at(self, keys: list[int]) -> dict[int, tuple[str, str, str, dict]]:
-        """The documents of the points the search just found (their payload came with them)."""
-        found = {}
-        for key in keys:
-            payload = self._found[key]
-            found[key] = (
-                payload["id"],
-                payload.get("text", ""),
-                payload.get("title", ""),
-                payload.get("meta") or {},
-            )
-        return found
-
     # -- upkeep ----------------------------------------------------------------------------
 
-    def info(self) -> dict:
-        """A summary for humans and ``--json``: engine, collection, model, settings, counts."""
-        with self._lock:
-            self._refresh()
-            info = super().info()
-            info["collection"] = self.collection
-            with _requests(self.target):
-                info["serving_collection"] = self._serving()
-                if self._swap is not None:
-                    made = self._versions(self._next_collection(self._swap))
-                    current = self._versions(self.collection)
-                    info["swap"] = {
-                        "model": self._swap.record.model_name,
-                        "dim": self._swap.record.dim,
-                        "remaining": sum(made.get(i) != v for i, v in current.items()),
-                    }
-        info["mode"] = "local" if self._connection.local else "server"
-        info["bm25_avgdl"] = self._avgdl
-        return info
+    def _info_extra(self) -> dict:
+        return {
+            "collection": self.collection,
+            "serving_collection": self._serving(),
+            "mode": "local" if self._connection.local else "server",
+            "bm25_avgdl": self._avgdl,
+        }
 
     def close(self) -> None:
         """Let go of the client (local mode: the folder, once the process's last store on
@@ -1460,6 +1264,25 @@ class QdrantDocumentStore(DatabaseStore):
             connection, self._connection = self._connection, None
         connection.release()
 
+    def drop(self) -> None:
+        """Delete the store: its alias, every generation's collection (and the plain
+        collection of a store made before generations); the store is closed after."""
+        with self._lock, self._errors():
+            name = self.collection
+            if any(a.alias_name == name for a in self._client.get_aliases().aliases):
+                self._client.update_collection_aliases(
+                    [
+                        self._models.DeleteAliasOperation(
+                            delete_alias=self._models.DeleteAlias(alias_name=name)
+                        )
+                    ]
+                )
+            for number in _generations(self._client, name):
+                self._client.delete_collection(generation_collection(name, number))
+            if self._client.collection_exists(name):
+                self._client.delete_collection(name)
+        self.close()
+
     def __repr__(self) -> str:
         return (
             f"QdrantDocumentStore({self.location!r}, model={self.model_name!r}, dim={self.dim}, "
@@ -1467,8 +1290,8 @@ class QdrantDocumentStore(DatabaseStore):
         )
 
 
-def _nothing() -> tuple[np.ndarray, np.ndarray]:
-    return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+def _nothing() -> Ranked:
+    return Ranked(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
 
 
 def _dense_of(point) -> list[float]:
@@ -1492,20 +1315,10 @@ def _held(lock: threading.RLock, timeout: float | None, message: str) -> Iterato
         lock.release()
 
 
-@dataclass(frozen=True)
-class _Recorded:
-    """What a store's serving collection records in its metadata."""
-
-    record: StoreRecord
-    avgdl: float | None  # the BM25 length average (None: no document with a token yet)
-    model_generation: int  # the model swaps the store went through
-    swap: SwapTarget | None  # the model swap under way
-
-
-def _record_of(info, target: QdrantTarget) -> _Recorded:
-    """What the collection ``info`` describes records, or a one-line StoreError when the
-    collection is not a densefit store, its vectors do not fit its record, or it is a
-    generation of another store."""
+def _record_of(info, target: QdrantTarget) -> dict[str, str]:
+    """The record the collection ``info`` describes (its metadata, the BM25 length average
+    under AVGDL_KEY), or a one-line StoreError when the collection is not a densefit store,
+    its vectors do not fit its record, or it is a generation of another store."""
     metadata = dict(info.config.metadata or {})
     where = f"{target.location}"
     if metadata.get("layout") != LAYOUT or "format" not in metadata:
@@ -1514,7 +1327,8 @@ def _record_of(info, target: QdrantTarget) -> _Recorded:
             "holds no densefit record): pick another collection name, or delete this one "
             "if it is yours"
         )
-    record = StoreRecord.from_meta({k: str(v) for k, v in metadata.items() if v is not None}, where)
+    meta = {k: str(v) for k, v in metadata.items() if v is not None}
+    record = StoreRecord.from_meta(meta, where)
     vectors = info.config.params.vectors
     dense = vectors.get(DENSE) if isinstance(vectors, dict) else None
     sparse = (info.config.params.sparse_vectors or {}).get(SPARSE)
@@ -1535,13 +1349,7 @@ def _record_of(info, target: QdrantTarget) -> _Recorded:
             f"{where}: collection {target.collection!r} holds a generation of the store "
             f"{owner!r} (its model swaps): open that store, ?collection={owner}"
         )
-    avgdl = metadata.get(AVGDL_KEY)
-    return _Recorded(
-        record,
-        None if avgdl is None else float(avgdl),
-        int(metadata.get(MODEL_GENERATION_KEY) or 0),
-        SwapTarget.from_json(metadata.get(SWAP_KEY) or None, where),
-    )
+    return meta
 
 
 # -- generations: the collections behind a store's alias -------------------------------------

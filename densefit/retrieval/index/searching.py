@@ -10,10 +10,12 @@ import numpy as np
 from densefit.data.text import checked_texts
 from densefit.models import load_model
 from densefit.retrieval.encode import configure_model, encode_texts
-from densefit.retrieval.index.base import DocumentStore, SearchHit, StoreError
-from densefit.retrieval.index.common import checked_mode, scaled_scores
-from densefit.retrieval.index.filters import validate_filters
+from densefit.retrieval.index.base import DocumentStore
+from densefit.retrieval.index.common import scaled_scores
+from densefit.retrieval.index.filters import Filter
+from densefit.retrieval.index.request import SearchRequest
 from densefit.retrieval.index.settings import check_search_settings, search_options
+from densefit.retrieval.index.types import SearchHit, StoreError
 from densefit.retrieval.runtimes import resolve_runtime
 
 __all__ = [
@@ -41,7 +43,7 @@ def model_for_store(
     prompts and vector size, unless given: :func:`~densefit.retrieval.index.settings.search_options`).
 
     The one way ``densefit search``, ``eval --store`` and ``serve`` pick it. A recorded model
-    that cannot be loaded here is a :class:`~densefit.retrieval.index.base.StoreError`
+    that cannot be loaded here is a :class:`~densefit.retrieval.index.types.StoreError`
     saying to pass one.
     """
 
@@ -84,7 +86,7 @@ def search(
     query: str,
     top_k: int = 10,
     *,
-    filters: dict | None = None,
+    filters: Filter | dict | None = None,
     scale_score: bool = False,
     mode: str = "dense",
     fusion=None,
@@ -100,8 +102,8 @@ def search(
     match. ``scale_score`` maps scores to [0, 1] (:func:`scaled_scores`; fused scores by
     :meth:`~densefit.retrieval.fusion.Fusion.scaled`). A malformed filter raises ValueError.
 
-    Raises :class:`~densefit.retrieval.index.base.ModelMismatchError` when ``model`` did not make the
-    store's embeddings, and :class:`~densefit.retrieval.index.settings.SettingsMismatchError`
+    Raises :class:`~densefit.retrieval.index.types.ModelMismatchError` when ``model`` did not make the
+    store's embeddings, and :class:`~densefit.retrieval.index.types.SettingsMismatchError`
     when its prompts are not those the store was indexed with. The query gets the model's
     query prompt, and is cut to the model's ``truncate_dim`` as the documents were.
     ``runtime`` runs the transformer (:data:`densefit.choices.RUNTIME_CHOICES`): ``auto``
@@ -141,7 +143,7 @@ def search_batch(
     queries: Sequence[str],
     top_k: int = 10,
     *,
-    filters: dict | None = None,
+    filters: Filter | dict | None = None,
     scale_score: bool = False,
     batch_size: int = 64,
     show_progress: bool = False,
@@ -163,12 +165,12 @@ def search_batch(
     if isinstance(queries, str):
         raise TypeError("search_batch takes a list of queries; use search for one string")
     queries = checked_texts(list(queries), "queries")  # InvalidText (a ValueError) names it
-    checked_mode(mode, store.capabilities)
-    validate_filters(filters)  # before the model runs: a typo fails fast
+    # the one request of this search: the mode checked, the filter parsed, before the model runs
+    request = SearchRequest(mode, top_k, filters, fusion, scale_score)
     if not queries:
         return []
     embeddings = None
-    if mode != "bm25":
+    if request.embeds:
         if model is None:
             raise ValueError(f"{mode} search embeds the queries: pass the store's model")
         embeddings = embed_queries(
@@ -179,16 +181,7 @@ def search_batch(
             batch_size=batch_size,
             show_progress=show_progress,
         )
-    return search_embedded(
-        store,
-        queries,
-        embeddings,
-        top_k=top_k,
-        filters=filters,
-        scale_score=scale_score,
-        mode=mode,
-        fusion=fusion,
-    )
+    return search_embedded(store, queries, embeddings, request)
 
 
 def embed_queries(
@@ -220,23 +213,15 @@ def search_embedded(
     store: DocumentStore,
     texts: Sequence[str],
     embeddings: np.ndarray | None,
-    *,
-    top_k: int = 10,
-    filters: dict | None = None,
-    scale_score: bool = False,
-    mode: str = "dense",
-    fusion=None,
-    dense_filters: dict | None = None,
-    model_generation: int | None = None,
+    request: SearchRequest,
 ) -> list[list[SearchHit]]:
-    """Search ``store`` for the query ``texts`` by ``mode`` with their ``embeddings`` (from
-    :func:`embed_queries`; None for ``bm25``): the arguments of
-    :meth:`~densefit.retrieval.index.base.DocumentStore.search` that ``mode`` needs."""
-    options = {"filters": filters, "scale_score": scale_score, "mode": mode, "fusion": fusion}
-    if mode != "dense":
-        options["query_texts"] = list(texts)
-    if dense_filters is not None:
-        options["dense_filters"] = dense_filters
-    if model_generation is not None and mode != "bm25":
-        options["model_generation"] = model_generation
-    return store.search(embeddings if mode != "bm25" else None, top_k, **options)
+    """Search ``store`` for the query ``texts`` with their ``embeddings`` (from
+    :func:`embed_queries`; None when ``request``'s mode embeds nothing) as ``request`` says
+    (:class:`~densefit.retrieval.index.request.SearchRequest`, made where the search came
+    in): each is handed to :meth:`~densefit.retrieval.index.base.DocumentStore.search`
+    when the mode reads it."""
+    return store.search(
+        embeddings if request.embeds else None,
+        query_texts=list(texts) if request.reads_texts else None,
+        request=request,
+    )

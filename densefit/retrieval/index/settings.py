@@ -1,26 +1,27 @@
-"""What made a store's vectors, recorded in its meta table, and the checks against a model.
+"""A store's record read from a model, and the checks of a model against a record.
 
-A store records the model (name, embedding dimension and a *fingerprint*: the model's
-embeddings of three probe sentences) and the settings that change the vectors a model makes
-from the same text: the truncation length (``max_seq_length``), the query and document
-prompts (:mod:`densefit.prompts`), the Matryoshka size the vectors were cut to
-(``truncate_dim``, ``densefit index --dim``), whether the model normalises its embeddings,
-and the runtime that computed them (:class:`~densefit.retrieval.runtimes.VectorSource`:
-torch, an fp32 export or one quantized file). Searching with another model raises
-:class:`~densefit.retrieval.index.base.ModelMismatchError`; indexing with other settings
-raises :class:`SettingsMismatchError` (vectors made two ways must not be mixed in one store).
+A store records (:class:`~densefit.retrieval.index.types.StoreRecord`) the model (name,
+embedding dimension and a *fingerprint*: the model's embeddings of three probe sentences)
+and the settings that change the vectors a model makes from the same text
+(:class:`~densefit.retrieval.index.types.VectorSettings`): the truncation length
+(``max_seq_length``), the query and document prompts (:mod:`densefit.prompts`), the
+Matryoshka size the vectors were cut to (``truncate_dim``, ``densefit index --dim``), whether
+the model normalises its embeddings, and the runtime that computed them
+(:class:`~densefit.retrieval.vector_source.VectorSource`: torch, an fp32 export or one
+quantized file). This module holds what needs the model: :func:`record_for`,
+:func:`settings_of`, :func:`check_model`. Searching with another model raises
+:class:`~densefit.retrieval.index.types.ModelMismatchError`; indexing with other settings
+raises :class:`~densefit.retrieval.index.types.SettingsMismatchError` (vectors made two ways
+must not be mixed in one store).
 
-The runtime rule (:func:`~densefit.retrieval.runtimes.disagreement`): documents are written
-by one runtime family only (torch and fp32 exports are one family; each quantized file is
-its own), and queries may come from another family only where the quantized file's export
-check found that mixing it with fp32 ranks the same (``agrees_with_fp32``).
+The runtime rule (:func:`~densefit.retrieval.vector_source.disagreement`): documents are
+written by one runtime family only (torch and fp32 exports are one family; each quantized
+file is its own), and queries may come from another family only where the quantized file's
+export check found that mixing it with fp32 ranks the same (``agrees_with_fp32``).
 """
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,25 +31,29 @@ from densefit.choices import SIMILARITIES
 from densefit.models import model_name_of, model_similarity
 from densefit.prompts import model_prompts
 from densefit.retrieval.encode import embedding_dimension, encode_texts
-from densefit.retrieval.index.base import ModelMismatchError, StoreError
-from densefit.retrieval.runtimes import Runtime, VectorSource, disagreement
+from densefit.retrieval.index.types import (
+    SAME_WEIGHTS_COSINE,
+    ModelMismatchError,
+    SettingsMismatchError,
+    StoreError,
+    StoreRecord,
+    VectorSettings,
+)
+from densefit.retrieval.runtimes import Runtime
+from densefit.retrieval.vector_source import VectorSource, disagreement
 
 __all__ = [
-    "FORMAT",
     "PROBE_TEXTS",
-    "SettingsMismatchError",
-    "StoreRecord",
-    "SwapTarget",
-    "VectorSettings",
     "canonical_model_name",
+    "check_model",
     "check_search_settings",
-    "search_options",
     "model_fingerprint",
     "model_truncate_dim",
     "record_for",
+    "search_options",
+    "settings_of",
 ]
 
-FORMAT = "densefit-store/1"
 PROBE_TEXTS = (
     "densefit model fingerprint: the quick brown fox jumps over the lazy dog.",
     "What is the effect of vitamin D on bone density in older adults?",
@@ -57,12 +62,6 @@ PROBE_TEXTS = (
 # Every probe fits in this many tokens (with BERT's and MiniLM's tokenizers), so for models whose
 # max_seq_length is at least this, fingerprints match those recorded before it was fixed.
 PROBE_LENGTH = 64
-# Same weights reproduce the probe embeddings to ~1e-7; a fine-tuned model moves them more.
-SAME_WEIGHTS_COSINE = 1 - 1e-5
-
-
-class SettingsMismatchError(StoreError):
-    """Indexing would mix vectors made with different settings into one store."""
 
 
 def canonical_model_name(name: str) -> str:
@@ -112,79 +111,66 @@ def model_truncate_dim(model) -> int | None:
     return int(dim) if dim < full else None
 
 
-@dataclass(frozen=True)
-class VectorSettings:
-    """The settings besides the weights that decide a model's vector for a text.
-
-    ``None`` (in a store made before they were recorded) means unknown: not compared.
+def settings_of(model, runtime: Runtime | None = None) -> VectorSettings:
+    """The settings ``model`` embeds documents with now (by ``runtime``; None: torch).
 
     >>> from densefit.testing import tiny_model
-    >>> VectorSettings.of(tiny_model()).max_seq_length
+    >>> settings_of(tiny_model()).max_seq_length
     64
     """
+    length = getattr(model, "max_seq_length", None)
+    return VectorSettings(
+        max_seq_length=int(length) if length is not None else None,
+        normalize=any(isinstance(module, Normalize) for module in model),
+        prompts=model_prompts(model),
+        truncate_dim=model_truncate_dim(model),
+        source=runtime.source if runtime is not None else VectorSource(),
+    )
 
-    max_seq_length: int | None = None
-    normalize: bool | None = None
-    prompts: dict = field(default_factory=dict, hash=False)  # {"query": ..., "document": ...}
-    truncate_dim: int | None = None  # Matryoshka: vectors cut to this size, re-normalised
-    source: VectorSource = field(default_factory=VectorSource)  # the runtime that made them
 
-    @classmethod
-    def of(cls, model, runtime: Runtime | None = None) -> VectorSettings:
-        """The settings ``model`` embeds documents with now (by ``runtime``; None: torch)."""
-        length = getattr(model, "max_seq_length", None)
-        return cls(
-            max_seq_length=int(length) if length is not None else None,
-            normalize=any(isinstance(module, Normalize) for module in model),
-            prompts=model_prompts(model),
-            truncate_dim=model_truncate_dim(model),
-            source=runtime.source if runtime is not None else VectorSource(),
+def check_model(record: StoreRecord, model, where: Path | str) -> None:
+    """Raise :class:`~densefit.retrieval.index.types.ModelMismatchError` unless ``model``
+    made the vectors ``record`` describes.
+
+    The dimension must match, and the model must reproduce the recorded fingerprint:
+    a model of the same name whose weights changed (trained in place) is refused too, and
+    the same weights under another name (a hub name vs its local folder) are accepted.
+    """
+    given = model_name_of(model)
+    dim = embedding_dimension(model)
+    if dim != record.dim and getattr(model, "truncate_dim", None) is not None:
+        raise ModelMismatchError(
+            f"{where}: the store holds {record.dim}-d vectors, but the queries are cut to "
+            f"{dim} (--dim {dim}): drop --dim (a search uses the store's size) or pass "
+            f"--dim {record.dim}"
         )
-
-    def to_meta(self) -> dict[str, str]:
-        """The meta-table entries of these settings."""
-        return {
-            "max_seq_length": json.dumps(self.max_seq_length),
-            "normalize": json.dumps(self.normalize),
-            "prompts": json.dumps(self.prompts, sort_keys=True),
-            "truncate_dim": json.dumps(self.truncate_dim),
-            "runtime": self.source.to_json(),
-        }
-
-    @classmethod
-    def from_meta(cls, meta: dict[str, str]) -> VectorSettings | None:
-        """The recorded settings, or None for a store made before they were recorded."""
-        if "max_seq_length" not in meta:
-            return None
-        return cls(
-            max_seq_length=json.loads(meta["max_seq_length"]),
-            normalize=json.loads(meta["normalize"]),
-            prompts=json.loads(meta["prompts"]),
-            truncate_dim=json.loads(meta.get("truncate_dim", "null")),
-            source=VectorSource.from_json(meta.get("runtime")),  # none recorded: torch
+    if dim != record.dim:
+        cut = (
+            f"search with --dim {record.dim} (Python: model.truncate_dim = {record.dim}) if "
+            "the store was indexed at that size, "
+            if record.dim < dim
+            else ""
         )
-
-    def differences(self, other: VectorSettings) -> list[tuple[str, object, object]]:
-        """``(setting, ours, theirs)`` for every setting that differs; the runtime differs
-        when the two may not write into one store (:func:`~densefit.retrieval.runtimes.
-        disagreement`)."""
-        found = [
-            (name, getattr(self, name), getattr(other, name))
-            for name in ("max_seq_length", "normalize", "prompts", "truncate_dim")
-            if getattr(self, name) != getattr(other, name)
-        ]
-        if disagreement(self.source, other.source, mixing=True):
-            found.append(("runtime", self.source.runtime, other.source.runtime))
-        return found
-
-
-_FIXES = {
-    "max_seq_length": "pass --max-seq-length {stored}",
-    "normalize": "use a model that {verb} normalise its embeddings",
-    "prompts": "pass the prompts {stored} (--query-prompt/--document-prompt)",
-    "truncate_dim": "pass --dim {stored}",
-    "runtime": "pass --runtime {stored} (auto picks it when it is exported for this model)",
-}
+        raise ModelMismatchError(
+            f"{where}: the store holds {record.dim}-d embeddings from "
+            f"{record.model_name!r}, but model {given!r} makes {dim}-d embeddings: {cut}search "
+            f"with --model {record.model_name}, or re-index into a new store with this model"
+        )
+    fingerprint = model_fingerprint(model)
+    similarity = float(np.min(np.sum(fingerprint * record.fingerprint, axis=1)))
+    same_name = canonical_model_name(given) == canonical_model_name(record.model_name)
+    if similarity < SAME_WEIGHTS_COSINE:
+        why = (
+            "its weights changed since the store was indexed (was it trained?)"
+            if same_name
+            else "it is a different model"
+        )
+        raise ModelMismatchError(
+            f"{where}: the store was indexed with {record.model_name!r}, but model "
+            f"{given!r} does not reproduce its embeddings ({why}; probe cosine "
+            f"{similarity:.4f}): search with the indexing model, or re-index the corpus "
+            "with this one (`densefit index ... --store NEW_DIR`)"
+        )
 
 
 def check_search_settings(
@@ -210,13 +196,13 @@ def check_search_settings(
 def check_runtime(stored: VectorSource, runtime: Runtime | None, where: Path) -> None:
     """Raise :class:`SettingsMismatchError` when queries embedded by ``runtime`` (None:
     torch) may not search documents embedded by ``stored``: the rule of
-    :func:`~densefit.retrieval.runtimes.disagreement`.
+    :func:`~densefit.retrieval.vector_source.disagreement`.
 
     >>> int8 = VectorSource("onnx-int8", "int8:ab", "onnx/model_qint8_avx2.onnx", False)
     >>> check_runtime(int8, None, Path("store"))
     Traceback (most recent call last):
     ...
-    densefit.retrieval.index.settings.SettingsMismatchError: store: the store's documents were embedded by onnx-int8 (onnx/model_qint8_avx2.onnx), this run embeds with torch: the check of onnx-int8 (onnx/model_qint8_avx2.onnx) did not find that its vectors rank like fp32 ones when mixed with them; search with --runtime onnx-int8 (runtime= in Python), or re-index with this runtime
+    densefit.retrieval.index.types.SettingsMismatchError: store: the store's documents were embedded by onnx-int8 (onnx/model_qint8_avx2.onnx), this run embeds with torch: the check of onnx-int8 (onnx/model_qint8_avx2.onnx) did not find that its vectors rank like fp32 ones when mixed with them; search with --runtime onnx-int8 (runtime= in Python), or re-index with this runtime
     """
     given = runtime.source if runtime is not None else VectorSource()
     reason = disagreement(stored, given, mixing=False)
@@ -225,152 +211,6 @@ def check_runtime(stored: VectorSource, runtime: Runtime | None, where: Path) ->
             f"{where}: {reason}; search with --runtime {stored.runtime} (runtime= in Python), "
             "or re-index with this runtime"
         )
-
-
-@dataclass
-class StoreRecord:
-    """What a store's meta table says about its vectors: model, shape and settings."""
-
-    model_name: str
-    dim: int
-    similarity: str
-    vector_kind: str  # one of densefit.choices.VECTOR_KINDS
-    fingerprint: np.ndarray
-    settings: VectorSettings | None
-
-    def to_meta(self) -> dict[str, str]:
-        """The meta-table entries of a new store (format, model, settings, empty counters)."""
-        meta = {
-            "format": FORMAT,
-            "model_name": self.model_name,
-            "dim": str(self.dim),
-            "similarity": self.similarity,
-            "vectors": self.vector_kind,
-            "fingerprint": json.dumps(np.asarray(self.fingerprint, dtype=np.float32).tolist()),
-            "n_rows": "0",
-            "generation": "0",
-            "stale_below_row": "0",
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        if self.settings is not None:
-            meta.update(self.settings.to_meta())
-        return meta
-
-    @classmethod
-    def from_meta(cls, meta: dict[str, str], where: Path) -> StoreRecord:
-        """Read the record, or :class:`StoreError` for a store of an unknown format."""
-        if meta.get("format") != FORMAT:
-            raise StoreError(
-                f"{where}: unknown store format {meta.get('format')!r} (this densefit reads "
-                f"{FORMAT}); re-index into a new folder"
-            )
-        return cls(
-            model_name=meta["model_name"],
-            dim=int(meta["dim"]),
-            similarity=meta["similarity"],
-            # "dtype": the key of stores made before int8 and binary vectors existed
-            vector_kind=meta.get("vectors", meta.get("dtype", "float32")),
-            fingerprint=np.asarray(json.loads(meta["fingerprint"]), dtype=np.float32),
-            settings=VectorSettings.from_meta(meta),
-        )
-
-    def same_vectors(self, other: StoreRecord) -> bool:
-        """Whether ``other`` records the same vectors: same size, similarity and settings,
-        and a fingerprint of the same weights (a model swap for it may resume this one's)."""
-        if (self.dim, self.similarity) != (other.dim, other.similarity) or (
-            self.fingerprint.shape != other.fingerprint.shape
-        ):
-            return False
-        if (
-            self.settings is not None
-            and other.settings is not None
-            and (self.settings.differences(other.settings))
-        ):
-            return False
-        cosine = np.min(np.sum(self.fingerprint * other.fingerprint, axis=1))
-        return bool(cosine >= SAME_WEIGHTS_COSINE)
-
-    def check_model(self, model, where: Path) -> None:
-        """Raise :class:`ModelMismatchError` unless ``model`` made these vectors.
-
-        The dimension must match, and the model must reproduce the recorded fingerprint:
-        a model of the same name whose weights changed (trained in place) is refused too, and
-        the same weights under another name (a hub name vs its local folder) are accepted.
-        """
-
-        given = model_name_of(model)
-        dim = embedding_dimension(model)
-        if dim != self.dim and getattr(model, "truncate_dim", None) is not None:
-            raise ModelMismatchError(
-                f"{where}: the store holds {self.dim}-d vectors, but the queries are cut to "
-                f"{dim} (--dim {dim}): drop --dim (a search uses the store's size) or pass "
-                f"--dim {self.dim}"
-            )
-        if dim != self.dim:
-            cut = (
-                f"search with --dim {self.dim} (Python: model.truncate_dim = {self.dim}) if "
-                "the store was indexed at that size, "
-                if self.dim < dim
-                else ""
-            )
-            raise ModelMismatchError(
-                f"{where}: the store holds {self.dim}-d embeddings from "
-                f"{self.model_name!r}, but model {given!r} makes {dim}-d embeddings: {cut}search "
-                f"with --model {self.model_name}, or re-index into a new store with this model"
-            )
-        fingerprint = model_fingerprint(model)
-        similarity = float(np.min(np.sum(fingerprint * self.fingerprint, axis=1)))
-        same_name = canonical_model_name(given) == canonical_model_name(self.model_name)
-        if similarity < SAME_WEIGHTS_COSINE:
-            why = (
-                "its weights changed since the store was indexed (was it trained?)"
-                if same_name
-                else "it is a different model"
-            )
-            raise ModelMismatchError(
-                f"{where}: the store was indexed with {self.model_name!r}, but model "
-                f"{given!r} does not reproduce its embeddings ({why}; probe cosine "
-                f"{similarity:.4f}): search with the indexing model, or re-index the corpus "
-                "with this one (`densefit index ... --store NEW_DIR`)"
-            )
-
-    def check_settings(self, settings: VectorSettings, where: Path) -> None:
-        """Raise :class:`SettingsMismatchError` naming the first setting that differs.
-
-        A store made before settings were recorded accepts any settings.
-        """
-        if self.settings is None:
-            return
-        differences = self.settings.differences(settings)
-        if not differences:
-            return
-        name, stored, given = differences[0]
-        fix = _FIXES[name].format(stored=stored, verb="does" if stored else "does not")
-        raise SettingsMismatchError(
-            f"{where}: the store's vectors were made with {name}={stored!r}, but this run "
-            f"embeds with {name}={given!r}: {fix}, or pass --reembed (reembed=True in Python) to "
-            "re-embed every document with the new settings, or index into a new --store"
-        )
-
-
-@dataclass
-class SwapTarget:
-    """The model a store is being re-embedded with (a model swap,
-    :mod:`densefit.retrieval.index.swap`): its record, and the vector-file generation its
-    vectors go to. Kept in the store's meta table until the switch."""
-
-    record: StoreRecord
-    generation: int
-
-    def to_json(self) -> str:
-        return json.dumps({"record": self.record.to_meta(), "generation": self.generation})
-
-    @classmethod
-    def from_json(cls, text: str | None, where: Path) -> SwapTarget | None:
-        if not text:
-            return None
-        data = json.loads(text)
-        return cls(StoreRecord.from_meta(data["record"], where), int(data["generation"]))
 
 
 def record_for(model, vectors: str, runtime=None) -> StoreRecord:
@@ -392,7 +232,7 @@ def record_for(model, vectors: str, runtime=None) -> StoreRecord:
         similarity,
         vectors,
         model_fingerprint(model),
-        VectorSettings.of(model, runtime),
+        settings_of(model, runtime),
     )
 
 

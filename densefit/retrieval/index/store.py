@@ -32,7 +32,7 @@ in by one commit).
 
 The store records the model that made the embeddings and the settings it made them with
 (:mod:`densefit.retrieval.index.settings`): searching with another model raises
-:class:`~densefit.retrieval.index.base.ModelMismatchError` instead of returning garbage, and
+:class:`~densefit.retrieval.index.types.ModelMismatchError` instead of returning garbage, and
 indexing with other settings raises :class:`~densefit.retrieval.index.settings.
 SettingsMismatchError` instead of mixing vectors (``densefit index --reembed`` re-embeds).
 
@@ -46,6 +46,7 @@ together behind :class:`LocalDocumentStore`, the embedded engine of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -55,7 +56,7 @@ import tempfile
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from functools import wraps
 from pathlib import Path
 
@@ -71,17 +72,10 @@ from densefit.errors import (
     StorageFault,
     storage_fault,
 )
-from densefit.retrieval.index.base import (
-    Capabilities,
-    ModelSwappedError,
-    SearchHit,
-    StoreError,
-    WriteResult,
-)
 from densefit.retrieval.index.common import (
+    Fault,
     StoreCommon,
     checked_documents,
-    checked_vectors,
     checked_write,
 )
 from densefit.retrieval.index.documents import (
@@ -91,18 +85,31 @@ from densefit.retrieval.index.documents import (
     text_hash,
     write_new_database,
 )
-from densefit.retrieval.index.filters import (
+from densefit.retrieval.index.filters import Filter, parse_filters
+from densefit.retrieval.index.lexical import StoreBm25
+from densefit.retrieval.index.locking import LOCK_NAME, writer_lock
+from densefit.retrieval.index.registry import capabilities_of
+from densefit.retrieval.index.settings import settings_of
+from densefit.retrieval.index.sqlite_filters import (
     compile_filters,
     meta_field_sql,
     meta_index_sql,
-    normalise_filters,
 )
-from densefit.retrieval.index.lexical import StoreBm25
-from densefit.retrieval.index.locking import LOCK_NAME, writer_lock
-from densefit.retrieval.index.settings import (
+from densefit.retrieval.index.swap import LOCK_NAME as SWAP_LOCK_NAME
+from densefit.retrieval.index.swap import (
+    MODEL_GENERATION_KEY,
+    SWAP_KEY,
+    SwapCoordinator,
+    model_swapped,
+    next_vectors_for,
+    refuse_during_swap,
+    switched_meta,
+)
+from densefit.retrieval.index.types import (
+    StoreError,
     StoreRecord,
     SwapTarget,
-    VectorSettings,
+    WriteResult,
 )
 from densefit.retrieval.index.vectors import CommittedVectors, make_backend
 from densefit.wording import plural
@@ -118,39 +125,36 @@ __all__ = [
     "why_none",
 ]
 
-CAPABILITIES = Capabilities(
-    engine="embedded",
-    vector_kinds=VECTOR_KINDS,
-    backends=("exact", "faiss"),
-    lexical="bm25 (a side index of the texts, bm25s's tokens and scores)",
-    hybrid=True,
-    model_swap=True,
-    transactions=True,
-    crash_safe=True,
-    compaction=True,
-    shared=False,  # one machine: several processes, but one folder
+CAPABILITIES = capabilities_of("embedded")  # declared in its registry row
+# The files a store keeps in its folder (see the layout above): drop() deletes these, under
+# the writer lock, whose own file (LOCK_NAME) goes as the lock is let go.
+_OWN_FILES = (
+    f"{DB_NAME}*",  # the database, its WAL and shared memory
+    "vectors-*.*",
+    "bm25-*.npz*",
+    "faiss-*.index*",
+    SWAP_LOCK_NAME,
 )
-SWAP_KEY = "swap"  # meta: the SwapTarget of a model swap under way
 SWAP_ROWS_KEY = "swap_rows"  # meta: the rows committed to the swap's vector file
-MODEL_GENERATION_KEY = "model_generation"  # meta: how many model swaps the store went through
 _DROP_SWAP = "DELETE FROM meta WHERE key IN (?, ?)"  # a swap switched or cancelled
 
 
+@contextmanager
+def _held(store) -> Iterator[None]:
+    """``store``'s lock held (one call at a time per store object, which a server's threads
+    may share), a full disk, a read-only or a damaged file turned into its
+    :class:`~densefit.errors.StorageFault` naming the file (the store's ``_faults``)."""
+    with store._lock, store._errors():
+        yield
+
+
 def _locked(method):
-    """Serialise calls on one store object (it may be shared by a server's threads), and turn
-    a full disk, a read-only or a damaged file into its :class:`~densefit.errors.
-    StorageFault` naming the file."""
+    """``method`` run :func:`_held`."""
 
     @wraps(method)
     def locked(self, *args, **kwargs):
-        with self._lock:
-            try:
-                return method(self, *args, **kwargs)
-            except (OSError, sqlite3.Error) as exc:
-                fault = self._fault(exc)
-                if fault is None:
-                    raise
-                raise fault from None
+        with _held(self):
+            return method(self, *args, **kwargs)
 
     return locked
 
@@ -164,10 +168,11 @@ def _json_value(kind: str, value):
     return value
 
 
-def compiled_filters(filters: dict | None) -> tuple[str, list] | None:
-    """The SQL clause and parameters of ``filters``; None when there is nothing to filter."""
-    filters = normalise_filters(filters)
-    return None if filters is None else compile_filters(filters)
+def compiled_filters(filters: Filter | dict | None) -> tuple[str, list]:
+    """The SQL clause and parameters of ``filters`` (parsed for the embedded store: a dict
+    here, a :class:`~densefit.retrieval.index.filters.Filter` from the edge); ``"1"`` when
+    there is nothing to filter."""
+    return compile_filters(parse_filters(filters, CAPABILITIES))
 
 
 def _ranked(scores: np.ndarray, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -175,7 +180,7 @@ def _ranked(scores: np.ndarray, rows: np.ndarray) -> list[tuple[np.ndarray, np.n
     return [(r[r >= 0], s[r >= 0]) for s, r in zip(scores, rows, strict=True)]
 
 
-class LocalDocumentStore(StoreCommon):
+class LocalDocumentStore(SwapCoordinator, StoreCommon):
     """Documents in SQLite, embeddings in a vector file, searched by a pluggable backend.
 
     Get one from :func:`~densefit.retrieval.index.engines.open_store` with a folder (or
@@ -213,14 +218,12 @@ class LocalDocumentStore(StoreCommon):
             raise StoreError(_not_a_store(self.path))
         self._table = None
         try:
-            self._open(db, backend=backend, rescore=rescore, read_only=read_only)
-        except BaseException as exc:
+            with self._errors():
+                self._open(db, backend=backend, rescore=rescore, read_only=read_only)
+        except BaseException:
             if self._table is not None:
                 self._table.close()
-            fault = self._fault(exc) if isinstance(exc, (OSError, sqlite3.Error)) else None
-            if fault is None:
-                raise
-            raise fault from None
+            raise
 
     def _open(self, db: Path, *, backend, rescore, read_only: bool) -> None:
         """Open the database (read-only when asked, or when this process may not write the
@@ -314,7 +317,7 @@ class LocalDocumentStore(StoreCommon):
 
     @_locked
     def adopt_runtime(self, source) -> bool:
-        """Record ``source`` (a :class:`~densefit.retrieval.runtimes.VectorSource`) as what
+        """Record ``source`` (a :class:`~densefit.retrieval.vector_source.VectorSource`) as what
         makes this store's vectors when it holds none yet: an empty store takes the runtime
         of its first write. Returns whether it did."""
         self._refresh()
@@ -341,14 +344,9 @@ class LocalDocumentStore(StoreCommon):
         indexing.index_documents` even when their text is unchanged, and it re-embeds those
         missing from its input from their stored text; a crash in between resumes.
         """
-        settings = VectorSettings.of(model, runtime)
+        settings = settings_of(model, runtime)
         with self.transaction() as fresh:
-            swap = self._swap_under_way()
-            if swap is not None:
-                raise StoreError(
-                    f"{self.path}: a model swap to {swap.record.model_name!r} is under way: "
-                    "finish it (densefit reembed) before re-embedding with new settings"
-                )
+            refuse_during_swap(self.location, self._swap_under_way())
             for key, value in settings.to_meta().items():
                 self._table.set_meta(key, value)
             self._table.set_meta("stale_below_row", self._table.meta_value("n_rows"))
@@ -380,98 +378,69 @@ class LocalDocumentStore(StoreCommon):
         with self.transaction():
             self._table.set_meta("stale_below_row", 0)
 
-    # -- a model swap: the next generation of vectors ----------------------------------------
-    # The steps of densefit.retrieval.index.swap.reembed_store; each one commit.
+    # -- a model swap: the next generation's vector file ------------------------------------
+    # SwapCoordinator (densefit.retrieval.index.swap) runs the swap over these primitives:
+    # the next generation's vectors go to their own file, each document's row there to
+    # ``next_row``, and the switch promotes them in one SQLite commit.
 
-    @_locked
-    def swap_target(self) -> SwapTarget | None:
-        """The model swap under way (None: none)."""
-        self._refresh()
-        return self._swap
+    swap_target = _locked(SwapCoordinator.swap_target)
+    begin_swap = _locked(SwapCoordinator.begin_swap)
+    swap_pending = _locked(SwapCoordinator.swap_pending)
+    write_swap = _locked(SwapCoordinator.write_swap)
+    finish_swap = _locked(SwapCoordinator.finish_swap)
+    cancel_swap = _locked(SwapCoordinator.cancel_swap)
 
-    @_locked
-    def begin_swap(self, target: StoreRecord) -> tuple[SwapTarget, bool]:
-        """Start re-embedding every document for ``target`` (the new model's record), or go
-        on with the swap under way when it is for the same vectors; returns the swap and
-        whether it resumed one. A swap for another model is started afresh (its vectors
-        discarded); the current generation is untouched either way."""
-        if target.vector_kind != self.vector_kind:
-            raise StoreError(f"a {self.vector_kind} store swaps to {self.vector_kind} vectors")
-        with self.transaction():
-            swap = self._swap_under_way()
-            if swap is not None and swap.record.same_vectors(target):
-                return swap, True
-            fresh = SwapTarget(target, int(self._table.meta_value("generation")) + 1)
-            self._table.add_next_rows()
-            self._table.set_meta(SWAP_KEY, fresh.to_json())
+    @contextmanager
+    def _swap_transaction(self) -> Iterator[None]:
+        with self._lock, self.transaction():
+            self._swap = self._swap_under_way()
+            yield None
+
+    def _save_swap(self, tx, swap: SwapTarget | None) -> None:
+        if swap is None:
+            self._table.conn.execute(_DROP_SWAP, (SWAP_KEY, SWAP_ROWS_KEY))
+        else:
+            self._table.set_meta(SWAP_KEY, swap.to_json())
             self._table.set_meta(SWAP_ROWS_KEY, 0)
-        self._reload()
-        return fresh, False
 
-    @_locked
-    def swap_pending(self, after_row: int, limit: int) -> list[tuple[int, str, str]]:
-        """``(row, id, text)`` of up to ``limit`` documents past ``after_row`` that the swap
-        has still to embed, by row."""
-        self._refresh()
+    def _create_generation(self, tx, record: StoreRecord, generation: int | None) -> int:
+        if generation is not None:  # resumed: its file and next rows are kept
+            return generation
+        self._table.add_next_rows()
+        return int(self._table.meta_value("generation")) + 1
+
+    def _drop_generation(self, tx, swap: SwapTarget) -> None:
+        """Nothing in the transaction: :meth:`_remove_stale_files` deletes the file after."""
+
+    def _pending_rows(self, swap: SwapTarget, after_row: int, limit: int) -> list:
         return self._table.without_next_rows(after_row, limit)
 
-    @_locked
-    def write_swap(
-        self, target: SwapTarget, pending: Sequence[tuple[int, str]], embeddings: np.ndarray
-    ) -> int:
-        """Commit the new model's ``embeddings`` of the ``(row, id)`` documents ``pending``
-        gave; a document rewritten or deleted since (its row moved or gone) is left for the
-        swap to meet again. Returns the vectors recorded."""
-        vectors = checked_vectors(target.record, [Document(i, "") for _, i in pending], embeddings)
-        with self.transaction():
-            swap = self._swap_for(target)
-            current = self._table.rows_of([i for _, i in pending])
-            keep = [k for k, (row, i) in enumerate(pending) if current.get(i) == row]
-            if not keep:
-                return 0
-            start = int(self._table.meta_value(SWAP_ROWS_KEY))
-            self._swap_file(swap).write(start, vectors[keep])
-            self._table.set_next_rows([(pending[k][1], start + n) for n, k in enumerate(keep)])
-            self._table.set_meta(SWAP_ROWS_KEY, start + len(keep))
+    def _count_pending(self, swap: SwapTarget) -> int:
+        return self._table.count_without_next_rows()
+
+    def _put_next(self, tx, swap: SwapTarget, pending: list, vectors: np.ndarray) -> int:
+        current = self._table.rows_of([i for _, i in pending])
+        keep = [k for k, (row, i) in enumerate(pending) if current.get(i) == row]
+        if not keep:
+            return 0
+        start = int(self._table.meta_value(SWAP_ROWS_KEY))
+        self._swap_file(swap).write(start, vectors[keep])
+        self._table.set_next_rows([(pending[k][1], start + n) for n, k in enumerate(keep)])
+        self._table.set_meta(SWAP_ROWS_KEY, start + len(keep))
         return len(keep)
 
-    @_locked
-    def finish_swap(self, target: SwapTarget) -> bool:
-        """Switch to the new model's vectors in one commit when every document has one, and
-        return True; False (nothing changed) while documents are left to embed. Searches
-        prepared for the old model get :class:`ModelSwappedError` from now on."""
-        with self.transaction():
-            swap = self._swap_for(target)
-            if self._table.count_without_next_rows():
-                return False
-            self._table.promote_next_rows()
-            meta = swap.record.to_meta()
-            for key in ("model_name", "dim", "similarity", "fingerprint"):
-                self._table.set_meta(key, meta[key])
-            for key, value in (swap.record.settings or VectorSettings()).to_meta().items():
-                self._table.set_meta(key, value)
-            self._table.set_meta("n_rows", self._table.meta_value(SWAP_ROWS_KEY))
-            self._table.set_meta("generation", swap.generation)
-            self._table.set_meta("stale_below_row", 0)
-            generation = int(self._table.meta_value(MODEL_GENERATION_KEY, "0"))
-            self._table.set_meta(MODEL_GENERATION_KEY, generation + 1)
-            self._table.conn.execute(_DROP_SWAP, (SWAP_KEY, SWAP_ROWS_KEY))
+    def _switch(self, tx, swap: SwapTarget) -> None:
+        self._table.promote_next_rows()
+        values = switched_meta(swap, int(self._table.meta_value(MODEL_GENERATION_KEY, "0")))
+        values.update(n_rows=self._table.meta_value(SWAP_ROWS_KEY), stale_below_row=0)
+        for key, value in values.items():
+            self._table.set_meta(key, value)
+        self._save_swap(tx, None)
         self._wrote = True
-        self._reload()
-        self._remove_stale_files()
-        return True
 
-    @_locked
-    def cancel_swap(self) -> bool:
-        """Drop the model swap under way (its vectors are deleted; the current generation
-        serves on). Returns whether there was one."""
-        with self.transaction():
-            if self._table.meta_value(SWAP_KEY) is None:
-                return False
-            self._table.conn.execute(_DROP_SWAP, (SWAP_KEY, SWAP_ROWS_KEY))
+    def _swap_changed(self) -> None:
         self._reload()
         self._remove_stale_files()
-        return True
 
     def _swap_file(self, swap: SwapTarget):
         return self._vectors.file_for(swap.generation, swap.record.dim)
@@ -479,13 +448,6 @@ class LocalDocumentStore(StoreCommon):
     def _swap_under_way(self) -> SwapTarget | None:
         """The swap the meta table records now (inside the caller's transaction)."""
         return SwapTarget.from_json(self._table.meta_value(SWAP_KEY), self.path)
-
-    def _swap_for(self, target: SwapTarget) -> SwapTarget:
-        """The swap under way, which must be ``target``'s (inside the caller's transaction)."""
-        swap = self._swap_under_way()
-        if swap is None or not swap.record.same_vectors(target.record):
-            raise StoreError(f"{self.path}: the model swap was cancelled or restarted")
-        return swap
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -549,15 +511,12 @@ class LocalDocumentStore(StoreCommon):
         found = np.asarray(self._vectors.view()[list(rows.values())], dtype=np.float32)
         return dict(zip(rows, found, strict=True))
 
-    @_locked
-    def search(self, *args, **kwargs) -> list[list[SearchHit]]:
-        return super().search(*args, **kwargs)
-
-    search.__doc__ = StoreCommon.search.__doc__
-
     # The engine's parts of a search (StoreCommon.search): keys are rows of the vector file.
 
-    def _where(self, filters: dict) -> np.ndarray:
+    def _reading(self) -> AbstractContextManager:
+        return _held(self)
+
+    def _where(self, filters: Filter) -> np.ndarray:
         """The rows of the documents matching ``filters``."""
         return np.asarray(self._table.rows_matching(*compile_filters(filters)), dtype=np.int64)
 
@@ -607,40 +566,42 @@ class LocalDocumentStore(StoreCommon):
         return self._bm25.loaded
 
     @_locked
-    def filter_documents(self, filters: dict | None = None) -> list[Document]:
+    def filter_documents(self, filters: Filter | dict | None = None) -> list[Document]:
         """Every document matching ``filters`` (all of them for None or ``{}``), in the
         order they were written (an updated document counts as written last)."""
-        where = compiled_filters(filters) or ("1", [])
+        where = compiled_filters(filters)
         self._refresh()
         return self._table.documents_matching(*where)
 
     @_locked
-    def count_matching(self, filters: dict | None = None) -> int:
+    def count_matching(self, filters: Filter | dict | None = None) -> int:
         """How many documents match ``filters`` (all of them for None or ``{}``)."""
-        where = compiled_filters(filters) or ("1", [])
+        where = compiled_filters(filters)
         self._refresh()
         return self._table.count_matching(*where)
 
     @_locked
-    def meta_values(self, field: str, filters: dict | None = None) -> list[tuple[object, int]]:
+    def meta_values(
+        self, field: str, filters: Filter | dict | None = None
+    ) -> list[tuple[object, int]]:
         """Each distinct value of the metadata field ``field`` (``"meta.lang"``, nested
         ``"meta.a.b"``) among the documents matching ``filters``, with how many documents
         hold it, computed in SQLite. Documents without the field (or with null) are left
         out; values keep their JSON type, so ``1``, ``1.0``, ``True`` and ``"1"`` are four
         values; lists and objects come back as lists and dicts."""
         field_sql, type_sql = meta_field_sql(field)
-        where = compiled_filters(filters) or ("1", [])
+        where = compiled_filters(filters)
         self._refresh()
         rows = self._table.meta_values(field_sql, type_sql, *where)
         return [(_json_value(kind, value), n) for kind, value, n in rows]
 
     @_locked
-    def meta_range(self, field: str, filters: dict | None = None) -> tuple[object, object]:
+    def meta_range(self, field: str, filters: Filter | dict | None = None) -> tuple[object, object]:
         """``(min, max)`` of the metadata field ``field`` among the documents matching
         ``filters``: of its numbers (booleans are not numbers here), or, when it holds no
         number, of its strings (ISO dates order as dates); ``(None, None)`` when neither."""
         field_sql, type_sql = meta_field_sql(field)
-        where = compiled_filters(filters) or ("1", [])
+        where = compiled_filters(filters)
         self._refresh()
         for types in (("integer", "real"), ("text",)):
             low, high = self._table.meta_range(field_sql, type_sql, types, *where)
@@ -698,12 +659,9 @@ class LocalDocumentStore(StoreCommon):
             replaced = self._table.rows_of([d.id for d in documents])
             self._vectors.file.write(start, vectors)
             swap = self._swap_under_way()
+            next_vectors = next_vectors_for(swap, swap_target, next_vectors)
             next_start = None
-            if (
-                swap is not None
-                and next_vectors is not None
-                and swap.record.same_vectors(swap_target.record)
-            ):
+            if next_vectors is not None:
                 next_start = int(self._table.meta_value(SWAP_ROWS_KEY))
                 self._swap_file(swap).write(next_start, next_vectors)
                 self._table.set_meta(SWAP_ROWS_KEY, next_start + len(documents))
@@ -807,46 +765,37 @@ class LocalDocumentStore(StoreCommon):
             if self._cleanup is not None:
                 self._cleanup()
 
+    @_locked
+    def drop(self) -> None:
+        """Delete the store: the files it keeps in its folder (database, vector files, BM25
+        and FAISS caches, lock files; other files stay, and the folder goes when nothing else
+        is left in it), under the writer lock; the store is closed after."""
+        self._check_writable()
+        if self._table.conn is None:
+            raise StoreError(f"{self.path}: the store is closed; open it again to drop it")
+        with self.writer_lock():
+            self._table.close()
+            for pattern in _OWN_FILES:
+                for path in self.path.glob(pattern):
+                    path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()  # only when empty
+        if self._cleanup is not None:
+            self._cleanup()
+
     def __repr__(self) -> str:
         return (
             f"LocalDocumentStore({str(self.path)!r}, model={self.model_name!r}, dim={self.dim}, "
             f"backend={getattr(self.backend, 'name', self.backend_spec)!r})"
         )
 
-    @_locked
-    def info(self) -> dict:
-        """A summary for humans and ``--json``: model, settings, sizes, vectors, backend."""
-        self._refresh()
-        settings = self.settings
+    def _info_extra(self) -> dict:
         live = np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
+        current = self._bm25.is_current(self._vectors.generation, live)
         return {
-            "engine": CAPABILITIES.engine,
-            "path": str(self.path),
-            "model": self.model_name,
-            "dim": self.dim,
-            "similarity": self.similarity,
-            "vectors": self.vector_kind,
-            "rescore": getattr(self.backend, "rescore", None),
-            "max_seq_length": settings.max_seq_length if settings else None,
-            "normalize": settings.normalize if settings else None,
-            "prompts": dict(settings.prompts) if settings else None,
-            "runtime": settings.source.describe() if settings else None,
-            "documents": self.count(),
-            "dead_rows": self.dead_rows(),
             "backend": getattr(self.backend, "name", str(self.backend_spec)),
-            "bm25": "current"
-            if self._bm25.is_current(self._vectors.generation, live)
-            else "updated at the next BM25 search",
-            "model_swaps": self.model_generation,
-            "swap": None if self._swap is None else self._swap_progress(),
-        }
-
-    def _swap_progress(self) -> dict:
-        """The swap under way: its model and how many documents it has still to embed."""
-        return {
-            "model": self._swap.record.model_name,
-            "dim": self._swap.record.dim,
-            "remaining": self._table.count_without_next_rows(),
+            "bm25": "current" if current else "updated at the next BM25 search",
+            "rescore": getattr(self.backend, "rescore", None),
         }
 
     def transaction(self) -> _StoreTransaction:
@@ -870,6 +819,11 @@ class LocalDocumentStore(StoreCommon):
                 "it, make the folder and its files writable by this user (or copy the store "
                 "to a writable folder)"
             )
+
+    @property
+    def _faults(self) -> tuple[Fault, ...]:
+        """The error table: the file system's and SQLite's errors as storage faults."""
+        return (Fault((OSError, sqlite3.Error), self._fault),)
 
     def _fault(self, exc: BaseException) -> StorageFault | None:
         """The storage fault ``exc`` means for this store (see :func:`~densefit.errors.
@@ -924,8 +878,7 @@ class LocalDocumentStore(StoreCommon):
                 backend=self.backend_spec,
                 rescore=self._rescore,
             )
-            self._checked.clear()
-        self._record, self.model_generation = record, model_generation
+        self._loaded(record, model_generation)
         self._swap = SwapTarget.from_json(meta.get(SWAP_KEY), self.path / DB_NAME)
         try:
             self._vectors.load(
@@ -990,10 +943,7 @@ class _StoreTransaction:
         if swapped != store.model_generation:  # another process switched to a new model
             self.inner.__exit__(None, None, None)
             store._reload()
-            raise ModelSwappedError(
-                f"{store.path}: the store switched to the model {store.model_name!r} while "
-                "this write was prepared; embed the documents with it and write again"
-            )
+            raise model_swapped(store.location, store.model_name)
         version = store._table.data_version()
         generation = int(store._table.meta_value("generation"))
         if generation != store._vectors.generation:  # another process compacted

@@ -1,146 +1,280 @@
 """A model swap: re-embed a store with another model while it keeps answering, then switch.
 
-``densefit reembed --store DIR --model NEW`` (and ``POST /admin/reembed`` of ``densefit
-serve``) builds the next generation of the store's vectors with the new model, in the same
-folder, beside the current one:
+``densefit reembed --store TARGET --model NEW`` (and ``POST /admin/reembed`` of ``densefit
+serve``) builds the next generation of the store's vectors with the new model, beside the
+current one (blue/green), on every engine that declares
+:attr:`~densefit.retrieval.index.types.Capabilities.model_swap`:
 
-1. :meth:`~densefit.retrieval.index.store.LocalDocumentStore.begin_swap` records the new
-   model (name, dimension, fingerprint, settings) as the swap under way, in one commit;
-2. the documents are embedded in row order, a chunk per commit
-   (:meth:`~densefit.retrieval.index.store.LocalDocumentStore.write_swap`), into the next
-   generation's vector file. Searches keep using the current generation. Documents written
-   meanwhile are embedded for both generations: by the writer when it has the new model
-   (``densefit serve`` does), else by this pass (a write appends rows, so the pass meets
-   them), and deletes apply to both (one document table);
-3. :meth:`~densefit.retrieval.index.store.LocalDocumentStore.finish_swap` switches in one
-   SQLite commit once every document has a new vector: rows, model record and generation
-   change together. Searches prepared for the old model get
-   :class:`~densefit.retrieval.index.store.ModelSwappedError` and embed again.
+1. :meth:`SwapCoordinator.begin_swap` creates the next generation's storage and records the
+   new model (name, dimension, fingerprint, settings) as the swap under way, in the store's
+   own metadata, where every process finds it;
+2. :func:`~densefit.retrieval.index.reembed.reembed_store` embeds the documents in write order, a chunk per step
+   (:meth:`SwapCoordinator.swap_pending`, :meth:`SwapCoordinator.write_swap`). Searches keep
+   using the current generation. Documents written meanwhile are embedded for both
+   generations: by the writer when it has the new model (``densefit serve``'s does), else by
+   this pass (a write gives a document a later row, so the pass meets it); deletes and
+   metadata updates reach both;
+3. :meth:`SwapCoordinator.finish_swap` switches once every document has a current next
+   vector: the live generation, the model record and :attr:`model_generation` change together
+   (one transaction, or one alias operation). Searches and writes prepared for the old model
+   get :class:`~densefit.retrieval.index.types.ModelSwappedError` and embed again.
 
 A process killed at any point leaves the current generation serving (nothing of it changes
-before the switch) and the swap resumable: running it again with the same model goes on from
-the committed chunks; with another model it starts afresh. ``cancel_swap`` drops it.
+before the switch) and the swap resumable: running it again with the same model goes on
+from the vectors written; with another model it starts afresh. ``cancel_swap`` drops it.
+
+The state machine is :class:`SwapCoordinator`, written once; an engine gives it a handful of
+primitives over its own storage (a next vector file, a second table, a collection behind an
+alias), listed in the class's docstring.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 
-from tqdm.auto import tqdm
+import numpy as np
 
-from densefit.models import model_name_of
-from densefit.retrieval.encode import encode_with_callback
-from densefit.retrieval.index.base import DocumentStore
-from densefit.retrieval.index.engines import require
-from densefit.retrieval.index.settings import record_for
-from densefit.retrieval.runtimes import resolve_runtime
+from densefit.choices import SIMILARITIES
+from densefit.data.types import Document
+from densefit.retrieval.index.common import checked_vectors
+from densefit.retrieval.index.types import (
+    ModelSwappedError,
+    StoreError,
+    StoreRecord,
+    SwapTarget,
+    VectorSettings,
+)
 
-__all__ = ["LOCK_NAME", "SwapReport", "reembed_store"]
+__all__ = [
+    "LOCK_NAME",
+    "MODEL_GENERATION_KEY",
+    "SWAP_KEY",
+    "SwapCoordinator",
+    "model_swapped",
+    "next_vectors_for",
+    "refuse_during_swap",
+    "switched_meta",
+]
 
 LOCK_NAME = "reembed.lock"  # one model swap at a time; writers and searches do not take it
+SWAP_KEY = "swap"  # the store's metadata: the SwapTarget of the model swap under way
+MODEL_GENERATION_KEY = "model_generation"  # the store's metadata: the model swaps so far
 
 
-@dataclass
-class SwapReport:
-    """What :func:`reembed_store` did."""
+def switched_meta(swap: SwapTarget, model_generation: int) -> dict[str, str]:
+    """The record entries a switch to ``swap`` writes: the new model (name, dimension,
+    similarity, fingerprint), its settings, the live generation and the model generation
+    after ``model_generation``."""
+    meta = swap.record.to_meta()
+    values = {key: meta[key] for key in ("model_name", "dim", "similarity", "fingerprint")}
+    values.update((swap.record.settings or VectorSettings()).to_meta())
+    values["generation"] = str(swap.generation)
+    values[MODEL_GENERATION_KEY] = str(model_generation + 1)
+    return values
 
-    store: str
-    old_model: str
-    new_model: str
-    documents: int = 0  # in the store when the swap switched
-    embedded: int = 0  # vectors made by the new model in this run
-    resumed: bool = False  # went on with a swap an earlier run started
-    passes: int = 0  # walks over the documents (more than one when writes came in)
-    switched: bool = False
-    runtime: str = "torch"
-    seconds: float = 0.0
-    encode_seconds: float = 0.0
 
-    def summary(self) -> str:
-        how = "resumed" if self.resumed else "started"
-        rate = self.embedded / self.encode_seconds if self.encode_seconds else 0.0
-        done = f"switched to {self.new_model!r}" if self.switched else "not switched (stopped)"
-        return (
-            f"{self.store}: model swap {self.old_model!r} -> {self.new_model!r} {how}; "
-            f"{self.embedded} documents embedded ({rate:.1f} docs/s, {self.runtime}) in "
-            f"{self.passes} pass{'es' if self.passes != 1 else ''}; {done}; "
-            f"{self.documents} documents; {self.seconds:.1f}s in all"
+def next_vectors_for(
+    swap: SwapTarget | None, swap_target: SwapTarget | None, next_vectors: np.ndarray | None
+) -> np.ndarray | None:
+    """A write's next-generation vectors when they were made for ``swap``, the swap under
+    way; None otherwise (no swap, none given, or made for a swap cancelled or restarted since:
+    the swap embeds those documents itself)."""
+    if swap is None or swap_target is None or not swap.record.same_vectors(swap_target.record):
+        return None
+    return next_vectors
+
+
+def model_swapped(location: str, model_name: str) -> ModelSwappedError:
+    """The error of a write prepared for the model the store has switched from."""
+    return ModelSwappedError(
+        f"{location}: the store switched to the model {model_name!r} while this write was "
+        "prepared; embed the documents with it and write again"
+    )
+
+
+def refuse_during_swap(location: str, swap: SwapTarget | None) -> None:
+    """Refuse re-embedding with new settings while a model swap is under way."""
+    if swap is not None:
+        raise StoreError(
+            f"{location}: a model swap to {swap.record.model_name!r} is under way: finish it "
+            "(densefit reembed) before re-embedding with new settings"
         )
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
+class SwapCoordinator:
+    """The model swap's state machine, over an engine's primitives (a mixin: list it before
+    the store's base class).
 
-def reembed_store(
-    store: DocumentStore,
-    model,
-    *,
-    runtime="auto",
-    batch_size: int = 64,
-    commit_every: int = 1024,
-    show_progress: bool = False,
-    lock_timeout: float | None = None,
-    should_stop: Callable[[], bool] | None = None,
-) -> SwapReport:
-    """Re-embed every document of ``store`` with ``model`` and switch the store to it.
+    The engine keeps ``_swap`` (the swap its metadata records, made current by
+    ``_refresh()``), ``_record``, ``model_generation``, ``_lock`` and ``location``, and
+    writes (``tx`` is whatever ``_swap_transaction`` yields; the coordinator only passes it
+    on):
 
-    ``model`` is configured as its vectors should be made (prompts, ``max_seq_length``,
-    Matryoshka size); the store records those settings at the switch. ``runtime`` runs it
-    (:func:`~densefit.retrieval.runtimes.resolve_runtime`). ``should_stop`` is asked
-    between commits (a server shutting down): the swap then stays resumable. Holds the
-    store's swap lock (:data:`LOCK_NAME`), not its writer lock: indexing and writes go on.
-
-    >>> from densefit.testing import tiny_model
-    >>> from densefit.data.types import Document
-    >>> from densefit.retrieval.index import open_store, index_documents
-    >>> old, new = tiny_model(seed=0), tiny_model(seed=1)
-    >>> store = open_store(None, old)
-    >>> _ = index_documents(store, old, [Document("a", "cells divide")])
-    >>> reembed_store(store, new).switched
-    True
-    >>> store.check_model(new)  # the store is the new model's now
+    - ``_swap_transaction()``: a context manager holding the object's lock and the store's
+      write exclusion, with ``_record``, ``model_generation`` and ``_swap`` read afresh;
+      committed when the block ends, rolled back on an error (where the engine has
+      transactions);
+    - ``_save_swap(tx, swap)``: record ``swap`` (None: none) as the swap under way;
+    - ``_create_generation(tx, record, generation) -> int``: empty storage for a new
+      generation of ``record``'s vectors beside the live one, numbered by the engine
+      (``generation`` None), or that of the resumed swap's ``generation``, made again only
+      if it is gone; returns its number;
+    - ``_drop_generation(tx, swap)``: an abandoned swap's storage goes (now, or after the
+      commit, in ``_swap_changed``);
+    - ``_pending_rows(swap, after_row, limit)``: ``(row, id, text)`` of up to ``limit``
+      documents past ``after_row`` without a current next vector, by row (a row orders
+      documents as they were written; a write gives a document a later one);
+    - ``_count_pending(swap) -> int``: how many documents lack a current next vector;
+    - ``_put_next(tx, swap, pending, vectors) -> int``: write the next ``vectors`` of the
+      ``(row, id)`` documents whose row is still ``row``; returns how many it wrote;
+    - ``_switch(tx, swap)``: make ``swap``'s generation the live one, with its record
+      (:func:`switched_meta`), the next model generation and no swap under way, in one
+      step; the old generation's storage goes now or in ``_swap_changed``;
+    - ``_swap_changed()``: after a begin, a switch or a cancel: read the record again and
+      drop storage left unused;
+    - ``_before_switch(swap) -> bool`` (optional): work before the switch, outside any
+      transaction (PostgreSQL builds the next table's HNSW index); False: not ready.
     """
-    if commit_every < 1:
-        raise ValueError(f"commit_every must be at least 1, got {commit_every}")
-    require(
-        store.capabilities, "model_swap", "swap models (densefit reembed)", None, store.location
-    )
-    started = time.perf_counter()
-    report = SwapReport(store.location, store.model_name, model_name_of(model))
-    with store.writer_lock(lock_timeout, name=LOCK_NAME, doing="re-embedding this store"):
-        runner = resolve_runtime(model, runtime)
-        report.runtime = runner.source.describe()
-        target, report.resumed = store.begin_swap(record_for(model, store.vector_kind, runner))
-        remaining = store.info()["swap"]["remaining"]
-        bar = tqdm(total=remaining, desc="Re-embedding", unit="doc", disable=not show_progress)
-        with bar:
-            while not report.switched:
-                report.passes += 1
-                after = -1
-                while pending := store.swap_pending(after, commit_every):
-                    if should_stop is not None and should_stop():
-                        report.seconds = time.perf_counter() - started
-                        return report
-                    if bar.n + len(pending) > bar.total:  # written while the swap runs
-                        bar.total = bar.n + len(pending)
-                    encoding = time.perf_counter()
-                    vectors = encode_with_callback(
-                        model,
-                        [text for _, _, text in pending],
-                        batch_size=batch_size,
-                        on_batch=bar.update,
-                        prompt_name="document",
-                        runtime=runner,
-                    )
-                    report.encode_seconds += time.perf_counter() - encoding
-                    report.embedded += store.write_swap(
-                        target, [(row, doc_id) for row, doc_id, _ in pending], vectors
-                    )
-                    after = pending[-1][0]
-                report.switched = store.finish_swap(target)
-        store.flush()
-    report.documents = store.count()
-    report.seconds = time.perf_counter() - started
-    return report
+
+    _swap: SwapTarget | None = None
+
+    # -- the steps of reembed_store ----------------------------------------------------------
+
+    def swap_target(self) -> SwapTarget | None:
+        """The model swap under way (None: none)."""
+        with self._lock:
+            self._refresh()
+            return self._swap
+
+    def begin_swap(self, target: StoreRecord) -> tuple[SwapTarget, bool]:
+        """Start re-embedding every document for ``target`` (the new model's record), or go
+        on with the swap under way when it is for the same vectors; returns the swap and
+        whether it resumed one. A swap for another model is started afresh (its storage
+        dropped); the live generation is untouched either way."""
+        if target.vector_kind != self.vector_kind:
+            raise StoreError(
+                f"{self.location}: a {self.vector_kind} store swaps to {self.vector_kind} "
+                f"vectors, not {target.vector_kind}: embed with the store's vector kind"
+            )
+        if target.similarity not in SIMILARITIES:
+            raise StoreError(
+                f"{self.location}: the model {target.model_name!r} scores by "
+                f"{target.similarity!r} similarity; the store serves "
+                f"{' and '.join(SIMILARITIES)} models"
+            )
+        with self._swap_transaction() as tx:
+            swap = self._swap
+            if swap is not None and swap.record.same_vectors(target):
+                self._create_generation(tx, swap.record, swap.generation)
+                return swap, True
+            if swap is not None:
+                self._drop_generation(tx, swap)
+            fresh = SwapTarget(target, self._create_generation(tx, target, None))
+            self._save_swap(tx, fresh)
+        self._swap_changed()
+        return fresh, False
+
+    def swap_pending(self, after_row: int, limit: int) -> list[tuple[int, str, str]]:
+        """``(row, id, text)`` of up to ``limit`` documents past ``after_row`` that the swap
+        has still to embed, by row (write order)."""
+        with self._lock:
+            self._refresh()
+            if self._swap is None or limit < 1:
+                return []
+            return self._pending_rows(self._swap, after_row, limit)
+
+    def write_swap(
+        self, target: SwapTarget, pending: Sequence[tuple[int, str]], embeddings: np.ndarray
+    ) -> int:
+        """Write the new model's ``embeddings`` of the ``(row, id)`` documents
+        :meth:`swap_pending` gave; a document rewritten or deleted since (its row moved or
+        gone) is left for the swap to meet again. Returns the vectors written."""
+        pending = list(pending)
+        vectors = checked_vectors(target.record, [Document(i, "") for _, i in pending], embeddings)
+        with self._swap_transaction() as tx:
+            swap = self._swap_for(target)
+            return self._put_next(tx, swap, pending, vectors) if pending else 0
+
+    def finish_swap(self, target: SwapTarget) -> bool:
+        """Switch to the new model's vectors when every document has one, and return True;
+        False (nothing changed) while documents are left to embed. Searches and writes
+        prepared for the old model get :class:`~densefit.retrieval.index.types.
+        ModelSwappedError` from then on."""
+        with self._lock:
+            self._refresh()
+            swap = self._swap_for(target)
+        if not self._before_switch(swap):
+            return False
+        with self._swap_transaction() as tx:
+            swap = self._swap_for(target)
+            if self._count_pending(swap):  # written meanwhile, for the swap to embed
+                return False
+            self._switch(tx, swap)
+        self._swap_changed()
+        return True
+
+    def cancel_swap(self) -> bool:
+        """Drop the model swap under way (its storage with it; the live generation serves
+        on). Returns whether there was one."""
+        with self._swap_transaction() as tx:
+            swap = self._swap
+            if swap is None:
+                return False
+            self._save_swap(tx, None)
+            self._drop_generation(tx, swap)
+        self._swap_changed()
+        return True
+
+    def _swap_progress(self) -> dict | None:
+        """What ``info()["swap"]`` says: the swap's model, dimension and the documents it
+        has still to embed (None: no swap under way)."""
+        with self._lock:
+            self._refresh()
+            swap = self._swap
+            if swap is None:
+                return None
+            remaining = self._count_pending(swap)
+        return {"model": swap.record.model_name, "dim": swap.record.dim, "remaining": remaining}
+
+    def _swap_for(self, target: SwapTarget) -> SwapTarget:
+        """The swap under way (as last read), which must be ``target``'s."""
+        swap = self._swap
+        if swap is None or not swap.record.same_vectors(target.record):
+            raise StoreError(
+                f"{self.location}: the model swap was cancelled or restarted: run densefit "
+                "reembed again"
+            )
+        return swap
+
+    # -- what each engine gives (see the class docstring) -------------------------------------
+
+    def _swap_transaction(self) -> AbstractContextManager:
+        raise NotImplementedError
+
+    def _save_swap(self, tx, swap: SwapTarget | None) -> None:
+        raise NotImplementedError
+
+    def _create_generation(self, tx, record: StoreRecord, generation: int | None) -> int:
+        raise NotImplementedError
+
+    def _drop_generation(self, tx, swap: SwapTarget) -> None:
+        raise NotImplementedError
+
+    def _pending_rows(self, swap: SwapTarget, after_row: int, limit: int) -> list:
+        raise NotImplementedError
+
+    def _count_pending(self, swap: SwapTarget) -> int:
+        raise NotImplementedError
+
+    def _put_next(self, tx, swap: SwapTarget, pending: list, vectors: np.ndarray) -> int:
+        raise NotImplementedError
+
+    def _switch(self, tx, swap: SwapTarget) -> None:
+        raise NotImplementedError
+
+    def _swap_changed(self) -> None:
+        raise NotImplementedError
+
+    def _before_switch(self, swap: SwapTarget) -> bool:
+        return True
