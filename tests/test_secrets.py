@@ -208,6 +208,12 @@ def test_a_refused_connection_names_the_target_redacted(app, tiny_models, tmp_pa
     for command in (["search", "--store", dead, "cells"], ["serve", "--store", dead]):
         failed = shown.run(*command, code=(2, 3))
         assert redacted(dead) in failed.stderr and len(failed.stderr.strip().splitlines()) == 1
+    for unread in (  # libpq quotes the token it cannot read
+        f"postgresql://me:a%zz{PASSWORD}@127.0.0.1:9/db/docs",
+        f"postgresql://me@127.0.0.1:9/db/docs?passwrd={PASSWORD}",
+    ):
+        failed = shown.run("search", "--store", unread, "cells", code=2)
+        assert "not a PostgreSQL URL" in failed.stderr
     data = tmp_path / "c.jsonl"
     data.write_text(json.dumps({"_id": "a", "text": "cells"}) + "\n")
     shown.run("index", data, "--model", tiny_models / "tiny", "--store", dead, code=(2, 3))

@@ -114,7 +114,7 @@ from densefit.retrieval.index.filters import (
 )
 from densefit.retrieval.index.locking import LOCK_NAME, StoreLockedError
 from densefit.retrieval.index.quantized import DEFAULT_RESCORE
-from densefit.retrieval.index.registry import capabilities_of, redacted
+from densefit.retrieval.index.registry import capabilities_of, redacted, scrubbed
 from densefit.retrieval.index.swap import (
     MODEL_GENERATION_KEY,
     SWAP_KEY,
@@ -278,8 +278,15 @@ def _connect(target: Target):
     options: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
     if "connect_timeout" not in target.conninfo:
         options["connect_timeout"] = _CONNECT_TIMEOUT
-    with translated(_faults(target.location, connecting=True)):
-        conn = psycopg.connect(target.conninfo, **options)
+    try:
+        with translated(_faults(target.location, connecting=True)):
+            conn = psycopg.connect(target.conninfo, **options)
+    except psycopg.ProgrammingError as exc:  # libpq cannot read the URL: it may quote a secret
+        raise StoreError(
+            f"{target.location}: not a PostgreSQL URL libpq reads "
+            f"({scrubbed(one_line(exc), target.conninfo)}): write postgresql://USER[:PASSWORD]@"
+            "HOST[:PORT]/DATABASE/TABLE, special characters percent-encoded (%40 for @)"
+        ) from None
     # Metadata as the embedded store writes it: values JSON cannot hold as text, no NaN.
     psycopg.types.json.set_json_dumps(_json_dumps, context=conn)
     try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from densefit.choices import VECTOR_KINDS
 from densefit.retrieval.index.sqlite_filters import MAX_CONDITIONS, MAX_DEPTH
@@ -41,6 +42,7 @@ __all__ = [
     "engine_of",
     "redacted",
     "require",
+    "scrubbed",
 ]
 
 
@@ -208,8 +210,8 @@ def capabilities_table() -> str:
 
 # Query parameters whose values are secrets (compared lower-case, ``-`` read as ``_``): any
 # name holding one of SECRET_WORDS, and the names in SECRET_PARAMETERS.
-SECRET_WORDS = ("password", "passwd", "secret", "token", "credential", "apikey", "api_key")
-SECRET_PARAMETERS = ("pwd", "pass", "key", "auth", "authorization", "sslpassword")
+SECRET_WORDS = ("passw", "secret", "token", "credential", "apikey", "api_key")
+SECRET_PARAMETERS = ("pwd", "pass", "key", "auth", "authorization")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _QUERY_VALUE = re.compile(r"([?&;])([^=&;#]*)=([^&;#]*)")
 
@@ -220,10 +222,11 @@ def redacted(target: str | os.PathLike | None) -> str:
 
     A secret is a URL's password (``user:PASSWORD@``; a target of an engine that takes no
     user, Qdrant's or Milvus's, has its whole ``KEY@`` masked: an API key written there),
-    and the value of a secret query parameter: a name holding ``password``, ``passwd``,
-    ``secret``, ``token``, ``credential``, ``apikey`` or ``api_key``, or one of ``pwd``,
-    ``pass``, ``key``, ``auth``, ``authorization`` (libpq's ``password``, ``sslpassword``;
-    ``api_key``, ``api-key``, ``token`` of the vector databases).
+    and the value of a secret query parameter: a name holding ``passw`` (``password``,
+    ``passwd``, a misspelling), ``secret``, ``token``, ``credential``, ``apikey`` or
+    ``api_key``, or one of ``pwd``, ``pass``, ``key``, ``auth``, ``authorization``
+    (libpq's ``password`` and ``sslpassword``; ``api_key``, ``api-key``, ``token`` of the
+    vector databases). :func:`scrubbed` masks them in a client library's error text.
 
     >>> redacted("postgresql://me:secret@db/search/docs?sslpassword=k&sslmode=require")
     'postgresql://me:***@db/search/docs?sslpassword=***&sslmode=require'
@@ -234,10 +237,37 @@ def redacted(target: str | os.PathLike | None) -> str:
     >>> redacted("runs/store")
     'runs/store'
     """
-    text = os.fspath(target) if isinstance(target, os.PathLike) else str(target)
+    text = _text(target)
+    for start, end in reversed(_secret_spans(text)):
+        text = text[:start] + "***" + text[end:]
+    return text
+
+
+def scrubbed(message: str, target: str | os.PathLike | None) -> str:
+    """``message`` with each secret of ``target`` in it (as written and percent-decoded)
+    replaced by ``***``: for a client library's error text, which may quote the target.
+
+    >>> scrubbed('invalid percent-encoded token: "a%zzb"', "postgresql://me:a%zzb@db/d/t")
+    'invalid percent-encoded token: "***"'
+    """
+    text = _text(target)
+    for start, end in _secret_spans(text):
+        for secret in sorted({text[start:end], unquote(text[start:end])}, key=len, reverse=True):
+            if secret:
+                message = message.replace(secret, "***")
+    return message
+
+
+def _text(target: str | os.PathLike | None) -> str:
+    return os.fspath(target) if isinstance(target, os.PathLike) else str(target)
+
+
+def _secret_spans(text: str) -> list[tuple[int, int]]:
+    """Where ``text`` (a target) holds secrets (see :func:`redacted`), in order."""
     found = _URL.match(text)
     if found is None:
-        return text  # a folder, or a target with no authority (qdrant:FOLDER)
+        return []  # a folder, or a target with no authority (qdrant:FOLDER)
+    spans = []
     start = found.end()
     end = min((i for i in (text.find(c, start) for c in "?#") if i >= 0), default=len(text))
     at = text.rfind("@", start, end)
@@ -245,16 +275,15 @@ def redacted(target: str | os.PathLike | None) -> str:
     # a "/" before the "@": a path holding "@", unless a password (unencoded) holds the "/"
     if at >= 0 and ("/" not in userinfo or ":" in userinfo.split("/", 1)[0]):
         user, colon, _ = userinfo.partition(":")
-        keeps_user = found.group(1).lower() in ENGINES["postgresql"].schemes
-        shown = f"{user}:***" if colon and keeps_user else "***" if not keeps_user else user
-        text = text[:start] + shown + text[at:]
-    return _QUERY_VALUE.sub(_masked_parameter, text)
-
-
-def _masked_parameter(found: re.Match) -> str:
-    name = found.group(2).lower().replace("-", "_")
-    secret = name in SECRET_PARAMETERS or any(word in name for word in SECRET_WORDS)
-    return f"{found.group(1)}{found.group(2)}=***" if secret else found.group(0)
+        if found.group(1).lower() not in ENGINES["postgresql"].schemes:
+            spans.append((start, at))  # an engine that takes no user: a key written there
+        elif colon:
+            spans.append((start + len(user) + 1, at))
+    for parameter in _QUERY_VALUE.finditer(text, end):
+        name = parameter.group(2).lower().replace("-", "_")
+        if name in SECRET_PARAMETERS or any(word in name for word in SECRET_WORDS):
+            spans.append(parameter.span(3))
+    return spans
 
 
 def require(
