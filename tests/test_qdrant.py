@@ -35,6 +35,9 @@ from densefit.retrieval.index.types import (  # noqa: E402
     StoreRecord,  # noqa: E402
 )
 from densefit.testing import SWAP_QUERIES, save_swap_models, swap_corpus  # noqa: E402
+from densefit.testing import assert_same_hits as _assert_same  # noqa: E402
+from densefit.testing import hit_pairs as _pairs  # noqa: E402
+from densefit.testing import random_vectors as _vectors  # noqa: E402
 from densefit.testing.conformance import (  # noqa: E402
     StoreConformance,
     SwapConformance,
@@ -52,20 +55,6 @@ def _pair(tmp_path, record: StoreRecord, **options):
     embedded = open_store(tmp_path / "embedded", record=record)
     store = open_store(f"qdrant:{tmp_path}/q", record=record, **options)
     return embedded, store
-
-
-def _vectors(n: int, dim: int = 8, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
-
-
-def _pairs(results) -> list[list[tuple[str, float]]]:
-    return [[(h.id, h.score) for h in hits] for hits in results]
-
-
-def _assert_same(got, expected, atol: float = 1e-5) -> None:
-    assert [[i for i, _ in q] for q in got] == [[i for i, _ in q] for q in expected]
-    for q_got, q_expected in zip(got, expected, strict=True):
-        np.testing.assert_allclose([s for _, s in q_got], [s for _, s in q_expected], atol=atol)
 
 
 def _one_line(exc: pytest.ExceptionInfo) -> str:

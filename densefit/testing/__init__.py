@@ -14,6 +14,7 @@ import string
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
@@ -28,6 +29,9 @@ __all__ = [
     "SWAP_QUERIES",
     "swap_corpus",
     "save_swap_models",
+    "random_vectors",
+    "hit_pairs",
+    "assert_same_hits",
 ]
 
 # A small closed vocabulary: special tokens, common words, letters and digits, so that any
@@ -133,3 +137,23 @@ def save_swap_models(folder: str | Path) -> dict[str, Path]:
     for name, kwargs in made.items():
         tiny_model(folder / f"build-{name}", **kwargs).save(str(folder / name))
     return {name: folder / name for name in made}
+
+
+# -- comparing two engines' searches --------------------------------------------------------
+
+
+def random_vectors(n: int, dim: int = 8, seed: int = 0) -> np.ndarray:
+    """``(n, dim)`` seeded standard-normal float32 vectors: embeddings without a model."""
+    return np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+
+
+def hit_pairs(results) -> list[list[tuple[str, float]]]:
+    """``[(id, score), ...]`` per query of a store's search results."""
+    return [[(h.id, h.score) for h in hits] for hits in results]
+
+
+def assert_same_hits(got, expected, atol: float = 1e-5) -> None:
+    """The same ids in the same order per query (:func:`hit_pairs`), scores within ``atol``."""
+    assert [[i for i, _ in q] for q in got] == [[i for i, _ in q] for q in expected]
+    for q_got, q_expected in zip(got, expected, strict=True):
+        np.testing.assert_allclose([s for _, s in q_got], [s for _, s in q_expected], atol=atol)
