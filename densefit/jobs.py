@@ -626,10 +626,16 @@ def _dropped_on_failure(store, *, new: bool) -> Iterator:
             yield store
         except BaseException:
             if new:
-                with contextlib.suppress(Exception):  # the first error is the one to report
-                    if store.count() == 0:
-                        store.drop()
+                discard_if_empty(store)
             raise
+
+
+def discard_if_empty(store) -> None:
+    """Drop ``store`` (one a command created and then failed with) if it holds no document;
+    any error doing so is swallowed: the command's own error is the one to report."""
+    with contextlib.suppress(Exception):
+        if store.count() == 0:
+            store.drop()
 
 
 def _require_index_fields(store, fields: list[str]) -> None:

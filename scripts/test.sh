@@ -19,4 +19,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # The layers (docs/architecture.md): no module imports a layer above its own, even in a function.
 .venv/bin/lint-imports --no-cache || { echo "fix the import named above (docs/architecture.md)" >&2; exit 1; }
 # -rs: each skipped test with its reason (a missing extra, dataset or device says which).
-exec .venv/bin/python -m pytest -q -rs -p no:cacheprovider "$@"
+# Two worker processes (pytest-xdist), a test file's tests in one worker: the suite's time
+# halves on 2 cores; DENSEFIT_TEST_WORKERS=0 runs it in one process.
+exec .venv/bin/python -m pytest -q -rs -p no:cacheprovider \
+  -n "${DENSEFIT_TEST_WORKERS:-2}" --dist loadfile "$@"

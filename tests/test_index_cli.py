@@ -508,3 +508,36 @@ def test_a_failed_copy_into_a_new_store_leaves_none(
     assert failed.exit_code == 2 and "refused by the test" in failed.stderr, failed.output
     with pytest.raises(NoStoreError):
         open_store(target, create=False)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_serve_create_that_cannot_start_leaves_no_store(
+    app, tiny_models, engine_target, engine, monkeypatch
+):
+    """``serve --create`` whose port is taken stops before a store is made; one whose app
+    fails to start drops the store it made."""
+    import socket
+
+    import densefit.serve.server
+    from densefit.retrieval.index.engines import open_store
+    from densefit.retrieval.index.types import NoStoreError
+
+    target, model = engine_target(engine), tiny_models / "tiny"
+    args = ["serve", "--store", target, "--create", "--model", model, "--no-ui"]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        taken = invoke(app, [*args, "--port", port])
+    assert taken.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in taken.stderr
+    with pytest.raises(NoStoreError):
+        open_store(target, create=False)
+
+    def fail(*_, **__):
+        raise ValueError("the app cannot start")
+
+    monkeypatch.setattr(densefit.serve.server, "create_app", fail)
+    failed = invoke(app, [*args, "--port", "0"])
+    assert failed.exit_code == 2 and "the app cannot start" in failed.stderr, failed.output
+    with pytest.raises(NoStoreError):
+        open_store(target, create=False)

@@ -252,3 +252,29 @@ def test_a_qdrant_key_from_the_environment_is_never_shown(app, monkeypatch, capl
     failed = shown.run("search", "--store", "qdrant://127.0.0.1:9/docs", "cells", code=(2, 3))
     assert "QDRANT_API_KEY" in failed.stderr
     shown.assert_no_secret(secrets=(API_KEY,))
+
+
+def test_a_haystack_store_serialises_a_secret_target_by_its_variable(secret_server, monkeypatch):
+    """``to_dict`` (what a Haystack pipeline file holds) never writes the password: a plain
+    target with one is refused in one line, a ``Secret.from_env_var`` target is written as
+    the variable's name and reopens the same table."""
+    from haystack import Document
+    from haystack.utils import Secret
+
+    from densefit.integrations.haystack import DensefitDocumentStore
+
+    target = _target(secret_server, "userinfo")
+    plain = DensefitDocumentStore(target, embedding_dim=3)
+    with pytest.raises(ValueError, match=r"Secret\.from_env_var") as refused:
+        plain.to_dict()
+    assert PASSWORD not in str(refused.value) and redacted(target) in str(refused.value)
+
+    monkeypatch.setenv("DENSEFIT_TEST_TARGET", target)
+    store = DensefitDocumentStore(Secret.from_env_var("DENSEFIT_TEST_TARGET"), embedding_dim=3)
+    store.write_documents([Document(content="a", embedding=[1.0, 0.0, 0.0])])
+    data = store.to_dict()
+    assert PASSWORD not in json.dumps(data) and SSL_PASSWORD not in json.dumps(data)
+    assert data["init_parameters"]["path"]["env_vars"] == ["DENSEFIT_TEST_TARGET"]
+    again = DensefitDocumentStore.from_dict(data)
+    assert again.count_documents() == 1
+    again.store.drop()

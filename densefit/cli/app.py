@@ -14,7 +14,10 @@ exceptions and the handler decides what the user sees.
 - The machine at fault exits 3 with one line naming the file and what to do: ``MemoryError``
   (the planner finds no plan within the budget), a full disk, a read-only file system or
   store, a damaged file (:class:`~densefit.errors.StorageFault`, and the ``OSError`` or
-  SQLite error that means one: :func:`~densefit.errors.storage_fault`).
+  SQLite error that means one: :func:`~densefit.errors.storage_fault`), and a store whose
+  engine cannot be reached, dropped the connection or did not answer in time
+  (:class:`~densefit.retrieval.index.types.StoreUnavailableError`: the line names the target,
+  its password masked, and what to check).
 - Ctrl-C exits 130 (``densefit train`` first says how to resume).
 - Anything else is a bug: one line ``unexpected error: <type>: <message>`` that says how to
   get the traceback and where to report it, status 1.
@@ -110,6 +113,13 @@ def _import_message(exc: ImportError) -> str | None:
     return None
 
 
+def _unreachable_store(exc: BaseException) -> bool:
+    """Whether ``exc`` says that a store's engine cannot be reached. Not imported for it: a
+    command that never loaded the store's types (they bring NumPy) cannot have raised one."""
+    types = sys.modules.get("densefit.retrieval.index.types")
+    return types is not None and isinstance(exc, types.StoreUnavailableError)
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -133,6 +143,9 @@ def error_exit_code(exc: BaseException) -> int:
     fault = storage_fault(exc)  # a full disk, a read-only or damaged file: the machine's
     if fault is not None:
         print_error(_one_line(str(fault)))
+        return 3
+    if _unreachable_store(exc):  # the store's engine is down or did not answer: not the user's
+        print_error(_one_line(str(exc)))
         return 3
     if isinstance(exc, ImportError) and _import_message(exc) is not None:
         print_error(_one_line(_import_message(exc) or ""))

@@ -33,6 +33,7 @@ def index(options: IndexJob) -> None:
     job = options.replace(show_progress=progress_of(options))
     from densefit.jobs import check_index_job, index_job  # the framework: only when indexing
     from densefit.retrieval.index.registry import redacted  # the target as messages show it
+    from densefit.retrieval.index.types import StoreUnavailableError  # the store's fault
     from densefit.training import distributed  # torch.distributed: only when indexing
 
     check_index_job(job)  # with --nproc: one error line, before any process starts
@@ -46,6 +47,11 @@ def index(options: IndexJob) -> None:
                 "command again to resume"
             )
         raise typer.Exit(130) from None
+    except StoreUnavailableError as exc:  # the engine went away mid-run: exit 3, one line
+        raise StoreUnavailableError(
+            f"{exc}; the store keeps every document committed before it: run the same command "
+            "again to resume"
+        ) from None
     if not outcome.main:
         return  # rank 0 reports
     if job.json:

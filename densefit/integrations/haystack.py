@@ -75,6 +75,7 @@ try:
     from haystack.document_stores.errors import DuplicateDocumentError
     from haystack.document_stores.types import DuplicatePolicy, FilterPolicy, apply_filter_policy
     from haystack.errors import FilterError
+    from haystack.utils import Secret, deserialize_secrets_inplace
 except ImportError:  # pragma: no cover - depends on the environment
     raise ImportError(
         "densefit.integrations.haystack needs Haystack 3: pip install 'densefit[haystack]'"
@@ -98,7 +99,7 @@ from densefit.retrieval.index.base import DocumentStore, MetadataStats
 from densefit.retrieval.index.common import checked_vectors
 from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.filters import Filter, parse_filters
-from densefit.retrieval.index.registry import require
+from densefit.retrieval.index.registry import redacted, require
 from densefit.retrieval.index.request import SearchRequest
 from densefit.retrieval.index.searching import embed_queries, model_for_store, search_embedded
 from densefit.retrieval.index.types import NoStoreError, StoreRecord
@@ -182,7 +183,9 @@ class DensefitDocumentStore:
         ``qdrant://HOST:PORT/COLLECTION`` / ``qdrant:FOLDER`` (any target of
         :func:`~densefit.retrieval.index.engines.open_store`); opened if it holds a store,
         created at the first write otherwise. None: a temporary embedded store, deleted with
-        this object.
+        this object. A target holding a password or key is best given as
+        ``Secret.from_env_var("VAR")`` (Haystack's secrets): :meth:`to_dict` writes the
+        variable's name, never the value, and refuses a plain target that holds a secret.
     :param model: the sentence-transformers model (path or name) Haystack's embedders use;
         a new store records it so that densefit (``densefit search``) can search it too.
     :param embedding_dim: the embedding dimension of a new store without ``model``; by
@@ -198,7 +201,7 @@ class DensefitDocumentStore:
 
     def __init__(
         self,
-        path: str | os.PathLike | None = None,
+        path: str | os.PathLike | Secret | None = None,
         *,
         model: str | None = None,
         embedding_dim: int | None = None,
@@ -213,6 +216,9 @@ class DensefitDocumentStore:
             )
         if vectors not in VECTOR_KINDS:
             raise ValueError(f"vectors must be one of {', '.join(VECTOR_KINDS)}, not {vectors!r}")
+        self._secret = path if isinstance(path, Secret) else None  # what to_dict writes
+        if self._secret is not None:
+            path = self._secret.resolve_value()
         self.path = None if path is None else str(path)
         self.model = model
         self.embedding_dim = embedding_dim
@@ -267,10 +273,21 @@ class DensefitDocumentStore:
     # -- serialisation ---------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """Serialise the store's settings (not its documents: they live in ``path``)."""
+        """Serialise the store's settings (not its documents: they live in ``path``); a
+        target given as a Secret is written as the Secret (its variable's name). ValueError
+        for a plain target holding a password or key, which would land in the file."""
+        path: Any = self.path
+        if self._secret is not None:
+            path = self._secret.to_dict()
+        elif path is not None and redacted(path) != path:
+            raise ValueError(
+                f"{redacted(path)}: the store target holds a secret that to_dict would write "
+                "into the pipeline file: give the target as Secret.from_env_var('VAR') "
+                "(from haystack.utils import Secret)"
+            )
         return default_to_dict(
             self,
-            path=self.path,
+            path=path,
             model=self.model,
             embedding_dim=self.embedding_dim,
             similarity=self.similarity,
@@ -281,7 +298,9 @@ class DensefitDocumentStore:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DensefitDocumentStore:
-        """The store :meth:`to_dict` described (the same folder)."""
+        """The store :meth:`to_dict` described (the same folder or target)."""
+        if isinstance(data.get("init_parameters", {}).get("path"), dict):
+            deserialize_secrets_inplace(data["init_parameters"], ["path"])
         return default_from_dict(cls, data)
 
     # -- the protocol ----------------------------------------------------------------------

@@ -118,6 +118,18 @@ class Tokens:
         gather = np.repeat(self.indptr[positions] - indptr[:-1], lengths) + np.arange(indptr[-1])
         return Tokens(indptr, self.ids[gather], self.vocab, self._lookup)
 
+    def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(texts, token ids, counts)``: each distinct token of each text once, by text
+        then token id, with the number of times the text holds it (its term frequency).
+
+        >>> [a.tolist() for a in Tokens.of(["cells divide divide", "divide"]).pairs()]
+        [[0, 0, 1], [0, 1, 1], [1, 2, 1]]
+        """
+        n_vocab = len(self.vocab)
+        texts = np.repeat(np.arange(len(self), dtype=np.int64), np.diff(self.indptr))
+        pairs, counts = np.unique(texts * n_vocab + self.ids, return_counts=True)
+        return pairs // n_vocab, pairs % n_vocab, counts
+
     def query_ids(self, queries: Sequence[str]) -> list[np.ndarray]:
         """Each query's token ids in this vocabulary (unknown tokens dropped, repeats kept:
         as bm25s's ``get_tokens_ids``)."""
@@ -217,9 +229,7 @@ def _score_matrix(tokens: Tokens, k1: float, b: float):
             np.zeros(n_vocab + 1, dtype=np.int64),
         )
     lengths = np.diff(tokens.indptr)
-    docs = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
-    pairs, tf = np.unique(docs * n_vocab + tokens.ids, return_counts=True)  # by text, token
-    pair_doc, pair_token = pairs // n_vocab, pairs % n_vocab
+    pair_doc, pair_token, tf = tokens.pairs()  # by text, then token
     df = np.bincount(pair_token, minlength=n_vocab)
     idf = np.zeros(n_vocab, dtype=np.float32)
     seen = df > 0

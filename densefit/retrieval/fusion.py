@@ -11,7 +11,9 @@ rank the same documents twice, by embedding and by BM25, and fuse the two lists:
   they are equal), then ``alpha x dense + (1 - alpha) x bm25`` (a document missing from a list
   counts 0 there; Weaviate's "relative score fusion").
 
-Ties are broken by key (a store row, a corpus position): the earlier document first.
+Ties are broken by key (a store row, a corpus position): the earlier document first; a
+store's search then orders equal fused scores by document id
+(:func:`~densefit.retrieval.index.request.ranked_order`).
 Each side ranks ``depth`` documents (100) before fusion; the fused list is cut to ``top_k``.
 
 >>> fused = Fusion().fuse([np.array([7, 3]), np.array([3, 9])], top_k=3)

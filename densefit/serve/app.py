@@ -17,7 +17,9 @@ no downtime, :mod:`densefit.serve.swap`; only with an API key), ``GET /health``,
   wrong (:mod:`densefit.serve.errors`: the statuses, and each API's error shape); every text
   is checked as the data readers check theirs; the server keeps serving. A full disk, a
   read-only or damaged store file gets its status and one message naming the file (507, 403,
-  503); only a bug is a 500. No request value is
+  503); a store whose engine cannot be reached a 503 with ``Retry-After`` on every route that
+  reads or writes it, ``/health`` included (:mod:`densefit.serve.health`); only a bug is a
+  500. No request value is
   used as a filesystem path: the store is the one given at start, ids and texts only reach
   SQLite as bound parameters.
 """
@@ -43,6 +45,7 @@ from densefit.errors import StorageFault, storage_fault
 from densefit.retrieval.index.filters import Filter, parse_filters
 from densefit.retrieval.index.request import SearchRequest as StoreRequest
 from densefit.retrieval.index.searching import embed_queries, search_embedded
+from densefit.retrieval.index.types import StoreUnavailableError
 from densefit.serve.batcher import MicroBatcher, Query
 from densefit.serve.config import ServeConfig, is_local_host, worker_threads
 from densefit.serve.embeddings import add_embedding_routes, measure_request, run_batch
@@ -54,6 +57,7 @@ from densefit.serve.errors import (
     error_body,
     validation_message,
 )
+from densefit.serve.health import StoreProbe, unavailable_body
 from densefit.serve.metrics import Metrics
 from densefit.serve.swap import AdminSwap, ServedModel, query_state_maker, retrying_swaps
 from densefit.serve.ui import UI_PATHS, add_ui_routes
@@ -395,7 +399,8 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     threads = worker_threads(config, torch.get_num_threads())
     make_state = query_state_maker(store, config, threads)
     served = ServedModel(store, model, make_state, device=str(getattr(model, "device", "cpu")))
-    metrics = Metrics(documents=store.count)
+    probe = StoreProbe(store, config.health_timeout)  # /health's and /metrics' bounded look
+    metrics = Metrics(documents=probe.count)
 
     def run(items, state):
         search = functools.partial(
@@ -450,8 +455,8 @@ def create_app(store, model, config: ServeConfig | None = None, *, close_store: 
     app.state.metrics, app.state.batcher, app.state.writer = metrics, batcher, writer
     app.state.store, app.state.config = store, config
     app.state.served, app.state.admin = served, admin
-    _add_error_handlers(app, metrics)
-    _add_routes(app, store, config, batcher, writer, metrics)
+    _add_error_handlers(app, metrics, config)
+    _add_routes(app, store, config, batcher, writer, metrics, probe)
     _add_admin_routes(app, admin, config)
     add_embedding_routes(app, store, served, config, batcher, _ARRIVAL)
     if config.ui:
@@ -476,6 +481,8 @@ def _add_admin_routes(app, admin: AdminSwap, config: ServeConfig) -> None:
             return admin.start(request.model)
         except RuntimeError as exc:
             raise ClientError(409, str(exc)) from None
+        except StoreUnavailableError:
+            raise  # the engine's fault, not the request's: 503
         except ValueError as exc:
             raise ClientError(422, str(exc), param="model") from None
 
@@ -491,7 +498,12 @@ def _update_bm25(store) -> None:
         store.update_bm25()
 
 
-def _add_error_handlers(app, metrics: Metrics) -> None:
+def _add_error_handlers(app, metrics: Metrics, config: ServeConfig) -> None:
+    @app.exception_handler(StoreUnavailableError)
+    async def unreachable(request: Request, exc: StoreUnavailableError):
+        metrics.observe_error("store_unavailable")
+        return _unavailable(request.url.path, str(exc), config)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         status, message, detail = validation_message(list(exc.errors()))
@@ -533,6 +545,15 @@ def _add_error_handlers(app, metrics: Metrics) -> None:
     async def crashed(request: Request, exc: Exception):
         # a bug: Starlette raises it again after this answer, and the server logs its traceback
         return _internal_error(request.url.path, exc)
+
+
+def _unavailable(path: str, message: str, config: ServeConfig) -> JSONResponse:
+    """503: the store's engine cannot be reached; ``Retry-After`` says when to try again."""
+    return JSONResponse(
+        unavailable_body(path, " ".join(message.split())),
+        status_code=503,
+        headers={"Retry-After": str(config.retry_after)},
+    )
 
 
 def _internal_error(path: str, exc: Exception) -> JSONResponse:
@@ -583,7 +604,7 @@ def _check_document(doc: DocumentIn, i: int, config: ServeConfig) -> None:
         )
 
 
-def _add_routes(app, store, config, batcher, writer, metrics) -> None:
+def _add_routes(app, store, config, batcher, writer, metrics, probe) -> None:
     """The routes; each one small, the work is in the batcher and the writer."""
 
     @app.post("/search", summary="Search with one query or a list")
@@ -650,15 +671,20 @@ def _add_routes(app, store, config, batcher, writer, metrics) -> None:
             raise ClientError(404, f"no document with id {doc_id!r}")
         return {"id": found.id, "text": found.text, "title": found.title, "meta": found.meta}
 
-    @app.get("/health", summary="Liveness and what is served")
+    @app.get(
+        "/health",
+        summary="Liveness and what is served; 503 (with Retry-After) while the store's "
+        "engine cannot be reached",
+    )
     def health() -> dict:
+        documents = probe.count()  # bounded: StoreUnavailableError -> 503
         served = app.state.served.state  # the model generation answering now
         return {
             "status": "ok",
             "engine": store.capabilities.engine,
             "modes": search_modes(store.capabilities),
             "max_k": config.max_k,
-            "documents": store.count(),
+            "documents": documents,
             "model": store.model_name,
             "dim": store.dim,
             "vectors": getattr(store, "vector_kind", None),

@@ -112,6 +112,18 @@ class ServeConfig(Options):
         "CDN); --no-ui leaves the server API-only.",
         flag="--ui/--no-ui",
     )
+    retry_after: int = option(
+        5,
+        "Seconds a client is told to wait (the Retry-After header) when the store's engine "
+        "cannot be reached and the server answers 503.",
+        ge=1,
+    )
+    health_timeout: float = option(
+        2.0,
+        "Seconds GET /health waits for the store before answering 503 (a hung engine cannot "
+        "hang the health check).",
+        ge=0.1,
+    )
 
 
 @dataclass(kw_only=True)

@@ -1,7 +1,9 @@
 """Prometheus text exposition for ``densefit serve`` (``GET /metrics``), with no dependency.
 
 Counters of requests by route, method and status, a latency histogram per route, errors by
-kind, the number of documents, and the micro-batcher's forward passes and batch sizes.
+kind (``store_unavailable``: answers of 503 because the store's engine could not be
+reached), whether the store answers and its number of documents, and the micro-batcher's
+forward passes and batch sizes.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+
+from densefit.retrieval.index.types import StoreUnavailableError
 
 __all__ = ["LATENCY_BUCKETS", "Metrics"]
 
@@ -117,10 +121,11 @@ class Metrics:
             for route, hist in sorted(self._latency.items()):
                 lines += hist.lines("densefit_request_seconds", route=route)
             lines += [
-                "# HELP densefit_errors_total Errors: client (4xx), server (5xx), write.",
+                "# HELP densefit_errors_total Errors: client (4xx), server (5xx), write, "
+                "store_unavailable (503: the store's engine could not be reached).",
                 "# TYPE densefit_errors_total counter",
             ]
-            for kind in sorted(set(self._errors) | {"client", "server"}):
+            for kind in sorted(set(self._errors) | {"client", "server", "store_unavailable"}):
                 lines.append(f"densefit_errors_total{_labels(kind=kind)} {self._errors[kind]}")
             lines += [
                 "# HELP densefit_query_batch_size Queries per batched forward pass.",
@@ -131,9 +136,19 @@ class Metrics:
                 f"densefit_writes_total {self._writes}",
             ]
         if self._documents is not None:
+            try:
+                documents = self._documents()
+            except StoreUnavailableError:  # the engine is unreachable: say so, no count
+                documents = None
             lines += [
-                "# HELP densefit_documents Documents in the store.",
-                "# TYPE densefit_documents gauge",
-                f"densefit_documents {self._documents()}",
+                "# HELP densefit_store_up Whether the store answered (1) or not (0).",
+                "# TYPE densefit_store_up gauge",
+                f"densefit_store_up {int(documents is not None)}",
             ]
+            if documents is not None:
+                lines += [
+                    "# HELP densefit_documents Documents in the store.",
+                    "# TYPE densefit_documents gauge",
+                    f"densefit_documents {documents}",
+                ]
         return "\n".join(lines) + "\n"

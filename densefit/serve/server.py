@@ -8,10 +8,12 @@ queued writes committed and the store closed.
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import warnings
 
 from densefit.config.shared import model_or_default
+from densefit.jobs import discard_if_empty
 from densefit.models import load_model, resolve_device
 from densefit.retrieval.index.engines import open_store
 from densefit.retrieval.index.searching import model_for_store
@@ -68,13 +70,18 @@ def serve_job(job) -> None:  # noqa: ANN001 - a densefit.serve.config.ServeJob
 
     job = job.replace(device=resolve_device(job.device))
     opening = {"backend": job.backend, "rescore": job.rescore}
+    created = False  # a store this command makes is dropped again if the start fails
     try:
         store = open_store(job.store, create=False, **opening)
     except NoStoreError:
         if not job.create:
             raise
+        _check_port_free(
+            job.host, job.port
+        )  # before a store is made for a server that cannot start
         model = load_model(model_or_default(job.model), device=job.device)
         store = open_store(job.store, model, vectors=job.vectors, **opening)
+        created = True
     else:
         # the store's model (or --model), embedding as the store was indexed, as search does
         try:
@@ -92,9 +99,29 @@ def serve_job(job) -> None:  # noqa: ANN001 - a densefit.serve.config.ServeJob
             stacklevel=2,
         )
     config = job.serve.replace(allow_writes=local or bool(job.serve.api_key))
-    app = create_app(store, model, config)
+    try:
+        app = create_app(store, model, config)
+    except BaseException:
+        if created:
+            discard_if_empty(store)
+        raise
     print(f"densefit serve: {runtime_line(app.state.served.state)}", file=sys.stderr, flush=True)
     run_server(app, host=job.host, port=job.port)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """ValueError (one line) when ``host:port`` cannot be listened on (another server has
+    it, or the address is not this machine's)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ValueError(
+                f"cannot listen on {host}:{port} ({exc.strerror}): stop what uses the port "
+                "or choose another with --port"
+            ) from None
 
 
 def _pages(app) -> str:

@@ -133,13 +133,19 @@ class DocumentWriter:
             return WriteAck(deleted=self.store.delete(payload))
         texts = [doc.text for doc in payload]
         for attempt in range(SWAP_RETRIES + 1):
+            generation = self.store.model_generation  # what the embeddings are made for
             embeddings = self.embed(texts)
             both = self.swap_vectors(texts) if self.swap_vectors is not None else None
             swap = {} if both is None else {"swap_target": both[0], "swap_embeddings": both[1]}
             try:
                 result = self.store.write(payload, embeddings, **swap)  # returns after commit
-            except ModelSwappedError:  # the store switched model meanwhile: embed again
-                if attempt == SWAP_RETRIES:
+            except (ModelSwappedError, ValueError) as exc:
+                # the store switched model meanwhile (to another dimension: the vectors no
+                # longer fit): embed again with the new one
+                swapped = isinstance(exc, ModelSwappedError) or (
+                    self.store.model_generation != generation
+                )
+                if not swapped or attempt == SWAP_RETRIES:
                     raise
                 continue
             return WriteAck(added=result.added, updated=result.updated)

@@ -35,6 +35,8 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -939,6 +941,16 @@ def _swap_fresh(model, documents: list[Document]):
     return store
 
 
+def _swap_killed(target, backend, step: str, n: int, new) -> None:
+    """Swap the store at ``target`` to the model ``new``, this process SIGKILLed once the
+    coordinator's ``step`` has returned ``n`` times (the child of the kill test)."""
+    torch.set_num_threads(1)
+    child = open_store(target, backend=backend, create=False)
+    cls = type(child)
+    setattr(cls, step, _kill_after(getattr(cls, step), n))
+    reembed_store(child, new, commit_every=5, runtime="torch")
+
+
 def _kill_after(function, n: int):
     """``function`` that SIGKILLs its process once its ``n``-th call has returned (inside the
     caller's transaction, when the call is in one)."""
@@ -965,6 +977,7 @@ class SwapConformance:
     """
 
     backend: str | None = None
+    fork_child = True  # False: the kill test's child is a new interpreter (gRPC clients)
 
     @pytest.fixture
     def target(self, tmp_path):
@@ -1211,18 +1224,25 @@ class SwapConformance:
             before = _swap_ranking(store, old)
             transactions = store.capabilities.transactions
         switched = step == "_swap_changed" or (step == "_switch" and not transactions)
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into pytest
-            try:
-                torch.set_num_threads(1)
-                child = self.open(indexed)
-                cls = type(child)
-                setattr(cls, step, _kill_after(getattr(cls, step), n))
-                reembed_store(child, new, commit_every=5, runtime="torch")
-            except BaseException:  # noqa: BLE001 - report and leave without running pytest code
-                traceback.print_exc()
-            os._exit(1)
-        StoreConformance._wait_killed(pid)
+        if self.fork_child:
+            pid = os.fork()
+            if pid == 0:  # the child: never returns into pytest
+                try:
+                    _swap_killed(indexed, self.backend, step, n, new)
+                except BaseException:  # noqa: BLE001 - report and leave without pytest code
+                    traceback.print_exc()
+                os._exit(1)
+            StoreConformance._wait_killed(pid)
+        else:  # a new interpreter: the engine's client cannot live through a fork
+            wide = str(swap_models["paths"]["wide"])
+            code = (
+                "from densefit.models import load_model\n"
+                "from densefit.testing.conformance import _swap_killed\n"
+                f"_swap_killed({str(indexed)!r}, {self.backend!r}, {step!r}, {n}, "
+                f"load_model({wide!r}))\n"
+            )
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=600)
+            assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-3000:]
         with self.open(indexed) as store:
             if switched:
                 store.check_model(new)

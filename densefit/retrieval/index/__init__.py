@@ -39,6 +39,7 @@ _EXPORTS = {
     "ModelMismatchError": "densefit.retrieval.index.types",
     "SearchHit": "densefit.retrieval.index.types",
     "StoreError": "densefit.retrieval.index.types",
+    "StoreUnavailableError": "densefit.retrieval.index.types",
     "VectorBackend": "densefit.retrieval.index.base",
     "MetadataStats": "densefit.retrieval.index.base",
     "ModelSwap": "densefit.retrieval.index.base",

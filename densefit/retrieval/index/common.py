@@ -15,11 +15,12 @@ engine supplies the parts that touch its data:
 - ``_dense(queries, k, where)`` and ``_lexical(texts, k, where)``: for each query, the best
   ``k`` matching documents as a :class:`~densefit.retrieval.index.request.Ranked` (keys and
   scores, best first, and the documents when they came with the ranking); a key is an
-  ``int64`` that orders documents as they were written (ties in a fused ranking go to the
-  earlier one);
+  ``int64`` of the engine's choosing; ties in any order: the search asks one more than
+  ``k`` (deeper while the last ties) and orders equal scores by document id itself;
 - ``_documents_at(keys)``: ``{key: (id, text, title, meta)}`` of ranked documents that came
   without theirs, from which :meth:`~StoreCommon.search` builds the
-  :class:`~densefit.retrieval.index.types.SearchHit` s;
+  :class:`~densefit.retrieval.index.types.SearchHit` s; ``_ids_at(keys)``, optional: their
+  ids alone, to order tied scores (default: from ``_documents_at``);
 - ``_reading()``, optional: the context a search runs in (default: ``_lock``, an ``RLock``:
   one call at a time per store object, which a server's threads share; a database engine
   adds its snapshot);
@@ -44,7 +45,13 @@ from densefit.errors import StorageFault
 from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.filters import Filter
 from densefit.retrieval.index.lexical import BM25_SCALE
-from densefit.retrieval.index.request import Ranked, SearchRequest
+from densefit.retrieval.index.request import (
+    Ranked,
+    SearchRequest,
+    in_rank_order,
+    past_ties,
+    remembered,
+)
 from densefit.retrieval.index.settings import check_model, settings_of
 from densefit.retrieval.index.types import (
     ModelSwappedError,
@@ -245,11 +252,6 @@ def translated(table: Sequence[Fault]) -> Iterator[None]:
         raise
 
 
-def _ranked(answer) -> Ranked:
-    """A hook's answer for one query as :class:`Ranked` (a plain ``(keys, scores)`` pair too)."""
-    return answer if isinstance(answer, Ranked) else Ranked(*answer)
-
-
 def _parameter_version(model) -> int:
     """Changes whenever a parameter is modified in place (optimizer steps, load_state_dict)."""
     try:
@@ -446,25 +448,44 @@ class StoreCommon:
         fusion = request.fusion or Fusion()
         fused = request.embeds and request.reads_texts
         depth = max(top_k, fusion.depth) if fused else top_k
-        dense = lexical = None
+        sides = []  # each side's rankings, holding every document tied with its last
         if request.embeds:
-            dense = [_ranked(r) for r in self._dense(queries, depth, dense_where)]
+            sides.append(self._past_ties(self._dense, queries, depth, dense_where))
         if request.reads_texts:
-            lexical = [_ranked(r) for r in self._lexical(texts, depth, where)]
-        if dense is None or lexical is None:
-            ranked, similarity = (dense, self.similarity) if lexical is None else (lexical, "bm25")
+            sides.append(self._past_ties(self._lexical, texts, depth, where))
+        ids_at = remembered(self._ids_at)  # a tied document's id read once per search
+        ordered = in_rank_order([r for side in sides for r in side], depth, ids_at)
+        if not fused:
+            similarity = self.similarity if request.embeds else "bm25"
             if request.scale_score:
-                ranked = [r._replace(scores=scaled_scores(r.scores, similarity)) for r in ranked]
-            return self._hits(ranked)
+                ordered = [r._replace(scores=scaled_scores(r.scores, similarity)) for r in ordered]
+            return self._hits(ordered)
         ranked = []
-        for by_dense, by_bm25 in zip(dense, lexical, strict=True):
+        half = len(ordered) // 2
+        for by_dense, by_bm25 in zip(ordered[:half], ordered[half:], strict=True):
+            everything = len(by_dense.keys) + len(by_bm25.keys)
             keys, scores = fusion.fuse(
-                [by_dense.keys, by_bm25.keys], top_k, [by_dense.scores, by_bm25.scores]
+                [by_dense.keys, by_bm25.keys], everything, [by_dense.scores, by_bm25.scores]
             )
-            scores = fusion.scaled(scores) if request.scale_score else scores
             documents = {**(by_bm25.documents or {}), **(by_dense.documents or {})}
             ranked.append(Ranked(keys, scores, documents))
+        ranked = in_rank_order(ranked, top_k, ids_at)  # fused ties by id too
+        if request.scale_score:
+            ranked = [r._replace(scores=fusion.scaled(r.scores)) for r in ranked]
         return self._hits(ranked)
+
+    def _past_ties(self, hook, inputs, depth: int, where) -> list[Ranked]:
+        """``hook``'s (``_dense``, ``_lexical``) rankings of ``inputs`` (query embeddings or
+        texts), each ``depth`` deep and one more, and more while its last one ties with its
+        ``depth``-th (:func:`~densefit.retrieval.index.request.past_ties`), for
+        :func:`~densefit.retrieval.index.request.in_rank_order` to order equal scores by
+        document id, the same on every engine."""
+
+        def ask(at: list[int], n: int) -> list:
+            some = inputs[at] if isinstance(inputs, np.ndarray) else [inputs[i] for i in at]
+            return hook(some, n, where)
+
+        return past_ties(ask, len(inputs), depth)
 
     @contextmanager
     def _reading(self) -> Iterator[None]:
@@ -500,6 +521,11 @@ class StoreCommon:
         """``{key: (id, text, title, meta)}`` of the documents still stored under ``keys``
         (asked only for keys no hook returned the document of)."""
         raise NotImplementedError
+
+    def _ids_at(self, keys: list[int]) -> dict[int, str]:
+        """``{key: id}`` of the documents still stored under ``keys`` (to order tied scores;
+        an engine may read the ids alone)."""
+        return {key: document[0] for key, document in self._documents_at(keys).items()}
 
     def _hits(self, ranked: list[Ranked]) -> list[list[SearchHit]]:
         """Search hits for each query's :class:`~densefit.retrieval.index.request.Ranked`,

@@ -38,6 +38,7 @@ itself, so there is nothing to compact and no BM25 file to keep.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -67,7 +68,7 @@ from densefit.retrieval.index.types import (
     WriteResult,
 )
 
-__all__ = ["DatabaseStore", "StoredRow"]
+__all__ = ["DatabaseStore", "StoredRow", "ordered_vectors", "stored_meta"]
 
 _PAGE = 1000  # ids per query of ids()
 _NUMBER = ("integer", "real")
@@ -371,3 +372,23 @@ class DatabaseStore(StoreCommon):
         """Delete the documents ``ids`` (unique, at least one) in ``tx`` (the next
         generation's copies too); how many existed."""
         raise NotImplementedError
+
+
+def stored_meta(meta: dict | None) -> dict:
+    """Metadata as the embedded store keeps it, which a database engine stores: JSON, values
+    JSON cannot hold written as text (NaN and infinities are refused before, by
+    :func:`~densefit.retrieval.index.common.checked_documents`).
+
+    >>> stored_meta({"tags": ("a", "b"), "n": 1})
+    {'tags': ['a', 'b'], 'n': 1}
+    """
+    return json.loads(json.dumps(meta or {}, default=str))
+
+
+def ordered_vectors(ids: list[str], found: Mapping[str, object], dim: int) -> np.ndarray:
+    """The vectors ``found`` by id, in the order of ``ids``, as one float32 array of ``dim``
+    columns; KeyError naming the ids not found."""
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise KeyError(f"{len(missing)} ids are not in the store, e.g. {missing[:3]}")
+    return np.array([found[i] for i in ids], dtype=np.float32).reshape(len(ids), dim)

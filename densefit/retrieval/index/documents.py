@@ -221,27 +221,22 @@ class DocumentTable:
         """The number of documents."""
         return int(self.conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
 
+    def _where_in(self, columns: str, key: str, values: Sequence, rest: str = "") -> Iterator:
+        """The rows ``SELECT columns FROM documents WHERE key IN (values) rest``, asked in
+        parts of at most :data:`SQL_VARS` values."""
+        for part in parts(list(values)):
+            marks = ",".join("?" * len(part))
+            query = f"SELECT {columns} FROM documents WHERE {key} IN ({marks}) {rest}"
+            yield from self.conn.execute(query, part)
+
     def get(self, ids: Sequence[str]) -> dict[str, Document]:
         """``{id: Document}`` for the ids that are stored."""
-        found: dict[str, Document] = {}
-        for part in parts(list(ids)):
-            marks = ",".join("?" * len(part))
-            for doc_id, text, title, meta in self.conn.execute(
-                f"SELECT id, text, title, meta FROM documents WHERE id IN ({marks})", part
-            ):
-                found[doc_id] = Document(doc_id, text, title, json.loads(meta))
-        return found
+        rows = self._where_in("id, text, title, meta", "id", ids)
+        return {i: Document(i, text, title, json.loads(meta)) for i, text, title, meta in rows}
 
     def hashes(self, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         """``{id: (text_hash, meta_hash)}`` for the ids that are stored."""
-        out: dict[str, tuple[str, str]] = {}
-        for part in parts(list(ids)):
-            marks = ",".join("?" * len(part))
-            for doc_id, th, mh in self.conn.execute(
-                f"SELECT id, text_hash, meta_hash FROM documents WHERE id IN ({marks})", part
-            ):
-                out[doc_id] = (th, mh)
-        return out
+        return {i: (th, mh) for i, th, mh in self._where_in("id, text_hash, meta_hash", "id", ids)}
 
     def ids_after(self, last: str, limit: int = 10000) -> list[str]:
         """Up to ``limit`` ids greater than ``last``, in id order (for paging)."""
@@ -250,13 +245,7 @@ class DocumentTable:
 
     def rows_of(self, ids: list[str]) -> dict[str, int]:
         """``{id: vector row}`` for the ids that are stored."""
-        out: dict[str, int] = {}
-        for part in parts(ids):
-            marks = ",".join("?" * len(part))
-            out.update(
-                self.conn.execute(f"SELECT id, row FROM documents WHERE id IN ({marks})", part)
-            )
-        return out
+        return dict(self._where_in("id, row", "id", ids))
 
     def all_rows(self) -> np.ndarray:
         """The vector row of every document (int64; no Python list of a million ints)."""
@@ -264,35 +253,22 @@ class DocumentTable:
 
     def first_rows_of_texts(self, hashes: list[str]) -> dict[str, int]:
         """``{text_hash: the lowest row holding that text}`` for the hashes that are stored."""
-        rows: dict[str, int] = {}
-        for part in parts(list(set(hashes))):
-            marks = ",".join("?" * len(part))
-            query = (
-                f"SELECT text_hash, MIN(row) FROM documents WHERE text_hash IN ({marks}) "
-                "GROUP BY text_hash"
-            )
-            rows.update(self.conn.execute(query, part))
-        return rows
+        return dict(
+            self._where_in("text_hash, MIN(row)", "text_hash", set(hashes), "GROUP BY text_hash")
+        )
 
     def documents_at(self, rows: list[int]) -> dict[int, tuple[str, str, str, dict]]:
         """``{row: (id, text, title, meta)}`` of the documents at these vector rows."""
-        docs: dict[int, tuple] = {}
-        for part in parts(rows):
-            marks = ",".join("?" * len(part))
-            for row, doc_id, text, title, meta in self.conn.execute(
-                f"SELECT row, id, text, title, meta FROM documents WHERE row IN ({marks})", part
-            ):
-                docs[row] = (doc_id, text, title, json.loads(meta))
-        return docs
+        found = self._where_in("row, id, text, title, meta", "row", rows)
+        return {row: (i, text, title, json.loads(meta)) for row, i, text, title, meta in found}
+
+    def ids_at(self, rows: list[int]) -> dict[int, str]:
+        """``{row: id}`` of the documents at these vector rows."""
+        return dict(self._where_in("row, id", "row", rows))
 
     def texts_at(self, rows: Sequence[int]) -> list[str]:
         """The texts of the documents at these vector rows, in that order (each must exist)."""
-        found: dict[int, str] = {}
-        for part in parts([int(r) for r in rows]):
-            marks = ",".join("?" * len(part))
-            found.update(
-                self.conn.execute(f"SELECT row, text FROM documents WHERE row IN ({marks})", part)
-            )
+        found = dict(self._where_in("row, text", "row", [int(r) for r in rows]))
         return [found[int(r)] for r in rows]
 
     def rows_matching(self, where: str, params: Sequence) -> list[int]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from densefit.retrieval.index.types import StoreError
 
-__all__ = ["LOCK_NAME", "StoreLockedError", "writer_lock"]
+__all__ = ["LOCK_NAME", "StoreLockedError", "wait_for_lock", "writer_lock"]
 
 LOCK_NAME = "densefit.lock"
 
@@ -47,46 +47,40 @@ def writer_lock(
     name: str = LOCK_NAME,
     doing: str = "writing to this store",
 ) -> Iterator[None]:
-    """Hold the writer lock of the store folder ``folder`` (created if missing) in the block.
-
-    Waits up to ``timeout`` seconds (forever when None) for another holder, telling
-    ``on_wait`` once that it waits and for whom; :class:`StoreLockedError` after that.
+    """Hold the writer lock of the store folder ``folder`` (created if missing) in the block,
+    waiting for another holder as :func:`wait_for_lock` does.
 
     >>> import tempfile
     >>> with writer_lock(tempfile.mkdtemp()):
     ...     pass
     """
-    if timeout is not None and not timeout >= 0:
-        raise ValueError(f"lock_timeout must be >= 0 seconds (None: no limit), got {timeout!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name  # LOCK_NAME; a model swap holds its own (swap.LOCK_NAME)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    holder = None  # who held it when we started waiting (said once)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            while not _try_lock(fd):
-                if holder is None:
-                    holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
-                    if on_wait is not None:
-                        limit = "" if timeout is None else f" (up to {timeout:g}s)"
-                        on_wait(
-                            f"{folder}: another process is {doing} ({holder}); "
-                            f"waiting for it to finish{limit}"
-                        )
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise StoreLockedError(
-                        f"{folder}: another process ({holder}) is still {doing} "
-                        f"after {timeout:g}s: wait for it to finish, or raise --lock-timeout"
-                    )
-                time.sleep(poll)
-        except BaseException:
+    fd = -1
+
+    def lock() -> bool:
+        nonlocal fd
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                locked = _try_lock(fd)
+                if locked and _is_the_file_at(fd, path):
+                    return True
+            except BaseException:
+                os.close(fd)
+                raise
             os.close(fd)
-            raise
-        if _is_the_file_at(fd, path):
-            break
-        os.close(fd)  # its holder removed it as it let go: lock the file there now
+            if not locked:
+                return False  # else its holder removed it as it let go: lock the file there now
+
+    def holder() -> str:
+        try:
+            return path.read_text("utf-8", "replace")[:200].strip() or "unknown"
+        except OSError:  # let go and removed meanwhile
+            return "unknown"
+
+    wait_for_lock(lock, holder, str(folder), doing, timeout, on_wait=on_wait, poll=poll)
     try:
         try:  # who holds it, for the message of a process that waits: a courtesy
             os.ftruncate(fd, 0)
@@ -100,6 +94,37 @@ def writer_lock(
         except OSError:  # gone already, or a folder we may not change: left as it is
             pass
         os.close(fd)  # releases the lock
+
+
+def wait_for_lock(
+    lock: Callable[[], bool],
+    holder: Callable[[], str],
+    where: str,
+    doing: str,
+    timeout: float | None,
+    *,
+    on_wait: Callable[[str], None] | None = _say,
+    poll: float = 0.1,
+) -> None:
+    """Return once ``lock()`` (one try) took a lock, trying every ``poll`` seconds up to
+    ``timeout`` seconds (None: no limit); ``on_wait`` is told once that it waits and for whom
+    (``holder()``), :class:`StoreLockedError` (``where`` first) after the timeout."""
+    if timeout is not None and not timeout >= 0:
+        raise ValueError(f"lock_timeout must be >= 0 seconds (None: no limit), got {timeout!r}")
+    if lock():
+        return
+    who = holder()
+    if on_wait is not None:
+        limit = "" if timeout is None else f" (up to {timeout:g}s)"
+        on_wait(f"{where}: another process is {doing} ({who}); waiting for it to finish{limit}")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not lock():
+        if deadline is not None and time.monotonic() >= deadline:
+            raise StoreLockedError(
+                f"{where}: another process ({who}) is still {doing} after {timeout:g}s: "
+                "wait for it to finish, or raise --lock-timeout"
+            )
+        time.sleep(poll)
 
 
 def _is_the_file_at(fd: int, path: Path) -> bool:

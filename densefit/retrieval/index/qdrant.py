@@ -1,113 +1,23 @@
 """Qdrant: densefit's documents and vectors in a Qdrant collection, through qdrant-client.
 
-Targets (:func:`~densefit.retrieval.index.engines.open_store`):
+Targets: ``qdrant://HOST:PORT/COLLECTION``, a Qdrant server or cluster (port 6333 when left
+out; ``?https=true`` for TLS; ``?timeout=SECONDS`` for each request, 10 when left out; the
+API key, if any, from the environment variable ``QDRANT_API_KEY``, never from the target);
+``qdrant:FOLDER`` (or ``qdrant:///abs/folder``), qdrant-client's local mode: the collections
+kept in ``FOLDER`` and searched in this process, one process at a time (``?collection=NAME``;
+default ``densefit``). Collection names are 1 to 64 letters, digits, ``_`` and ``-``.
 
-- ``qdrant://HOST:PORT/COLLECTION``: a Qdrant server or cluster (port 6333 when left out;
-  ``?https=true`` for TLS; the API key, if any, from the environment variable
-  ``QDRANT_API_KEY``, so that it never appears in a target, a log or a message);
-- ``qdrant:FOLDER`` (or ``qdrant:///abs/folder``): qdrant-client's local mode, the collection
-  kept in files in ``FOLDER`` and searched in this process; the collection is named
-  ``densefit`` unless ``qdrant:FOLDER?collection=NAME``.
-
-Collection names are 1 to 64 letters, digits, ``_`` and ``-``. The store's name is an
-alias of the collection that holds it, ``NAME_g<N>`` (``NAME_g0`` when created, ``NAME_g<N+1>``
-after a model swap, see below): a point per document (its id the ``uuid5`` of the document
-id) with a named dense vector ``dense`` (the record's dimension, dot product: cosine stores
-hold unit vectors; float16 stores ask Qdrant for float16 storage and send values already
-rounded to float16), a sparse vector ``bm25`` and a payload: ``id``, ``text``, ``title``,
-``meta`` (as the embedded store keeps it: JSON, values JSON cannot hold written as text),
-``fields`` (every filterable field split by type, :func:`~densefit.retrieval.index.filters.
-typed_fields`, under a key :func:`field_key` spells with ``[A-Za-z0-9_]`` only, so that
-Qdrant's payload paths address any field name), ``text_hash``, ``meta_hash``, ``stale`` and
-``seq`` (the write order: each writer gives every document it writes ``microseconds * 1024 +
-tag``, the time strictly increasing per writer and ``tag`` a random 10-bit number per store
-object, so concurrent writers interleave by time and almost never collide). The model record
-(:class:`~densefit.retrieval.index.types.StoreRecord`) is the collection's metadata,
-written with the collection in one call, with the store's name (``store``), its model
-generation (``model_generation``) and the model swap under way (``swap``), and read again
-before a search (on a server at most once a second): :meth:`~densefit.retrieval.index.common.
-StoreCommon.check_model` refuses another model as the embedded store does.
-
-Filters (parsed once, :mod:`~densefit.retrieval.index.filters`) are emitted by
-:func:`compile_filter` as one ``qdrant_client.models.Filter`` over the typed fields, with the embedded store's semantics exactly (a missing field is None, ``!=``
-matches it, numbers and bools compare as numbers, ISO dates by their instant, lists and
-dicts by their JSON text, ``NOT`` negates the AND of its conditions), applied inside the
-search: the best ``k`` of the matching documents come back. :meth:`~QdrantDocumentStore.
-index_meta_field` creates Qdrant payload indexes on a field's typed parts.
-
-Search: ``backend="hnsw"`` (the default: Qdrant's HNSW index, filtered) or ``"exact"``
-(``SearchParams(exact=True)``). BM25 (``mode="bm25"``, and ``"hybrid"``, fused with the
-dense ranking by :class:`~densefit.retrieval.fusion.Fusion`) uses Qdrant's sparse vectors
-with the IDF modifier: a document's weight for a token is bm25s's ``tf / (tf + k1 (1 - b +
-b dl / avgdl))`` (:mod:`densefit.retrieval.bm25`'s tokens, ``K1``, ``B``; token ids a
-32-bit hash of the token), Qdrant multiplies it by ``ln(1 + (N - n + 0.5) / (n + 0.5))``
-when it searches, and a query weighs each of its tokens by its count: bm25s's score. Qdrant
-cannot renormalise stored weights, so ``avgdl`` is the average length of the first
-documents written (recorded in the metadata; two writers racing to write the first
-documents may each use their own): scores equal :class:`~densefit.retrieval.bm25.
-Bm25Index`'s while the collection holds those documents, and drift from them as later
-writes move the true average. Documents without a token get an empty sparse vector and
-count in ``N``, as in Bm25Index. Two tokens whose hashes collide count as one token.
-
-Writes are batched upserts (``wait=True``); Qdrant applies each batch, not a transaction
-(``transactions=False``), and a write is idempotent by document id. Qdrant reclaims
-updated and deleted vectors itself (no compaction).
-
-Model swaps (``densefit reembed``): :class:`~densefit.retrieval.index.swap.SwapCoordinator`'s
-steps, blue/green through the alias. The next generation is the collection ``NAME_g<N+1>``
-(the new model's record, ``swap_of`` the serving collection, its BM25 average length), the
-swap under way is recorded in the serving collection's metadata, and a copy of a document
-there (payload, BM25 vector, the new model's vector) counts only while its ``seq`` and
-``meta_hash`` are the document's in the serving collection, that is while it was made from
-its current text and metadata (a row of the swap is a ``seq``). Writes during the swap reach
-the next collection too, with the new model's vectors or, without them, by leaving it (the
-swap embeds their new text); deletes and metadata updates apply to both. The switch records
-``model_generation + 1`` in the next collection, points the alias at it (one request: delete
-and create alias, applied together) and drops the old collection; BM25 scores do not change
-(the same sparse vectors and average length). A process killed between a switch and the drop
-leaves the old collection, dropped at the next swap (local mode: when the folder is next
-opened); killed between creating a collection and its alias, the alias is made when the store
-is next opened.
-
-A store created before generations (a plain collection named ``NAME``, no alias) opens and
-works as generation 0; its first model swap migrates it: at the switch the plain collection is
-deleted and ``NAME`` becomes an alias of ``NAME_g1``, in two requests (Qdrant refuses an alias
-named like a collection), so for the moment between them a server has no collection ``NAME``
-(its other clients' requests fail; local mode does both under the process's lock, and a process
-killed between them leaves ``NAME_g1`` finished, aliased when the folder is next opened).
-
-Processes: a Qdrant server serves several densefit processes at once, each seeing the
-others' writes (``shared``). It has no lock across processes: :meth:`~QdrantDocumentStore.
-writer_lock` checks its timeout and holds nothing, and concurrent indexers are safe because
-an upsert is idempotent by id (two indexers of one corpus embed some documents twice and
-store them once). Local mode holds a file lock on its folder: one process at a time opens
-it (another gets a one-line error), and the stores of one process share one client, a
-threading lock serialising their calls and another their writers.
-
-Versions: collection metadata needs Qdrant and qdrant-client 1.16 or later; local mode's
-IDF follows updates and deletes from qdrant-client 1.20 (before, it kept counting replaced
-and deleted documents).
-
-What a server adds to model swaps (not run here): the alias switch is atomic for every
-client of the cluster (local mode: for the one process that may open the folder, whose calls a
-lock serialises), so servers behind a load balancer all move to the new model at once. There
-is no lock across processes, so run one ``densefit reembed`` per store at a time; a write or
-delete by a process whose view of the swap is up to a second old (the record is re-read at most
-once a second for searches; before every write) may miss the next collection, and the swap
-still gets it right: a stale copy is recognised by its ``seq`` or ``meta_hash`` and embedded
-again, and copies of deleted documents are dropped at the switch. Another process's switch is
-seen at the next read of the record: a search in the second before it is checked against the
-old model's record (searches that pass ``model_generation`` are refused as soon as it is
-read). ``swap_pending`` scrolls by ``seq``, which needs the payload index on ``seq`` that
-every collection gets on a server.
-
-What was run: everything in local mode (``tests/test_qdrant.py``), where qdrant-client
-searches exactly whatever the backend (``"exact"`` sends no search parameter there), keeps
-float16 vectors as float32, and computes the IDF over every live point holding the sparse
-vector; against a server, only the refusals (no server listening, an API key refused by a
-stand-in answering 401). Not run here: a Qdrant server or cluster (the same calls by URL:
-HNSW recall, float16 storage, payload indexes, the IDF statistics of a server's sparse
-index, which may count deleted points until its optimizer drops them).
+Collections, rows, write order, model swaps and opening are :mod:`~densefit.retrieval.index.
+aliased`'s. A row is a point (its id the ``uuid5`` of the document id): the payload, a dense
+vector ``dense`` (dot product; float16 stores ask for float16 storage, values rounded before
+they are sent) and a sparse vector ``bm25``: bm25s's weights ``tf / (tf + k1 (1 - b + b dl /
+avgdl))`` by :func:`token_id`, which Qdrant's IDF modifier turns into bm25s's scores; ``avgdl``
+is the average length of the first documents written (in the metadata), so scores drift as
+later writes move the true average. Filters: :func:`compile_filter`, one Qdrant ``Filter``
+over the typed fields under the keys :func:`field_key` spells. A store made before
+generations (a plain collection ``NAME``) serves as generation 0 until its first model swap
+deletes it and makes ``NAME`` the alias (two requests: Qdrant refuses an alias named like a
+collection). Run here: local mode (``tests/test_qdrant.py``); a server by the same calls.
 
 >>> field_key("meta.release date")
 'meta_drelease_sdate'
@@ -119,17 +29,13 @@ index, which may count deleted points until its optimizer drops them).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import hashlib
 import json
 import os
-import secrets
 import threading
-import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,13 +43,22 @@ from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
-from densefit.choices import SIMILARITIES
-from densefit.data.types import Document
 from densefit.errors import storage_fault
 from densefit.retrieval.bm25 import K1, B, tokenize
+from densefit.retrieval.index.aliased import (
+    BUILDING_KEY,
+    PAYLOAD,
+    SHOWN,
+    STORE_KEY,
+    VERSION,
+    AliasedStore,
+    checked_backend,
+    checked_record,
+    generation_collection,
+    nothing,
+    ranked,
+)
 from densefit.retrieval.index.common import Fault, translated
-from densefit.retrieval.index.database import DatabaseStore, StoredRow
-from densefit.retrieval.index.documents import meta_hash
 from densefit.retrieval.index.filters import (
     Comparison,
     Filter,
@@ -154,20 +69,9 @@ from densefit.retrieval.index.filters import (
     parse_filters,
     typed_fields,
 )
-from densefit.retrieval.index.locking import StoreLockedError
-from densefit.retrieval.index.registry import capabilities_of, redacted, require
+from densefit.retrieval.index.registry import capabilities_of, redacted
 from densefit.retrieval.index.request import Ranked
-from densefit.retrieval.index.swap import (
-    MODEL_GENERATION_KEY,
-    SWAP_KEY,
-    SwapCoordinator,
-)
-from densefit.retrieval.index.types import (
-    StoreError,
-    StoreRecord,
-    SwapTarget,
-    VectorSettings,
-)
+from densefit.retrieval.index.types import StoreError, StoreRecord, StoreUnavailableError
 
 __all__ = [
     "CAPABILITIES",
@@ -178,6 +82,7 @@ __all__ = [
     "compile_filter",
     "create",
     "field_key",
+    "generation_collection",
     "open_existing",
     "parse_target",
     "token_id",
@@ -190,18 +95,12 @@ SPARSE = "bm25"  # the named sparse vector
 DEFAULT_COLLECTION = "densefit"
 DEFAULT_PORT = 6333
 API_KEY_VARIABLE = "QDRANT_API_KEY"
-LAYOUT = "densefit-qdrant/1"  # metadata key "layout": the payload layout above
+DEFAULT_TIMEOUT = 10  # seconds a request to a server may take, unless the target's ?timeout=
+LAYOUT = "densefit-qdrant/1"  # metadata key "layout": the rows of aliased.py as points
 AVGDL_KEY = "bm25_avgdl"  # metadata: the average document length BM25 weights are made with
-STORE_KEY = "store"  # metadata of a generation collection: the store (alias) it belongs to
-BUILDING_KEY = "swap_of"  # metadata of a collection a swap is filling: the one it replaces
-_RECORD_COUNTERS = ("n_rows", "generation", "stale_below_row")  # the embedded store's only
 _NAMESPACE = uuid.UUID("6f0b5e1c-3d0a-5a43-9a1e-2f4e0d9c7b11")  # point ids: uuid5(this, id)
 _UPSERT_BATCH = 128  # points per upsert request
-_PAGE = 1000  # points per scroll request
-_SWAP_PAGE = 256  # points per scroll request of swap_pending, at least
-_VERSION = ["id", "seq", "meta_hash"]  # the payload that tells a current copy (_version)
-_REFRESH_SECONDS = 1.0  # a server's record is read again at most this often
-_SHOWN = ["id", "text", "title", "meta", "seq"]  # the payload a search hit needs
+_PAGE = 1000  # points per scroll or retrieve request
 
 
 def _client_module():
@@ -236,6 +135,7 @@ class QdrantTarget:
     host: str | None = None
     port: int = DEFAULT_PORT
     https: bool = False
+    timeout: float = DEFAULT_TIMEOUT
 
     @property
     def local(self) -> bool:
@@ -300,12 +200,18 @@ def _server_target(location: str, parts, options: dict) -> QdrantTarget:
         port = parts.port or DEFAULT_PORT
     except ValueError:
         raise StoreError(f"{location}: the port is not a number from 1 to 65535") from None
-    unknown = sorted(set(options) - {"https"})
+    unknown = sorted(set(options) - {"https", "timeout"})
     if unknown:
         raise StoreError(
             f"{location}: unknown option {unknown[0]!r}: a Qdrant server target takes "
-            "?https=true only"
+            "?https=true and ?timeout=SECONDS only"
         )
+    try:
+        timeout = float(options.get("timeout", DEFAULT_TIMEOUT))
+    except ValueError:
+        timeout = -1.0
+    if not 0 < timeout < float("inf"):
+        raise StoreError(f"{location}: timeout must be a number of seconds above 0")
     https = options.get("https", "false").lower()
     if https not in ("true", "false", "1", "0"):
         raise StoreError(f"{location}: https must be true or false, got {https!r}")
@@ -321,6 +227,7 @@ def _server_target(location: str, parts, options: dict) -> QdrantTarget:
         host=parts.hostname,
         port=port,
         https=https in ("true", "1"),
+        timeout=timeout,
     )
 
 
@@ -331,21 +238,13 @@ class _Connection:
     """A client and the locks its stores share; :meth:`release` when a store closes."""
 
     def __init__(self, client, *, local: bool, key: str | None = None):
-        self.client = client
-        self.local = local
-        self.key = key
+        self.client, self.local, self.key, self.users = client, local, key, 1
         self.lock = threading.RLock()  # local mode: one call at a time on the client
-        self.writer_locks: dict[str, threading.RLock] = {}
-        self.users = 1
-
-    def writer_lock(self, name: str) -> threading.RLock:
-        with self.lock:
-            return self.writer_locks.setdefault(name, threading.RLock())
+        self.writers: dict[str, threading.RLock] = {}  # local mode's, by name
 
     def release(self) -> None:
         if not self.local:
-            self.client.close()
-            return
+            return self.client.close()
         with _LOCAL_LOCK:
             self.users -= 1
             if self.users == 0:
@@ -388,12 +287,15 @@ def _connect(target: QdrantTarget) -> _Connection:
         https=target.https,
         api_key=os.environ.get(API_KEY_VARIABLE) or None,
         check_compatibility=False,
+        timeout=target.timeout,
     )
     return _Connection(client, local=False)
 
 
 def _server_error(target: QdrantTarget, exc: Exception) -> StoreError:
-    """A one-line error for a failed request to ``target``'s server."""
+    """A one-line error for a failed request to ``target``'s server: a refused key or
+    request a StoreError; an unreachable, lost or timed-out server, or its 502/503/504, a
+    StoreUnavailableError."""
     status = getattr(exc, "status_code", None)
     if status in (401, 403):
         return StoreError(
@@ -402,7 +304,9 @@ def _server_error(target: QdrantTarget, exc: Exception) -> StoreError:
         )
     why = " ".join(str(exc).split())[:200] or type(exc).__name__
     scheme = "https" if target.https else "http"
-    return StoreError(
+    error = StoreError if status is not None and status not in (502, 503, 504) else None
+    error = error or StoreUnavailableError  # no answer (refused, lost, timed out) or busy
+    return error(
         f"{target.location}: cannot use the Qdrant server at {scheme}://{target.host}:"
         f"{target.port} ({why}): start it, or check the host, port, ?https= and "
         f"{API_KEY_VARIABLE}"
@@ -453,15 +357,6 @@ def field_key(field: str) -> str:
         else:
             out.append(f"_u{ord(char):x}_")
     return "".join(out)
-
-
-def _typed_payload(doc_id: str, text: str, title: str, meta: dict) -> dict:
-    return {field_key(f): v for f, v in typed_fields(doc_id, text, title, meta).items()}
-
-
-def _stored_meta(meta: dict | None) -> dict:
-    """Metadata as the embedded store keeps it: JSON, what JSON cannot hold as text."""
-    return json.loads(json.dumps(meta or {}, default=str))
 
 
 class _Constant:
@@ -628,31 +523,26 @@ def _point_id(doc_id: str) -> str:
     return str(uuid.uuid5(_NAMESPACE, doc_id))
 
 
-def _version(point) -> tuple[int, str]:
-    """What a copy in the next generation must share with the document: its write (``seq``)
-    and its title and metadata (``meta_hash``)."""
-    return int(point.payload["seq"]), point.payload.get("meta_hash", "")
+def _asked(fields: list[str]) -> tuple[list[str], list[str] | bool]:
+    """``with_payload`` and ``with_vectors`` of a request for a row's ``fields``."""
+    vectors = [f for f in fields if f in (DENSE, SPARSE)]
+    return [f for f in fields if f not in (DENSE, SPARSE)], vectors or False
 
 
-def _document_of(payload: dict) -> tuple[str, str, str, dict]:
-    """``(id, text, title, meta)`` of a point's payload."""
-    meta = payload.get("meta") or {}
-    return payload["id"], payload.get("text", ""), payload.get("title", ""), meta
+def _row(point) -> dict:
+    """A point as a row: its payload and its vectors by name."""
+    vectors = point.vector or {}
+    return {**point.payload, **(vectors if isinstance(vectors, dict) else {DENSE: vectors})}
 
 
-def _ranked_pairs(points) -> tuple[list[int], list[float]]:
-    """Keys (``seq``) and scores, best first, ties by write order (as the embedded store)."""
-    pairs = sorted((-float(p.score), int(p.payload["seq"])) for p in points)
-    return [seq for _, seq in pairs], [-score for score, _ in pairs]
-
-
-class QdrantDocumentStore(SwapCoordinator, DatabaseStore):
+class QdrantDocumentStore(AliasedStore):
     """A densefit store in a Qdrant collection (see the module docstring); get one from
     :func:`~densefit.retrieval.index.engines.open_store` with a ``qdrant:`` target.
 
     >>> import tempfile
     >>> from densefit.testing import tiny_model
     >>> from densefit.retrieval.encode import encode_texts
+    >>> from densefit.data.types import Document
     >>> from densefit.retrieval.index.engines import open_store
     >>> model = tiny_model()
     >>> store = open_store(f"qdrant:{tempfile.mkdtemp()}", model)  # local mode, in a folder
@@ -665,393 +555,158 @@ class QdrantDocumentStore(SwapCoordinator, DatabaseStore):
     """
 
     capabilities = CAPABILITIES
+    _layout, _local_mode = LAYOUT, "local"
+    _ALL, _NONE, _ROW = EVERYTHING, NOTHING, [*PAYLOAD, SPARSE]
+    _local_capabilities = {"filter_max_conditions": LOCAL_FILTER_MAX_CONDITIONS}
+    _faults_of = staticmethod(_faults)
 
     def __init__(self, target: QdrantTarget, connection: _Connection, *, backend: str | None):
-        super().__init__()
-        self.target = target
-        self._faults = _faults(target)
-        self.location = target.location
-        self.collection = target.collection
-        self._connection: _Connection | None = connection
-        self._client = connection.client
-        if connection.local:
-            self._lock = connection.lock  # one call at a time on local mode's client
-            self.capabilities = dataclasses.replace(
-                CAPABILITIES, shared=False, filter_max_conditions=LOCAL_FILTER_MAX_CONDITIONS
-            )
-        self.backend_name = backend or CAPABILITIES.backends[0]
+        super().__init__(target, connection, backend=backend)
         self._models = _models()
-        self._record_seconds = 0.0 if connection.local else _REFRESH_SECONDS
-        self._avgdl: float | None = None
-        self._tag = secrets.randbelow(1024)
-        self._last_micros = 0
-        self.model_generation = -1  # read from the metadata below
-        with self._lock:
-            self._read_record()
-            if connection.local:  # the folder is this process's: nobody else reads them
-                with self._errors():
-                    self._drop_older_generations()
-
-    # -- the record ------------------------------------------------------------------------
+        self._avgdl: float | None = None  # read from the metadata
 
     def _read_record(self) -> None:
-        """Read the record, the BM25 length average, the model generation and the swap
-        under way from the serving collection's metadata."""
+        """The record, the model generation, the swap under way and the BM25 length average,
+        from the serving collection's metadata."""
         with self._errors():
             info = self._client.get_collection(self.collection)
         meta = _record_of(info, self.target)
         self._take_record(meta)
         self._avgdl = None if AVGDL_KEY not in meta else float(meta[AVGDL_KEY])
 
-    def _check_open(self) -> None:
-        if self._connection is None:
-            raise StoreError(f"{self.location}: the store is closed")
+    def _opened(self) -> None:
+        if self.target.local:  # the folder is this process's: nobody else reads it
+            self._drop_older_generations()
 
-    def _save_settings(self, settings: VectorSettings) -> None:
-        with self._reading():
-            self._client.update_collection(self.collection, metadata=settings.to_meta())
-            self._read_record()
+    # -- collections and the alias (AliasedStore's primitives) -------------------------------
 
-    # -- reading ---------------------------------------------------------------------------
+    def _collections(self) -> list[str]:
+        return [c.name for c in self._client.get_collections().collections]
 
-    def _retrieve(
-        self, ids: Sequence[str], payload, vectors=False, *, collection: str | None = None
-    ) -> dict[str, object]:
-        """``{id: point}`` of the stored ones among ``ids`` (in the store, or ``collection``)."""
-        found = {}
-        unique = list(dict.fromkeys(ids))
+    def _exists(self, collection: str) -> bool:
+        return self._client.collection_exists(collection)
+
+    def _properties(self, collection: str) -> dict:
+        return self._client.get_collection(collection).config.metadata or {}
+
+    def _set_properties(self, collection: str, values: dict) -> None:
+        self._client.update_collection(collection, metadata=values)
+
+    def _drop_collection(self, collection: str) -> None:
+        self._client.delete_collection(collection)
+
+    def _serving_collection(self) -> str | None:
+        """The alias's collection, or the plain collection named as the store (made before
+        model swaps)."""
+        for alias in self._client.get_aliases().aliases:
+            if alias.alias_name == self.collection:
+                return alias.collection_name
+        return self.collection if self._client.collection_exists(self.collection) else None
+
+    def _alias_operations(self, collection: str | None, *, replace: bool) -> list:
+        models, name = self._models, self.collection
+        operations = []
+        if replace:
+            delete = models.DeleteAlias(alias_name=name)
+            operations.append(models.DeleteAliasOperation(delete_alias=delete))
+        if collection is not None:
+            create = models.CreateAlias(collection_name=collection, alias_name=name)
+            operations.append(models.CreateAliasOperation(create_alias=create))
+        return operations
+
+    def _point_alias(self, collection: str, *, replace: bool) -> None:
+        self._client.update_collection_aliases(self._alias_operations(collection, replace=replace))
+
+    def _drop_alias(self) -> None:
+        if any(a.alias_name == self.collection for a in self._client.get_aliases().aliases):
+            self._client.update_collection_aliases(self._alias_operations(None, replace=True))
+
+    def _new_collection(self, collection: str, record: StoreRecord, extra: dict) -> None:
+        """``collection`` for ``record``'s vectors; a server's gets the payload indexes
+        densefit filters by and, for a swap's, those of the collection it replaces."""
+        models = self._models
+        datatype = models.Datatype.FLOAT16 if record.vector_kind == "float16" else None
+        dense = models.VectorParams(
+            size=record.dim, distance=models.Distance.DOT, datatype=datatype
+        )
+        sparse = models.SparseVectorParams(modifier=models.Modifier.IDF)
+        try:
+            self._client.create_collection(
+                collection, vectors_config={DENSE: dense}, sparse_vectors_config={SPARSE: sparse},
+                metadata=self._new_metadata(record, extra),
+            )  # fmt: skip
+        except Exception:
+            if self._client.collection_exists(collection):
+                return  # another process created it meanwhile: use that one
+            raise
+        if self.target.local:
+            return  # local mode scans: its payload indexes do nothing
+        schema = models.PayloadSchemaType
+        indexes = {"seq": schema.INTEGER, "stale": schema.BOOL, "text_hash": schema.KEYWORD,
+                   "id": schema.KEYWORD}  # fmt: skip
+        if extra.get(BUILDING_KEY):
+            found = self._client.get_collection(extra[BUILDING_KEY]).payload_schema or {}
+            indexes |= {field: info.data_type for field, info in found.items()}
+        for key, kind in indexes.items():
+            self._client.create_payload_index(collection, key, kind, wait=True)
+
+    # -- rows ------------------------------------------------------------------------------
+
+    def _rows(self, where, fields: list[str], collection: str | None = None) -> list[dict]:
+        if where is NOTHING:
+            return []
+        payload, vectors = _asked(fields)
+        rows, offset = [], None
+        while True:
+            points, offset = self._client.scroll(
+                collection or self.collection,
+                scroll_filter=None if where is EVERYTHING else where,
+                limit=_PAGE, offset=offset, with_payload=payload, with_vectors=vectors,
+            )  # fmt: skip
+            rows += [_row(p) for p in points]
+            if offset is None:
+                return rows
+
+    def _rows_after(self, seq: int, limit: int) -> list[dict]:
+        """By the payload index on ``seq`` that every server collection gets."""
+        order = self._models.OrderBy(key="seq", start_from=seq + 1)
+        points, _ = self._client.scroll(
+            self.collection, order_by=order, limit=limit, with_payload=[*VERSION, "text"]
+        )
+        return [_row(p) for p in points]
+
+    def _by_id(self, ids: Sequence[str], fields: list[str], collection: str | None = None):
+        payload, vectors = _asked(fields)
+        found, unique = {}, list(dict.fromkeys(ids))
         for start in range(0, len(unique), _PAGE):
             points = self._client.retrieve(
                 collection or self.collection,
                 [_point_id(i) for i in unique[start : start + _PAGE]],
-                with_payload=payload,
-                with_vectors=vectors,
-            )
-            found.update((p.payload["id"], p) for p in points)
+                with_payload=payload, with_vectors=vectors,
+            )  # fmt: skip
+            found.update((p.payload["id"], _row(p)) for p in points)
         return found
 
-    def _scroll(self, where=None, payload=True, vectors=False) -> Iterator:
-        """Every point matching ``where`` (a compiled filter; None: all)."""
-        if where is NOTHING:
-            return
-        offset = None
-        while True:
-            points, offset = self._client.scroll(
-                self.collection,
-                scroll_filter=None if where is EVERYTHING else where,
-                limit=_PAGE,
-                offset=offset,
-                with_payload=payload,
-                with_vectors=vectors,
-            )
-            yield from points
-            if offset is None:
-                return
+    def _count(self, where) -> int:
+        query = None if where is EVERYTHING else where
+        return self._client.count(self.collection, count_filter=query, exact=True).count
 
-    def count(self) -> int:
-        """The number of documents."""
-        with self._reading():
-            return self._client.count(self.collection, exact=True).count
-
-    def count_matching(self, filters: Filter | dict | None = None) -> int:
-        """How many documents match ``filters`` (all of them for None or ``{}``)."""
-        where = compile_filter(parse_filters(filters, self.capabilities))
-        if where is NOTHING:
-            return 0
-        with self._reading():
-            query = None if where is EVERYTHING else where
-            return self._client.count(self.collection, count_filter=query, exact=True).count
-
-    def get(self, ids: Sequence[str]) -> list[Document | None]:
-        """The documents with these ids, None where an id is unknown."""
-        with self._reading():
-            found = self._retrieve(ids, ["id", "text", "title", "meta"])
-        return [None if i not in found else _document(found[i].payload) for i in ids]
-
-    def hashes(self, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-        """``{id: (text hash, meta hash)}`` of the stored ones among ``ids``."""
-        with self._reading():
-            found = self._retrieve(ids, ["id", "text_hash", "meta_hash"])
-        return {i: (p.payload["text_hash"], p.payload["meta_hash"]) for i, p in found.items()}
-
-    def vectors(self, ids: Sequence[str]) -> np.ndarray:
-        """The stored float32 embeddings of ``ids`` (normalised, for cosine stores)."""
-        ids = list(ids)
-        with self._reading():
-            found = self._retrieve(ids, ["id"], [DENSE])
-        missing = [i for i in ids if i not in found]
-        if missing:
-            raise KeyError(f"{len(missing)} ids are not in the store, e.g. {missing[:3]}")
-        if not ids:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return np.array([_dense_of(found[i]) for i in ids], dtype=np.float32)
-
-    def vectors_for_texts(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:
-        """A stored, current vector per text hash the store holds (the first written)."""
-        hashes = list(dict.fromkeys(hashes))
-        if not hashes:
-            return {}
+    def _selection(self, stale: bool, hashes: list[str] | None = None):
         models = self._models
-        found: dict[str, tuple[int, np.ndarray]] = {}
-        with self._reading():
-            for start in range(0, len(hashes), _PAGE):
-                where = models.Filter(
-                    must=[
-                        models.FieldCondition(
-                            key="text_hash",
-                            match=models.MatchAny(any=hashes[start : start + _PAGE]),
-                        ),
-                        models.FieldCondition(key="stale", match=models.MatchValue(value=False)),
-                    ]
-                )
-                for point in self._scroll(where, ["text_hash", "seq"], [DENSE]):
-                    h, seq = point.payload["text_hash"], int(point.payload["seq"])
-                    if h not in found or seq < found[h][0]:
-                        found[h] = (seq, np.asarray(_dense_of(point), dtype=np.float32))
-        return {h: vector for h, (_, vector) in found.items()}
+        must = [models.FieldCondition(key="stale", match=models.MatchValue(value=stale))]
+        if hashes is not None:
+            among = models.MatchAny(any=hashes)
+            must.insert(0, models.FieldCondition(key="text_hash", match=among))
+        return models.Filter(must=must)
 
-    def filter_documents(self, filters: Filter | dict | None = None) -> list[Document]:
-        """The documents matching ``filters``, in the order they were written (an updated
-        document counts as written last)."""
-        where = compile_filter(parse_filters(filters, self.capabilities))
-        with self._reading():
-            points = list(self._scroll(where, ["id", "text", "title", "meta", "seq"]))
-        points.sort(key=lambda p: int(p.payload["seq"]))
-        return [_document(p.payload) for p in points]
+    def _typed(self, doc_id: str, text: str, title: str, meta: dict) -> dict:
+        return {field_key(f): v for f, v in typed_fields(doc_id, text, title, meta).items()}
 
-    def ids(self) -> Iterator[str]:
-        """Every document id, in id order."""
-        yield from self._all_ids()
-
-    def _all_ids(self) -> list[str]:
-        with self._reading():
-            return sorted(p.payload["id"] for p in self._scroll(EVERYTHING, ["id"]))
-
-    def _ids_after(self, last: str, limit: int) -> list[str]:
-        return [i for i in self._all_ids() if i > last][:limit]
-
-    def index_meta_field(self, field: str) -> None:
-        """Create Qdrant payload indexes on the typed parts of the metadata field ``field``
-        (``"meta.lang"``), so that a server's filters on it look documents up (idempotent;
-        local mode scans whatever is indexed)."""
-        meta_path(field)  # the name checked as filters check theirs
-        schema = self._models.PayloadSchemaType
-        key = f"fields.{field_key(field)}"
-        parts = {"t": schema.KEYWORD, "s": schema.KEYWORD, "j": schema.KEYWORD}
-        parts |= {"n": schema.FLOAT, "d": schema.FLOAT}
-        with self._reading():
-            if self._connection.local:
-                return  # local mode scans: its payload indexes do nothing
-            for part, kind in parts.items():
-                self._client.create_payload_index(
-                    self.collection, field_name=f"{key}.{part}", field_schema=kind, wait=True
-                )
-
-    # -- re-embedding ---------------------------------------------------------------------
-
-    def _mark_stale(self) -> None:
-        with self._reading():
-            self._client.set_payload(
-                self.collection,
-                payload={"stale": True},
-                points=self._models.FilterSelector(filter=self._models.Filter()),
-                wait=True,
-            )
-
-    def _stale(self, ids: list[str] | None) -> list[str]:
-        models = self._models
-        stale = models.FieldCondition(key="stale", match=models.MatchValue(value=True))
-        with self._reading():
-            if ids is None:
-                points = list(self._scroll(models.Filter(must=[stale]), ["id", "seq"]))
-            else:
-                found = self._retrieve(ids, ["id", "seq", "stale"])
-                points = [p for p in found.values() if p.payload.get("stale")]
-        points.sort(key=lambda p: int(p.payload["seq"]))
-        return [p.payload["id"] for p in points]
-
-    # -- a model swap: the next generation collection ---------------------------------------
-    # SwapCoordinator (densefit.retrieval.index.swap) runs the swap over these primitives (see
-    # the module docstring): the next generation is a collection beside the serving one, and
-    # the switch points the store's alias at it.
-
-    @contextlib.contextmanager
-    def _swap_transaction(self) -> Iterator[None]:
-        """A write's or a swap step's context: the object's lock and the record read again
-        (no transaction: each step is ordered to be safe when killed)."""
-        with self._reading():
-            self._read_record()
-            yield None
-
-    def _save_swap(self, tx, swap: SwapTarget | None) -> None:
-        recorded = None if swap is None else swap.to_json()
-        self._client.update_collection(self.collection, metadata={SWAP_KEY: recorded})
-
-    def _create_generation(self, tx, record: StoreRecord, generation: int | None) -> int:
-        serving = self._serving()
-        self._drop_older_generations(serving)
-        fresh = generation is None
-        if fresh:
-            generation = _generation_of(self.collection, serving, self.location) + 1
-        collection = generation_collection(self.collection, generation)
-        exists = self._client.collection_exists(collection)
-        if exists and fresh:  # a swap cancelled or restarted
-            metadata = self._client.get_collection(collection).config.metadata or {}
-            if metadata.get(STORE_KEY) != self.collection:
-                raise StoreError(
-                    f"{self.location}: collection {collection!r} exists and is not this "
-                    "store's: the next model swap creates it; delete or rename it"
-                )
-            self._client.delete_collection(collection)
-        if fresh or not exists:  # resumed: made again, empty, when dropped by hand
-            self._create_next(collection, record, serving)
-        return generation
-
-    def _drop_generation(self, tx, swap: SwapTarget) -> None:
-        collection = self._next_collection(swap)
-        if self._client.collection_exists(collection):
-            self._client.delete_collection(collection)
-
-    def _pending_rows(self, swap: SwapTarget, after_row: int, limit: int) -> list:
-        """Those without a copy in the next generation made from their current version (a
-        copy whose ``seq`` or ``meta_hash`` is not the document's was made from an older
-        text or metadata); a row is a document's ``seq``."""
-        models = self._models
-        collection = self._next_collection(swap)
-        pending: list[tuple[int, str, str]] = []
-        start = after_row + 1
-        with self._errors():
-            while len(pending) < limit:
-                points, _ = self._client.scroll(
-                    self.collection,
-                    order_by=models.OrderBy(key="seq", start_from=start),
-                    limit=max(limit, _SWAP_PAGE),
-                    with_payload=[*_VERSION, "text"],
-                )
-                if not points:
-                    break
-                ids = [p.payload["id"] for p in points]
-                made = self._retrieve(ids, _VERSION, collection=collection)
-                for point in points:
-                    copy = made.get(point.payload["id"])
-                    if copy is None or _version(copy) != _version(point):
-                        seq = int(point.payload["seq"])
-                        pending.append((seq, point.payload["id"], point.payload.get("text", "")))
-                start = int(points[-1].payload["seq"]) + 1
-        return pending[:limit]
-
-    def _count_pending(self, swap: SwapTarget) -> int:
-        with self._errors():
-            made = self._versions(self._next_collection(swap))
-            current = self._versions(self.collection)
-        return sum(made.get(i) != v for i, v in current.items())
-
-    def _put_next(self, tx, swap: SwapTarget, pending: list, vectors: np.ndarray) -> int:
-        """Copies with each document's payload and BM25 vector as the serving collection
-        holds them now."""
-        models = self._models
-        current = self._retrieve([i for _, i in pending], True, [SPARSE])
-        keep = [
-            k
-            for k, (row, doc_id) in enumerate(pending)
-            if doc_id in current and int(current[doc_id].payload["seq"]) == row
-        ]
-        empty = models.SparseVector(indices=[], values=[])
-        copies = []
-        for k, vector in zip(keep, self._stored(vectors[keep]), strict=True):
-            point = current[pending[k][1]]
-            sparse = point.vector.get(SPARSE, empty) if point.vector else empty
-            copies.append(
-                models.PointStruct(
-                    id=point.id,
-                    vector={DENSE: vector.tolist(), SPARSE: sparse},
-                    payload={**point.payload, "stale": False},
-                )
-            )
-        self._upsert_points(self._next_collection(swap), copies)
-        return len(copies)
-
-    def _switch(self, tx, swap: SwapTarget) -> None:
-        """The next collection's copies of deleted documents dropped, the model generation
-        recorded in it, then the alias pointed at it in one request (a store made before
-        aliases: two, see the module docstring) and the old collection dropped."""
-        collection = self._next_collection(swap)
-        current = self._versions(self.collection)
-        self._delete_points(collection, [i for i in self._versions(collection) if i not in current])
-        finished = {MODEL_GENERATION_KEY: str(self.model_generation + 1), BUILDING_KEY: None}
-        if self._avgdl is not None:
-            finished[AVGDL_KEY] = repr(self._avgdl)
-        self._client.update_collection(collection, metadata=finished)
-        serving = self._serving()
-        if serving == self.collection:  # a plain collection, made before model swaps
-            self._client.delete_collection(serving)  # the name becomes the alias
-            self._client.update_collection_aliases(
-                _alias_operations(self.collection, collection, self._models, replace=False)
-            )
-        else:
-            self._client.update_collection_aliases(
-                _alias_operations(self.collection, collection, self._models, replace=True)
-            )
-            self._client.delete_collection(serving)
-
-    def _swap_changed(self) -> None:
-        with self._lock:
-            self._read_record()
-
-    def _next_collection(self, swap: SwapTarget) -> str:
-        return generation_collection(self.collection, swap.generation)
-
-    def _serving(self) -> str:
-        serving = _serving(self._client, self.collection)
-        if serving is None:
-            raise StoreError(
-                f"{self.location}: collection {self.collection!r} is gone (deleted by another "
-                "process?): index into it again"
-            )
-        return serving
-
-    def _create_next(self, collection: str, record: StoreRecord, serving: str) -> None:
-        """A swap's empty ``collection``: the new model's ``record``, the BM25 length average
-        of the serving collection, and (on a server) its payload indexes."""
-        extra = {BUILDING_KEY: serving}
-        if self._avgdl is not None:
-            extra[AVGDL_KEY] = repr(self._avgdl)
-        indexes = {}
-        if not self._connection.local:
-            schema = self._client.get_collection(serving).payload_schema or {}
-            indexes = {field: info.data_type for field, info in schema.items()}
-        _new_collection(self._client, self.target, collection, record, self._models, extra, indexes)
-
-    def _versions(self, collection: str) -> dict[str, tuple[int, str]]:
-        """``{id: (seq, meta hash)}`` of every point in ``collection``."""
-        offset, versions = None, {}
-        while True:
-            points, offset = self._client.scroll(
-                collection, limit=_PAGE, offset=offset, with_payload=_VERSION
-            )
-            versions.update((p.payload["id"], _version(p)) for p in points)
-            if offset is None:
-                return versions
-
-    def _drop_older_generations(self, serving: str | None = None) -> None:
-        """Delete the store's generation collections older than the serving one (left by a
-        process killed between a switch and the drop)."""
-        serving = serving or self._serving()
-        if serving == self.collection:
-            return
-        current = _generation_of(self.collection, serving, self.location)
-        for number in _generations(self._client, self.collection):
-            if number < current:
-                self._client.delete_collection(generation_collection(self.collection, number))
-
-    # -- writing ---------------------------------------------------------------------------
-
-    def _next_seqs(self, n: int) -> list[int]:
-        """``n`` write-order keys, strictly increasing for this store object (see the
-        module docstring)."""
-        start = max(time.time_ns() // 1000, self._last_micros + 1)
-        self._last_micros = start + n - 1
-        return [(start + i) * 1024 + self._tag for i in range(n)]
+    def _with_vectors(self, rows: list[dict], vectors: np.ndarray) -> None:
+        counted = _token_counts([row["text"] for row in rows])
+        avgdl = self._bm25_average(counted)
+        for row, vector, (counts, length) in zip(rows, vectors, counted, strict=True):
+            row.update({DENSE: vector.tolist(), SPARSE: _sparse_vector(counts, length, avgdl)})
 
     def _bm25_average(self, counted: list[tuple[Counter, int]]) -> float | None:
         """The average document length BM25 weights are made with: the collection's, or,
@@ -1062,134 +717,66 @@ class QdrantDocumentStore(SwapCoordinator, DatabaseStore):
             lengths = [length for _, length in counted]
             if sum(lengths) == 0:
                 return None  # no token yet: every vector is empty whatever the average
-            average = float(np.mean(lengths))
-            self._client.update_collection(self.collection, metadata={AVGDL_KEY: repr(average)})
-            self._avgdl = average
+            self._avgdl = float(np.mean(lengths))
+            self._set_properties(self.collection, {AVGDL_KEY: repr(self._avgdl)})
         return self._avgdl
 
-    def _stored(self, vectors: np.ndarray) -> np.ndarray:
-        """``vectors`` as the collection keeps them (float16 stores: rounded to float16)."""
-        if self.vector_kind == "float16":
-            return vectors.astype(np.float16).astype(np.float32)
-        return vectors
+    def _carried(self) -> dict:
+        return {} if self._avgdl is None else {AVGDL_KEY: repr(self._avgdl)}
 
-    def _upsert(
-        self, tx, rows: list[StoredRow], vectors: np.ndarray, next_vectors: np.ndarray | None
-    ) -> set[str]:
-        """During a model swap the rows also go to the next generation, with ``next_vectors``
-        (the new model's), or leave it when there are none."""
-        models = self._models
-        vectors = self._stored(vectors)
-        counted = _token_counts([row.document.text for row in rows])
-        existed = set(self._retrieve([r.document.id for r in rows], ["id"]))
-        avgdl = self._bm25_average(counted)
-        seqs = self._next_seqs(len(rows))
-        points = []
-        for row, vector, (counts, length), seq in zip(rows, vectors, counted, seqs, strict=True):
-            doc = row.document
-            meta = _stored_meta(doc.meta)
-            payload = {
-                "id": doc.id,
-                "text": doc.text,
-                "title": doc.title or "",
-                "meta": meta,
-                "fields": _typed_payload(doc.id, doc.text, doc.title or "", meta),
-                "text_hash": row.text_hash,
-                "meta_hash": row.meta_hash,
-                "stale": False,
-                "seq": seq,
-            }
-            vector = {DENSE: vector.tolist(), SPARSE: _sparse_vector(counts, length, avgdl)}
-            points.append(models.PointStruct(id=_point_id(doc.id), vector=vector, payload=payload))
-        self._upsert_points(self.collection, points)
-        if self._swap is not None:
-            self._write_next(self._swap, points, next_vectors)
-        return existed
-
-    def _upsert_points(self, collection: str, points: list) -> None:
+    def _upsert_rows(self, collection: str, rows: list[dict]) -> None:
+        models, empty = self._models, self._models.SparseVector(indices=[], values=[])
+        points = [
+            models.PointStruct(
+                id=_point_id(row["id"]),
+                vector={DENSE: row[DENSE], SPARSE: row.get(SPARSE) or empty},
+                payload={k: v for k, v in row.items() if k not in (DENSE, SPARSE)},
+            )
+            for row in rows
+        ]
         for start in range(0, len(points), _UPSERT_BATCH):
             self._client.upsert(collection, points[start : start + _UPSERT_BATCH], wait=True)
 
-    def _write_next(self, swap: SwapTarget, points: list, next_vectors: np.ndarray | None) -> None:
-        """The written ``points`` in the next generation: with ``next_vectors`` (same
-        payload, ``seq`` included, and BM25 vector), or removed from it."""
-        collection = self._next_collection(swap)
-        if next_vectors is None:
-            self._delete_points(collection, [p.payload["id"] for p in points])
-            return
+    def _update_rows(self, collection: str, changes: dict[str, dict]) -> None:
+        if collection != self.collection:  # the next generation: its copies only
+            changes = {i: changes[i] for i in self._by_id(list(changes), ["id"], collection)}
         models = self._models
-        next_vectors = self._stored(next_vectors)
-        copies = [
-            models.PointStruct(
-                id=p.id, vector={DENSE: v.tolist(), SPARSE: p.vector[SPARSE]}, payload=p.payload
-            )
-            for p, v in zip(points, next_vectors, strict=True)
-        ]
-        self._upsert_points(collection, copies)
-
-    def _delete_points(self, collection: str, ids: list[str]) -> None:
-        if ids:
-            self._client.delete(
-                collection,
-                points_selector=self._models.PointIdsList(points=[_point_id(i) for i in ids]),
-                wait=True,
-            )
-
-    def _set_metadata(self, tx, documents: list[Document]) -> int:
-        models = self._models
-        found = self._retrieve([d.id for d in documents], ["id", "text"])
-        operations = {}
-        for doc in documents:
-            if doc.id not in found:
-                continue
-            meta = _stored_meta(doc.meta)
-            text = found[doc.id].payload["text"]
-            payload = {
-                "title": doc.title or "",
-                "meta": meta,
-                "fields": _typed_payload(doc.id, text, doc.title or "", meta),
-                "meta_hash": meta_hash(doc),
-            }
-            operations[doc.id] = models.SetPayloadOperation(
-                set_payload=models.SetPayload(payload=payload, points=[_point_id(doc.id)])
-            )
-        self._update_points(self.collection, list(operations.values()))
-        if self._swap is not None and operations:
-            collection = self._next_collection(self._swap)
-            copied = self._retrieve(list(operations), ["id"], collection=collection)
-            self._update_points(collection, [operations[i] for i in copied])
-        return len(operations)
-
-    def _update_points(self, collection: str, operations: list) -> None:
+        operations = [
+            models.SetPayloadOperation(set_payload=models.SetPayload(payload=p, points=[_point_id(i)]))
+            for i, p in changes.items()
+        ]  # fmt: skip
         for start in range(0, len(operations), _UPSERT_BATCH):
-            self._client.batch_update_points(
-                collection, operations[start : start + _UPSERT_BATCH], wait=True
+            batch = operations[start : start + _UPSERT_BATCH]
+            self._client.batch_update_points(collection, batch, wait=True)
+
+    def _delete_rows(self, collection: str, ids: list[str]) -> None:
+        if ids:
+            points = self._models.PointIdsList(points=[_point_id(i) for i in ids])
+            self._client.delete(collection, points_selector=points, wait=True)
+
+    def _mark_stale(self) -> None:
+        everything = self._models.FilterSelector(filter=self._models.Filter())
+        with self._reading():
+            self._client.set_payload(
+                self.collection, payload={"stale": True}, points=everything, wait=True
             )
 
-    def _remove(self, tx, ids: list[str]) -> int:
-        existed = list(self._retrieve(ids, ["id"]))
-        self._delete_points(self.collection, existed)
-        if self._swap is not None:
-            self._delete_points(self._next_collection(self._swap), ids)
-        return len(existed)
-
-    def writer_lock(
-        self, timeout: float | None = None, *, name: str | None = None, doing: str | None = None
-    ) -> AbstractContextManager:
-        """One writer at a time in this process (local mode: in the only process that may
-        open the folder); for a server, nothing: concurrent indexers are safe, because an
-        upsert is idempotent by id (see the module docstring)."""
-        if timeout is not None and not timeout >= 0:
-            raise ValueError(f"lock_timeout must be >= 0 seconds (None: no limit), got {timeout!r}")
-        self._check_open()
-        if not self._connection.local:
-            return contextlib.nullcontext()
-        return _held(
-            self._connection.writer_lock(name or "writer"),
-            timeout,
-            f"{self.location}: another thread is still {doing or 'writing to this store'} "
-            f"after {timeout}s: wait for it to finish, or raise --lock-timeout",
-        )
+    def index_meta_field(self, field: str) -> None:
+        """Create Qdrant payload indexes on the typed parts of the metadata field ``field``
+        (``"meta.lang"``), so that a server's filters on it look documents up (idempotent;
+        local mode scans whatever is indexed)."""
+        meta_path(field)  # the name checked as filters check theirs
+        schema = self._models.PayloadSchemaType
+        parts = {"t": schema.KEYWORD, "s": schema.KEYWORD, "j": schema.KEYWORD}
+        parts |= {"n": schema.FLOAT, "d": schema.FLOAT}
+        with self._reading():
+            if self.target.local:
+                return  # local mode scans: its payload indexes do nothing
+            for part, kind in parts.items():
+                self._client.create_payload_index(
+                    self.collection, field_name=f"fields.{field_key(field)}.{part}",
+                    field_schema=kind, wait=True,
+                )  # fmt: skip
 
     # -- searching -------------------------------------------------------------------------
 
@@ -1198,19 +785,14 @@ class QdrantDocumentStore(SwapCoordinator, DatabaseStore):
 
     def _query(self, requests: list) -> list[Ranked]:
         """Each request's ranking, with the documents of its points (their payloads)."""
-        ranked = []
         answers = self._client.query_batch_points(self.collection, requests) if requests else []
-        for answer in answers:
-            keys, scores = _ranked_pairs(answer.points)
-            documents = {int(p.payload["seq"]): _document_of(p.payload) for p in answer.points}
-            ranked.append(Ranked(np.array(keys, np.int64), np.array(scores, np.float64), documents))
-        return ranked
+        return [ranked([(p.score, p.payload) for p in answer.points]) for answer in answers]
 
     def _dense(self, queries: np.ndarray, k: int, where) -> list[Ranked]:
         if where is NOTHING:
-            return [_nothing() for _ in queries]
+            return [nothing() for _ in queries]
         models = self._models
-        exact = self.backend_name == "exact" and not self._connection.local  # local: always
+        exact = self.backend_name == "exact" and not self.target.local  # local: always
         params = models.SearchParams(exact=True) if exact else None
         requests = [
             models.QueryRequest(
@@ -1219,7 +801,7 @@ class QdrantDocumentStore(SwapCoordinator, DatabaseStore):
                 filter=None if where is None or where is EVERYTHING else where,
                 limit=k,
                 params=params,
-                with_payload=_SHOWN,
+                with_payload=SHOWN,
             )
             for query in queries
         ]
@@ -1238,81 +820,15 @@ class QdrantDocumentStore(SwapCoordinator, DatabaseStore):
                 using=SPARSE,
                 filter=None if where is None or where is EVERYTHING else where,
                 limit=k,
-                with_payload=_SHOWN,
+                with_payload=SHOWN,
             )
             for i in asked
         ]
         answers = dict(zip(asked, self._query(requests), strict=True))
-        return [answers.get(i, _nothing()) for i in range(len(texts))]
-
-    # -- upkeep ----------------------------------------------------------------------------
+        return [answers.get(i, nothing()) for i in range(len(texts))]
 
     def _info_extra(self) -> dict:
-        return {
-            "collection": self.collection,
-            "serving_collection": self._serving(),
-            "mode": "local" if self._connection.local else "server",
-            "bm25_avgdl": self._avgdl,
-        }
-
-    def close(self) -> None:
-        """Let go of the client (local mode: the folder, once the process's last store on
-        it closes)."""
-        with self._lock:
-            if self._connection is None:
-                return
-            connection, self._connection = self._connection, None
-        connection.release()
-
-    def drop(self) -> None:
-        """Delete the store: its alias, every generation's collection (and the plain
-        collection of a store made before generations); the store is closed after."""
-        with self._lock, self._errors():
-            name = self.collection
-            if any(a.alias_name == name for a in self._client.get_aliases().aliases):
-                self._client.update_collection_aliases(
-                    [
-                        self._models.DeleteAliasOperation(
-                            delete_alias=self._models.DeleteAlias(alias_name=name)
-                        )
-                    ]
-                )
-            for number in _generations(self._client, name):
-                self._client.delete_collection(generation_collection(name, number))
-            if self._client.collection_exists(name):
-                self._client.delete_collection(name)
-        self.close()
-
-    def __repr__(self) -> str:
-        return (
-            f"QdrantDocumentStore({self.location!r}, model={self.model_name!r}, dim={self.dim}, "
-            f"backend={self.backend_name!r})"
-        )
-
-
-def _nothing() -> Ranked:
-    return Ranked(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
-
-
-def _dense_of(point) -> list[float]:
-    vector = point.vector
-    return vector[DENSE] if isinstance(vector, dict) else vector
-
-
-def _document(payload: dict) -> Document:
-    return Document(
-        payload["id"], payload.get("text", ""), payload.get("title", ""), payload.get("meta") or {}
-    )
-
-
-@contextlib.contextmanager
-def _held(lock: threading.RLock, timeout: float | None, message: str) -> Iterator[None]:
-    if not lock.acquire(timeout=-1 if timeout is None else timeout):
-        raise StoreLockedError(message)
-    try:
-        yield
-    finally:
-        lock.release()
+        return super()._info_extra() | {"bm25_avgdl": self._avgdl}
 
 
 def _record_of(info, target: QdrantTarget) -> dict[str, str]:
@@ -1352,104 +868,7 @@ def _record_of(info, target: QdrantTarget) -> dict[str, str]:
     return meta
 
 
-# -- generations: the collections behind a store's alias -------------------------------------
-
-
-def generation_collection(name: str, generation: int) -> str:
-    """The collection holding generation ``generation`` of the store ``name`` (its alias).
-
-    >>> generation_collection("docs", 2)
-    'docs_g2'
-    """
-    return f"{name}_g{generation}"
-
-
-def _generation_of(name: str, collection: str, location: str) -> int:
-    """The generation number of ``collection`` in the store ``name``: 0 for a plain
-    collection named ``name`` (a store made before model swaps)."""
-    if collection == name:
-        return 0
-    number = collection.removeprefix(f"{name}_g")
-    if collection.startswith(f"{name}_g") and number.isdigit():
-        return int(number)
-    raise StoreError(
-        f"{location}: the alias {name!r} points at collection {collection!r}, not at one of "
-        f"its generations ({name}_g<N>): point it back at the store's collection"
-    )
-
-
-def _serving(client, name: str) -> str | None:
-    """The collection the store ``name`` reads: its alias's, the plain collection ``name``
-    (a store made before model swaps), or None when neither exists."""
-    for alias in client.get_aliases().aliases:
-        if alias.alias_name == name:
-            return alias.collection_name
-    return name if client.collection_exists(name) else None
-
-
-def _generations(client, name: str) -> dict[int, dict]:
-    """``{generation: metadata}`` of the collections named ``name_g<N>`` that densefit made
-    for the store ``name``."""
-    found = {}
-    prefix = f"{name}_g"
-    for description in client.get_collections().collections:
-        number = description.name.removeprefix(prefix)
-        if description.name.startswith(prefix) and number.isdigit():
-            metadata = client.get_collection(description.name).config.metadata or {}
-            if metadata.get("layout") == LAYOUT and metadata.get(STORE_KEY) == name:
-                found[int(number)] = metadata
-    return found
-
-
-def _alias_operations(name: str, collection: str, models, *, replace: bool) -> list:
-    """The alias changes that point ``name`` at ``collection`` (one request: atomic)."""
-    operations = []
-    if replace:
-        operations.append(
-            models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=name))
-        )
-    operations.append(
-        models.CreateAliasOperation(
-            create_alias=models.CreateAlias(collection_name=collection, alias_name=name)
-        )
-    )
-    return operations
-
-
-def _recover_alias(client, target: QdrantTarget, models) -> bool:
-    """Point the store's missing alias at its newest finished generation, if it has one (a
-    process killed between creating a collection and its alias); whether it did."""
-    finished = {
-        number: metadata
-        for number, metadata in _generations(client, target.collection).items()
-        if not metadata.get(BUILDING_KEY)
-    }
-    if not finished:
-        return False
-    newest = generation_collection(target.collection, max(finished))
-    try:
-        client.update_collection_aliases(
-            _alias_operations(target.collection, newest, models, replace=False)
-        )
-    except Exception:
-        if not client.collection_exists(target.collection):  # not another process's alias
-            raise
-    return True
-
-
 # -- the engine's functions (densefit.retrieval.index.engines) ---------------------------------
-
-
-def _checked_backend(backend) -> str | None:
-    if backend is None:
-        return None
-    if callable(backend):
-        raise StoreError(
-            "the Qdrant engine searches with Qdrant's own index: pass backend='hnsw' or "
-            "'exact', not a backend factory"
-        )
-    require(CAPABILITIES, "backends", f"search by {backend!r}", str(backend))
-    return str(backend)
 
 
 def _local_state(target: QdrantTarget) -> bool:
@@ -1473,133 +892,22 @@ def _local_state(target: QdrantTarget) -> bool:
     return False
 
 
-def open_existing(
-    target: str,
-    *,
-    backend=None,
-    rescore: int | None = None,
-    lock_timeout: float | None = None,
-) -> QdrantDocumentStore | None:
-    """The densefit store in ``target``'s collection; None when there is no such collection
-    (local mode: nothing is created then); a one-line StoreError when the server cannot be
-    used or the collection is not densefit's. ``rescore`` is for int8 and binary vectors,
-    which this engine does not store; ``lock_timeout`` has nothing to wait for."""
+def open_existing(target: str, *, backend=None, **_) -> QdrantDocumentStore | None:
+    """The densefit store in ``target``'s collection; None when there is none (local mode:
+    nothing is created then). ``rescore`` and ``lock_timeout`` do not apply."""
     parsed = parse_target(target)
-    backend = _checked_backend(backend)
+    backend = checked_backend(backend, CAPABILITIES, "Qdrant")
     if parsed.local and not _local_state(parsed):
         return None
-    connection = _connect(parsed)
-    try:
-        with connection.lock, _requests(parsed):
-            client = connection.client
-            exists = client.collection_exists(parsed.collection) or _recover_alias(
-                client, parsed, _models()
-            )
-        if not exists:
-            connection.release()
-            return None
-        return QdrantDocumentStore(parsed, connection, backend=backend)
-    except BaseException:
-        connection.release()
-        raise
+    return QdrantDocumentStore.opened(parsed, _connect(parsed), backend, None)
 
 
-def create(
-    target: str,
-    record: StoreRecord,
-    *,
-    backend=None,
-    rescore: int | None = None,
-    lock_timeout: float | None = None,
-) -> QdrantDocumentStore:
-    """A new collection for ``record``'s vectors at ``target`` (its record the collection's
-    metadata, written in the same call); when another process created it meanwhile, that
-    one opened."""
+def create(target: str, record: StoreRecord, *, backend=None, **_) -> QdrantDocumentStore:
+    """A new collection for ``record``'s vectors at ``target`` and its alias; when another
+    process created them meanwhile, that store opened."""
     parsed = parse_target(target)
-    backend = _checked_backend(backend)
-    if record.similarity not in SIMILARITIES:
-        raise StoreError(
-            f"{parsed.location}: similarity {record.similarity!r} is not supported: the store "
-            f"searches by inner product, which serves {' and '.join(SIMILARITIES)} models"
-        )
-    require(
-        CAPABILITIES,
-        "vector_kinds",
-        f"store {record.vector_kind} vectors",
-        record.vector_kind,
-        parsed.location,
-    )
+    backend = checked_backend(backend, CAPABILITIES, "Qdrant")
+    checked_record(record, CAPABILITIES, parsed.location)
     if parsed.local:
         _local_state(parsed)
-    models = _models()
-    connection = _connect(parsed)
-    try:
-        with connection.lock, _requests(parsed):
-            client = connection.client
-            if not client.collection_exists(parsed.collection) and not _recover_alias(
-                client, parsed, models
-            ):
-                _create_store(client, parsed, record, models)
-            return QdrantDocumentStore(parsed, connection, backend=backend)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            connection.release()
-        raise
-
-
-def _create_store(client, target: QdrantTarget, record: StoreRecord, models) -> None:
-    """The store's first generation collection and its alias, the store's name; when
-    another process created them meanwhile, theirs kept."""
-    first = generation_collection(target.collection, 0)
-    _new_collection(client, target, first, record, models, {MODEL_GENERATION_KEY: "0"})
-    try:
-        client.update_collection_aliases(
-            _alias_operations(target.collection, first, models, replace=False)
-        )
-    except Exception:
-        if not client.collection_exists(target.collection):
-            raise
-
-
-def _new_collection(
-    client,
-    target: QdrantTarget,
-    collection: str,
-    record: StoreRecord,
-    models,
-    extra: dict,
-    indexes: dict | None = None,
-) -> None:
-    """Create ``collection`` for ``record``'s vectors, its metadata the record, the layout,
-    the store it belongs to and ``extra``; a server's also gets the payload indexes
-    densefit filters by and ``indexes`` (``{field: schema}``). One created meanwhile by
-    another process is kept."""
-    metadata = {k: v for k, v in record.to_meta().items() if k not in _RECORD_COUNTERS}
-    metadata |= {"layout": LAYOUT, STORE_KEY: target.collection, **extra}
-    datatype = models.Datatype.FLOAT16 if record.vector_kind == "float16" else None
-    try:
-        client.create_collection(
-            collection,
-            vectors_config={
-                DENSE: models.VectorParams(
-                    size=record.dim, distance=models.Distance.DOT, datatype=datatype
-                )
-            },
-            sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
-            metadata=metadata,
-        )
-    except Exception:
-        if client.collection_exists(collection):
-            return  # another process created it meanwhile: use that one
-        raise
-    if target.local:
-        return  # local mode scans: its payload indexes do nothing
-    schema = models.PayloadSchemaType
-    fields = {
-        "seq": schema.INTEGER,
-        "stale": schema.BOOL,
-        "text_hash": schema.KEYWORD,
-        "id": schema.KEYWORD,
-    }
-    for key, kind in (fields | (indexes or {})).items():
-        client.create_payload_index(collection, field_name=key, field_schema=kind, wait=True)
+    return QdrantDocumentStore.opened(parsed, _connect(parsed), backend, record)

@@ -34,11 +34,13 @@ import numpy as np
 
 from densefit.config.shared import DEFAULT_RESCORE as _DEFAULT_RESCORE
 from densefit.retrieval.index.exact import exact_search
+from densefit.retrieval.index.types import StoreError
 
 __all__ = [
     "DEFAULT_RESCORE",
     "QUANTIZED_KINDS",
     "QuantizedBackend",
+    "checked_rescore",
     "int8_ranges",
     "quantize_binary",
     "quantize_int8",
@@ -93,6 +95,25 @@ def quantize_binary(vectors: np.ndarray) -> np.ndarray:
     return np.packbits(np.asarray(vectors) > 0, axis=-1)
 
 
+def checked_rescore(rescore: int | None, kind: str, location: str | None = None) -> int | None:
+    """The candidates per result a store of ``kind`` vectors rescores (None for float kinds),
+    or a one-line StoreError (``location`` first) for a rescore it refuses."""
+    where = f"{location}: " if location else ""
+    if kind not in QUANTIZED_KINDS:
+        if rescore is not None:
+            raise StoreError(
+                f"{where}rescore applies to int8 and binary stores; this store holds {kind} "
+                "vectors, searched exactly as they are: leave --rescore out"
+            )
+        return None
+    rescore = DEFAULT_RESCORE if rescore is None else rescore
+    if isinstance(rescore, bool) or not isinstance(rescore, int) or rescore < 1:
+        raise StoreError(
+            f"{where}rescore must be an integer >= 1 (candidates per result), got {rescore!r}"
+        )
+    return rescore
+
+
 class QuantizedBackend:
     """Searches a store's vectors through their int8 or binary codes, then rescores the
     candidates against the float32 vectors (see the module docstring).
@@ -110,13 +131,8 @@ class QuantizedBackend:
     ):
         if kind not in QUANTIZED_KINDS:
             raise ValueError(f"quantized vectors are {' or '.join(QUANTIZED_KINDS)}, not {kind!r}")
-        rescore = DEFAULT_RESCORE if rescore is None else rescore
-        if isinstance(rescore, bool) or not isinstance(rescore, int) or rescore < 1:
-            raise ValueError(
-                f"rescore must be an integer >= 1 (candidates per result), got {rescore!r}"
-            )
         self.name = kind
-        self.kind, self.dim, self.rescore = kind, dim, rescore
+        self.kind, self.dim, self.rescore = kind, dim, checked_rescore(rescore, kind)
         self.width = dim if kind == "int8" else (dim + 7) // 8  # bytes per code
         self._codes = np.zeros((0, self.width), dtype=np.int8 if kind == "int8" else np.uint8)
         self.n_coded = 0  # rows [0, n_coded) of the vectors have codes

@@ -19,6 +19,8 @@ the ranking (a payload, output fields), so that the store reads only the others 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -29,7 +31,16 @@ from densefit.retrieval.fusion import Fusion
 from densefit.retrieval.index.filters import Filter, parse_filters
 from densefit.retrieval.index.registry import require
 
-__all__ = ["Ranked", "SearchRequest"]
+__all__ = [
+    "TIE",
+    "Ranked",
+    "SearchRequest",
+    "in_rank_order",
+    "past_ties",
+    "ranked_order",
+    "remembered",
+    "tie_groups",
+]
 
 # The capability a mode needs beyond dense search, and how the refusal names the mode.
 _NEEDS = {
@@ -122,10 +133,171 @@ class SearchRequest:
 
 class Ranked(NamedTuple):
     """One query's ranking from an engine's ``_dense`` or ``_lexical`` hook: ``keys``
-    (``int64``, in the order documents were written: ties go to the earlier one) and their
-    ``scores``, best first; ``documents``: ``{key: (id, text, title, meta)}`` of the keys
-    whose document came with the ranking (None: none did; the store reads the others)."""
+    (``int64``, the engine's own: a row, a write sequence) and their ``scores``, best first,
+    ties in any order (:func:`in_rank_order` orders them); ``documents``: ``{key: (id, text,
+    title, meta)}`` of the keys whose document came with the ranking (None: none did; the
+    store reads the others)."""
 
     keys: np.ndarray
     scores: np.ndarray
     documents: dict[int, tuple[str, str, str, dict]] | None = None
+
+
+# Scores closer than this (times the score, above 1) are equal: float32 rounding, which one
+# engine's kernel may apply differently to two copies of one vector (Milvus Lite: 1 ulp).
+TIE = 1e-6
+
+
+def tie_groups(scores: Sequence[float]) -> list[int]:
+    """For ``scores`` best first, the number of each one's group of equal scores (0, 1,
+    ...): a group begins at a score and holds the next ones within :data:`TIE` of it (times
+    the score where it is above 1), so a group never spans more than that.
+
+    >>> tie_groups([0.9, 0.5000008, 0.5, 0.4999994, 0.1])  # no chain: 0.4999994 is a group
+    [0, 1, 1, 2, 3]
+    """
+    values = np.asarray(scores, dtype=np.float64)
+    if len(values) < 2:
+        return list(range(len(values)))
+    # a score this far below the one before begins a group whatever the group's first score
+    fresh = values[:-1] - values[1:] > 1.01 * TIE * np.maximum(1.0, np.abs(values[:-1]))
+    if fresh.all():  # no two close: the usual case
+        return list(range(len(values)))
+    groups, anchor, group = [], 0.0, -1
+    for score, new in zip(values.tolist(), [True, *fresh.tolist()], strict=True):
+        if new or anchor - score > TIE * max(1.0, abs(anchor)):
+            anchor, group = score, group + 1
+        groups.append(group)
+    return groups
+
+
+def _near(scores: np.ndarray, k: int) -> int:
+    """How many of ``scores`` (best first) may tie with the ``k``-th: those not below it by
+    more than twice :data:`TIE` (its group lies within :data:`TIE` of a first score that is
+    at most :data:`TIE` above it)."""
+    kth = scores[k - 1]
+    return int(np.searchsorted(-scores, -(kth - 2 * TIE * max(1.0, abs(kth))), side="right"))
+
+
+def ranked_order(ids: Sequence[str], scores: Sequence[float]) -> list[int]:
+    """The positions of ``ids`` and their ``scores`` in ranking order, the one rule by which
+    every engine ranks (dense, BM25 and fused alike): score descending, then, among equal
+    scores (:func:`tie_groups`: within :data:`TIE`), document id ascending by code point (as
+    Python compares strings).
+
+    >>> ranked_order(["b", "c", "a", "d"], [0.5, 0.9, 0.5, 0.1])
+    [1, 2, 0, 3]
+    """
+    scores = np.asarray(scores, dtype=np.float64).tolist()
+    best = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable
+    groups = [0] * len(scores)
+    for i, group in zip(best, tie_groups([scores[i] for i in best]), strict=True):
+        groups[i] = group
+    return sorted(best, key=lambda i: (groups[i], ids[i]))
+
+
+def past_ties(ask: Callable[[list[int], int], list], count: int, k: int) -> list[Ranked]:
+    """The rankings of ``count`` queries, each deep enough to hold every document whose score
+    equals its ``k``-th: ``ask(positions, depth)`` (an engine's hook for the queries at
+    ``positions``) is asked for ``k + 1`` first (one more than wanted, so that a search
+    without a tie at ``k`` costs one document more), then, for the queries whose last
+    document still ties with their ``k``-th, for twice as many, until it does not or the
+    engine has no more (answers fewer than asked).
+
+    >>> scores = np.array([3.0, 2.0, 2.0, 2.0, 1.0])  # the engine's 5 documents, best first
+    >>> def ask(positions, depth):
+    ...     asked.append(depth)
+    ...     return [(np.arange(5)[:depth], scores[:depth]) for _ in positions]
+    >>> asked = []
+    >>> [len(r.keys) for r in past_ties(ask, 1, 2)], asked  # the 2nd ties with the 3rd
+    ([5], [3, 6])
+    """
+    answers: list[Ranked | None] = [None] * count
+    pending, depth = list(range(count)), k + 1
+    while pending:
+        got = [a if isinstance(a, Ranked) else Ranked(*a) for a in ask(pending, depth)]
+        for i, ranked in zip(pending, got, strict=True):
+            answers[i] = ranked
+        pending = [i for i, r in zip(pending, got, strict=True) if _open_tie(r, k, depth)]
+        depth *= 2
+    return answers
+
+
+def _open_tie(ranked: Ranked, k: int, depth: int) -> bool:
+    """Whether the engine may hold more documents tied with the ``k``-th of ``ranked``."""
+    if len(ranked.scores) < depth:
+        return False
+    scores = np.sort(np.asarray(ranked.scores, dtype=np.float64))[::-1]
+    if _near(scores, k) < len(scores):  # the last one is well below the k-th
+        return False
+    groups = tie_groups(scores)
+    return groups[-1] == groups[k - 1]
+
+
+def in_rank_order(
+    rankings: Sequence[Ranked], k: int, ids_at: Callable[[list[int]], dict[int, str]]
+) -> list[Ranked]:
+    """Each ranking in :func:`ranked_order` (score, then document id) cut to its best ``k``;
+    the ids of the keys whose score ties with another's come from the documents that came
+    with the rankings, or else from ``ids_at(keys)`` (``{key: id}``, one call for every
+    query). A ranking must hold every document tied with its ``k``-th (:func:`past_ties`);
+    a tied key whose document is gone (deleted meanwhile) is left out.
+
+    >>> ids = {7: "b", 8: "a", 9: "c"}
+    >>> ranked = Ranked(np.array([7, 8, 9]), np.array([1.0, 1.0, 0.5]))  # 7 and 8 tie
+    >>> in_rank_order([ranked], 1, lambda keys: {key: ids[key] for key in keys})[0].keys
+    array([8])
+    """
+    cut = []
+    for ranked in rankings:
+        scores = np.asarray(ranked.scores, dtype=np.float64)
+        keys = np.asarray(ranked.keys, dtype=np.int64)
+        if (np.diff(scores) > 0).any():  # not best first
+            best = np.argsort(-scores, kind="stable")
+            scores, keys = scores[best], keys[best]
+        if len(scores) > k:  # what lies well below the k-th cannot make the cut
+            near = _near(scores, k)
+            scores, keys = scores[:near], keys[:near]
+        groups = tie_groups(scores)
+        if len(scores) > k:  # the k best and every one tied with the k-th
+            last = groups[k - 1]
+            keep = groups.index(last + 1) if groups[-1] > last else len(groups)
+            scores, keys, groups = scores[:keep], keys[:keep], groups[:keep]
+        if not groups or groups[-1] == len(groups) - 1:  # no two equal: the usual case
+            cut.append((ranked, keys, scores, None))
+            continue
+        sizes = Counter(groups)
+        tied = [sizes[group] > 1 for group in groups]
+        cut.append((ranked, keys.tolist(), scores, tied))
+    known = {key: doc[0] for ranked, *_ in cut for key, doc in (ranked.documents or {}).items()}
+    missing = {key for _, keys, _, tied in cut if tied for key, t in zip(keys, tied) if t}
+    if missing - known.keys():
+        known.update(ids_at(sorted(missing - known.keys())))
+    answers = []
+    for ranked, keys, scores, tied in cut:
+        if tied is not None:  # the ids of the tied, in the one order of ranked_order
+            kept = [i for i, t in enumerate(tied) if not t or keys[i] in known]
+            ids = [known[keys[i]] if tied[i] else "" for i in kept]
+            rows = np.array(kept, dtype=np.int64)[ranked_order(ids, scores[kept])]
+            keys, scores = np.array(keys, dtype=np.int64)[rows], scores[rows]
+        answers.append(Ranked(keys[:k], scores[:k], ranked.documents))
+    return answers
+
+
+def remembered(ids_at: Callable[[list[int]], dict[int, str]]) -> Callable:
+    """``ids_at`` reading each key once (a search's sides, then its fused ranking).
+
+    >>> reads = []
+    >>> ids_at = remembered(lambda keys: reads.append(keys) or {key: str(key) for key in keys})
+    >>> ids_at([1, 2]), ids_at([2, 3]), reads
+    ({1: '1', 2: '2'}, {2: '2', 3: '3'}, [[1, 2], [3]])
+    """
+    known: dict[int, str] = {}
+
+    def read(keys: list[int]) -> dict[int, str]:
+        new = [key for key in keys if key not in known]
+        if new:
+            known.update(ids_at(new))
+        return {key: known[key] for key in keys if key in known}
+
+    return read

@@ -529,6 +529,9 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
     def _documents_at(self, rows: list[int]) -> dict[int, tuple[str, str, str, dict]]:
         return self._table.documents_at(rows)
 
+    def _ids_at(self, rows: list[int]) -> dict[int, str]:
+        return self._table.ids_at(rows)
+
     def _bm25_search(self, texts, k: int, subset) -> list[tuple[np.ndarray, np.ndarray]]:
         """BM25 ``(rows, scores)`` of each text among the live rows (of ``subset``)."""
         self._bm25_current()

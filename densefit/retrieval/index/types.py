@@ -31,6 +31,7 @@ __all__ = [
     "SettingsMismatchError",
     "StoreError",
     "StoreRecord",
+    "StoreUnavailableError",
     "SwapTarget",
     "VectorSettings",
     "WriteResult",
@@ -46,6 +47,12 @@ class StoreError(ValueError):
 
     A ValueError: like bad input, it is the user's to fix, and the CLI prints it as one line.
     """
+
+
+class StoreUnavailableError(StoreError):
+    """The store's engine cannot be reached, dropped the connection, or did not answer
+    within its timeout: not the caller's fault, worth retrying once the engine is back
+    (``densefit serve`` answers 503 with ``Retry-After``, the CLI exits 3)."""
 
 
 class NoStoreError(StoreError):

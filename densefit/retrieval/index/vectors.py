@@ -25,7 +25,7 @@ from densefit.errors import RESTORE, DamagedFileError
 from densefit.retrieval.index.base import VectorBackend
 from densefit.retrieval.index.exact import ExactBackend, exact_search
 from densefit.retrieval.index.faiss_backend import FaissBackend
-from densefit.retrieval.index.quantized import QUANTIZED_KINDS, QuantizedBackend
+from densefit.retrieval.index.quantized import QUANTIZED_KINDS, QuantizedBackend, checked_rescore
 
 __all__ = ["FILE_DTYPES", "CommittedVectors", "VectorFile", "make_backend", "search_rows"]
 
@@ -117,6 +117,7 @@ def make_backend(
     >>> make_backend("exact", dim=4, kind="binary", rescore=8).rescore
     8
     """
+    rescore = checked_rescore(rescore, kind)
     if kind in QUANTIZED_KINDS:
         if callable(spec) or str(spec) not in ("exact", "faiss"):
             raise ValueError(
@@ -124,11 +125,6 @@ def make_backend(
                 "through their codes and rescored; use --backend exact (or faiss)"
             )
         return QuantizedBackend(kind, dim, rescore=rescore)
-    if rescore is not None:
-        raise ValueError(
-            f"rescore applies to int8 and binary stores; this store holds {kind} vectors, "
-            "searched exactly as they are"
-        )
     if callable(spec):
         return spec(dim)
     name, _, option = str(spec).partition(":")
