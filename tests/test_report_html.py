@@ -75,10 +75,14 @@ def click(browser, selector: str) -> None:
 
 @pytest.fixture
 def page(browser, report):
-    """The report opened from disk (file://), the network log emptied first."""
+    """The report opened from disk (file://), in a browser left on a blank page with its
+    network and console logs emptied (the browser is shared: an earlier test's page, still
+    polling its server, may have logged its own 4xx)."""
     from densefit.testing.browser import requests_outside
 
+    browser.get("about:blank")
     requests_outside(browser)
+    browser.get_log("browser")
     browser.get(report[0].as_uri())
     return browser
 
