@@ -610,14 +610,13 @@ def test_error_messages_show_the_filter_cut_to_120_characters():
     )
 
 
-def test_empty_filters_are_no_filter_and_bad_ones_are_refused_when_normalised():
-    from densefit.retrieval.index.filters import normalise_filters
-
-    assert normalise_filters(None) is None and normalise_filters({}) is None
+def test_empty_filters_are_no_filter_and_bad_ones_are_refused_when_parsed():
+    assert parse_filters(None) is None and parse_filters({}) is None
     kept = {"field": "meta.n", "operator": "==", "value": 2}
-    assert normalise_filters(kept) == parse_filters(kept) and normalise_filters(kept).source == kept
+    assert parse_filters(parse_filters(kept)) == parse_filters(kept)
+    assert parse_filters(kept).source == kept
     with pytest.raises(ValueError, match="has neither 'field' nor 'operator'"):
-        normalise_filters({"junk": 1})
+        parse_filters({"junk": 1})
 
 
 def test_a_stored_list_of_non_ascii_texts_matches_in_a_real_store(tmp_path):
@@ -914,7 +913,7 @@ def test_validating_parses_and_never_compiles(monkeypatch, tmp_path):
 
     monkeypatch.setattr(filters_module, "emit", compile_)
     monkeypatch.setattr(sqlite_filters, "emit", compile_)
-    for check in (validate_filters, filters_module.normalise_filters, parse_filters):
+    for check in (validate_filters, parse_filters):
         check(NESTED)
         check(NESTED, EMBEDDED)
     assert parse_filter_text(json.dumps(NESTED), EMBEDDED) == parse_filters(NESTED)

@@ -72,11 +72,11 @@ def _pair(tmp_path, record: StoreRecord):
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
-        ("milvus://db:19531/docs", {"uri": "http://db:19531", "collection": "docs"}),
-        ("milvus://db/docs?https=true", {"uri": "https://db:19530", "file": None}),
-        ("milvus:runs/m.db", {"file": "runs/m.db", "collection": "densefit", "uri": None}),
-        ("milvus:/srv/m.db?collection=a_1", {"file": "/srv/m.db", "collection": "a_1"}),
-        ("milvus:///srv/m.db", {"file": "/srv/m.db", "collection": "densefit"}),
+        ("milvus://db:19531/docs", {"url": "http://db:19531", "collection": "docs"}),
+        ("milvus://db/docs?https=true", {"url": "https://db:19530", "path": None}),
+        ("milvus:runs/m.db", {"path": "runs/m.db", "collection": "densefit", "host": None}),
+        ("milvus:/srv/m.db?collection=a_1", {"path": "/srv/m.db", "collection": "a_1"}),
+        ("milvus:///srv/m.db", {"path": "/srv/m.db", "collection": "densefit"}),
     ],
 )
 def test_targets(target, expected):
@@ -89,9 +89,9 @@ def test_targets(target, expected):
     [
         ("milvus://db/my-docs", "collection name 'my-docs' is not"),
         ("milvus:m.db?collection=" + "x" * 201, "is not 1 to 200"),
-        ("milvus://db:19530", "collection name '' is not"),
+        ("milvus://db:19530", "no collection: write milvus://db:19530/COLLECTION"),
         ("milvus://user:secret@db/docs", "set the token in the environment variable MILVUS"),
-        ("milvus://db/docs?tls=1", r"takes \?https=true\|false only"),
+        ("milvus://db/docs?tls=1", "unknown option 'tls'"),
         ("milvus://db:99999/docs", "the port is not a number"),
         ("milvus:m.db?name=x", "write milvus:FILE.db"),
         ("milvus:folder", "write milvus:FILE.db"),

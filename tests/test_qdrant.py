@@ -70,10 +70,10 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
     ("target", "expected"),
     [
         ("qdrant://db:6334/docs", {"host": "db", "port": 6334, "collection": "docs"}),
-        ("qdrant://db/docs?https=true", {"port": 6333, "https": True, "folder": None}),
-        ("qdrant:runs/q", {"folder": "runs/q", "collection": "densefit", "host": None}),
-        ("qdrant:/srv/q?collection=a-b_1", {"folder": "/srv/q", "collection": "a-b_1"}),
-        ("qdrant:///srv/q", {"folder": "/srv/q", "collection": "densefit"}),
+        ("qdrant://db/docs?https=true", {"port": 6333, "https": True, "path": None}),
+        ("qdrant:runs/q", {"path": "runs/q", "collection": "densefit", "host": None}),
+        ("qdrant:/srv/q?collection=a-b_1", {"path": "/srv/q", "collection": "a-b_1"}),
+        ("qdrant:///srv/q", {"path": "/srv/q", "collection": "densefit"}),
     ],
 )
 def test_targets(target, expected):
@@ -92,7 +92,7 @@ def test_targets(target, expected):
         ("qdrant://key:secret@db/docs", "set the API key in the environment variable"),
         ("qdrant://db/docs?tls=1", "unknown option 'tls'"),
         ("qdrant://db:99999/docs", "the port is not a number"),
-        ("qdrant:q?name=x", r"takes \?collection=NAME only"),
+        ("qdrant:q?name=x", r"unknown option 'name': write qdrant:FOLDER\[\?collection=NAME\]"),
     ],
 )
 def test_bad_targets_are_one_line(target, message):

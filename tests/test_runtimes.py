@@ -244,7 +244,8 @@ def test_auto_picks_the_checked_int8_export_and_drops_it_when_weights_change(exp
 
 def test_fastest_runtime_times_each_and_picks_the_fastest(tmp_path):
     """Every candidate is timed on one query per call and the fastest is picked, wherever it
-    stands in the list (a runtime made 5 ms slower per call is never picked)."""
+    stands in the list (a runtime made 30 ms slower per call is never picked: well above what
+    a second busy worker adds to a median of five calls, a few ms)."""
     import time
 
     from densefit.retrieval.encode import fastest_runtime
@@ -253,14 +254,14 @@ def test_fastest_runtime_times_each_and_picks_the_fastest(tmp_path):
     onnx = resolve_runtime(model, "onnx")
 
     def slow_session(features):
-        time.sleep(0.005)
+        time.sleep(0.03)
         return onnx.session(features)
 
     slow = Runtime("slow", onnx.source, slow_session)
     best, timings = fastest_runtime(model, [slow, onnx], calls=5, warmup=1)
     assert best is onnx
     assert set(timings) == {"slow", "onnx"}
-    assert timings["slow"] > timings["onnx"] + 4
+    assert timings["slow"] > timings["onnx"] + 20
     assert fastest_runtime(model, [slow]) == (slow, {})  # one: nothing to time
 
 

@@ -1,13 +1,10 @@
 """Document stores and vector search.
 
 One store contract (:class:`~densefit.retrieval.index.base.DocumentStore` and its optional
-roles; the records and errors in :mod:`~densefit.retrieval.index.types`) and the engines
-behind it (:mod:`~densefit.retrieval.index.registry`), opened by
-:func:`~densefit.retrieval.index.engines.open_store` from a target: a folder (the embedded
-store: SQLite for documents, an append-only vector file for embeddings, exact and FAISS
-backends), ``postgresql://...`` (PostgreSQL with pgvector) or ``qdrant://...`` /
-``qdrant:FOLDER`` (Qdrant); indexing that resumes after a crash, and
-search::
+roles) and the engines behind it (:mod:`~densefit.retrieval.index.registry`: the embedded
+store in a folder, PostgreSQL + pgvector, Qdrant, Milvus), opened by
+:func:`~densefit.retrieval.index.engines.open_store` from a target; indexing that resumes
+after a crash, and search::
 
     from densefit.retrieval.index import open_store, index_documents, search
     from densefit.models import load_model

@@ -34,10 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
@@ -52,18 +55,20 @@ from densefit.retrieval.index.database import (
 from densefit.retrieval.index.documents import meta_hash
 from densefit.retrieval.index.filters import Filter, parse_filters, typed_fields
 from densefit.retrieval.index.locking import StoreLockedError
-from densefit.retrieval.index.registry import require
+from densefit.retrieval.index.registry import redacted, require
 from densefit.retrieval.index.request import Ranked
 from densefit.retrieval.index.swap import MODEL_GENERATION_KEY, SWAP_KEY, SwapCoordinator
 from densefit.retrieval.index.types import StoreError, StoreRecord, SwapTarget, VectorSettings
 
 __all__ = [
     "AliasedStore",
-    "checked_backend",
-    "checked_record",
+    "CollectionTarget",
+    "Connection",
     "generation_collection",
     "nothing",
+    "parse_collection_target",
     "ranked",
+    "shared_connection",
 ]
 
 STORE_KEY = "store"  # metadata: the store (alias) a generation collection belongs to
@@ -76,6 +81,146 @@ REFRESH_SECONDS = 1.0  # a server's record is read again at most this often
 _PAGE = 1000  # ids per request
 _SWAP_PAGE = 256  # rows per request of swap_pending, at least
 _WRITERS = threading.Lock()  # guards each connection's writer locks by name
+
+
+DEFAULT_COLLECTION = "densefit"  # an in-process target's collection unless ?collection=
+DEFAULT_TIMEOUT = 10  # seconds a request to a server may take, unless the target's ?timeout=
+
+
+@dataclass(frozen=True)
+class CollectionTarget:
+    """Where a store of collections lives: a server (``host``, ``port``, ``https``;
+    ``timeout``: the seconds a request may take) or the in-process mode's ``path`` (Qdrant's
+    folder, a Milvus Lite file), and the ``collection`` (the store's alias); ``location`` is
+    the target as shown (redacted)."""
+
+    location: str
+    collection: str
+    path: str | None = None
+    host: str | None = None
+    port: int | None = None
+    https: bool = False
+    timeout: float = DEFAULT_TIMEOUT
+
+    @property
+    def local(self) -> bool:
+        return self.path is not None
+
+    @property
+    def url(self) -> str:
+        """The server's ``http(s)://HOST:PORT``."""
+        return f"{'https' if self.https else 'http'}://{self.host}:{self.port}"
+
+
+def parse_collection_target(
+    target: str, engine: str, *, port: int, local: str, suffix: str = "", secret: tuple, names
+) -> CollectionTarget:
+    """The :class:`CollectionTarget` a target of ``engine`` (as messages name it; its scheme
+    in lower case) names: ``SCHEME://HOST[:PORT]/COLLECTION`` (a server, ``port`` when left
+    out; ``?https=true`` for TLS, ``?timeout=SECONDS``; no user or password: ``secret`` says
+    what the server takes instead, and the environment variable it comes from) or
+    ``SCHEME:PATH[?collection=NAME]`` (the in-process mode; ``local`` is how PATH is written,
+    ``FOLDER`` or ``FILE.db``; it ends with ``suffix``); ``names``: the collection names the
+    engine takes, a pattern and how messages say it. A one-line StoreError saying what to
+    write otherwise.
+    """
+    location, scheme = redacted(target), engine.lower()  # messages show the first
+    forms = f"write {scheme}:{local}[?collection=NAME] or {scheme}://HOST:PORT/COLLECTION"
+    if not str(target).lower().startswith(f"{scheme}:"):
+        raise StoreError(f"{location} is not a {engine} target: {forms}")
+    parts = urlsplit(str(target))
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if not (str(target)[len(scheme) + 1 :].startswith("//") and parts.netloc):
+        unknown = sorted(set(options) - {"collection"})
+        if unknown or not parts.path or not parts.path.endswith(suffix):
+            why = f"unknown option {unknown[0]!r}: " if unknown else ""
+            raise StoreError(f"{location}: {why}{forms}")
+        collection = _named(options.get("collection", DEFAULT_COLLECTION), names, location)
+        return CollectionTarget(location, collection, path=parts.path)
+    if parts.username is not None or parts.password is not None:
+        raise StoreError(
+            f"{location}: a {engine} target takes no user or password: set the {secret[0]} in "
+            f"the environment variable {secret[1]}"
+        )
+    try:
+        port = parts.port or port
+    except ValueError:
+        raise StoreError(f"{location}: the port is not a number from 1 to 65535") from None
+    unknown = sorted(set(options) - {"https", "timeout"})
+    if unknown:
+        raise StoreError(
+            f"{location}: unknown option {unknown[0]!r}: a {engine} server target takes "
+            "?https=true and ?timeout=SECONDS only"
+        )
+    try:
+        timeout = float(options.get("timeout", DEFAULT_TIMEOUT))
+    except ValueError:
+        timeout = -1.0
+    if not 0 < timeout < float("inf"):
+        raise StoreError(f"{location}: timeout must be a number of seconds above 0")
+    https = options.get("https", "false").lower()
+    if https not in ("true", "false", "1", "0"):
+        raise StoreError(f"{location}: https must be true or false, got {https!r}")
+    collection = parts.path.strip("/")
+    if not collection:
+        raise StoreError(f"{location}: no collection: write {scheme}://{parts.netloc}/COLLECTION")
+    return CollectionTarget(
+        location,
+        _named(collection, names, location),
+        host=parts.hostname,
+        port=port,
+        https=https in ("true", "1"),
+        timeout=timeout,
+    )
+
+
+def _named(collection: str, names: tuple, location: str) -> str:
+    if not names[0].fullmatch(collection):
+        raise StoreError(
+            f"{location}: collection name {collection!r} is not {names[1]}: pick a name like "
+            "docs_v1"
+        )
+    return collection
+
+
+class Connection:
+    """A client and the locks its stores share; :meth:`release` when a store closes (``close``:
+    what lets the client go, its ``close()`` unless given). An in-process client is shared by
+    the stores of one process on the same files (:func:`shared_connection`) and let go with
+    the last."""
+
+    def __init__(self, client, close=None):
+        self.client, self.close = client, close or client.close
+        self.key, self.shared, self.users = None, None, 1
+        self.lock = threading.RLock()  # in-process: one call at a time on the client
+        self.writers: dict[str, threading.RLock] = {}  # in-process: the writer locks by name
+
+    def release(self) -> None:
+        if self.shared is None:
+            return self.close()
+        with _SHARED_LOCK:
+            self.users -= 1
+            if self.users == 0:
+                del self.shared[self.key]
+                with self.lock:
+                    self.close()
+
+
+_SHARED_LOCK = threading.Lock()  # guards every engine's in-process connections
+
+
+def shared_connection(shared: dict, path: str, connect) -> Connection:
+    """This process's in-process connection to the files at ``path``, kept in ``shared`` (an
+    engine's, by process and files): the open one, or a new one from ``connect()``."""
+    key = f"{os.getpid()}:{os.path.realpath(path)}"  # a forked child: its own
+    with _SHARED_LOCK:
+        found = shared.get(key)
+        if found is not None:
+            found.users += 1
+            return found
+        connection = shared[key] = connect()
+        connection.key, connection.shared = key, shared
+        return connection
 
 
 def generation_collection(name: str, generation: int) -> str:
@@ -118,40 +263,15 @@ def _version(row: dict) -> tuple[int, str]:
     return int(row["seq"]), row.get("meta_hash", "")
 
 
-def checked_backend(backend, capabilities, engine: str) -> str | None:
-    """``backend`` (None: the engine's default) when the engine offers it, else one line."""
-    if callable(backend):
-        offered = " or ".join(repr(b) for b in capabilities.backends)
-        raise StoreError(
-            f"the {engine} engine searches with {engine}'s own index: pass backend={offered}, "
-            "not a backend factory"
-        )
-    if backend is not None:
-        require(capabilities, "backends", f"search by {backend!r}", str(backend))
-    return None if backend is None else str(backend)
-
-
-def checked_record(record: StoreRecord, capabilities, location: str) -> None:
-    """Refuse in one line a record whose vectors the engine cannot search or store."""
-    if record.similarity not in SIMILARITIES:
-        raise StoreError(
-            f"{location}: similarity {record.similarity!r} is not supported: the store "
-            f"searches by inner product, which serves {' and '.join(SIMILARITIES)} models"
-        )
-    kind = record.vector_kind
-    require(capabilities, "vector_kinds", f"store {kind} vectors", kind, location)
-
-
 class AliasedStore(SwapCoordinator, DatabaseStore):
     """A store in collections behind an alias (see the module docstring). The engine sets
-    ``capabilities``, ``_faults_of(target)`` (its error table), ``_layout`` (the metadata's
+    ``capabilities``, ``_parse_target``, ``_connect`` and ``_local_files`` (:meth:`opened`),
+    ``_faults_of(target)`` (its error table), ``_layout`` (the metadata's
     ``layout``), ``_local_mode`` (``info()``'s name of its in-process mode; a target's ``local``
-    says which), ``_ALL`` and ``_NONE`` (its compiled filters matching every row and none) and
-    ``_ROW`` (the fields a copy needs), and writes the primitives."""
+    says which) and ``_ROW`` (the fields a copy needs), and writes the primitives; its
+    ``_where`` gives True and False for a filter matching every row and none."""
 
     _layout = _local_mode = ""
-    _ALL: object = True
-    _NONE: object = False
     _ROW: list[str] = PAYLOAD
     _local_capabilities: dict = {}  # what the in-process mode changes in the capabilities
 
@@ -172,9 +292,37 @@ class AliasedStore(SwapCoordinator, DatabaseStore):
         self.model_generation = -1  # read from the metadata
 
     @classmethod
-    def opened(cls, target, connection, backend: str | None, record: StoreRecord | None):
-        """The store at ``target``, created for ``record`` when there is none (None: not,
-        and None returned); a store another process created meanwhile is opened."""
+    def opened(cls, target: str, backend, record: StoreRecord | None):
+        """The engine's ``open_existing`` (``record`` None: the store at ``target``, None when
+        there is none) and ``create`` (the store created for ``record``; one another process
+        created meanwhile is opened): the target parsed (the engine's ``_parse_target``), the
+        ``backend`` (None: the engine's default) and the record refused in one line when the
+        engine cannot use them, a connection (``_connect``); ``_local_files(target)`` says
+        whether the in-process mode's files hold a store yet (and refuses files of another
+        kind)."""
+        capabilities = cls.capabilities
+        if callable(backend):
+            offered = " or ".join(repr(b) for b in capabilities.backends)
+            raise StoreError(
+                f"the {capabilities.engine} engine searches with its own index: pass "
+                f"backend={offered}, not a backend factory"
+            )
+        target = cls._parse_target(target)
+        if backend is not None:
+            backend = str(backend)
+            require(capabilities, "backends", f"search by {backend!r}", backend, target.location)
+        if record is not None and record.similarity not in SIMILARITIES:
+            raise StoreError(
+                f"{target.location}: similarity {record.similarity!r} is not supported: the "
+                f"store searches by inner product, which serves {' and '.join(SIMILARITIES)} "
+                "models"
+            )
+        if record is not None:
+            kind = record.vector_kind
+            require(capabilities, "vector_kinds", f"store {kind} vectors", kind, target.location)
+        if target.local and not cls._local_files(target) and record is None:
+            return None
+        connection = cls._connect(target)
         try:
             store = cls(target, connection, backend=backend)
             with store._reading():
@@ -240,7 +388,7 @@ class AliasedStore(SwapCoordinator, DatabaseStore):
 
     def count_matching(self, filters: Filter | dict | None = None) -> int:
         where = self._where(parse_filters(filters, self.capabilities))
-        if where is self._NONE:
+        if where is False:
             return 0
         with self._reading():
             return self._count(where)
@@ -280,7 +428,7 @@ class AliasedStore(SwapCoordinator, DatabaseStore):
 
     def ids(self) -> Iterator[str]:
         with self._reading():
-            found = sorted(row["id"] for row in self._rows(self._ALL, ["id"]))
+            found = sorted(row["id"] for row in self._rows(True, ["id"]))
         yield from found
 
     def _stale(self, ids: list[str] | None) -> list[str]:
@@ -294,7 +442,7 @@ class AliasedStore(SwapCoordinator, DatabaseStore):
 
     def _versions(self, collection: str | None = None) -> dict[str, tuple[int, str]]:
         """``{id: (seq, meta hash)}`` of every row of ``collection`` (None: the store's)."""
-        return {r["id"]: _version(r) for r in self._rows(self._ALL, VERSION, collection)}
+        return {r["id"]: _version(r) for r in self._rows(True, VERSION, collection)}
 
     # -- a model swap: SwapCoordinator's primitives -----------------------------------------
 
@@ -541,12 +689,6 @@ class AliasedStore(SwapCoordinator, DatabaseStore):
             connection, self._connection = self._connection, None
         if connection is not None:
             connection.release()
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({self.location!r}, model={self.model_name!r}, "
-            f"dim={self.dim}, backend={self.backend_name!r})"
-        )
 
 
 @contextlib.contextmanager

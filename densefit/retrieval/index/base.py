@@ -1,33 +1,12 @@
-"""The store contract: what every engine holding densefit's documents and vectors does, and
-the optional roles an engine may add.
-
-A :class:`DocumentStore` keeps documents (id, text, title, ``meta``) and their embeddings
-together, records which model made the embeddings and with which settings, and searches them
-by embedding, by BM25 over the texts, or both fused, among the documents a filter (Haystack's
-syntax) lets through. Indexing, search, evaluation, serving, mining and the Haystack
-integration need nothing else from a store; :func:`~densefit.retrieval.index.engines.
-open_store` is the one way to get one, for a target naming the engine
-(:mod:`~densefit.retrieval.index.registry`).
-
-Beyond the core, an engine implements the roles its
-:class:`~densefit.retrieval.index.types.Capabilities` declare, and a command that needs one
-checks it before it starts (:func:`~densefit.retrieval.index.registry.require`: one line
-naming the engines that can):
-
-- :class:`Reembedding` (``capabilities.reembedding``): ``densefit index --reembed``;
-- :class:`ModelSwap` (``capabilities.model_swap``): ``densefit reembed``, serve's swap;
-- :class:`Upkeep` (``capabilities.upkeep``): ``densefit compact``, BM25 kept current by a
-  server, ``--index-meta``;
-- :class:`MetadataStats` (``capabilities.metadata_stats``): the Haystack store's metadata
-  methods.
-
-The records and errors these protocols speak of are :mod:`~densefit.retrieval.index.types`'s.
-The conformance suite (:mod:`densefit.testing.conformance`) states the behaviour of the core
-and of every role, and runs on each engine for the roles it declares.
-
-A :class:`VectorBackend` is the embedded store's search part: the store owns the committed
-vectors and hands them to the backend after every commit, so a backend is a cache that can
-always be rebuilt from the store (exact search, FAISS...).
+"""The store contract: :class:`DocumentStore`, the core every engine implements, and the
+optional roles (:class:`Reembedding`, :class:`ModelSwap`, :class:`Upkeep`,
+:class:`MetadataStats`) an engine implements as its
+:class:`~densefit.retrieval.index.types.Capabilities` declare; docs/architecture.md (the store
+contract) lists their members and the commands that check for each before they start. The
+records and errors they speak of are :mod:`~densefit.retrieval.index.types`'s; the
+conformance suite (:mod:`densefit.testing.conformance`) states the behaviour of the core and
+of every role, and runs on each engine for the roles it declares. :class:`VectorBackend` is
+the embedded store's search part.
 """
 
 from __future__ import annotations
@@ -309,7 +288,8 @@ def members(protocol: type) -> list[str]:
 
 @runtime_checkable
 class VectorBackend(Protocol):
-    """Searches a store's committed vectors by inner product.
+    """Searches a store's committed vectors by inner product (exact search, FAISS...): a
+    cache that can always be rebuilt from the store, which owns the vectors.
 
     The store calls :meth:`update` after every commit (and once when it opens) with *all*
     committed rows: rows are only ever appended, and ``alive[i]`` says whether row ``i``

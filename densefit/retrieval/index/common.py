@@ -5,28 +5,10 @@ checks, and the search assembled once.
 takes a :class:`~densefit.retrieval.index.request.SearchRequest` (the mode, the parsed
 filter, ``top_k``, the fusion...), checks the queries, asks the engine for each side's
 ranking (the embeddings, BM25, or both), fuses and scales them, and builds the hits; an
-engine supplies the parts that touch its data:
-
-- ``_refresh()``: make :attr:`record` and :attr:`model_generation` current (another process
-  may have written or switched the model);
-- ``_where(filters)``: a parsed filter (:class:`~densefit.retrieval.index.filters.Filter`,
-  within the engine's limits) emitted for the engine (SQL, a payload filter, the embedded
-  store's matching rows);
-- ``_dense(queries, k, where)`` and ``_lexical(texts, k, where)``: for each query, the best
-  ``k`` matching documents as a :class:`~densefit.retrieval.index.request.Ranked` (keys and
-  scores, best first, and the documents when they came with the ranking); a key is an
-  ``int64`` of the engine's choosing; ties in any order: the search asks one more than
-  ``k`` (deeper while the last ties) and orders equal scores by document id itself;
-- ``_documents_at(keys)``: ``{key: (id, text, title, meta)}`` of ranked documents that came
-  without theirs, from which :meth:`~StoreCommon.search` builds the
-  :class:`~densefit.retrieval.index.types.SearchHit` s; ``_ids_at(keys)``, optional: their
-  ids alone, to order tied scores (default: from ``_documents_at``);
-- ``_reading()``, optional: the context a search runs in (default: ``_lock``, an ``RLock``:
-  one call at a time per store object, which a server's threads share; a database engine
-  adds its snapshot);
-- ``_faults``: the engine's error table (:class:`Fault` rows: which native errors become
-  which of densefit's, one line naming the store), applied by ``_errors()``
-  (:func:`translated`).
+engine supplies the parts that touch its data (each documented in the class):
+``_refresh``, ``_where``, ``_dense``, ``_lexical``, ``_documents_at`` and, optionally,
+``_ids_at``, ``_reading`` and ``_faults`` (its error table, :class:`Fault` rows applied by
+:func:`translated`).
 """
 
 from __future__ import annotations
@@ -50,7 +32,6 @@ from densefit.retrieval.index.request import (
     SearchRequest,
     in_rank_order,
     past_ties,
-    remembered,
 )
 from densefit.retrieval.index.settings import check_model, settings_of
 from densefit.retrieval.index.types import (
@@ -104,7 +85,7 @@ def normalise_rows(vectors: np.ndarray) -> np.ndarray:
     return vectors / norms
 
 
-def checked_queries(record: StoreRecord, query_embeddings: np.ndarray, top_k: int) -> np.ndarray:
+def checked_queries(record: StoreRecord, query_embeddings: np.ndarray) -> np.ndarray:
     """``(q, dim)`` float32 queries for a search of ``record``'s store, or ValueError."""
     queries = np.asarray(query_embeddings, dtype=np.float32)
     if queries.ndim == 1:
@@ -114,8 +95,6 @@ def checked_queries(record: StoreRecord, query_embeddings: np.ndarray, top_k: in
             f"query embeddings have shape {np.shape(query_embeddings)}, but this store "
             f"holds {record.dim}-d embeddings from {record.model_name!r}"
         )
-    if top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
     if not np.isfinite(queries).all():
         raise ValueError("query embeddings contain NaN or infinite values")
     return normalise_rows(queries) if record.similarity == "cosine" else queries
@@ -384,31 +363,11 @@ class StoreCommon:
         """The ``top_k`` best documents for each query, best first.
 
         ``request`` (:class:`~densefit.retrieval.index.request.SearchRequest`, made where
-        the search came in) says how to search; without one, the keyword options below make
-        it (passing both is a TypeError). The queries: ``query_embeddings`` (``(q, dim)`` or
-        one ``(dim,)`` vector; cosine stores normalise them) when the mode ranks by
+        the search came in; its docstring says what each option does) says how to search;
+        without one, the keyword options make it (passing both is a TypeError). Filters are
+        checked against this engine's limits. The queries: ``query_embeddings`` (``(q, dim)``
+        or one ``(dim,)`` vector; cosine stores normalise them) when the mode ranks by
         embeddings, ``query_texts`` (one text per query) when it ranks by BM25.
-
-        ``mode`` (:data:`densefit.choices.SEARCH_MODES`): ``"dense"`` ranks by the query
-        embeddings; ``"bm25"`` by BM25 over the documents' texts (documents sharing no token
-        with a query are not found, so fewer than ``top_k`` may come back); ``"hybrid"``
-        fuses both rankings (``fusion``, default reciprocal rank fusion:
-        :class:`~densefit.retrieval.fusion.Fusion`) and needs both.
-
-        ``filters`` (Haystack's syntax, :mod:`~densefit.retrieval.index.filters`: a dict,
-        parsed once into the request, or a parsed
-        :class:`~densefit.retrieval.index.filters.Filter`; checked against this engine's
-        limits) restricts the search to the matching documents *before* ranking, on both
-        sides of a hybrid search: the best ``top_k`` that match, not the ``top_k`` filtered
-        afterwards. ``scale_score`` maps scores to [0, 1]: dense as :func:`scaled_scores`,
-        BM25 as ``expit(score / 8)`` (Haystack's in-memory BM25), fused scores by
-        :meth:`Fusion.scaled <densefit.retrieval.fusion.Fusion.scaled>`. ``dense_filters``
-        are further conditions for the dense side only (the Haystack store leaves documents
-        without an embedding out of it, not out of BM25). ``model_generation``: the
-        :attr:`model_generation` the query embeddings were made for; when the store has
-        switched to another model since (a model swap),
-        :class:`~densefit.retrieval.index.types.ModelSwappedError` instead of a ranking by
-        the wrong model.
         """
         options = (top_k, filters, scale_score, mode, fusion, dense_filters, model_generation)
         if request is None:
@@ -435,7 +394,7 @@ class StoreCommon:
         if request.embeds:
             if query_embeddings is None:
                 raise ValueError(f"{mode} search needs the query embeddings")
-            queries = checked_queries(self._record, query_embeddings, top_k)
+            queries = checked_queries(self._record, query_embeddings)
         if texts is not None and queries is not None and len(texts) != len(queries):
             raise ValueError(
                 f"hybrid search got {len(texts)} query texts for {len(queries)} query embeddings"
@@ -453,8 +412,8 @@ class StoreCommon:
             sides.append(self._past_ties(self._dense, queries, depth, dense_where))
         if request.reads_texts:
             sides.append(self._past_ties(self._lexical, texts, depth, where))
-        ids_at = remembered(self._ids_at)  # a tied document's id read once per search
-        ordered = in_rank_order([r for side in sides for r in side], depth, ids_at)
+        known: dict[int, str] = {}  # a tied document's id read once per search
+        ordered = in_rank_order([r for side in sides for r in side], depth, self._ids_at, known)
         if not fused:
             similarity = self.similarity if request.embeds else "bm25"
             if request.scale_score:
@@ -469,7 +428,7 @@ class StoreCommon:
             )
             documents = {**(by_bm25.documents or {}), **(by_dense.documents or {})}
             ranked.append(Ranked(keys, scores, documents))
-        ranked = in_rank_order(ranked, top_k, ids_at)  # fused ties by id too
+        ranked = in_rank_order(ranked, top_k, self._ids_at, known)  # fused ties by id too
         if request.scale_score:
             ranked = [r._replace(scores=fusion.scaled(r.scores)) for r in ranked]
         return self._hits(ranked)
@@ -509,9 +468,15 @@ class StoreCommon:
         """Make the record current (nothing to do for an engine that keeps none in memory)."""
 
     def _where(self, filters: Filter):
+        """A parsed filter (within the engine's limits) emitted for the engine: SQL, a
+        payload filter, the embedded store's matching rows."""
         raise NotImplementedError
 
     def _dense(self, queries: np.ndarray, k: int, where) -> list[Ranked]:
+        """For each query, the best ``k`` documents matching ``where``: keys (``int64``, the
+        engine's choice) and scores, best first, ties in any order (:meth:`search` asks one
+        more than it needs, deeper while the last ties, and orders equal scores by id), and
+        the documents when they came with the ranking. ``_lexical`` the same by BM25."""
         raise NotImplementedError
 
     def _lexical(self, texts: list[str], k: int, where) -> list[Ranked]:

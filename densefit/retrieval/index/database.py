@@ -1,31 +1,18 @@
-"""The store contract over a database server (PostgreSQL, Qdrant): what such engines share.
+"""The store contract over a database server (PostgreSQL, Qdrant, Milvus): what they share.
 
 :class:`DatabaseStore` adds to :class:`~densefit.retrieval.index.common.StoreCommon` (the
-model checks and the search) what an engine whose data lives in a database does alike, on
-top of a few methods each engine writes:
-
-- the record: ``_read_record()`` reads it and hands its keys to
-  :meth:`~DatabaseStore._take_record` (the one rule of what a new record resets);
-  :meth:`~DatabaseStore._refresh` calls it at most every ``_record_seconds`` (0: at every
-  call); ``_save_settings(settings)`` records new vector settings;
-- re-embedding with new settings (``densefit index --reembed``): ``_mark_stale()`` marks
-  every stored vector stale in one write, ``_stale(ids)`` lists the stale ones among
-  ``ids`` (None: all of them), in write order; a write clears the mark of what it writes;
-- writing: :meth:`~DatabaseStore.write`, :meth:`~DatabaseStore.write_metadata` and
-  :meth:`~DatabaseStore.delete` check the input and count, and run the engine's
-  ``_upsert(tx, rows, vectors, next_vectors)`` (:class:`StoredRow` s: the document, its
-  hashes and its typed filter fields, with their checked vectors and, during a model swap,
-  the next model's; returns the ids stored before), ``_set_metadata(tx, documents)`` and
-  ``_remove(tx, ids)`` inside ``_swap_transaction()`` (the swap's transaction, with the
-  record re-read), with the optional ``_before_write(rows, prepared_for)`` and
-  ``_after_write()`` around a write;
-- errors: ``_faults``, the engine's table of its native errors
-  (:class:`~densefit.retrieval.index.common.Fault`), applied by ``_errors()``;
-- :meth:`~DatabaseStore.info`: the engine's own keys from ``_info_extra()``;
-- reading in pages: ``_ids_after(last, limit)``;
-- and the contract's other data methods (``count``, ``count_matching``, ``get``,
-  ``hashes``, ``vectors``, ``vectors_for_texts``, ``filter_documents``,
-  ``index_meta_field``, ``writer_lock``, ``close``) and the search parts.
+model checks and the search) what an engine whose data lives in a database does alike: the
+record kept current (:meth:`~DatabaseStore._refresh` calls the engine's ``_read_record()``,
+which hands the keys it read to :meth:`~DatabaseStore._take_record`, the one rule of what a
+new record resets), re-embedding with new settings (``densefit index --reembed``), the write
+path (:meth:`~DatabaseStore.write`, :meth:`~DatabaseStore.write_metadata` and
+:meth:`~DatabaseStore.delete` check the input and count, and run the engine's hooks inside
+``_swap_transaction()``), the ids in pages and the metadata statistics. Each engine writes
+the methods listed last in the class (each says what it must do), its error table
+``_faults`` (:class:`~densefit.retrieval.index.common.Fault` rows), its own ``info()`` keys
+(``_info_extra()``), the contract's other data methods (``count``, ``count_matching``,
+``get``, ``hashes``, ``vectors``, ``vectors_for_texts``, ``filter_documents``,
+``index_meta_field``, ``writer_lock``, ``close``) and the search parts.
 
 Metadata statistics (:meth:`~DatabaseStore.meta_values`, :meth:`~DatabaseStore.meta_range`,
 :meth:`~DatabaseStore.meta_fields`, Haystack's metadata methods) are computed here from the
@@ -313,6 +300,12 @@ class DatabaseStore(StoreCommon):
                     kinds[kind] = kinds.get(kind, 0) + 1
         return fields
 
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.location!r}, model={self.model_name!r}, "
+            f"dim={self.dim}, backend={self.backend_name!r})"
+        )
+
     # -- upkeep: the database does it ------------------------------------------------------------
 
     def dead_rows(self) -> int:
@@ -334,15 +327,19 @@ class DatabaseStore(StoreCommon):
     # -- what each engine supplies ----------------------------------------------------------
 
     def _save_settings(self, settings: VectorSettings) -> None:
+        """Record new vector settings."""
         raise NotImplementedError
 
     def _mark_stale(self) -> None:
+        """Mark every stored vector stale, in one write (a write clears what it writes)."""
         raise NotImplementedError
 
     def _stale(self, ids: list[str] | None) -> list[str]:
+        """The stale ones among ``ids`` (None: all of them), in write order."""
         raise NotImplementedError
 
     def _ids_after(self, last: str, limit: int) -> list[str]:
+        """Up to ``limit`` ids after ``last``, in id order."""
         raise NotImplementedError
 
     def _swap_transaction(self) -> AbstractContextManager:

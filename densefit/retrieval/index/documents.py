@@ -13,6 +13,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -27,7 +28,7 @@ from densefit.errors import (
     storage_fault,
 )
 
-__all__ = ["DB_NAME", "DocumentTable", "Transaction", "meta_hash", "parts", "text_hash"]
+__all__ = ["DB_NAME", "DocumentTable", "meta_hash", "parts", "text_hash"]
 
 DB_NAME = "store.sqlite"
 _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CANTOPEN = 8, 10, 14  # SQLite's primary result codes
@@ -86,19 +87,21 @@ def _read_only_connection(db: Path) -> sqlite3.Connection:
     the database file alone, which no one can change there)."""
     uri = f"file:{quote(str(db.resolve()))}?mode=ro"
     try:
-        return _reading(uri)
+        return _connect(uri, uri=True)
     except sqlite3.OperationalError as exc:
         if exc.sqlite_errorcode & 0xFF not in (_SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_IOERR):
             raise
-    return _reading(uri + "&immutable=1")
+    return _connect(uri + "&immutable=1", uri=True)
 
 
-def _reading(uri: str) -> sqlite3.Connection:
-    """A connection to ``uri`` that has read the database (opening alone reads nothing)."""
-    conn = sqlite3.connect(
-        uri, uri=True, isolation_level=None, timeout=60.0, check_same_thread=False
-    )
+def _connect(target: str | Path, *pragmas: str, uri: bool = False) -> sqlite3.Connection:
+    """A connection to the database ``target`` that ran ``pragmas`` and has read it (opening
+    alone reads nothing; a writer's first read makes the WAL's files)."""
+    options = {"isolation_level": None, "timeout": 60.0, "check_same_thread": False}
+    conn = sqlite3.connect(target, uri=uri, **options)
     try:
+        for pragma in pragmas:
+            conn.execute(f"PRAGMA {pragma}")
         conn.execute("SELECT COUNT(*) FROM meta").fetchone()
     except BaseException:
         conn.close()
@@ -143,12 +146,7 @@ class DocumentTable:
         self.full_disk = False  # it may not for want of space
         if not read_only:
             try:
-                self.conn = sqlite3.connect(
-                    db, isolation_level=None, timeout=60.0, check_same_thread=False
-                )
-                self.conn.execute("PRAGMA journal_mode=WAL")
-                self.conn.execute("PRAGMA synchronous=FULL")
-                self.conn.execute("SELECT COUNT(*) FROM meta").fetchone()  # makes the WAL's files
+                self.conn = _connect(db, "journal_mode=WAL", "synchronous=FULL")
                 return
             except sqlite3.OperationalError as exc:
                 # SQLite may not write here, or has no room for the files a writer shares
@@ -211,9 +209,17 @@ class DocumentTable:
         """Changes whenever another connection commits."""
         return self.conn.execute("PRAGMA data_version").fetchone()[0]
 
-    def transaction(self) -> Transaction:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception)."""
-        return Transaction(self)
+    @contextmanager
+    def transaction(self) -> Iterator[DocumentTable]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on an exception): SQLite's write
+        lock is held inside the block."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
 
     # -- documents -------------------------------------------------------------------------
 
@@ -430,18 +436,3 @@ class DocumentTable:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
-
-
-class Transaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``: SQLite's write lock is held inside the block."""
-
-    def __init__(self, table: DocumentTable):
-        self.table = table
-
-    def __enter__(self) -> DocumentTable:
-        self.table.conn.execute("BEGIN IMMEDIATE")
-        return self.table
-
-    def __exit__(self, exc_type, exc, tb):
-        self.table.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
-        return False

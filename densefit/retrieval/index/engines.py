@@ -1,18 +1,12 @@
 """Opening a store: :func:`open_store`, the one way to open or create one, for a target
-naming its engine (:mod:`~densefit.retrieval.index.registry`: the engines, their targets and
-capabilities).
+naming its engine (:mod:`~densefit.retrieval.index.registry`).
 
-An engine is one module (named in its :data:`~densefit.retrieval.index.registry.ENGINES`
-row) that reads its ``CAPABILITIES`` from that row, optionally says ``why_none(target)`` (why
-there is no store there, when it can say better than "none"), and gives two functions:
-``open_existing(target, *, backend, rescore, lock_timeout)`` (the store there, or None when
-there is none) and ``create(target, record, *, backend, rescore, lock_timeout)`` (a new,
-empty store recording ``record``, the model's :class:`~densefit.retrieval.index.types.
-StoreRecord`; when another process created it meanwhile, that one opened). Its store class
-implements :class:`~densefit.retrieval.index.base.DocumentStore` and the roles its
-capabilities declare, most of it inherited from :class:`~densefit.retrieval.index.common.
-StoreCommon`. This module loads the engine modules by name; they never import it back. A
-module imports its client library inside those functions, so that importing it needs none.
+An engine's module (docs/architecture.md, adding an engine) gives ``open_existing(target, *,
+backend, rescore, lock_timeout)`` (the store there, or None) and ``create(target, record,
+**the same)`` (a new, empty store recording ``record``; when another process created it
+meanwhile, that one opened), and optionally ``why_none(target)`` (why there is no store
+there, when it can say better than "none"). This module loads the engine modules by name;
+they never import it back.
 """
 
 from __future__ import annotations
@@ -40,14 +34,6 @@ def engine_module(engine: str) -> ModuleType:
     """The module implementing ``engine`` (see :data:`~densefit.retrieval.index.registry.
     ENGINES`)."""
     return importlib.import_module(ENGINES[engine].module)
-
-
-def _backend_name(backend: str | Callable | None) -> str | None:
-    """The search backend a spec names (``faiss:IVF4096,Flat`` names faiss); None for a
-    factory (a test's callable) or no choice."""
-    if backend is None or callable(backend):
-        return None
-    return str(backend).split(":", 1)[0]
 
 
 def open_store(
@@ -86,8 +72,8 @@ def open_store(
     module = engine_module(engine)
     capabilities: Capabilities = ENGINES[engine].capabilities
     location = redacted(target)
-    name = _backend_name(backend)
-    if name is not None:
+    if backend is not None and not callable(backend):  # a test's factory is not checked
+        name = str(backend).split(":", 1)[0]  # faiss:IVF4096,Flat names faiss
         require(capabilities, "backends", f"search by {backend!r}", name, location)
     options = {"backend": backend, "rescore": rescore, "lock_timeout": lock_timeout}
     target = None if target is None else (target if engine == "embedded" else str(target))

@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 import torch
 
-__all__ = ["ExactBackend", "exact_search"]
+__all__ = ["ExactBackend", "exact_search", "faiss_module"]
 
 # Score-matrix budget per chunk (queries x rows), in float32 values: 16M = 64 MiB.
 _SCORE_BUDGET = 1 << 24
@@ -62,25 +62,14 @@ class ExactBackend:
         self, queries: np.ndarray, k: int, mask: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search` among the live rows where ``mask`` is True (a filter's matches)."""
-        alive = mask if not len(self._alive) else mask & self._alive
-        return exact_search(
-            self._vectors,
-            queries,
-            k,
-            alive=alive,
-            chunk_rows=self.chunk_rows,
-            use_faiss=self.use_faiss,
-        )
+        return self._search(queries, k, mask if not len(self._alive) else mask & self._alive)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return exact_search(
-            self._vectors,
-            queries,
-            k,
-            alive=self._alive,
-            chunk_rows=self.chunk_rows,
-            use_faiss=self.use_faiss,
-        )
+        return self._search(queries, k, self._alive)
+
+    def _search(self, queries, k, alive) -> tuple[np.ndarray, np.ndarray]:
+        options = {"chunk_rows": self.chunk_rows, "use_faiss": self.use_faiss}
+        return exact_search(self._vectors, queries, k, alive=alive, **options)
 
 
 def exact_search(
@@ -111,7 +100,7 @@ def exact_search(
     if alive is not None and alive.all():
         alive = None
     small_batch = n_queries < _FAISS_MAX_QUERIES
-    faiss = _faiss_module() if use_faiss is not False and small_batch else None
+    faiss = faiss_module() if use_faiss is not False and small_batch else None
     if use_faiss and faiss is None and small_batch:
         raise ImportError("use_faiss=True needs faiss: pip install 'densefit[index]'")
     widen = vectors.dtype != np.float32
@@ -178,7 +167,8 @@ def _faiss_chunk_top_k(faiss, queries, block, block_alive, k):
     return torch.from_numpy(scores), torch.from_numpy(rows)
 
 
-def _faiss_module():
+def faiss_module():
+    """``faiss`` when it is installed, else None."""
     try:
         import faiss  # the optional extra `index`
     except ImportError:

@@ -137,7 +137,6 @@ class FaissBackend:
         if index.ntotal < n_rows:
             if not index.is_trained:
                 self._train(index)
-
             todo = n_rows - index.ntotal
             with tqdm(
                 total=todo, desc=f"FAISS {self.factory}", unit="vec", disable=todo < 4 * _ADD_CHUNK
@@ -165,12 +164,9 @@ class FaissBackend:
 
     def _search_params(self, index, bits):
         faiss = self.faiss
-        selector = (
-            faiss.IDSelectorBitmap(len(bits) * 8, faiss.swig_ptr(bits))
-            if bits is not None
-            else None
-        )
-        kwargs = {"sel": selector} if selector is not None else {}
+        kwargs = {}
+        if bits is not None:
+            kwargs["sel"] = faiss.IDSelectorBitmap(len(bits) * 8, faiss.swig_ptr(bits))
         inner = faiss.downcast_index(index)
         if isinstance(inner, faiss.IndexHNSW):
             return faiss.SearchParametersHNSW(efSearch=self.ef_search, **kwargs)

@@ -49,6 +49,7 @@ import json
 import math
 import re
 import sqlite3
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -68,9 +69,9 @@ __all__ = [
     "Logical",
     "date_seconds",
     "emit",
+    "folded",
     "json_text",
     "meta_path",
-    "normalise_filters",
     "parse_filter_text",
     "parse_filters",
     "typed_fields",
@@ -149,10 +150,7 @@ class Filter:
     def within(self, capabilities) -> Filter:
         """This filter when it is within the limits of the engine of ``capabilities``
         (None: any engine); ValueError (one line naming the engine and its limit) otherwise."""
-        if capabilities is None:
-            return self
-        _check_depth(self.depth, capabilities)
-        _check_conditions(self.conditions, capabilities)
+        _check_size(self.depth, self.conditions, capabilities)
         return self
 
 
@@ -176,16 +174,6 @@ def parse_filters(filters, capabilities=None) -> Filter | None:
             f"'value': 'en'}}, got {type(filters).__name__}"
         )
     return _parse_tree(filters, capabilities)
-
-
-def normalise_filters(filters, capabilities=None) -> Filter | None:
-    """:func:`parse_filters`: the checked filter, or None when there is nothing to filter
-    (``None`` and ``{}``).
-
-    >>> normalise_filters({}) is None
-    True
-    """
-    return parse_filters(filters, capabilities)
 
 
 def validate_filters(filters, capabilities=None) -> None:
@@ -261,6 +249,22 @@ class Emitter(Protocol[T]):
         """OR of ``terms`` (at least two, or none: matches no document)."""
 
 
+def folded(terms: list, absorbing: bool, join: Callable[[list], T]) -> T | bool:
+    """The AND (``absorbing`` False) or the OR (True) of an emitter's ``terms``, where a term
+    may be True or False (known to match every document or none): those folded away, and
+    ``join`` making one term of two or more others.
+
+    >>> folded([True, "a > 1", "b"], False, " and ".join), folded([], True, " or ".join)
+    ('a > 1 and b', False)
+    """
+    if any(term is absorbing for term in terms):
+        return absorbing
+    terms = [term for term in terms if not isinstance(term, bool)]
+    if not terms:
+        return not absorbing
+    return terms[0] if len(terms) == 1 else join(terms)
+
+
 def emit(parsed: Filter, emitter: Emitter[T]) -> T:
     """``parsed`` spelled by ``emitter``, walked once: NOTs pushed down to the comparisons
     (a negated AND is the OR of the negated conditions, and the reverse), ``!=`` and
@@ -330,13 +334,12 @@ def _parse_tree(filters: dict, capabilities) -> Filter:
 def _parse(node: Any, depth: int, counted: list[int], capabilities) -> Comparison | Logical:
     """``node`` checked and parsed; ``counted`` holds the conditions met so far and the
     deepest level."""
-    _check_depth(depth, capabilities)
     counted[1] = max(counted[1], depth)
     if not isinstance(node, dict):
         raise ValueError(f"a filter condition must be a dict, got {type(node).__name__} {node!r}")
     parsed = _parse_comparison(node) if "field" in node else None
     counted[0] += 1 if parsed is None else _conditions(parsed)
-    _check_conditions(counted[0], capabilities)
+    _check_size(depth, counted[0], capabilities)
     if parsed is not None:
         return parsed
     if "operator" not in node:
@@ -360,7 +363,9 @@ def _parse(node: Any, depth: int, counted: list[int], capabilities) -> Compariso
     return Logical(operator, tuple(_parse(c, depth + 1, counted, capabilities) for c in conditions))
 
 
-def _check_depth(depth: int, capabilities) -> None:
+def _check_size(depth: int, conditions: int, capabilities) -> None:
+    """ValueError when a filter nests ``depth`` levels or holds ``conditions`` conditions,
+    more than the engine of ``capabilities`` (None: none) or the language takes."""
     limit = getattr(capabilities, "filter_max_depth", None)
     if limit is not None and depth > limit:
         raise ValueError(
@@ -373,9 +378,6 @@ def _check_depth(depth: int, capabilities) -> None:
             f"filters nest deeper than {MAX_NESTING} levels: flatten the AND, OR and NOT "
             "operators (an AND inside an AND is one AND)"
         )
-
-
-def _check_conditions(conditions: int, capabilities) -> None:
     limit = getattr(capabilities, "filter_max_conditions", None)
     if limit is not None and conditions > limit:
         raise ValueError(

@@ -56,9 +56,7 @@ class IndexReport:
     compacted: int = 0
     runtime: str = "torch"  # what embedded the documents (runtime and file)
     processes: int = 1  # that embedded them together (densefit index --nproc)
-    copied_from: str | None = (
-        None  # densefit index --from-store: the store copied, nothing embedded
-    )
+    copied_from: str | None = None  # index --from-store: the store copied, nothing embedded
 
     @property
     def docs_per_second(self) -> float:
@@ -188,17 +186,26 @@ def index_documents(
 
 
 def _progress(total: int | None, show: bool):
-
     return tqdm(total=total, desc="Indexing", unit="doc", disable=not show, smoothing=0.1)
 
 
 def _index_chunk(store, embed, chunk, seen_ids, bar, report) -> None:
     """Compare one chunk with the store by hash, embed what is new or changed, commit."""
     unique, repeats = _dedupe(chunk, seen_ids, report)
-    stored = store.hashes(list(unique))
     stale = store.stale_ids(list(unique)) if store.capabilities.reembedding else set()
+    written = _write_changes(store, list(unique.values()), embed, report, stale, repeats)
+    bar.update(len(chunk) - written)
+    bar.set_postfix(new=report.added, changed=report.updated, skipped=report.unchanged)
+
+
+def _write_changes(store, documents, vectors_of, report, stale=(), repeats=()) -> int:
+    """Write what ``documents`` change in ``store``, compared by hash: new and changed texts
+    (and ``stale`` ids) with ``vectors_of(documents)``, title/metadata changes alone without
+    vectors, one commit each; each document counted in ``report`` by what it did, except
+    ``repeats`` (counted as duplicates). Returns how many were written with vectors."""
+    stored = store.hashes([d.id for d in documents])
     to_embed, meta_only = [], []
-    for doc in unique.values():
+    for doc in documents:
         hashes = stored.get(doc.id)
         if hashes is None or hashes[0] != text_hash(doc.text):
             to_embed.append(doc)
@@ -211,16 +218,15 @@ def _index_chunk(store, embed, chunk, seen_ids, bar, report) -> None:
             outcome = "metadata_updated"
         else:
             outcome = "unchanged"
-        if doc.id not in repeats:  # repeats of earlier chunks count as duplicates
+        if doc.id not in repeats:
             setattr(report, outcome, getattr(report, outcome) + 1)
-    bar.update(len(chunk) - len(to_embed))
     if to_embed:
-        store.write(to_embed, embed(to_embed))
+        store.write(to_embed, vectors_of(to_embed))
         report.commits += 1
     if meta_only:
         store.write_metadata(meta_only)
         report.commits += 1
-    bar.set_postfix(new=report.added, changed=report.updated, skipped=report.unchanged)
+    return len(to_embed)
 
 
 def _reembed_the_rest(store, embed, commit_every: int, bar, report) -> None:
@@ -318,25 +324,9 @@ def copy_documents(
     with target.writer_lock(lock_timeout), _progress(source.count(), show_progress) as bar:
         for ids in _chunks(source.ids(), commit_every):
             documents = [d for d in source.get(ids) if d is not None]  # deleted meanwhile: gone
-            stored = target.hashes([d.id for d in documents])
-            new, meta_only = [], []
-            for doc in documents:
-                hashes = stored.get(doc.id)
-                if hashes is None or hashes[0] != text_hash(doc.text):
-                    new.append(doc)
-                    report.added += hashes is None
-                    report.updated += hashes is not None
-                elif hashes[1] != meta_hash(doc):
-                    meta_only.append(doc)
-                    report.metadata_updated += 1
-                else:
-                    report.unchanged += 1
-            if new:
-                target.write(new, source.vectors([d.id for d in new]))
-                report.commits += 1
-            if meta_only:
-                target.write_metadata(meta_only)
-                report.commits += 1
+            _write_changes(
+                target, documents, lambda new: source.vectors([d.id for d in new]), report
+            )
             report.seen += len(documents)
             bar.update(len(documents))
         target.flush()

@@ -68,17 +68,12 @@ class StoreBm25:
         )
 
     def current(
-        self,
-        generation: int,
-        live_rows: np.ndarray,
-        texts_of: Callable[[np.ndarray], list[str]],
-        *,
-        show_progress: bool = False,
+        self, generation: int, live_rows: np.ndarray, texts_of: Callable[[np.ndarray], list[str]]
     ) -> Bm25Index:
         """The index of exactly ``live_rows`` (sorted), brought up to date if it is not."""
         update = self.plan(generation, live_rows, texts_of)
         if update is not None:
-            self.install(update.build(show_progress=show_progress))
+            self.install(update.build())
         return self.index
 
     def plan(
@@ -199,10 +194,10 @@ class _Update:
     new_rows: np.ndarray
     new_texts: list[str]
 
-    def build(self, *, show_progress: bool = False) -> tuple[int, np.ndarray, Bm25Index, int]:
+    def build(self) -> tuple[int, np.ndarray, Bm25Index, int]:
         """``(generation, rows, index, texts tokenised)``: the kept token ids, the new texts
         tokenised, in row order, and the score matrix over them."""
-        tokens = self.tokens.select(self.keep).extended(self.new_texts, show_progress=show_progress)
+        tokens = self.tokens.select(self.keep).extended(self.new_texts)
         rows = np.concatenate([self.kept_rows, self.new_rows])
         order = np.argsort(rows, kind="stable")
         index = Bm25Index(tokens.select(order))

@@ -14,6 +14,7 @@ removed meanwhile opens the path again, so two holders never lock two different 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sys
@@ -82,17 +83,13 @@ def writer_lock(
 
     wait_for_lock(lock, holder, str(folder), doing, timeout, on_wait=on_wait, poll=poll)
     try:
-        try:  # who holds it, for the message of a process that waits: a courtesy
-            os.ftruncate(fd, 0)
+        with contextlib.suppress(OSError):  # a full disk: the lock holds all the same
+            os.ftruncate(fd, 0)  # who holds it, for a waiting process's message: a courtesy
             os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%H:%M:%S')}".encode(), 0)
-        except OSError:  # a full disk: the lock holds all the same
-            pass
         yield
     finally:
-        try:
+        with contextlib.suppress(OSError):  # gone already, or a folder we may not change
             os.unlink(path)  # while held: whoever locks this file next sees it gone
-        except OSError:  # gone already, or a folder we may not change: left as it is
-            pass
         os.close(fd)  # releases the lock
 
 

@@ -18,7 +18,7 @@ over ``fields``, each comparison guarded by ``exists`` so that it is false, neve
 field is missing (Milvus Lite's ``not`` keeps a null); values are escaped literals (Milvus Lite
 has no expression templates).
 
->>> parse_target("milvus://db.example/docs").uri, parse_target("milvus:m.db").collection
+>>> parse_target("milvus://db.example/docs").url, parse_target("milvus:m.db").collection
 ('http://db.example:19530', 'densefit')
 >>> print(compile_filter({"field": "meta.lang", "operator": "==", "value": 'e"n'}))
 (exists fields["meta.lang"]["s"] and fields["meta.lang"]["s"] == "e\\"n")
@@ -30,11 +30,8 @@ import fcntl
 import json
 import os
 import re
-import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
@@ -45,10 +42,12 @@ from densefit.retrieval.index.aliased import (
     STORE_KEY,
     VERSION,
     AliasedStore,
-    checked_backend,
-    checked_record,
+    CollectionTarget,
+    Connection,
     nothing,
+    parse_collection_target,
     ranked,
+    shared_connection,
 )
 from densefit.retrieval.index.common import Fault, translated
 from densefit.retrieval.index.database import StoredRow
@@ -57,168 +56,100 @@ from densefit.retrieval.index.filters import (
     Filter,
     date_seconds,
     emit,
+    folded,
     json_text,
     meta_path,
     parse_filters,
 )
-from densefit.retrieval.index.registry import capabilities_of, redacted
+from densefit.retrieval.index.registry import capabilities_of
 from densefit.retrieval.index.request import Ranked
 from densefit.retrieval.index.types import StoreError, StoreRecord, StoreUnavailableError
 
 __all__ = ["CAPABILITIES", "MilvusDocumentStore", "compile_filter", "create", "open_existing"]
 
 CAPABILITIES = capabilities_of("milvus")
-DEFAULT_COLLECTION, DEFAULT_PORT, TOKEN_VARIABLE = "densefit", 19530, "MILVUS_TOKEN"
-DEFAULT_TIMEOUT = 10  # seconds to connect to a server and for each call (?timeout=)
+DEFAULT_PORT, TOKEN_VARIABLE = 19530, "MILVUS_TOKEN"
 _SLOW_CALLS = {"load_collection": 12, "create_index": 12}  # their timeout: this many times
 LAYOUT = "densefit-milvus/1"  # property "layout": the rows of aliased.py, its schema below
 _MAX_BYTES, _BATCH, _PAGE, _MAX_K = 65535, 256, 1000, 16384
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,199}$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}")  # a collection's
 
 
 # -- targets and connections -----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class MilvusTarget:
-    """A server's ``uri`` or a Milvus Lite ``file``, the ``collection`` (the store's alias)
-    and ``location``, the target as shown (redacted)."""
+def parse_target(target: str) -> CollectionTarget:
+    """The :class:`~densefit.retrieval.index.aliased.CollectionTarget` a ``milvus:`` target
+    names, or a one-line StoreError.
 
-    location: str
-    collection: str
-    file: str | None = None
-    uri: str | None = None
-    timeout: float = DEFAULT_TIMEOUT
-
-    @property
-    def local(self) -> bool:
-        return self.file is not None
-
-
-def parse_target(target: str) -> MilvusTarget:
-    """The :class:`MilvusTarget` a ``milvus:`` target names, or a one-line StoreError.
-
-    >>> parse_target("milvus://localhost:19531/docs?https=true").uri
+    >>> parse_target("milvus://localhost:19531/docs?https=true").url
     'https://localhost:19531'
     """
-    location = redacted(target)  # what messages show; the target itself is parsed
-    parts = urlsplit(str(target))
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    if str(target)[len("milvus:") :].startswith("//") and parts.netloc:
-        if parts.username is not None or parts.password is not None:
-            raise StoreError(
-                f"milvus://***@{parts.hostname}{parts.path}: a Milvus target takes no user or "
-                f"password: set the token in the environment variable {TOKEN_VARIABLE}"
-            )
-        try:
-            port = parts.port or DEFAULT_PORT
-        except ValueError:
-            raise StoreError(f"{location}: the port is not a number from 1 to 65535") from None
-        https = options.pop("https", "false").lower()
-        try:
-            timeout = float(options.pop("timeout", DEFAULT_TIMEOUT))
-        except ValueError:
-            timeout = -1.0
-        if options or https not in ("true", "false", "1", "0"):
-            raise StoreError(
-                f"{location}: a Milvus server target takes ?https=true|false only, and "
-                "?timeout=SECONDS"
-            )
-        if not 0 < timeout < float("inf"):
-            raise StoreError(f"{location}: timeout must be a number of seconds above 0")
-        uri = f"{'https' if https in ('true', '1') else 'http'}://{parts.hostname}:{port}"
-        name = _checked_name(parts.path.strip("/"), location)
-        return MilvusTarget(location, name, uri=uri, timeout=timeout)
-    collection = options.pop("collection", DEFAULT_COLLECTION)
-    if options or not parts.path.endswith(".db"):
-        raise StoreError(
-            f"{location}: write milvus:FILE.db[?collection=NAME] (Milvus Lite) or "
-            "milvus://HOST:PORT/COLLECTION (a server)"
-        )
-    return MilvusTarget(location, _checked_name(collection, location), file=parts.path)
+    return parse_collection_target(
+        target,
+        "Milvus",
+        port=DEFAULT_PORT,
+        local="FILE.db",
+        suffix=".db",
+        secret=("token", TOKEN_VARIABLE),
+        names=(_NAME, "1 to 200 letters, digits or '_' starting with a letter or '_'"),
+    )
 
 
-def _checked_name(name: str, location: str) -> str:
-    if not _NAME.match(name):
-        raise StoreError(
-            f"{location}: collection name {name!r} is not 1 to 200 letters, digits or '_' "
-            "starting with a letter or '_': pick a name like docs_v1"
-        )
-    return name
+_LOCAL: dict[str, Connection] = {}  # Milvus Lite: the open client of each process and file
 
 
-class _Connection:
-    """A client and the locks its stores share; :meth:`release` when a store closes."""
-
-    def __init__(self, client, target: MilvusTarget, key: str | None = None, held: int = -1):
-        self.client, self.target, self.key, self.held, self.users = client, target, key, held, 1
-        self.lock, self.writers = threading.RLock(), {}  # Milvus Lite's: a file's, by name
-
-    def release(self) -> None:
-        if self.target.file is None:
-            return self.client.close()
-        with _LOCAL_LOCK:
-            self.users -= 1
-            if self.users > 0:
-                return None
-            del _LOCAL[self.key]
-        from milvus_lite.server_manager import server_manager_instance  # the optional extra
-
-        with self.lock:
-            self.client.close()
-            server_manager_instance.release_server(self.target.file)  # stops its threads
-            os.close(self.held)  # lets the file go for another process
-
-
-_LOCAL: dict[str, _Connection] = {}  # Milvus Lite: the open client of each process and file
-_LOCAL_LOCK = threading.Lock()
-
-
-def _connect(target: MilvusTarget) -> _Connection:
+def _connect(target: CollectionTarget) -> Connection:
     try:
         import pymilvus  # an optional extra: densefit[milvus]
     except ImportError:
         raise ImportError(
             "the Milvus engine needs pymilvus: pip install 'densefit[milvus]'"
         ) from None
-    if target.file is None:
+    if not target.local:
         with _requests(target):
             token = os.environ.get(TOKEN_VARIABLE) or ""
-            client = pymilvus.MilvusClient(uri=target.uri, token=token, timeout=target.timeout)
-            return _Connection(_Timed(client, target.timeout), target)
-    key = f"{os.getpid()}:{os.path.realpath(target.file)}"  # a forked child: its own
-    with _LOCAL_LOCK:
-        if key in _LOCAL:
-            _LOCAL[key].users += 1
-        elif not Path(target.file).parent.is_dir():
-            raise StoreError(f"{target.location}: no folder {Path(target.file).parent}")
-        else:  # one process per file: Milvus Lite's server is the process's own
-            held = os.open(f"{target.file}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                with _requests(target):
-                    client = pymilvus.MilvusClient(uri=target.file)
-            except BaseException as exc:
-                os.close(held)
-                if not isinstance(exc, BlockingIOError):
-                    raise
-                raise StoreError(
-                    f"{target.location}: another process has this Milvus Lite file open (one "
-                    "process at a time): stop it, or serve the store from a Milvus server"
-                ) from None
-            _LOCAL[key] = _Connection(client, target, key, held)
-        return _LOCAL[key]
+            client = pymilvus.MilvusClient(uri=target.url, token=token, timeout=target.timeout)
+            return Connection(_Timed(client, target.timeout))
+    if not Path(target.path).parent.is_dir():
+        raise StoreError(f"{target.location}: no folder {Path(target.path).parent}")
+
+    def lite() -> Connection:  # one process per file: Milvus Lite's server is the process's own
+        held = os.open(f"{target.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with _requests(target):
+                client = pymilvus.MilvusClient(uri=target.path)
+        except BaseException as exc:
+            os.close(held)
+            if not isinstance(exc, BlockingIOError):
+                raise
+            raise StoreError(
+                f"{target.location}: another process has this Milvus Lite file open (one "
+                "process at a time): stop it, or serve the store from a Milvus server"
+            ) from None
+
+        def close() -> None:
+            from milvus_lite.server_manager import server_manager_instance  # the optional extra
+
+            client.close()
+            server_manager_instance.release_server(target.path)  # stops its threads
+            os.close(held)  # lets the file go for another process
+
+        return Connection(client, close)
+
+    return shared_connection(_LOCAL, target.path, lite)
 
 
-def _faults(target: MilvusTarget) -> tuple[Fault, ...]:
+def _faults(target: CollectionTarget) -> tuple[Fault, ...]:
     """Milvus's failures as one-line errors: an unreachable server, a lost connection or a
     call past its timeout a StoreUnavailableError; a refused call a StoreError."""
 
     def message(exc: BaseException) -> str:
         why = " ".join(str(getattr(exc, "message", None) or exc).split())[:200]
-        waits = "" if target.file else f", ?timeout= ({target.timeout:g} s)"
+        waits = "" if target.local else f", ?timeout= ({target.timeout:g} s)"
         return (
-            f"{target.location}: Milvus at {target.file or target.uri} refused or failed "
+            f"{target.location}: Milvus at {target.path or target.url} refused or failed "
             f"({why}): start it, or check the host, port, ?https={waits} and {TOKEN_VARIABLE}"
         )
 
@@ -277,7 +208,7 @@ class _Timed:
 _RELEASED = re.compile(r"[Cc]ollection '([^']+)' is in state 'released'")
 
 
-def _requests(target: MilvusTarget):
+def _requests(target: CollectionTarget):
     """Milvus's errors raised in the block translated (before a store object exists)."""
     return translated(_faults(target))
 
@@ -324,10 +255,10 @@ class _Expression:
         return (not term) if isinstance(term, bool) else f"(not {term})"
 
     def all_of(self, terms: list) -> str | bool:
-        return _joined(terms, "and", absorbing=False)
+        return folded(terms, False, lambda rest: "(" + " and ".join(rest) + ")")
 
     def any_of(self, terms: list) -> str | bool:
-        return _joined(terms, "or", absorbing=True)
+        return folded(terms, True, lambda rest: "(" + " or ".join(rest) + ")")
 
 
 def _equal(key: str, value) -> str:
@@ -345,15 +276,6 @@ def _typed(key: str, part: str, operator: str, value) -> str:
     literal = _quoted(value) if isinstance(value, str) else repr(float(value))
     path = f"{key}[{_quoted(part)}]"
     return f"(exists {path} and {path} {operator} {literal})"
-
-
-def _joined(terms: list, word: str, absorbing: bool) -> str | bool:
-    if any(t is absorbing for t in terms):
-        return absorbing
-    terms = [t for t in terms if not isinstance(t, bool)]
-    if not terms:
-        return not absorbing
-    return terms[0] if len(terms) == 1 else "(" + f" {word} ".join(terms) + ")"
 
 
 def _in(field: str, values: Iterable[str]) -> str:
@@ -389,6 +311,11 @@ class MilvusDocumentStore(AliasedStore):
     _layout, _local_mode = LAYOUT, "lite"
     _ROW = [*PAYLOAD, "tokens", "dense"]
     _faults_of = staticmethod(_faults)
+    _parse_target, _connect = staticmethod(parse_target), staticmethod(_connect)
+
+    @staticmethod
+    def _local_files(target: CollectionTarget) -> bool:
+        return Path(target.path).is_dir()
 
     def _read_record(self) -> None:
         with self._errors():
@@ -565,17 +492,10 @@ class MilvusDocumentStore(AliasedStore):
 def open_existing(target: str, *, backend=None, **_) -> MilvusDocumentStore | None:
     """The densefit store in ``target``'s collection; None when there is none (for Milvus
     Lite, nothing is created then)."""
-    parsed = parse_target(target)
-    if parsed.file is not None and not Path(parsed.file).is_dir():
-        return None
-    backend = checked_backend(backend, CAPABILITIES, "Milvus")
-    return MilvusDocumentStore.opened(parsed, _connect(parsed), backend, None)
+    return MilvusDocumentStore.opened(target, backend, None)
 
 
 def create(target: str, record: StoreRecord, *, backend=None, **_) -> MilvusDocumentStore:
     """A new collection for ``record``'s vectors at ``target`` and its alias; when another
     process created them meanwhile, that one opened."""
-    parsed = parse_target(target)
-    checked_record(record, CAPABILITIES, parsed.location)
-    backend = checked_backend(backend, CAPABILITIES, "Milvus")
-    return MilvusDocumentStore.opened(parsed, _connect(parsed), backend, record)
+    return MilvusDocumentStore.opened(target, backend, record)

@@ -1,27 +1,14 @@
 """The PostgreSQL engine: documents, vectors and BM25 postings in tables of a PostgreSQL
-database with the pgvector extension (``pip install 'densefit[postgres]'``). How it
+database with the pgvector extension (``pip install 'densefit[postgres]'``). Its target
+(``postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE/TABLE[?params]``), its tables and how it
 searches, loads, swaps models and shares a table between processes: docs/search.md,
 "Engines: PostgreSQL + pgvector and Qdrant".
-
-A target is ``postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE/TABLE[?params]``
-(``postgres://`` too; libpq's parameters pass through; TABLE defaults to ``densefit``). A
-store is these tables:
-
-- ``TABLE``: a row per document: id, ``seq`` (its write order, new at each write), text,
-  title, ``meta`` and its typed filter ``fields`` (JSONB), its hashes, stale mark and
-  BM25 length;
-- ``TABLE_v<g>``: the vectors by ``seq`` under an HNSW index (a binary store's sign
-  ``code`` beside them); ``g`` is the record's ``generation``, and a model swap fills the
-  next generation's table beside the live one;
-- ``TABLE_postings`` and ``TABLE_stats``: BM25's postings, and its N and total length;
-- ``TABLE_record``: the model and settings (as the embedded store's meta table), the live
-  generation, the model swaps so far and the swap under way.
 
 >>> parse_target("postgresql://me:secret@db:5432/search/docs?sslmode=require")
 Target(conninfo='postgresql://me:secret@db:5432/search?sslmode=require', table='docs', location='postgresql://me:***@db:5432/search/docs?sslmode=require')
 >>> parse_target("postgres://me@db/search").table
 'densefit'
->>> sql_text(where_clause({"field": "meta.lang", "operator": "==", "value": "en"})[0])
+>>> where_clause({"field": "meta.lang", "operator": "==", "value": "en"})[0].as_string()
 "(fields -> 'meta.lang' ->> 's') = %s"
 """
 
@@ -36,9 +23,9 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial, wraps
+from functools import partial
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -58,9 +45,9 @@ from densefit.retrieval.index.filters import (
     parse_filters,
     typed_fields,
 )
-from densefit.retrieval.index.locking import LOCK_NAME, StoreLockedError, wait_for_lock
+from densefit.retrieval.index.locking import LOCK_NAME, wait_for_lock
 from densefit.retrieval.index.quantized import checked_rescore
-from densefit.retrieval.index.registry import capabilities_of, redacted, scrubbed
+from densefit.retrieval.index.registry import capabilities_of, redacted, require, scrubbed
 from densefit.retrieval.index.swap import (
     MODEL_GENERATION_KEY,
     SWAP_KEY,
@@ -83,7 +70,6 @@ __all__ = [
     "create",
     "open_existing",
     "parse_target",
-    "sql_text",
     "where_clause",
 ]
 
@@ -125,17 +111,12 @@ def _psycopg():
 
 
 def _pgvector():
-    """pgvector's Python types and the registration of their psycopg adapters."""
+    """pgvector's Python types, with the registration of their psycopg adapters."""
     try:
-        import pgvector  # an optional extra: densefit[postgres]
-        from pgvector.psycopg import register_vector  # the same extra
+        import pgvector.psycopg  # an optional extra: densefit[postgres]
     except ImportError:
         raise ImportError(_INSTALL) from None
-    return pgvector, register_vector
-
-
-def _sql():
-    return _psycopg().sql
+    return pgvector
 
 
 # -- the target ------------------------------------------------------------------------------
@@ -152,7 +133,7 @@ class Target:
 
 
 def parse_target(target: str) -> Target:
-    """Split a target (see the module docstring) into what libpq connects to and the
+    """Split a target (see docs/search.md) into what libpq connects to and the
     table; StoreError (one line) for another form or a table name that is not 1-41
     lower-case letters, digits and ``_``."""
     location = redacted(target)
@@ -188,12 +169,10 @@ _CONNECT_FIXES = (  # a failed connection's message (a pattern) -> what to do
 )
 
 
-def _faults(location: str, *, connecting: bool = False) -> tuple[Fault, ...]:
-    """PostgreSQL's error table (:func:`~densefit.retrieval.index.common.translated`): a
-    failed connection says what to fix; a lost server, or a statement it refused, one line."""
+def _faults(location: str) -> tuple[Fault, ...]:
+    """PostgreSQL's error table (:func:`~densefit.retrieval.index.common.translated`): a lost
+    server, or a statement it refused, one line (a failed connection: :func:`_connect`)."""
     psycopg = _psycopg()
-    if connecting:
-        return (Fault(psycopg.OperationalError, lambda exc: _cannot_connect(location, exc)),)
     return (
         Fault(
             lambda exc: isinstance(exc, psycopg.OperationalError) and _lost(exc),
@@ -235,14 +214,14 @@ def _connect(target: Target):
     """A new autocommit connection with pgvector's types registered, or a one-line
     StoreError naming the target and the fix."""
     psycopg = _psycopg()
-    _, register_vector = _pgvector()
     options: dict[str, Any] = {"autocommit": True, "prepare_threshold": None}
     given = {name.split("=")[0] for name in urlsplit(target.conninfo).query.split("&")}
     for name, value in {"connect_timeout": _CONNECT_TIMEOUT, **_TCP_DEFAULTS}.items():
         if name not in given:  # the target's own setting wins
             options[name] = value
+    failed = Fault(psycopg.OperationalError, partial(_cannot_connect, target.location))
     try:
-        with translated(_faults(target.location, connecting=True)):
+        with translated([failed]):
             conn = psycopg.connect(target.conninfo, **options)
     except psycopg.ProgrammingError as exc:  # libpq cannot read the URL: it may quote a secret
         raise StoreError(
@@ -251,10 +230,11 @@ def _connect(target: Target):
             "HOST[:PORT]/DATABASE/TABLE, special characters percent-encoded (%40 for @)"
         ) from None
     # Metadata as the embedded store writes it: values JSON cannot hold as text, no NaN.
-    psycopg.types.json.set_json_dumps(_json_dumps, context=conn)
+    dumps = partial(json.dumps, default=str, allow_nan=False)
+    psycopg.types.json.set_json_dumps(dumps, context=conn)
     try:
         if _pgvector_version(conn) is not None:
-            register_vector(conn)
+            _pgvector().psycopg.register_vector(conn)
     except BaseException:
         conn.close()
         raise
@@ -272,10 +252,6 @@ def _dropped(conn) -> bool:
         return bool(select.select([conn.fileno()], [], [], 0)[0])
     except (OSError, ValueError, _psycopg().Error):
         return True
-
-
-def _json_dumps(value) -> str:
-    return json.dumps(value, default=str, allow_nan=False)
 
 
 def _pgvector_version(conn) -> tuple[int, ...] | None:
@@ -302,19 +278,14 @@ def where_clause(filters: Filter | dict | None):
     by the parse) quoted as literals of a JSON path. ``TRUE`` for no filter.
 
     >>> clause, params = where_clause({"field": "meta.n", "operator": "in", "value": [1, "a"]})
-    >>> sql_text(clause), params
+    >>> clause.as_string(), params
     ("((fields -> 'meta.n' ->> 's') = ANY(%s) OR ((fields -> 'meta.n' ->> 'n')::float8) = ANY(%s))", [['a'], [1.0]])
     """
     parsed = parse_filters(filters, CAPABILITIES)
     if parsed is None:
-        return _sql().SQL("TRUE"), []
+        return _psycopg().sql.SQL("TRUE"), []
     emitter = _Where()
-    return _sql().SQL(emit(parsed, emitter)), emitter.params
-
-
-def sql_text(clause) -> str:
-    """The SQL text of a composed clause (no connection needed), for messages and doctests."""
-    return clause.as_string()
+    return _psycopg().sql.SQL(emit(parsed, emitter)), emitter.params
 
 
 def _typed(field: str, part: str) -> str:
@@ -385,22 +356,11 @@ class _Where:
 # -- the store ------------------------------------------------------------------------------
 
 
-def _locked(method):
-    """Serialise calls on one store object (its connection is shared by a server's threads)."""
-
-    @wraps(method)
-    def locked(self, *args, **kwargs):
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return locked
-
-
 class _Names:
     """The tables, sequence and indexes of one store, as SQL identifiers."""
 
     def __init__(self, table: str):
-        identifier = _sql().Identifier
+        identifier = _psycopg().sql.Identifier
         self.table, self.seq_name = table, f"{table}_seq"
         self.docs, self.seq = identifier(table), identifier(self.seq_name)
         self.postings = identifier(f"{table}_postings")
@@ -413,28 +373,29 @@ class _Names:
         ``args`` and ``parts`` (composed SQL)."""
         names = {"docs": self.docs, "postings": self.postings, "stats": self.stats}
         names.update(record=self.record, seq=self.seq, **parts)
-        return _sql().SQL(template).format(*args, **names)
+        return _psycopg().sql.SQL(template).format(*args, **names)
 
     def index(self, suffix: str):
-        return _sql().Identifier(f"{self.table}_{suffix}")
+        return _psycopg().sql.Identifier(f"{self.table}_{suffix}")
 
     def vectors_name(self, generation: int) -> str:
         return f"{self.table}_v{int(generation)}"
 
     def vectors(self, generation: int):
-        return _sql().Identifier(self.vectors_name(generation))
+        return _psycopg().sql.Identifier(self.vectors_name(generation))
 
     def hnsw_name(self, generation: int) -> str:
         return f"{self.vectors_name(generation)}_hnsw"
 
     def hnsw(self, generation: int):
-        return _sql().Identifier(self.hnsw_name(generation))
+        return _psycopg().sql.Identifier(self.hnsw_name(generation))
 
 
-def _hnsw_spec(kind: str, dim: int, version: tuple[int, ...]) -> tuple[str, str] | None:
-    """``(column, operator class)`` of the HNSW index of ``kind`` vectors of ``dim``
-    dimensions on pgvector ``version``; None where pgvector has none."""
-    if dim > _HNSW_MAX_DIM[kind] or (kind == "binary" and version < _HALFVEC):
+def _hnsw_spec(record: StoreRecord, version: tuple[int, ...]) -> tuple[str, str] | None:
+    """``(column, operator class)`` of the HNSW index of ``record``'s vectors on pgvector
+    ``version``; None where pgvector has none."""
+    kind = record.vector_kind
+    if record.dim > _HNSW_MAX_DIM[kind] or (kind == "binary" and version < _HALFVEC):
         return None
     return {
         "float32": ("embedding", "vector_ip_ops"),
@@ -443,10 +404,12 @@ def _hnsw_spec(kind: str, dim: int, version: tuple[int, ...]) -> tuple[str, str]
     }[kind]
 
 
-def _vector_table_sql(names: _Names, generation: int, kind: str, dim: int):
-    """``CREATE TABLE`` of a vector table: ``seq``, the vector and a binary store's code."""
-    vector = f"{'halfvec' if kind == 'float16' else 'vector'}({int(dim)})"
-    code = f", code bit({int(dim)}) NOT NULL" if kind == "binary" else ""
+def _vector_table_sql(names: _Names, generation: int, record: StoreRecord):
+    """``CREATE TABLE`` of a vector table of ``record``'s vectors: ``seq``, the vector and a
+    binary store's code."""
+    kind, dim = record.vector_kind, int(record.dim)
+    vector = f"{'halfvec' if kind == 'float16' else 'vector'}({dim})"
+    code = f", code bit({dim}) NOT NULL" if kind == "binary" else ""
     return names.sql(
         f"CREATE TABLE {{}} (seq int8 PRIMARY KEY, embedding {vector} NOT NULL{code})",
         names.vectors(generation),
@@ -474,7 +437,7 @@ def _build_memory(rows: int, dim: int, kind: str) -> int:
 
 def _copy(cur, into, types: list[str], rows) -> None:
     """COPY ``rows`` (of the PostgreSQL ``types``) into ``into`` (a table and its columns)."""
-    with cur.copy(_sql().SQL("COPY {} FROM STDIN (FORMAT BINARY)").format(into)) as writer:
+    with cur.copy(_psycopg().sql.SQL("COPY {} FROM STDIN (FORMAT BINARY)").format(into)) as writer:
         writer.set_types(types)
         for row in rows:
             writer.write_row(row)
@@ -482,14 +445,7 @@ def _copy(cur, into, types: list[str], rows) -> None:
 
 class PostgresStore(SwapCoordinator, DatabaseStore):
     """A densefit store in a PostgreSQL table (see the module docstring); get one from
-    :func:`~densefit.retrieval.index.engines.open_store` with a ``postgresql://`` target.
-
-    >>> from densefit.testing import tiny_model
-    >>> from densefit.retrieval.index.engines import open_store
-    >>> store = open_store("postgresql://me@db/search/docs", tiny_model())  # doctest: +SKIP
-    >>> store.capabilities.engine  # doctest: +SKIP
-    'postgresql'
-    """
+    :func:`~densefit.retrieval.index.engines.open_store` with a ``postgresql://`` target."""
 
     capabilities = CAPABILITIES
 
@@ -504,12 +460,8 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
         self._loading = 0  # writer locks this object holds: its writes are a load's
         self.pgvector_version = _pgvector_version(conn)
         self._read_record()
-        kind = self._record.vector_kind
-        if kind not in CAPABILITIES.vector_kinds:
-            raise StoreError(
-                f"{self.location}: the table holds {kind} vectors, which this densefit does "
-                f"not read from PostgreSQL ({', '.join(CAPABILITIES.vector_kinds)})"
-            )
+        kind = self._record.vector_kind  # a table another densefit may have written
+        require(CAPABILITIES, "vector_kinds", f"read {kind} vectors", kind, self.location)
         self.rescore = checked_rescore(rescore, kind, self.location)
         if self._unused:
             self._drop_unused()
@@ -527,28 +479,32 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
     @contextmanager
     def _snapshot(self) -> Iterator:
         """A cursor reading one consistent snapshot (REPEATABLE READ), or in the transaction
-        already open (a search's parts read the same state). The snapshot is taken after a
-        share lock on the record table: what drops a vector table holds that table
-        exclusively, so a snapshot never names a table that is gone."""
-        conn = self._connection()
-        if conn.info.transaction_status != _psycopg().pq.TransactionStatus.IDLE:
-            with conn.cursor(binary=True) as cur:
+        already open (a search's parts read the same state), holding the object's lock (its
+        connection is shared by a server's threads). The snapshot is taken after a share
+        lock on the record table: what drops a vector table holds that table exclusively, so
+        a snapshot never names a table that is gone."""
+        with self._lock:
+            conn = self._connection()
+            if conn.info.transaction_status != _psycopg().pq.TransactionStatus.IDLE:
+                with conn.cursor(binary=True) as cur:
+                    yield cur
+                return
+            with self._errors(), conn.transaction(), conn.cursor(binary=True) as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                cur.execute(self._names.sql("LOCK TABLE {record} IN ACCESS SHARE MODE"))
                 yield cur
-            return
-        with self._errors(), conn.transaction(), conn.cursor(binary=True) as cur:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            cur.execute(self._names.sql("LOCK TABLE {record} IN ACCESS SHARE MODE"))
-            yield cur
 
     def _rows(self, template: str, params: Sequence = (), *, live: bool = False, **parts):
         """The rows of the query ``template`` (:meth:`_Names.sql`, ``parts`` filling its other
         fields) read in a snapshot; ``live``: with the record read, ``{vectors}`` is the live
-        vector table and ``{embedding}`` its vectors as float32."""
+        vector table, ``{embedding}`` its vectors as float32 and ``{pending}`` true for a
+        document ``d`` the swap under way has no vector of (:meth:`_without_next`)."""
         with self._snapshot() as cur:
             if live:
                 self._load(cur)
-                embedding = _sql().SQL(self._float32_embedding())
-                parts.update(vectors=self._vectors(), embedding=embedding)
+                embedding = _psycopg().sql.SQL(self._float32_embedding())
+                pending = self._without_next(self._swap)
+                parts.update(vectors=self._vectors(), embedding=embedding, pending=pending)
             return cur.execute(self._names.sql(template, **parts), params).fetchall()
 
     @contextmanager
@@ -567,21 +523,17 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
         vector table or index needs. Skipped (False) while an index is being built (its
         build must not wait on a drop), or when searches hold the record longer than
         :data:`_DROP_WAIT`."""
-        with self._lock:
-            conn = self._connection()
-            with self._errors():
-                try:
-                    with conn.transaction(), conn.cursor() as cur:
-                        cur.execute("SELECT pg_advisory_xact_lock(%s)", (self._write_key,))
-                        cur.execute("SELECT pg_try_advisory_xact_lock(%s)", (self._build_key,))
-                        if not cur.fetchone()[0]:
-                            return False
-                        cur.execute("SELECT set_config('lock_timeout', %s, TRUE)", (_DROP_WAIT,))
-                        cur.execute(self._names.sql("LOCK TABLE {record} IN ACCESS EXCLUSIVE MODE"))
-                        self._load(cur)
-                        return bool(work(cur))
-                except _psycopg().errors.LockNotAvailable:
-                    return False
+        with self._writing() as cur:
+            if not _try_lock(cur, self._build_key, xact=True):
+                return False
+            try:
+                with cur.connection.transaction():  # a savepoint: a wait given up rolls back to it
+                    cur.execute("SELECT set_config('lock_timeout', %s, TRUE)", (_DROP_WAIT,))
+                    cur.execute(self._names.sql("LOCK TABLE {record} IN ACCESS EXCLUSIVE MODE"))
+                    self._load(cur)
+                    return bool(work(cur))
+            except _psycopg().errors.LockNotAvailable:
+                return False
 
     # -- the record ------------------------------------------------------------------------
 
@@ -598,7 +550,7 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
         self._deferred = meta.get(INDEX_KEY) == DEFERRED
 
     def _read_record(self) -> None:
-        with self._lock, self._snapshot() as cur:
+        with self._snapshot() as cur:
             self._load(cur)
 
     def _set_meta(self, cur, values: dict[str, str], drop: Sequence[str] = ()) -> None:
@@ -630,47 +582,37 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
             return f"embedding::vector({int(self._record.dim)})"
         return "embedding"
 
-    def _index_spec(self, record: StoreRecord | None = None) -> tuple[str, str] | None:
-        record = record or self._record
-        return _hnsw_spec(record.vector_kind, record.dim, self.pgvector_version)
-
     # -- reading ---------------------------------------------------------------------------
 
-    @_locked
     def count(self) -> int:
         return int(self._rows("SELECT documents FROM {stats}")[0][0])
 
-    @_locked
     def count_matching(self, filters: Filter | dict | None = None) -> int:
         where, params = where_clause(filters)
         query = "SELECT count(*) FROM {docs} WHERE {where}"
         return int(self._rows(query, params, where=where)[0][0])
 
-    @_locked
     def get(self, ids: Sequence[str]) -> list[Document | None]:
         ids = list(ids)
         rows = self._rows("SELECT id, text, title, meta FROM {docs} WHERE id = ANY(%s)", (ids,))
         found = {row[0]: Document(*row) for row in rows}
         return [found.get(i) for i in ids]
 
-    @_locked
     def hashes(self, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
         query = "SELECT id, text_hash, meta_hash FROM {docs} WHERE id = ANY(%s)"
         return {i: (th, mh) for i, th, mh in self._rows(query, (list(ids),))}
 
-    @_locked
     def _ids_after(self, last: str, limit: int) -> list[str]:
         query = "SELECT id FROM {docs} WHERE id > %s ORDER BY id LIMIT %s"
         return [i for (i,) in self._rows(query, (last, limit))]
 
-    @_locked
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
         ids = list(ids)
         query = "SELECT d.id, {embedding} FROM {docs} d JOIN {vectors} USING (seq) "
-        rows = self._rows(query + "WHERE d.id = ANY(%s)", (ids,), live=True)
-        return ordered_vectors(ids, {i: v.to_numpy() for i, v in rows}, self.dim)
+        with self._lock:  # the dimension of the record the rows were read with
+            rows = self._rows(query + "WHERE d.id = ANY(%s)", (ids,), live=True)
+            return ordered_vectors(ids, {i: v.to_numpy() for i, v in rows}, self.dim)
 
-    @_locked
     def vectors_for_texts(self, hashes: Sequence[str]) -> dict[str, np.ndarray]:
         """A current (not stale) stored vector per text hash, the earliest written."""
         query = (
@@ -681,14 +623,12 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
         rows = self._rows(query, (list(set(hashes)),), live=True)
         return {h: v.to_numpy().astype(np.float32) for h, v in rows}
 
-    @_locked
     def filter_documents(self, filters: Filter | dict | None = None) -> list[Document]:
         """The matches in write order (an updated document counts as written last)."""
         where, params = where_clause(filters)
         query = "SELECT id, text, title, meta FROM {docs} WHERE {where} ORDER BY seq"
         return [Document(*row) for row in self._rows(query, params, where=where)]
 
-    @_locked
     def index_meta_field(self, field: str) -> None:
         """Expression indexes on the metadata field ``field`` (``"meta.lang"``): its string
         and its number, which ``==``, ``in`` and ``>``-style filters compare. Idempotent."""
@@ -697,7 +637,7 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
         with self._writing() as cur:
             for part in ("s", "n"):
                 index = self._names.index(f"f{name}{part}")
-                typed = _sql().SQL(_typed(field, part))
+                typed = _psycopg().sql.SQL(_typed(field, part))
                 cur.execute(
                     self._names.sql("CREATE INDEX IF NOT EXISTS {} ON {docs} (({}))", index, typed)
                 )
@@ -711,7 +651,6 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
         with self._writing() as cur:
             cur.execute(self._names.sql("UPDATE {docs} SET stale = TRUE"))
 
-    @_locked
     def _stale(self, ids: list[str] | None) -> list[str]:
         among = "" if ids is None else " AND id = ANY(%s)"
         query = f"SELECT id FROM {{docs}} WHERE stale{among} ORDER BY seq"
@@ -769,12 +708,12 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
     def _after_write(self) -> None:
         """The HNSW index a write deferred, built now unless a load (a writer lock) goes on."""
         if self._deferred and not self._loading:
-            self._build_deferred_index()
+            self.flush()
 
     def _copy_vectors(self, cur, table, seqs: Sequence[int], vectors: np.ndarray) -> None:
         """COPY ``(seq, vector[, code])`` rows into the vector table ``table`` (this store's
         vector kind: a model swap keeps it)."""
-        pgvector, _ = _pgvector()
+        pgvector = _pgvector()
         kind = self._record.vector_kind
         half = kind == "float16"
         vector = pgvector.HalfVector if half else pgvector.Vector
@@ -820,38 +759,41 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
                 cur.execute(names.sql("DELETE FROM {} WHERE seq = ANY(%s)", table), (seqs,))
         return gone
 
+    @contextmanager
     def writer_lock(
         self, timeout: float | None = None, *, name: str | None = None, doing: str | None = None
-    ) -> AbstractContextManager:
-        """Hold the store's lock ``name`` (the writer lock by default) across processes: an
-        advisory lock the server drops when its holder exits, killed or not. While this
-        object holds the writer lock its writes are a load's (:meth:`flush` builds the index)."""
+    ) -> Iterator[None]:
+        """Hold the store's lock ``name`` (the writer lock by default) across processes: a
+        session-level advisory lock keyed by the table and ``name``, on a connection of its
+        own whose application name says who holds it, which the server drops when its holder
+        exits, killed or not. While this object holds the writer lock its writes are a
+        load's (:meth:`flush` builds the index)."""
         name = name or LOCK_NAME
-        doing = doing or "writing to this store"
-        lock = _advisory_lock(self._target, timeout=timeout, name=name, doing=doing)
-        return lock if name != LOCK_NAME else self._loading_under(lock)
-
-    @contextmanager
-    def _loading_under(self, lock: AbstractContextManager) -> Iterator[None]:
-        with lock:
+        key = _lock_key(self._target.table, name)
+        load = int(name == LOCK_NAME)  # 1: while it is held, this object's writes are a load's
+        conn = _connect(self._target)
+        try:
+            since = time.strftime("%H:%M:%S")
+            me = f"densefit pid {os.getpid()} on {socket.gethostname()} since {since}"[:63]
+            conn.execute("SELECT set_config('application_name', %s, FALSE)", (me,))
+            lock, holder = partial(_try_lock, conn, key), partial(_holder, conn, key)
+            wait_for_lock(lock, holder, self.location, doing or "writing to this store", timeout)
             with self._lock:
-                self._loading += 1
+                self._loading += load
             try:
                 yield
             finally:
                 with self._lock:
-                    self._loading -= 1
+                    self._loading -= load
+        finally:
+            conn.close()  # the server drops the lock with the session
 
     # -- the HNSW index: deferred by a load, built in one pass ------------------------------
-
-    def flush(self) -> None:
-        """Build the HNSW index a load deferred (documents are durable once written)."""
-        self._build_deferred_index()
 
     def _defer_index(self, n: int, prepared_for: int) -> None:
         """Drop the live table's HNSW index when ``n`` documents are at least as many as the
         store holds (a load), and record it deferred, in one transaction."""
-        if self._index_spec() is None:
+        if _hnsw_spec(self._record, self.pgvector_version) is None:
             return
 
         def drop(cur) -> bool:
@@ -868,8 +810,9 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
 
         self._exclusive(drop)
 
-    def _build_deferred_index(self) -> None:
-        """Build the live table's HNSW index if a load deferred it, then record it built."""
+    def flush(self) -> None:
+        """Build the live table's HNSW index if a load deferred it, then record it built
+        (documents are durable once written)."""
         with self._lock:
             self._read_record()
             deferred, generation, record = self._deferred, self._generation, self._record
@@ -888,7 +831,7 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
         connection of its own, under the table's build lock, ``maintenance_work_mem`` raised
         to hold the graph. Whether the index exists (False: pgvector has none for these
         vectors, or the table is gone)."""
-        spec = self._index_spec(record)
+        spec = _hnsw_spec(record, self.pgvector_version)
         if spec is None:
             return False
         names = self._names
@@ -947,41 +890,32 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
                 generation += 1
         elif _exists(cur.connection, names.vectors_name(generation)):
             return generation
-        cur.execute(_vector_table_sql(names, generation, record.vector_kind, record.dim))
+        cur.execute(_vector_table_sql(names, generation, record))
         return generation
 
     def _drop_generation(self, cur, swap: SwapTarget) -> None:
         self._unused = [*self._unused, swap.generation]  # dropped by _swap_changed
         self._set_meta(cur, {UNUSED_KEY: json.dumps(self._unused)})
 
-    def _without_next(self, generation: int):
-        """SQL true for a document ``d`` with no vector in generation ``generation``'s table."""
+    def _without_next(self, swap: SwapTarget | None):
+        """SQL true for a document ``d`` with no vector in ``swap``'s table (None: false)."""
+        if swap is None:
+            return _psycopg().sql.SQL("FALSE")
         query = "NOT EXISTS (SELECT 1 FROM {} n WHERE n.seq = d.seq)"
-        return self._names.sql(query, self._names.vectors(generation))
+        return self._names.sql(query, self._names.vectors(swap.generation))
 
-    def _pending(self, template: str, params: Sequence, empty: list) -> list:
-        """The rows of ``template`` where ``{pending}`` is true for the documents the swap
-        under way has no vector of, read in a snapshot; ``empty`` when none is under way."""
-        with self._lock, self._snapshot() as cur:  # in the swap's transaction when one is open
-            self._load(cur)
-            if self._swap is None:
-                return empty
-            pending = self._without_next(self._swap.generation)
-            return cur.execute(self._names.sql(template, pending=pending), params).fetchall()
-
+    # {pending}: for the swap that the record read in the open transaction (or a snapshot) names
     def _pending_rows(self, swap: SwapTarget, after_row: int, limit: int) -> list:
         query = "SELECT d.seq, d.id, d.text FROM {docs} d WHERE d.seq > %s AND {pending} "
-        rows = self._pending(query + "ORDER BY d.seq LIMIT %s", (after_row, limit), [])
+        rows = self._rows(query + "ORDER BY d.seq LIMIT %s", (after_row, limit), live=True)
         return [(int(s), i, t) for s, i, t in rows]
 
     def _count_pending(self, swap: SwapTarget) -> int:
-        return int(self._pending("SELECT count(*) FROM {docs} d WHERE {pending}", (), [(0,)])[0][0])
+        return int(self._rows("SELECT count(*) FROM {docs} d WHERE {pending}", live=True)[0][0])
 
     def _put_next(self, cur, swap: SwapTarget, pending: list, vectors: np.ndarray) -> int:
         query = "SELECT d.seq, d.id FROM {docs} d WHERE d.seq = ANY(%s) AND {pending}"
-        pending_sql = self._without_next(swap.generation)
-        cur.execute(self._names.sql(query, pending=pending_sql), ([row for row, _ in pending],))
-        current = dict(cur.fetchall())
+        current = dict(self._rows(query, ([row for row, _ in pending],), live=True))
         keep = [k for k, (row, i) in enumerate(pending) if current.get(row) == i]
         if keep:
             next_table = self._names.vectors(swap.generation)
@@ -1023,13 +957,9 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
 
     # -- searching -------------------------------------------------------------------------
 
-    @contextmanager
-    def _reading(self) -> Iterator[None]:
-        with self._lock, self._snapshot():  # a search's parts read one snapshot
-            yield
+    _reading = _snapshot  # a search's parts read one snapshot
 
-    def _where(self, filters: Filter):
-        return where_clause(filters)
+    _where = staticmethod(where_clause)
 
     def _dense(self, queries: np.ndarray, k: int, where) -> list[tuple[np.ndarray, np.ndarray]]:
         """The best ``k`` rows per query by inner product: through the HNSW index
@@ -1037,17 +967,17 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
         or a scan of the (matching) rows. A binary store takes ``rescore x k`` candidates
         by the Hamming distance of the codes (its HNSW index on pgvector >= 0.7, else a
         scan) and ranks them by their float32 vectors."""
-        pgvector, _ = _pgvector()
+        pgvector = _pgvector()
         kind = self._record.vector_kind
         depth = k * self.rescore if kind == "binary" else k  # what the index must find
         exact = (
             self.backend_name == "exact"
             or where is not None
             or depth > _EF_SEARCH_MAX
-            or self._index_spec() is None
+            or _hnsw_spec(self._record, self.pgvector_version) is None
             or self._deferred  # a load has not built it yet
         )
-        clause, params = where if where is not None else (_sql().SQL("TRUE"), [])
+        clause, params = where if where is not None else (_psycopg().sql.SQL("TRUE"), [])
         source = self._vectors()
         if where is not None:  # the filter's fields are the documents'
             source = self._names.sql("{} JOIN {docs} USING (seq)", source)
@@ -1083,7 +1013,7 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
                 scores = -np.array([d for _, d in rows], dtype=np.float64)
                 results.append((keys, scores.astype(np.float32)))
             for name in settings:  # BM25 and the hits read on in this transaction
-                cur.execute(_sql().SQL(f"RESET {name}"))
+                cur.execute(_psycopg().sql.SQL(f"RESET {name}"))
         return results
 
     def _lexical(self, texts: list[str], k: int, where) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -1128,12 +1058,12 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
 
     # -- closing ---------------------------------------------------------------------------
 
-    @_locked
     def close(self) -> None:
         """Close the connection (idempotent); documents are durable once written."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def drop(self) -> None:
         """Drop the store's tables (every generation's vectors too) and its sequence in one
@@ -1146,16 +1076,10 @@ class PostgresStore(SwapCoordinator, DatabaseStore):
                 (f"^{names.table}_v[0-9]+$",),
             )
             tables = [names.docs, names.postings, names.stats, names.record]
-            tables += [_sql().Identifier(name) for (name,) in cur.fetchall()]  # the vectors
+            tables += [_psycopg().sql.Identifier(name) for (name,) in cur.fetchall()]  # the vectors
             query = "DROP TABLE IF EXISTS {}; DROP SEQUENCE IF EXISTS {seq}"
-            cur.execute(names.sql(query, _sql().SQL(", ").join(tables)))
+            cur.execute(names.sql(query, _psycopg().sql.SQL(", ").join(tables)))
         self.close()
-
-    def __repr__(self) -> str:
-        return (
-            f"PostgresStore({self.location!r}, model={self.model_name!r}, dim={self.dim}, "
-            f"backend={self.backend_name!r})"
-        )
 
 
 def _checked_text(document: Document) -> str:
@@ -1179,38 +1103,15 @@ def _checked_meta(document: Document) -> dict:
 def _codes(vectors: np.ndarray) -> list:
     """Each vector's sign bits (``x > 0``, as the embedded store's binary codes) as
     pgvector's ``Bit``."""
-    pgvector, _ = _pgvector()
+    pgvector = _pgvector()
     return [pgvector.Bit(row) for row in np.asarray(vectors) > 0]
 
 
-def _check_backend(backend, location: str) -> str:
-    if backend is None or backend in CAPABILITIES.backends:
-        return backend or CAPABILITIES.backends[0]
-    raise CapabilityError(
-        f"{location}: PostgreSQL searches by backend 'hnsw' (its HNSW index) or 'exact' "
-        f"(a scan of every row), not {backend!r}"
-    )
-
-
-@contextmanager
-def _advisory_lock(target: Target, *, timeout: float | None, name: str, doing: str):
-    """A session-level advisory lock keyed by the table and ``name``, on a connection of
-    its own whose application name says who holds it."""
-    key = _lock_key(target.table, name)
-    conn = _connect(target)
-    try:
-        since = time.strftime("%H:%M:%S")
-        me = f"densefit pid {os.getpid()} on {socket.gethostname()} since {since}"[:63]
-        conn.execute("SELECT set_config('application_name', %s, FALSE)", (me,))
-        lock, holder = partial(_try_lock, conn, key), partial(_holder, conn, key)
-        wait_for_lock(lock, holder, target.location, doing, timeout)
-        yield
-    finally:
-        conn.close()  # the server drops the lock with the session
-
-
-def _try_lock(conn, key: int) -> bool:
-    return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0])
+def _try_lock(conn, key: int, *, xact: bool = False) -> bool:
+    """Whether the advisory lock ``key`` was free and is now held: until the transaction
+    ends (``xact``) or the session does."""
+    function = "pg_try_advisory_xact_lock" if xact else "pg_try_advisory_lock"
+    return bool(conn.execute(f"SELECT {function}(%s)", (key,)).fetchone()[0])
 
 
 def _holder(conn, key: int) -> str:
@@ -1230,17 +1131,11 @@ def _holder(conn, key: int) -> str:
 # -- the engine's functions (densefit.retrieval.index.engines) ---------------------------------
 
 
-def open_existing(
-    target: str,
-    *,
-    backend: str | None = None,
-    rescore: int | None = None,
-    lock_timeout: float | None = None,
-) -> PostgresStore | None:
+def open_existing(target: str, *, backend=None, rescore=None, **_) -> PostgresStore | None:
     """The store in the target's table; None when the database holds none there;
     StoreError when the table exists but is not a densefit store, or the server cannot be
-    reached."""
-    return _open(target, None, backend, rescore, lock_timeout)
+    reached. ``lock_timeout`` does not apply."""
+    return _open(target, None, backend, rescore, None)
 
 
 def create(
@@ -1259,25 +1154,19 @@ def create(
 
 def _open(target, record: StoreRecord | None, backend, rescore, lock_timeout):
     parsed = parse_target(target)
-    backend = _check_backend(backend, parsed.location)
+    if backend is not None:
+        require(CAPABILITIES, "backends", f"search by {backend!r}", str(backend), parsed.location)
     if record is not None:
         checked_rescore(rescore, record.vector_kind, parsed.location)
     conn = _connect(parsed)
     try:
         if record is not None:
             registered = _pgvector_version(conn) is not None  # _connect registered its types
-            try:
-                with conn.transaction():
-                    if lock_timeout is not None:
-                        wait = f"{max(1, int(lock_timeout * 1000))}ms"
-                        conn.execute("SELECT set_config('lock_timeout', %s, TRUE)", (wait,))
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("create"),))
-                    _create_tables(conn, parsed, record)
-            except _psycopg().errors.LockNotAvailable:
-                raise StoreLockedError(
-                    f"{parsed.location}: another process is still creating a store after "
-                    f"{lock_timeout:g}s: wait for it to finish, or raise --lock-timeout"
-                ) from None
+            with conn.transaction():  # one creator at a time in the database
+                key = _lock_key("create")
+                lock, holder = partial(_try_lock, conn, key, xact=True), partial(_holder, conn, key)
+                wait_for_lock(lock, holder, parsed.location, "creating a store", lock_timeout)
+                _create_tables(conn, parsed, record)
             if not registered:  # the extension is new: register its types on a new connection
                 conn.close()
                 conn = _connect(parsed)
@@ -1285,6 +1174,7 @@ def _open(target, record: StoreRecord | None, backend, rescore, lock_timeout):
             _check_free(conn, parsed, parsed.table)
             conn.close()
             return None
+        backend = backend or CAPABILITIES.backends[0]
         return PostgresStore(parsed, conn, backend=backend, rescore=rescore)
     except BaseException:
         conn.close()
@@ -1330,8 +1220,7 @@ def _create_tables(conn, target: Target, record: StoreRecord) -> None:
         with translated([no_pgvector]), conn.transaction():
             conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         version = _pgvector_version(conn)
-    kind, dim = record.vector_kind, int(record.dim)
-    if kind == "float16" and version < _HALFVEC:
+    if record.vector_kind == "float16" and version < _HALFVEC:
         raise CapabilityError(
             f"{target.location}: the server's pgvector {'.'.join(map(str, version))} has no "
             "halfvec type (0.7 added it): store float32 vectors, or upgrade pgvector"
@@ -1356,8 +1245,8 @@ def _create_tables(conn, target: Target, record: StoreRecord) -> None:
             **{part: names.index(part) for part in ("by_seq", "text_hash", "postings_seq")},
         )
     )
-    conn.execute(_vector_table_sql(names, 0, kind, dim))
-    spec = _hnsw_spec(kind, dim, version)
+    conn.execute(_vector_table_sql(names, 0, record))
+    spec = _hnsw_spec(record, version)
     if spec is not None:
         conn.execute(_hnsw_sql(names, 0, spec, concurrently=False))
     with conn.cursor() as cur:

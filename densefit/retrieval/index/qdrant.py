@@ -23,7 +23,7 @@ collection). Run here: local mode (``tests/test_qdrant.py``); a server by the sa
 'meta_drelease_sdate'
 >>> parse_target("qdrant://db.example:6334/docs?https=true").collection
 'docs'
->>> parse_target("qdrant:runs/q").folder, parse_target("qdrant:runs/q").collection
+>>> parse_target("qdrant:runs/q").path, parse_target("qdrant:runs/q").collection
 ('runs/q', 'densefit')
 """
 
@@ -32,14 +32,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
+import re
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
@@ -52,33 +49,33 @@ from densefit.retrieval.index.aliased import (
     STORE_KEY,
     VERSION,
     AliasedStore,
-    checked_backend,
-    checked_record,
+    CollectionTarget,
+    Connection,
     generation_collection,
     nothing,
+    parse_collection_target,
     ranked,
+    shared_connection,
 )
-from densefit.retrieval.index.common import Fault, translated
+from densefit.retrieval.index.common import Fault
 from densefit.retrieval.index.filters import (
     Comparison,
     Filter,
     date_seconds,
     emit,
+    folded,
     json_text,
     meta_path,
     parse_filters,
     typed_fields,
 )
-from densefit.retrieval.index.registry import capabilities_of, redacted
+from densefit.retrieval.index.registry import capabilities_of
 from densefit.retrieval.index.request import Ranked
 from densefit.retrieval.index.types import StoreError, StoreRecord, StoreUnavailableError
 
 __all__ = [
     "CAPABILITIES",
-    "EVERYTHING",
-    "NOTHING",
     "QdrantDocumentStore",
-    "QdrantTarget",
     "compile_filter",
     "create",
     "field_key",
@@ -92,10 +89,8 @@ CAPABILITIES = capabilities_of("qdrant")  # declared in its registry row
 
 DENSE = "dense"  # the named dense vector
 SPARSE = "bm25"  # the named sparse vector
-DEFAULT_COLLECTION = "densefit"
 DEFAULT_PORT = 6333
 API_KEY_VARIABLE = "QDRANT_API_KEY"
-DEFAULT_TIMEOUT = 10  # seconds a request to a server may take, unless the target's ?timeout=
 LAYOUT = "densefit-qdrant/1"  # metadata key "layout": the rows of aliased.py as points
 AVGDL_KEY = "bm25_avgdl"  # metadata: the average document length BM25 weights are made with
 _NAMESPACE = uuid.UUID("6f0b5e1c-3d0a-5a43-9a1e-2f4e0d9c7b11")  # point ids: uuid5(this, id)
@@ -115,184 +110,73 @@ def _client_module():
 
 
 def _models():
-    _client_module()
-    from qdrant_client import models  # the optional extra, checked just above
-
-    return models
+    return _client_module().models
 
 
 # -- targets ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class QdrantTarget:
-    """Where a Qdrant store lives: a server (``host``, ``port``, ``https``) or a local-mode
-    ``folder``, and the ``collection``; ``location`` is the target as shown (redacted)."""
-
-    location: str
-    collection: str
-    folder: str | None = None
-    host: str | None = None
-    port: int = DEFAULT_PORT
-    https: bool = False
-    timeout: float = DEFAULT_TIMEOUT
-
-    @property
-    def local(self) -> bool:
-        return self.folder is not None
-
-
-def _checked_collection(name: str, location: str) -> str:
-    if not (1 <= len(name) <= 64) or any(
-        not (c.isascii() and (c.isalnum() or c in "_-")) for c in name
-    ):
-        raise StoreError(
-            f"{location}: collection name {name!r} is not 1 to 64 letters, digits, '_' or '-': "
-            "pick a name like docs_v1"
-        )
-    return name
-
-
-def parse_target(target: str) -> QdrantTarget:
-    """The :class:`QdrantTarget` a ``qdrant:`` target names (see the module docstring), or a
-    one-line :class:`~densefit.retrieval.index.types.StoreError` saying what to write.
+def parse_target(target: str) -> CollectionTarget:
+    """The :class:`~densefit.retrieval.index.aliased.CollectionTarget` a ``qdrant:`` target
+    names (see the module docstring), or a one-line StoreError saying what to write.
 
     >>> parse_target("qdrant://localhost/docs").port
     6333
-    >>> parse_target("qdrant:///srv/q?collection=scifact").folder
+    >>> parse_target("qdrant:///srv/q?collection=scifact").path
     '/srv/q'
     >>> parse_target("qdrant://localhost/my docs")
     Traceback (most recent call last):
     ...
     densefit.retrieval.index.types.StoreError: qdrant://localhost/my docs: collection name 'my docs' is not 1 to 64 letters, digits, '_' or '-': pick a name like docs_v1
     """
-    location = redacted(target)  # what messages show; the target itself is parsed
-    if not str(target).lower().startswith("qdrant:"):
-        raise StoreError(f"{location} is not a Qdrant target: write qdrant://HOST:PORT/COLLECTION")
-    parts = urlsplit(str(target))
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    server = str(target)[len("qdrant:") :].startswith("//") and bool(parts.netloc)
-    if server:
-        return _server_target(location, parts, options)
-    unknown = sorted(set(options) - {"collection"})
-    if unknown:
-        raise StoreError(
-            f"{location}: unknown option {unknown[0]!r}: a local Qdrant folder takes "
-            "?collection=NAME only"
-        )
-    folder = parts.path
-    if not folder:
-        raise StoreError(
-            f"{location}: no folder: write qdrant:FOLDER (local mode) or "
-            "qdrant://HOST:PORT/COLLECTION (a server)"
-        )
-    collection = options.get("collection", DEFAULT_COLLECTION)
-    return QdrantTarget(location, _checked_collection(collection, location), folder=folder)
-
-
-def _server_target(location: str, parts, options: dict) -> QdrantTarget:
-    if parts.username is not None or parts.password is not None:
-        raise StoreError(
-            f"{location}: a Qdrant target takes no user or key: set the API key in the "
-            f"environment variable {API_KEY_VARIABLE}"
-        )
-    try:
-        port = parts.port or DEFAULT_PORT
-    except ValueError:
-        raise StoreError(f"{location}: the port is not a number from 1 to 65535") from None
-    unknown = sorted(set(options) - {"https", "timeout"})
-    if unknown:
-        raise StoreError(
-            f"{location}: unknown option {unknown[0]!r}: a Qdrant server target takes "
-            "?https=true and ?timeout=SECONDS only"
-        )
-    try:
-        timeout = float(options.get("timeout", DEFAULT_TIMEOUT))
-    except ValueError:
-        timeout = -1.0
-    if not 0 < timeout < float("inf"):
-        raise StoreError(f"{location}: timeout must be a number of seconds above 0")
-    https = options.get("https", "false").lower()
-    if https not in ("true", "false", "1", "0"):
-        raise StoreError(f"{location}: https must be true or false, got {https!r}")
-    name = parts.path.strip("/")
-    if not name:
-        raise StoreError(
-            f"{location}: no collection: write qdrant://{parts.netloc}/COLLECTION "
-            "(a name of letters, digits, '_' and '-')"
-        )
-    return QdrantTarget(
-        location,
-        _checked_collection(name, location),
-        host=parts.hostname,
-        port=port,
-        https=https in ("true", "1"),
-        timeout=timeout,
+    return parse_collection_target(
+        target,
+        "Qdrant",
+        port=DEFAULT_PORT,
+        local="FOLDER",
+        secret=("API key", API_KEY_VARIABLE),
+        names=(re.compile(r"[A-Za-z0-9_-]{1,64}"), "1 to 64 letters, digits, '_' or '-'"),
     )
 
 
 # -- connections: a server's client, or local mode's one client per folder and process ----
 
 
-class _Connection:
-    """A client and the locks its stores share; :meth:`release` when a store closes."""
-
-    def __init__(self, client, *, local: bool, key: str | None = None):
-        self.client, self.local, self.key, self.users = client, local, key, 1
-        self.lock = threading.RLock()  # local mode: one call at a time on the client
-        self.writers: dict[str, threading.RLock] = {}  # local mode's, by name
-
-    def release(self) -> None:
-        if not self.local:
-            return self.client.close()
-        with _LOCAL_LOCK:
-            self.users -= 1
-            if self.users == 0:
-                _LOCAL.pop(self.key, None)
-                with self.lock:
-                    self.client.close()
+_LOCAL: dict[str, Connection] = {}  # local mode: the open client of each process and folder
 
 
-_LOCAL: dict[str, _Connection] = {}  # local mode: the open client of each process and folder
-_LOCAL_LOCK = threading.Lock()
-
-
-def _connect(target: QdrantTarget) -> _Connection:
+def _connect(target: CollectionTarget) -> Connection:
     """A connection to ``target``'s server or folder (the folder is created if missing)."""
     qdrant_client = _client_module()
-    if target.local:
-        key = f"{os.getpid()}:{os.path.realpath(target.folder)}"  # a forked child: its own
-        with _LOCAL_LOCK:
-            found = _LOCAL.get(key)
-            if found is not None:
-                found.users += 1
-                return found
-            try:
-                client = qdrant_client.QdrantClient(
-                    path=target.folder, force_disable_check_same_thread=True
-                )
-            except RuntimeError as exc:
-                if "already accessed" not in str(exc):
-                    raise
-                raise StoreError(
-                    f"{target.location}: another process has this Qdrant folder open (local "
-                    "mode lets one process open it): stop that process, or serve the "
-                    "collection from a Qdrant server (qdrant://HOST:PORT/COLLECTION)"
-                ) from None
-            connection = _LOCAL[key] = _Connection(client, local=True, key=key)
-            return connection
-    client = qdrant_client.QdrantClient(
-        host=target.host,
-        port=target.port,
-        https=target.https,
-        api_key=os.environ.get(API_KEY_VARIABLE) or None,
-        check_compatibility=False,
-        timeout=target.timeout,
-    )
-    return _Connection(client, local=False)
+    if not target.local:
+        client = qdrant_client.QdrantClient(
+            host=target.host,
+            port=target.port,
+            https=target.https,
+            api_key=os.environ.get(API_KEY_VARIABLE) or None,
+            check_compatibility=False,
+            timeout=target.timeout,
+        )
+        return Connection(client)
+
+    def local() -> Connection:
+        try:
+            return Connection(
+                qdrant_client.QdrantClient(path=target.path, force_disable_check_same_thread=True)
+            )
+        except RuntimeError as exc:
+            if "already accessed" not in str(exc):
+                raise
+            raise StoreError(
+                f"{target.location}: another process has this Qdrant folder open (local "
+                "mode lets one process open it): stop that process, or serve the "
+                "collection from a Qdrant server (qdrant://HOST:PORT/COLLECTION)"
+            ) from None
+
+    return shared_connection(_LOCAL, target.path, local)
 
 
-def _server_error(target: QdrantTarget, exc: Exception) -> StoreError:
+def _server_error(target: CollectionTarget, exc: Exception) -> StoreError:
     """A one-line error for a failed request to ``target``'s server: a refused key or
     request a StoreError; an unreachable, lost or timed-out server, or its 502/503/504, a
     StoreUnavailableError."""
@@ -303,35 +187,26 @@ def _server_error(target: QdrantTarget, exc: Exception) -> StoreError:
             f"{API_KEY_VARIABLE} to an API key that may use collection {target.collection!r}"
         )
     why = " ".join(str(exc).split())[:200] or type(exc).__name__
-    scheme = "https" if target.https else "http"
     error = StoreError if status is not None and status not in (502, 503, 504) else None
     error = error or StoreUnavailableError  # no answer (refused, lost, timed out) or busy
     return error(
-        f"{target.location}: cannot use the Qdrant server at {scheme}://{target.host}:"
-        f"{target.port} ({why}): start it, or check the host, port, ?https= and "
+        f"{target.location}: cannot use the Qdrant server at {target.url} ({why}): start "
+        "it, or check the host, port, ?https= and "
         f"{API_KEY_VARIABLE}"
     )
 
 
-def _faults(target: QdrantTarget) -> tuple[Fault, ...]:
+def _faults(target: CollectionTarget) -> tuple[Fault, ...]:
     """Qdrant's error table (:func:`~densefit.retrieval.index.common.translated`): local
     mode's full disk or read-only folder as its StorageFault; a server's failures
     (unreachable, refused, an error answer) as one line saying what to check."""
     if target.local:
-        return (Fault(Exception, lambda exc: storage_fault(exc, target.folder)),)
-    return (Fault(_is_request_error, lambda exc: _server_error(target, exc)),)
-
-
-def _requests(target: QdrantTarget) -> AbstractContextManager:
-    """Qdrant's errors raised in the block translated (before a store object exists)."""
-    return translated(_faults(target))
-
-
-def _is_request_error(exc: Exception) -> bool:
+        return (Fault(Exception, lambda exc: storage_fault(exc, target.path)),)
     # the optional extra (densefit[qdrant]), installed once a Qdrant store is open
     from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-    return isinstance(exc, (ResponseHandlingException, UnexpectedResponse, ConnectionError))
+    failed = (ResponseHandlingException, UnexpectedResponse, ConnectionError)
+    return (Fault(failed, lambda exc: _server_error(target, exc)),)
 
 
 # -- payload keys, filters, BM25 weights ----------------------------------------------------------
@@ -348,28 +223,9 @@ def field_key(field: str) -> str:
     >>> field_key("meta.a_b"), field_key("meta.größe")
     ('meta_da__b', 'meta_dgr_uf6__udf_e')
     """
-    out = []
-    for char in field:
-        if char.isascii() and char.isalnum():
-            out.append(char)
-        elif char in _ESCAPES:
-            out.append(_ESCAPES[char])
-        else:
-            out.append(f"_u{ord(char):x}_")
-    return "".join(out)
-
-
-class _Constant:
-    """A filter part known to match every document (True) or none (False)."""
-
-    def __init__(self, value: bool):
-        self.value = value
-
-    def __repr__(self) -> str:
-        return "EVERYTHING" if self.value else "NOTHING"
-
-
-EVERYTHING, NOTHING = _Constant(True), _Constant(False)
+    return "".join(
+        c if c.isascii() and c.isalnum() else _ESCAPES.get(c, f"_u{ord(c):x}_") for c in field
+    )
 
 
 # Local mode evaluates a filter in Python, about 40 us per condition and stored document in
@@ -381,30 +237,24 @@ LOCAL_FILTER_MAX_CONDITIONS = 200
 def compile_filter(filters: Filter | dict | None):
     """``filters`` (parsed, :class:`~densefit.retrieval.index.filters.Filter`; a dict is
     parsed for this engine) as a ``qdrant_client.models.Filter`` over the typed fields, or
-    :data:`EVERYTHING` / :data:`NOTHING` when the filter matches every document or none
-    whatever they hold (no filter: EVERYTHING).
+    True / False when the filter matches every document or none whatever they hold (no
+    filter: True).
 
     >>> compile_filter({"operator": "OR", "conditions": []})
-    NOTHING
+    False
     >>> compile_filter({"field": "meta.n", "operator": ">", "value": 2}).must[0].key
     'fields.meta_dn.n'
     """
     parsed = parse_filters(filters, CAPABILITIES)
-    if parsed is None:
-        return EVERYTHING
-    compiled = emit(parsed, _Payload(_models()))
-    if isinstance(compiled, _Constant):
+    compiled = True if parsed is None else emit(parsed, _Payload(_models()))
+    if isinstance(compiled, bool) or type(compiled).__name__ == "Filter":
         return compiled
-    return compiled if _is_filter(compiled) else _models().Filter(must=[compiled])
-
-
-def _is_filter(condition) -> bool:
-    return type(condition).__name__ == "Filter"
+    return _models().Filter(must=[compiled])
 
 
 class _Payload:
     """The filter emitter (:class:`~densefit.retrieval.index.filters.Emitter`): Qdrant
-    conditions over the typed fields, :data:`EVERYTHING` and :data:`NOTHING` folded away."""
+    conditions over the typed fields, True and False folded away."""
 
     def __init__(self, models):
         self.models = models
@@ -416,7 +266,7 @@ class _Payload:
         if c.operator == "in":
             return self._member(key, c.value)
         if c.value is None:
-            return NOTHING  # Haystack: None is not ordered
+            return False  # Haystack: None is not ordered
         bound = {">": "gt", ">=": "gte", "<": "lt", "<=": "lte"}[c.operator]
         if isinstance(c.value, str):  # an ISO date: by its instant, where the field is one
             seconds = date_seconds(c.value, f"{c.field} {c.operator}")
@@ -429,31 +279,21 @@ class _Payload:
         )
 
     def negate(self, condition):
-        if isinstance(condition, _Constant):
-            return NOTHING if condition.value else EVERYTHING
+        if isinstance(condition, bool):
+            return not condition
         return self.models.Filter(must_not=[condition])
 
     def all_of(self, parts: list):
-        if any(p is NOTHING for p in parts):
-            return NOTHING
-        parts = [p for p in parts if p is not EVERYTHING]
-        if not parts:
-            return EVERYTHING
-        return parts[0] if len(parts) == 1 else self.models.Filter(must=parts)
+        return folded(parts, False, lambda rest: self.models.Filter(must=rest))
 
     def any_of(self, parts: list):
-        if any(p is EVERYTHING for p in parts):
-            return EVERYTHING
-        parts = [p for p in parts if p is not NOTHING]
-        if not parts:
-            return NOTHING
-        return parts[0] if len(parts) == 1 else self.models.Filter(should=parts)
+        return folded(parts, True, lambda rest: self.models.Filter(should=rest))
 
     def _member(self, key: str, values: list):
         """Strings as one ``MatchAny`` condition (one condition however long the list),
         numbers and the rest each as its own equality."""
         strings = list(dict.fromkeys(v for v in values if isinstance(v, str)))
-        rest = _unique([v for v in values if not isinstance(v, str)])
+        rest = {json.dumps(v): v for v in values if not isinstance(v, str)}.values()
         parts = [self._equal(key, v) for v in rest]
         if len(strings) == 1:
             parts.append(self._equal(key, strings[0]))
@@ -476,16 +316,6 @@ class _Payload:
         return models.FieldCondition(key=f"{key}.s", match=models.MatchValue(value=value))
 
 
-def _unique(values: list) -> list:
-    seen, out = set(), []
-    for value in values:
-        marker = (type(value) is str, json.dumps(value, sort_keys=False))
-        if marker not in seen:
-            seen.add(marker)
-            out.append(value)
-    return out
-
-
 def token_id(token: str) -> int:
     """A BM25 token's sparse-vector index: a stable 32-bit hash of its UTF-8 bytes.
 
@@ -500,23 +330,20 @@ def _token_counts(texts: Sequence[str]) -> list[tuple[Counter, int]]:
     return [(Counter(token_id(t) for t in tokens), len(tokens)) for tokens in tokenize(texts)]
 
 
-def _bm25_vector(counts: Counter, length: int, avgdl: float, models):
-    """A document's BM25 weights: bm25s's ``tf / (tf + k1 (1 - b + b dl / avgdl))``."""
-    ids = sorted(counts)
-    norm = K1 * (1 - B + B * length / avgdl)
-    values = [counts[i] / (counts[i] + norm) for i in ids]
-    return models.SparseVector(indices=ids, values=values)
-
-
 def _sparse_vector(counts: Counter, length: int, avgdl: float | None):
-    """A document's sparse vector: its BM25 weights, empty for a text without a token."""
-    models = _models()
-    if not counts:
-        return models.SparseVector(indices=[], values=[])
-    return _bm25_vector(counts, length, avgdl, models)
+    """A document's sparse vector: bm25s's weights ``tf / (tf + k1 (1 - b + b dl / avgdl))``,
+    empty for a text without a token."""
+    ids = sorted(counts)
+    norm = K1 * (1 - B + B * length / avgdl) if counts else 0.0
+    return _models().SparseVector(indices=ids, values=[counts[i] / (counts[i] + norm) for i in ids])
 
 
 # -- the store ---------------------------------------------------------------------------------
+
+
+def _filter(where):
+    """A compiled filter as a request's (None: every point)."""
+    return None if where is None or where is True else where
 
 
 def _point_id(doc_id: str) -> str:
@@ -533,6 +360,27 @@ def _row(point) -> dict:
     """A point as a row: its payload and its vectors by name."""
     vectors = point.vector or {}
     return {**point.payload, **(vectors if isinstance(vectors, dict) else {DENSE: vectors})}
+
+
+def _local_state(target: CollectionTarget) -> bool:
+    """Whether ``target``'s folder holds Qdrant's local storage (False: nothing there
+    yet); a one-line StoreError for a file or a folder holding something else."""
+    folder = Path(target.path)
+    if folder.exists() and not folder.is_dir():
+        raise StoreError(f"{target.location}: {folder} is a file; qdrant:FOLDER needs a folder")
+    if (folder / "meta.json").is_file():
+        return True
+    if folder.is_dir() and any(folder.iterdir()):
+        if (folder / "store.sqlite").is_file():
+            raise StoreError(
+                f"{target.location}: {folder} holds an embedded densefit store: open it as "
+                f"{folder} (without qdrant:)"
+            )
+        raise StoreError(
+            f"{target.location}: {folder} is not empty and holds no Qdrant storage (no "
+            "meta.json): pick a new or empty folder"
+        )
+    return False
 
 
 class QdrantDocumentStore(AliasedStore):
@@ -556,11 +404,13 @@ class QdrantDocumentStore(AliasedStore):
 
     capabilities = CAPABILITIES
     _layout, _local_mode = LAYOUT, "local"
-    _ALL, _NONE, _ROW = EVERYTHING, NOTHING, [*PAYLOAD, SPARSE]
+    _ROW = [*PAYLOAD, SPARSE]
     _local_capabilities = {"filter_max_conditions": LOCAL_FILTER_MAX_CONDITIONS}
     _faults_of = staticmethod(_faults)
+    _parse_target, _connect = staticmethod(parse_target), staticmethod(_connect)
+    _local_files = staticmethod(_local_state)
 
-    def __init__(self, target: QdrantTarget, connection: _Connection, *, backend: str | None):
+    def __init__(self, target: CollectionTarget, connection: Connection, *, backend: str | None):
         super().__init__(target, connection, backend=backend)
         self._models = _models()
         self._avgdl: float | None = None  # read from the metadata
@@ -653,14 +503,14 @@ class QdrantDocumentStore(AliasedStore):
     # -- rows ------------------------------------------------------------------------------
 
     def _rows(self, where, fields: list[str], collection: str | None = None) -> list[dict]:
-        if where is NOTHING:
+        if where is False:
             return []
         payload, vectors = _asked(fields)
         rows, offset = [], None
         while True:
             points, offset = self._client.scroll(
                 collection or self.collection,
-                scroll_filter=None if where is EVERYTHING else where,
+                scroll_filter=_filter(where),
                 limit=_PAGE, offset=offset, with_payload=payload, with_vectors=vectors,
             )  # fmt: skip
             rows += [_row(p) for p in points]
@@ -688,8 +538,7 @@ class QdrantDocumentStore(AliasedStore):
         return found
 
     def _count(self, where) -> int:
-        query = None if where is EVERYTHING else where
-        return self._client.count(self.collection, count_filter=query, exact=True).count
+        return self._client.count(self.collection, count_filter=_filter(where), exact=True).count
 
     def _selection(self, stale: bool, hashes: list[str] | None = None):
         models = self._models
@@ -783,60 +632,50 @@ class QdrantDocumentStore(AliasedStore):
     def _where(self, filters: Filter):
         return compile_filter(filters)
 
-    def _query(self, requests: list) -> list[Ranked]:
-        """Each request's ranking, with the documents of its points (their payloads)."""
-        answers = self._client.query_batch_points(self.collection, requests) if requests else []
-        return [ranked([(p.score, p.payload) for p in answer.points]) for answer in answers]
-
-    def _dense(self, queries: np.ndarray, k: int, where) -> list[Ranked]:
-        if where is NOTHING:
+    def _query(self, using: str, queries: list, k: int, where, params=None) -> list[Ranked]:
+        """Each query's ranking by the vector ``using`` among the points ``where`` matches,
+        with the documents of its points (their payloads)."""
+        if where is False or not queries:
             return [nothing() for _ in queries]
-        models = self._models
-        exact = self.backend_name == "exact" and not self.target.local  # local: always
-        params = models.SearchParams(exact=True) if exact else None
         requests = [
-            models.QueryRequest(
-                query=query.tolist(),
-                using=DENSE,
-                filter=None if where is None or where is EVERYTHING else where,
+            self._models.QueryRequest(
+                query=query,
+                using=using,
+                filter=_filter(where),
                 limit=k,
                 params=params,
                 with_payload=SHOWN,
             )
             for query in queries
         ]
-        return self._query(requests)
+        answers = self._client.query_batch_points(self.collection, requests)
+        return [ranked([(p.score, p.payload) for p in answer.points]) for answer in answers]
+
+    def _dense(self, queries: np.ndarray, k: int, where) -> list[Ranked]:
+        exact = self.backend_name == "exact" and not self.target.local  # local: always
+        params = self._models.SearchParams(exact=True) if exact else None
+        return self._query(DENSE, [query.tolist() for query in queries], k, where, params)
 
     def _lexical(self, texts: list[str], k: int, where) -> list[Ranked]:
-        models = self._models
-        counted = _token_counts(texts)
-        asked = [i for i, (counts, _) in enumerate(counted) if counts and where is not NOTHING]
-        requests = [
-            models.QueryRequest(
-                query=models.SparseVector(
-                    indices=sorted(counted[i][0]),
-                    values=[float(counted[i][0][t]) for t in sorted(counted[i][0])],
-                ),
-                using=SPARSE,
-                filter=None if where is None or where is EVERYTHING else where,
-                limit=k,
-                with_payload=SHOWN,
-            )
-            for i in asked
+        counted = [counts for counts, _ in _token_counts(texts)]
+        asked = [i for i, counts in enumerate(counted) if counts]
+        sparse = [
+            self._models.SparseVector(indices=sorted(c), values=[float(c[t]) for t in sorted(c)])
+            for c in (counted[i] for i in asked)
         ]
-        answers = dict(zip(asked, self._query(requests), strict=True))
+        answers = dict(zip(asked, self._query(SPARSE, sparse, k, where), strict=True))
         return [answers.get(i, nothing()) for i in range(len(texts))]
 
     def _info_extra(self) -> dict:
         return super()._info_extra() | {"bm25_avgdl": self._avgdl}
 
 
-def _record_of(info, target: QdrantTarget) -> dict[str, str]:
+def _record_of(info, target: CollectionTarget) -> dict[str, str]:
     """The record the collection ``info`` describes (its metadata, the BM25 length average
     under AVGDL_KEY), or a one-line StoreError when the collection is not a densefit store,
     its vectors do not fit its record, or it is a generation of another store."""
     metadata = dict(info.config.metadata or {})
-    where = f"{target.location}"
+    where = target.location
     if metadata.get("layout") != LAYOUT or "format" not in metadata:
         raise StoreError(
             f"{where}: collection {target.collection!r} is not a densefit store (its metadata "
@@ -871,43 +710,13 @@ def _record_of(info, target: QdrantTarget) -> dict[str, str]:
 # -- the engine's functions (densefit.retrieval.index.engines) ---------------------------------
 
 
-def _local_state(target: QdrantTarget) -> bool:
-    """Whether ``target``'s folder holds Qdrant's local storage (False: nothing there
-    yet); a one-line StoreError for a file or a folder holding something else."""
-    folder = Path(target.folder)
-    if folder.exists() and not folder.is_dir():
-        raise StoreError(f"{target.location}: {folder} is a file; qdrant:FOLDER needs a folder")
-    if (folder / "meta.json").is_file():
-        return True
-    if folder.is_dir() and any(folder.iterdir()):
-        if (folder / "store.sqlite").is_file():
-            raise StoreError(
-                f"{target.location}: {folder} holds an embedded densefit store: open it as "
-                f"{folder} (without qdrant:)"
-            )
-        raise StoreError(
-            f"{target.location}: {folder} is not empty and holds no Qdrant storage (no "
-            "meta.json): pick a new or empty folder"
-        )
-    return False
-
-
 def open_existing(target: str, *, backend=None, **_) -> QdrantDocumentStore | None:
     """The densefit store in ``target``'s collection; None when there is none (local mode:
     nothing is created then). ``rescore`` and ``lock_timeout`` do not apply."""
-    parsed = parse_target(target)
-    backend = checked_backend(backend, CAPABILITIES, "Qdrant")
-    if parsed.local and not _local_state(parsed):
-        return None
-    return QdrantDocumentStore.opened(parsed, _connect(parsed), backend, None)
+    return QdrantDocumentStore.opened(target, backend, None)
 
 
 def create(target: str, record: StoreRecord, *, backend=None, **_) -> QdrantDocumentStore:
     """A new collection for ``record``'s vectors at ``target`` and its alias; when another
     process created them meanwhile, that store opened."""
-    parsed = parse_target(target)
-    backend = checked_backend(backend, CAPABILITIES, "Qdrant")
-    checked_record(record, CAPABILITIES, parsed.location)
-    if parsed.local:
-        _local_state(parsed)
-    return QdrantDocumentStore.opened(parsed, _connect(parsed), backend, record)
+    return QdrantDocumentStore.opened(target, backend, record)

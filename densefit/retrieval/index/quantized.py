@@ -33,7 +33,7 @@ import os
 import numpy as np
 
 from densefit.config.shared import DEFAULT_RESCORE as _DEFAULT_RESCORE
-from densefit.retrieval.index.exact import exact_search
+from densefit.retrieval.index.exact import exact_search, faiss_module
 from densefit.retrieval.index.types import StoreError
 
 __all__ = [
@@ -140,9 +140,9 @@ class QuantizedBackend:
         self.ranges: np.ndarray | None = None
         self.recalibrations = 0
         self.rows_rescored = 0  # float32 rows read for rescoring (counted: never the whole file)
-        self._vectors = self._source = np.zeros((0, dim), dtype=np.float32)
+        self._vectors = np.zeros((0, dim), dtype=np.float32)
         self._alive = np.zeros(0, dtype=bool)
-        self._faiss = _faiss_module() if use_faiss is not False and kind == "binary" else None
+        self._faiss = faiss_module() if use_faiss is not False and kind == "binary" else None
         if use_faiss and self._faiss is None:
             raise ImportError("use_faiss=True needs faiss: pip install 'densefit[index]'")
         self._binary_index = None
@@ -156,7 +156,7 @@ class QuantizedBackend:
         if n < self.n_coded:  # another history of the store: start again
             self._reset()
         # Codes are made from the file by reads, and rescoring reads its rows by pread: no map.
-        self._source, self._vectors, self._alive = vectors, _random_access(vectors), alive
+        self._vectors, self._alive = _random_access(vectors), alive
         if n == self.n_coded:
             return
         if self.kind == "int8" and (self.ranges is None or n >= 2 * self.calibrated_rows):
@@ -165,13 +165,13 @@ class QuantizedBackend:
             self._code_rows(self.n_coded, n)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._search(queries, k, self._alive[: self.n_coded])
+        return self._rescored(queries, k, self.candidates(queries, k))
 
     def search_masked(
         self, queries: np.ndarray, k: int, mask: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`search` among the live rows where ``mask`` is True (a filter's matches)."""
-        return self._search(queries, k, mask[: self.n_coded] & self._alive[: self.n_coded])
+        return self._rescored(queries, k, self.candidates(queries, k, mask))
 
     def search_subset(
         self, queries: np.ndarray, k: int, rows: np.ndarray
@@ -182,7 +182,7 @@ class QuantizedBackend:
         if self._binary_index is not None:  # the codes live in FAISS: a masked scan
             mask = np.zeros(self.n_coded, dtype=bool)
             mask[rows] = True
-            return self._search(queries, k, mask)
+            return self.search_masked(queries, k, mask)
         candidates = self._candidates_among(queries, k, rows)
         return self._rescored(queries, k, candidates)
 
@@ -209,9 +209,6 @@ class QuantizedBackend:
         padded with -1: what :meth:`search` rescores."""
         alive = self._alive[: self.n_coded]
         return self._candidates(queries, k, alive if mask is None else alive & mask[: len(alive)])
-
-    def _search(self, queries, k, alive) -> tuple[np.ndarray, np.ndarray]:
-        return self._rescored(queries, k, self._candidates(queries, k, alive))
 
     def _rescored(self, queries, k, candidates) -> tuple[np.ndarray, np.ndarray]:
         self.rows_rescored += int(len(np.unique(candidates[candidates >= 0])))
@@ -257,12 +254,7 @@ class QuantizedBackend:
                 sel=faiss.IDSelectorBitmap(len(alive), faiss.swig_ptr(packed))
             )
         _, rows = index.search(bits, k, params=params)
-        rows = rows.astype(np.int64)
-        if k < m:
-            rows = np.concatenate(
-                [rows, np.full((len(queries), m - k), -1, dtype=np.int64)], axis=1
-            )
-        return rows
+        return np.pad(rows.astype(np.int64), ((0, 0), (0, m - k)), constant_values=-1)
 
     # -- coding ------------------------------------------------------------------------------
 
@@ -276,7 +268,7 @@ class QuantizedBackend:
         """Ranges from all ``n`` rows, then every row coded again with them."""
         low = np.full(self.dim, np.inf, dtype=np.float32)
         high = np.full(self.dim, -np.inf, dtype=np.float32)
-        for block in _read_rows(self._source, 0, n):
+        for block in _read_rows(self._vectors, 0, n):
             ranges = int8_ranges(block)
             low, high = np.minimum(low, ranges[0]), np.maximum(high, ranges[1])
         self.ranges = np.vstack([low, high])
@@ -288,7 +280,7 @@ class QuantizedBackend:
     def _code_rows(self, start: int, end: int) -> None:
         self._reserve(end)
         for offset, block in zip(
-            range(start, end, _READ_CHUNK), _read_rows(self._source, start, end), strict=True
+            range(start, end, _READ_CHUNK), _read_rows(self._vectors, start, end), strict=True
         ):
             if self.kind == "int8":
                 codes = quantize_int8(block, self.ranges)
@@ -390,25 +382,13 @@ def _random_access(vectors: np.ndarray):
     return vectors
 
 
-def _read_rows(vectors: np.ndarray, start: int, end: int):
-    """Rows ``[start, end)`` of ``vectors`` as float32 blocks of :data:`_READ_CHUNK` rows.
-
-    A memory-mapped vector file is read with ordinary file reads, not through the map: a
-    pass over the whole file (coding it) then leaves no page of it mapped in this process.
-    """
-    path = getattr(vectors, "filename", None)
-    if path is None or not isinstance(vectors, np.memmap):  # an array (or our own mapping)
-        for offset in range(start, end, _READ_CHUNK):
-            yield np.asarray(vectors[offset : min(offset + _READ_CHUNK, end)], dtype=np.float32)
-        return
-    dtype, dim = vectors.dtype, vectors.shape[1]
-    base = vectors.offset
-    with open(path, "rb") as f:
-        for offset in range(start, end, _READ_CHUNK):
-            count = min(_READ_CHUNK, end - offset)
-            f.seek(base + offset * dim * dtype.itemsize)
-            block = np.fromfile(f, dtype=dtype, count=count * dim).reshape(count, dim)
-            yield block.astype(np.float32, copy=False)
+def _read_rows(vectors, start: int, end: int):
+    """Rows ``[start, end)`` of ``vectors`` (:func:`_random_access`'s: a file is read, not
+    mapped, so coding it leaves no page of it mapped) as float32 blocks of
+    :data:`_READ_CHUNK` rows."""
+    for offset in range(start, end, _READ_CHUNK):
+        rows = np.arange(offset, min(offset + _READ_CHUNK, end))
+        yield np.asarray(vectors[rows], dtype=np.float32)
 
 
 def _hamming_numpy(codes: np.ndarray, bits: np.ndarray, m: int, alive) -> np.ndarray:
@@ -434,11 +414,3 @@ def _hamming_numpy(codes: np.ndarray, bits: np.ndarray, m: int, alive) -> np.nda
         best_r = np.take_along_axis(merged_r, order, axis=1)
     best_r[best_d == np.iinfo(np.int64).max] = -1
     return best_r
-
-
-def _faiss_module():
-    try:
-        import faiss  # the optional extra `index`: binary codes use its Hamming search
-    except ImportError:
-        return None
-    return faiss

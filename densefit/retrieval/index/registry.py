@@ -1,21 +1,12 @@
-"""The engines: which target names which engine, and what each engine can do.
+"""The engines: which target names which engine (:func:`engine_of`: a URL by its scheme,
+anything else a folder, the embedded store's), and what each can do (:data:`ENGINES`; the
+targets' forms and capabilities are docs/search.md's table, :func:`capabilities_table`).
 
-A target names its engine by its form:
-
-=====================================================  ============================================
-target                                                 engine
-=====================================================  ============================================
-a folder (``runs/store``), or None (temporary)         the embedded store (SQLite + a vector file)
-``postgresql://USER@HOST:PORT/DATABASE/TABLE``         PostgreSQL with pgvector (``postgres://`` too)
-``qdrant://HOST:PORT/COLLECTION``, ``qdrant:FOLDER``   Qdrant: a server, or its local mode in a folder
-=====================================================  ============================================
-
-Each engine's row in :data:`ENGINES` names its module, its URL schemes and declares its
-:class:`~densefit.retrieval.index.types.Capabilities` (the engine's module reads its own:
-``CAPABILITIES = capabilities_of("qdrant")``). This module imports no engine: listing the
+Each engine's row names its module and URL schemes and declares its
+:class:`~densefit.retrieval.index.types.Capabilities`, which the engine's module reads
+(``CAPABILITIES = capabilities_of("qdrant")``). This module imports no engine: listing the
 engines, checking a capability (:func:`require`) and printing the table need no client
-library, and engine modules import it without a circle (:mod:`~densefit.retrieval.index.
-engines` opens stores, loading the engine modules by name).
+library, and engine modules import it without a circle.
 
 >>> engine_of("runs/store"), engine_of("postgresql://me@db/search/docs"), engine_of("qdrant:q")
 ('embedded', 'postgresql', 'qdrant')
@@ -209,7 +200,8 @@ def capabilities_table() -> str:
 
 
 # Query parameters whose values are secrets (compared lower-case, ``-`` read as ``_``): any
-# name holding one of SECRET_WORDS, and the names in SECRET_PARAMETERS.
+# name holding one of SECRET_WORDS ("passw": password, passwd, a misspelling; libpq's
+# password and sslpassword), and the names in SECRET_PARAMETERS.
 SECRET_WORDS = ("passw", "secret", "token", "credential", "apikey", "api_key")
 SECRET_PARAMETERS = ("pwd", "pass", "key", "auth", "authorization")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -222,11 +214,8 @@ def redacted(target: str | os.PathLike | None) -> str:
 
     A secret is a URL's password (``user:PASSWORD@``; a target of an engine that takes no
     user, Qdrant's or Milvus's, has its whole ``KEY@`` masked: an API key written there),
-    and the value of a secret query parameter: a name holding ``passw`` (``password``,
-    ``passwd``, a misspelling), ``secret``, ``token``, ``credential``, ``apikey`` or
-    ``api_key``, or one of ``pwd``, ``pass``, ``key``, ``auth``, ``authorization``
-    (libpq's ``password`` and ``sslpassword``; ``api_key``, ``api-key``, ``token`` of the
-    vector databases). :func:`scrubbed` masks them in a client library's error text.
+    and the value of a secret query parameter (:data:`SECRET_WORDS`,
+    :data:`SECRET_PARAMETERS`). :func:`scrubbed` masks them in a client library's error text.
 
     >>> redacted("postgresql://me:secret@db/search/docs?sslpassword=k&sslmode=require")
     'postgresql://me:***@db/search/docs?sslpassword=***&sslmode=require'

@@ -1,15 +1,7 @@
-"""What a search asks of a store, and what an engine's ranking hook answers.
-
-A :class:`SearchRequest` is made once where a search comes in (``densefit search``,
-:class:`~densefit.api.Retriever` and evaluation through
-:func:`~densefit.retrieval.index.searching.search_batch`, ``densefit serve``'s ``/search``,
-the Haystack store's retrieval methods): the mode checked, the filter parsed, and handed
-down as it is to :meth:`~densefit.retrieval.index.common.StoreCommon.search`. The queries
-themselves (their embeddings, their texts) travel beside it.
-
-An engine's ``_dense`` and ``_lexical`` hooks answer one :class:`Ranked` per query: the
-keys and scores, best first, and the documents of those keys when the engine got them with
-the ranking (a payload, output fields), so that the store reads only the others back.
+"""What a search asks of a store (:class:`SearchRequest`, made once where a search comes in
+and handed down as it is to :meth:`~densefit.retrieval.index.common.StoreCommon.search`, the
+queries beside it), what an engine's ranking hook answers (:class:`Ranked`), and the one rule
+that orders equal scores on every engine (:func:`ranked_order`).
 
 >>> request = SearchRequest("hybrid", top_k=5, filters={"field": "meta.lang", "operator": "==", "value": "en"})
 >>> request.embeds, request.reads_texts, request.filters.conditions
@@ -38,7 +30,6 @@ __all__ = [
     "in_rank_order",
     "past_ties",
     "ranked_order",
-    "remembered",
     "tie_groups",
 ]
 
@@ -51,13 +42,24 @@ _NEEDS = {
 
 @dataclass(frozen=True)
 class SearchRequest:
-    """How to search: ``mode`` (:data:`~densefit.choices.SEARCH_MODES`), the ``top_k`` best
-    documents per query among those matching ``filters`` (Haystack's syntax: a dict is
-    parsed here, once; a :class:`~densefit.retrieval.index.filters.Filter` is kept),
-    ``fusion`` for hybrid (None: :class:`~densefit.retrieval.fusion.Fusion`'s defaults),
-    ``scale_score`` (scores mapped to [0, 1]), ``dense_filters`` (further conditions on the
-    dense side only) and ``model_generation`` (the store's model generation the query
-    embeddings were made for; None: not checked). ValueError (one line) for a bad value.
+    """How to search: the ``top_k`` best documents per query, by ``mode``
+    (:data:`~densefit.choices.SEARCH_MODES`): ``"dense"`` by the query embeddings, ``"bm25"``
+    by BM25 over the documents' texts (documents sharing no token with a query are not found,
+    so fewer than ``top_k`` may come back), ``"hybrid"`` both fused by ``fusion`` (None:
+    :class:`~densefit.retrieval.fusion.Fusion`'s defaults, reciprocal rank fusion).
+
+    ``filters`` (Haystack's syntax, :mod:`~densefit.retrieval.index.filters`: a dict is
+    parsed here, once; a :class:`~densefit.retrieval.index.filters.Filter` is kept) restricts
+    the search to the matching documents *before* ranking, on both sides of a hybrid search:
+    the best ``top_k`` that match. ``dense_filters``: further conditions on the dense side
+    only (the Haystack store leaves documents without an embedding out of it, not out of
+    BM25). ``scale_score`` maps scores to [0, 1]: dense as
+    :func:`~densefit.retrieval.index.common.scaled_scores`, BM25 as ``expit(score / 8)``
+    (Haystack's in-memory BM25), fused by :meth:`~densefit.retrieval.fusion.Fusion.scaled`.
+    ``model_generation``: the store's model generation the query embeddings were made for
+    (None: not checked); a store that switched to another model since (a model swap) raises
+    :class:`~densefit.retrieval.index.types.ModelSwappedError` instead of ranking by the wrong
+    model. ValueError (one line) for a bad value.
 
     >>> SearchRequest("bm25").embeds
     False
@@ -218,30 +220,41 @@ def past_ties(ask: Callable[[list[int], int], list], count: int, k: int) -> list
         got = [a if isinstance(a, Ranked) else Ranked(*a) for a in ask(pending, depth)]
         for i, ranked in zip(pending, got, strict=True):
             answers[i] = ranked
-        pending = [i for i, r in zip(pending, got, strict=True) if _open_tie(r, k, depth)]
+        pending = [i for i, r in zip(pending, got, strict=True) if _open_tie(r.scores, k, depth)]
         depth *= 2
     return answers
 
 
-def _open_tie(ranked: Ranked, k: int, depth: int) -> bool:
-    """Whether the engine may hold more documents tied with the ``k``-th of ``ranked``."""
-    if len(ranked.scores) < depth:
-        return False
-    scores = np.sort(np.asarray(ranked.scores, dtype=np.float64))[::-1]
-    if _near(scores, k) < len(scores):  # the last one is well below the k-th
-        return False
-    groups = tie_groups(scores)
-    return groups[-1] == groups[k - 1]
+def _open_tie(scores, k: int, depth: int) -> bool:
+    """Whether the engine may hold more documents tied with the ``k``-th of ``scores``: it
+    gave all ``depth`` asked for, and the last ties with the ``k``-th."""
+    scores = np.sort(np.asarray(scores, dtype=np.float64))[::-1]
+    return len(scores) >= depth and _through_ties(scores, k) == len(scores)
+
+
+def _through_ties(scores: np.ndarray, k: int) -> int:
+    """How many of ``scores`` (best first) are the ``k`` best and those tied with the ``k``-th
+    (:func:`tie_groups`)."""
+    if len(scores) <= k:
+        return len(scores)
+    near = _near(scores, k)  # what lies well below the k-th cannot tie with it
+    groups = tie_groups(scores[:near])
+    last = groups[k - 1]
+    return groups.index(last + 1) if groups[-1] > last else near
 
 
 def in_rank_order(
-    rankings: Sequence[Ranked], k: int, ids_at: Callable[[list[int]], dict[int, str]]
+    rankings: Sequence[Ranked],
+    k: int,
+    ids_at: Callable[[list[int]], dict[int, str]],
+    known: dict[int, str] | None = None,
 ) -> list[Ranked]:
     """Each ranking in :func:`ranked_order` (score, then document id) cut to its best ``k``;
     the ids of the keys whose score ties with another's come from the documents that came
-    with the rankings, or else from ``ids_at(keys)`` (``{key: id}``, one call for every
-    query). A ranking must hold every document tied with its ``k``-th (:func:`past_ties`);
-    a tied key whose document is gone (deleted meanwhile) is left out.
+    with the rankings, or ``known`` (``{key: id}``, added to: pass one dict to the calls
+    of one search to read each id once), or else from ``ids_at(keys)`` (``{key: id}``, one
+    call for every query). A ranking must hold every document tied with its ``k``-th
+    (:func:`past_ties`); a tied key whose document is gone (deleted meanwhile) is left out.
 
     >>> ids = {7: "b", 8: "a", 9: "c"}
     >>> ranked = Ranked(np.array([7, 8, 9]), np.array([1.0, 1.0, 0.5]))  # 7 and 8 tie
@@ -255,21 +268,17 @@ def in_rank_order(
         if (np.diff(scores) > 0).any():  # not best first
             best = np.argsort(-scores, kind="stable")
             scores, keys = scores[best], keys[best]
-        if len(scores) > k:  # what lies well below the k-th cannot make the cut
-            near = _near(scores, k)
-            scores, keys = scores[:near], keys[:near]
+        keep = _through_ties(scores, k)
+        scores, keys = scores[:keep], keys[:keep]
         groups = tie_groups(scores)
-        if len(scores) > k:  # the k best and every one tied with the k-th
-            last = groups[k - 1]
-            keep = groups.index(last + 1) if groups[-1] > last else len(groups)
-            scores, keys, groups = scores[:keep], keys[:keep], groups[:keep]
         if not groups or groups[-1] == len(groups) - 1:  # no two equal: the usual case
             cut.append((ranked, keys, scores, None))
             continue
         sizes = Counter(groups)
         tied = [sizes[group] > 1 for group in groups]
         cut.append((ranked, keys.tolist(), scores, tied))
-    known = {key: doc[0] for ranked, *_ in cut for key, doc in (ranked.documents or {}).items()}
+    known = {} if known is None else known
+    known.update((key, doc[0]) for r, *_ in cut for key, doc in (r.documents or {}).items())
     missing = {key for _, keys, _, tied in cut if tied for key, t in zip(keys, tied) if t}
     if missing - known.keys():
         known.update(ids_at(sorted(missing - known.keys())))
@@ -282,22 +291,3 @@ def in_rank_order(
             keys, scores = np.array(keys, dtype=np.int64)[rows], scores[rows]
         answers.append(Ranked(keys[:k], scores[:k], ranked.documents))
     return answers
-
-
-def remembered(ids_at: Callable[[list[int]], dict[int, str]]) -> Callable:
-    """``ids_at`` reading each key once (a search's sides, then its fused ranking).
-
-    >>> reads = []
-    >>> ids_at = remembered(lambda keys: reads.append(keys) or {key: str(key) for key in keys})
-    >>> ids_at([1, 2]), ids_at([2, 3]), reads
-    ({1: '1', 2: '2'}, {2: '2', 3: '3'}, [[1, 2], [3]])
-    """
-    known: dict[int, str] = {}
-
-    def read(keys: list[int]) -> dict[int, str]:
-        new = [key for key in keys if key not in known]
-        if new:
-            known.update(ids_at(new))
-        return {key: known[key] for key in keys if key in known}
-
-    return read

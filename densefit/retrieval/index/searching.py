@@ -94,13 +94,9 @@ def search(
 ) -> list[SearchHit]:
     """The ``top_k`` documents of ``store`` best matching ``query``, best first.
 
-    ``mode`` is ``"dense"`` (the model's embeddings), ``"bm25"`` (BM25 over the texts; the
-    model is not run and may be None) or ``"hybrid"`` (both, fused by ``fusion``, a
-    :class:`~densefit.retrieval.fusion.Fusion`: reciprocal rank by default). ``filters``
-    (Haystack's syntax, see :mod:`densefit.retrieval.index.filters`) restricts the search to
-    matching documents, on both sides of a hybrid search: the best ``top_k`` of those that
-    match. ``scale_score`` maps scores to [0, 1] (:func:`scaled_scores`; fused scores by
-    :meth:`~densefit.retrieval.fusion.Fusion.scaled`). A malformed filter raises ValueError.
+    ``mode``, ``filters``, ``scale_score`` and ``fusion``: as
+    :class:`~densefit.retrieval.index.request.SearchRequest` says (a malformed filter raises
+    ValueError); with ``mode="bm25"`` the model is not run and may be None.
 
     Raises :class:`~densefit.retrieval.index.types.ModelMismatchError` when ``model`` did not make the
     store's embeddings, and :class:`~densefit.retrieval.index.types.SettingsMismatchError`

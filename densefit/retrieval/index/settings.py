@@ -1,23 +1,12 @@
-"""A store's record read from a model, and the checks of a model against a record.
-
-A store records (:class:`~densefit.retrieval.index.types.StoreRecord`) the model (name,
-embedding dimension and a *fingerprint*: the model's embeddings of three probe sentences)
-and the settings that change the vectors a model makes from the same text
-(:class:`~densefit.retrieval.index.types.VectorSettings`): the truncation length
-(``max_seq_length``), the query and document prompts (:mod:`densefit.prompts`), the
-Matryoshka size the vectors were cut to (``truncate_dim``, ``densefit index --dim``), whether
-the model normalises its embeddings, and the runtime that computed them
-(:class:`~densefit.retrieval.vector_source.VectorSource`: torch, an fp32 export or one
-quantized file). This module holds what needs the model: :func:`record_for`,
-:func:`settings_of`, :func:`check_model`. Searching with another model raises
-:class:`~densefit.retrieval.index.types.ModelMismatchError`; indexing with other settings
-raises :class:`~densefit.retrieval.index.types.SettingsMismatchError` (vectors made two ways
-must not be mixed in one store).
-
-The runtime rule (:func:`~densefit.retrieval.vector_source.disagreement`): documents are
-written by one runtime family only (torch and fp32 exports are one family; each quantized
-file is its own), and queries may come from another family only where the quantized file's
-export check found that mixing it with fp32 ranks the same (``agrees_with_fp32``).
+"""What needs the model: a store's record read from it (:func:`record_for`,
+:func:`settings_of`: the model's name, dimension, *fingerprint*, its embeddings of
+:data:`PROBE_TEXTS`, and the :class:`~densefit.retrieval.index.types.VectorSettings` that
+change the vectors it makes from the same text), and the checks of a model against a record:
+searching with another model raises :class:`~densefit.retrieval.index.types.
+ModelMismatchError` (:func:`check_model`); indexing with other settings raises
+:class:`~densefit.retrieval.index.types.SettingsMismatchError` (vectors made two ways must not
+be mixed in one store), as does a query runtime the stored vectors may not meet
+(:func:`check_runtime`, the rule of :func:`~densefit.retrieval.vector_source.disagreement`).
 """
 
 from __future__ import annotations

@@ -9,39 +9,24 @@ Layout of a store folder::
     bm25-<gen>.npz        the BM25 index of the documents' texts (a cache, checked before use)
     faiss-<gen>-*.index   FAISS cache, only when searched with the FAISS backend
 
-A store searches by embedding (``mode="dense"``), by BM25 over the texts (``"bm25"``) or by
-both fused (``"hybrid"``, :mod:`densefit.retrieval.fusion`). Its vector kind (``float32``,
-``float16``, ``int8``, ``binary``: :mod:`densefit.retrieval.index.vectors`) is chosen when it
-is created; int8 and binary stores search codes in memory and rescore against float32 vectors
-on disk (:mod:`densefit.retrieval.index.quantized`). The BM25 index is derived from the
-committed documents and brought up to date before it answers
-(:mod:`densefit.retrieval.index.lexical`).
+The parts, put together behind :class:`LocalDocumentStore` (the embedded engine of
+:func:`~densefit.retrieval.index.engines.open_store`: a folder, or None for a temporary
+store): :mod:`~densefit.retrieval.index.documents` (SQLite: documents, meta, transactions),
+:mod:`~densefit.retrieval.index.vectors` (the vector file, its commit protocol, the search
+backends; int8 and binary codes: :mod:`~densefit.retrieval.index.quantized`),
+:mod:`~densefit.retrieval.index.lexical` (the BM25 index, brought up to date before it
+answers), :mod:`~densefit.retrieval.index.locking` (one writer at a time) and
+:mod:`~densefit.retrieval.index.settings` (the record: searching with another model raises
+:class:`~densefit.retrieval.index.types.ModelMismatchError`, indexing with other settings
+:class:`~densefit.retrieval.index.settings.SettingsMismatchError`).
 
-Every write is one SQLite transaction: the new vectors are appended to the vector file and
-fsync'd, then the rows are recorded and committed (see :mod:`densefit.retrieval.index.vectors`). A
-process killed at any point leaves the last committed state readable, and re-running
-``densefit index`` resumes: unchanged documents are recognised by their text hash and skipped.
-
-A model swap (``densefit reembed``, :mod:`densefit.retrieval.index.swap`) embeds every
-document again with another model into the next generation's vector file while the store
-keeps answering from the current one, and switches to it in one commit.
-
-Updated and deleted documents leave dead rows in the vector file that searches skip;
-:meth:`LocalDocumentStore.compact` rewrites the file without them (a new generation, swapped
-in by one commit).
-
-The store records the model that made the embeddings and the settings it made them with
-(:mod:`densefit.retrieval.index.settings`): searching with another model raises
-:class:`~densefit.retrieval.index.types.ModelMismatchError` instead of returning garbage, and
-indexing with other settings raises :class:`~densefit.retrieval.index.settings.
-SettingsMismatchError` instead of mixing vectors (``densefit index --reembed`` re-embeds).
-
-The parts: :mod:`~densefit.retrieval.index.documents` (SQLite: documents, meta,
-transactions), :mod:`~densefit.retrieval.index.vectors` (the vector file and the search
-backend), :mod:`~densefit.retrieval.index.settings` (the record and the model checks) and
-:mod:`~densefit.retrieval.index.locking` (one writer at a time); this module puts them
-together behind :class:`LocalDocumentStore`, the embedded engine of
-:func:`~densefit.retrieval.index.engines.open_store` (a folder, or None for a temporary store).
+Every write is one SQLite transaction, its vectors fsync'd before it commits: a process
+killed at any point leaves the last committed state readable, and ``densefit index``
+resumes, skipping unchanged documents by their text hash. A model swap
+(:mod:`densefit.retrieval.index.swap`) writes the next generation's vector file while the
+store answers from the current one, and switches in one commit. Updated and deleted
+documents leave dead rows that searches skip; :meth:`LocalDocumentStore.compact` rewrites
+the file without them (a new generation, swapped in by one commit).
 """
 
 from __future__ import annotations
@@ -77,6 +62,7 @@ from densefit.retrieval.index.common import (
     StoreCommon,
     checked_documents,
     checked_write,
+    translated,
 )
 from densefit.retrieval.index.documents import (
     DB_NAME,
@@ -139,21 +125,12 @@ SWAP_ROWS_KEY = "swap_rows"  # meta: the rows committed to the swap's vector fil
 _DROP_SWAP = "DELETE FROM meta WHERE key IN (?, ?)"  # a swap switched or cancelled
 
 
-@contextmanager
-def _held(store) -> Iterator[None]:
-    """``store``'s lock held (one call at a time per store object, which a server's threads
-    may share), a full disk, a read-only or a damaged file turned into its
-    :class:`~densefit.errors.StorageFault` naming the file (the store's ``_faults``)."""
-    with store._lock, store._errors():
-        yield
-
-
 def _locked(method):
-    """``method`` run :func:`_held`."""
+    """``method`` run in the store's :meth:`~LocalDocumentStore._reading`."""
 
     @wraps(method)
     def locked(self, *args, **kwargs):
-        with _held(self):
+        with self._reading():
             return method(self, *args, **kwargs)
 
     return locked
@@ -173,11 +150,6 @@ def compiled_filters(filters: Filter | dict | None) -> tuple[str, list]:
     here, a :class:`~densefit.retrieval.index.filters.Filter` from the edge); ``"1"`` when
     there is nothing to filter."""
     return compile_filters(parse_filters(filters, CAPABILITIES))
-
-
-def _ranked(scores: np.ndarray, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """A backend's padded ``(scores, rows)`` as ``(rows, scores)`` per query, padding dropped."""
-    return [(r[r >= 0], s[r >= 0]) for s, r in zip(scores, rows, strict=True)]
 
 
 class LocalDocumentStore(SwapCoordinator, StoreCommon):
@@ -233,15 +205,12 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
         self._table = DocumentTable(db, read_only=why is not None)
         self.read_only = why or self._table.read_only  # why writes are refused; None: they are not
         self._table.check()
-        self._record = StoreRecord.from_meta(self._table.read_meta(), db)
         self.backend_spec = backend or CAPABILITIES.backends[0]
         self._rescore = rescore
         self._vectors: CommittedVectors | None = None  # made by _reload, for the record's model
         self.model_generation = -1  # the model swaps the store went through; -1: not read yet
-        self._swap: SwapTarget | None = None
         self._bm25 = StoreBm25(self.path)
         self._wrote = False  # this object committed text changes (flush saves the BM25 index)
-        self._data_version = None
         self._cleanup: Callable | None = None
         self._reload()
         if not self.read_only:
@@ -288,14 +257,10 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
         temporary = path is None
         folder = Path(tempfile.mkdtemp(prefix="densefit-store-")) if temporary else Path(path)
         _check_new_folder(folder)
-        try:
+        db = folder / DB_NAME  # a full disk, a read-only file system: a fault naming it
+        with translated([Fault((OSError, sqlite3.Error), lambda exc: storage_fault(exc, db))]):
             folder.mkdir(parents=True, exist_ok=True)
-            write_new_database(folder / DB_NAME, record.to_meta())
-        except (OSError, sqlite3.Error) as exc:  # a full disk, a read-only file system
-            fault = storage_fault(exc, folder / DB_NAME)
-            if fault is None:
-                raise
-            raise fault from None
+            write_new_database(db, record.to_meta())
         store = cls(folder, backend=backend, rescore=rescore)
         if temporary:
             store._cleanup = weakref.finalize(store, shutil.rmtree, folder, True)
@@ -308,10 +273,8 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
         processes (:func:`~densefit.retrieval.index.locking.writer_lock`);
         :class:`~densefit.errors.ReadOnlyStoreError` for a read-only store."""
         self._check_writable()
-        options = {"name": name} if name else {}
-        if doing:
-            options["doing"] = doing
-        return writer_lock(self.path, timeout=timeout, **options)
+        options = {"name": name, "doing": doing}
+        return writer_lock(self.path, timeout=timeout, **{k: v for k, v in options.items() if v})
 
     # -- the model -------------------------------------------------------------------------
 
@@ -459,19 +422,16 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
 
     @_locked
     def get(self, ids: Sequence[str]) -> list[Document | None]:
-        """The documents with these ids, None where an id is unknown."""
         self._refresh()
         found = self._table.get(ids)
         return [found.get(i) for i in ids]
 
     @_locked
     def hashes(self, ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-        """``{id: (text_hash, meta_hash)}`` for the ids that are stored."""
         self._refresh()
         return self._table.hashes(ids)
 
     def ids(self) -> Iterator[str]:
-        """Every document id, in id order."""
         last = ""
         while True:
             with self._lock:
@@ -513,18 +473,30 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
 
     # The engine's parts of a search (StoreCommon.search): keys are rows of the vector file.
 
-    def _reading(self) -> AbstractContextManager:
-        return _held(self)
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """The store's lock held (one call at a time per store object, which a server's
+        threads may share), a full disk, a read-only or a damaged file turned into its
+        :class:`~densefit.errors.StorageFault` naming the file (:attr:`_faults`)."""
+        with self._lock, self._errors():
+            yield
 
     def _where(self, filters: Filter) -> np.ndarray:
         """The rows of the documents matching ``filters``."""
         return np.asarray(self._table.rows_matching(*compile_filters(filters)), dtype=np.int64)
 
     def _dense(self, queries: np.ndarray, k: int, rows) -> list[tuple[np.ndarray, np.ndarray]]:
-        return _ranked(*self._vectors.search(queries, k, rows))
+        scores, found = self._vectors.search(queries, k, rows)  # padded with row -1
+        return [(r[r >= 0], s[r >= 0]) for s, r in zip(scores, found, strict=True)]
 
     def _lexical(self, texts: list[str], k: int, rows) -> list[tuple[np.ndarray, np.ndarray]]:
-        return self._bm25_search(texts, k, rows)
+        """BM25 ``(rows, scores)`` of each text among the live rows (of ``rows``)."""
+        self._bm25_current()
+        mask = None
+        if rows is not None:
+            mask = np.zeros(self._vectors.n_rows, dtype=bool)
+            mask[rows] = True
+        return self._bm25.search(texts, k, mask)
 
     def _documents_at(self, rows: list[int]) -> dict[int, tuple[str, str, str, dict]]:
         return self._table.documents_at(rows)
@@ -532,19 +504,10 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
     def _ids_at(self, rows: list[int]) -> dict[int, str]:
         return self._table.ids_at(rows)
 
-    def _bm25_search(self, texts, k: int, subset) -> list[tuple[np.ndarray, np.ndarray]]:
-        """BM25 ``(rows, scores)`` of each text among the live rows (of ``subset``)."""
-        self._bm25_current()
-        mask = None
-        if subset is not None:
-            mask = np.zeros(self._vectors.n_rows, dtype=bool)
-            mask[subset] = True
-        return self._bm25.search(texts, k, mask)
-
     def _bm25_current(self):
         """The BM25 index of exactly the committed live rows (updated first if behind)."""
-        live = np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
-        return self._bm25.current(self._vectors.generation, live, self._table.texts_at)
+        vectors = self._vectors
+        return self._bm25.current(vectors.generation, vectors.live_rows(), self._table.texts_at)
 
     def update_bm25(self) -> bool:
         """Bring the BM25 index up to date with the committed documents now (searches do it
@@ -554,8 +517,8 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
         that BM25 searches do not pay for it."""
         with self._lock:
             self._refresh()
-            live = np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
-            update = self._bm25.plan(self._vectors.generation, live, self._table.texts_at)
+            vectors = self._vectors
+            update = self._bm25.plan(vectors.generation, vectors.live_rows(), self._table.texts_at)
         if update is None:
             return False
         built = update.build()
@@ -628,9 +591,8 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
         """Add an SQLite index on the metadata field ``field`` (``"meta.lang"``): filters
         comparing it with ``==``, ``in`` or a number then look rows up instead of scanning
         every document's JSON. Idempotent."""
-        _, statement = meta_index_sql(field)
         with self.transaction():
-            self._table.conn.execute(statement)
+            self._table.conn.execute(meta_index_sql(field)[1])
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -677,17 +639,14 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
 
     @_locked
     def write_metadata(self, documents: Sequence[Document]) -> int:
-        """Replace title and metadata of stored documents (their text and vector stay)."""
         checked_documents(documents)
         with self.transaction():
             return self._table.update_metadata(documents)
 
     @_locked
     def delete(self, ids: Iterable[str]) -> int:
-        """Delete documents by id in one transaction; unknown ids are ignored.
-
-        Returns the number of documents deleted.
-        """
+        """Delete documents by id in one transaction (unknown ids are ignored); returns how
+        many were deleted."""
         ids = list(dict.fromkeys(ids))
         self._wrote = True
         with self.transaction() as fresh:
@@ -698,7 +657,6 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
 
     @_locked
     def dead_rows(self) -> int:
-        """Vectors kept for updated or deleted documents, until :meth:`compact`."""
         self._refresh()
         return self._vectors.dead_rows()
 
@@ -709,9 +667,7 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
         self._refresh()
         if self._swap is not None:
             return 0
-        bm25_current = self._bm25.is_current(
-            self._vectors.generation, np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
-        )
+        bm25_current = self._bm25.is_current(self._vectors.generation, self._vectors.live_rows())
         with self.transaction() as fresh:
             n_rows = int(self._table.meta_value("n_rows"))
             generation = int(self._table.meta_value("generation"))
@@ -743,8 +699,7 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
         if self.read_only:
             return  # nothing was written; the caches stay in memory
         try:
-            if self.backend is not None:
-                self.backend.flush()
+            self.backend.flush()
             if self._cleanup is None and (self._wrote or self._bm25.loaded):
                 self._refresh()
                 self._bm25_current()
@@ -773,7 +728,6 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
         """Delete the store: the files it keeps in its folder (database, vector files, BM25
         and FAISS caches, lock files; other files stay, and the folder goes when nothing else
         is left in it), under the writer lock; the store is closed after."""
-        self._check_writable()
         if self._table.conn is None:
             raise StoreError(f"{self.path}: the store is closed; open it again to drop it")
         with self.writer_lock():
@@ -793,18 +747,33 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
         )
 
     def _info_extra(self) -> dict:
-        live = np.flatnonzero(self._vectors.alive[: self._vectors.n_rows])
-        current = self._bm25.is_current(self._vectors.generation, live)
+        current = self._bm25.is_current(self._vectors.generation, self._vectors.live_rows())
         return {
             "backend": getattr(self.backend, "name", str(self.backend_spec)),
             "bm25": "current" if current else "updated at the next BM25 search",
             "rescore": getattr(self.backend, "rescore", None),
         }
 
-    def transaction(self) -> _StoreTransaction:
-        """Hold SQLite's write lock in a ``with`` block; it yields True when no other
-        connection committed since this store last loaded (its view is current)."""
-        return _StoreTransaction(self)
+    @contextmanager
+    def transaction(self) -> Iterator[bool]:
+        """Hold SQLite's write lock in a ``with`` block (``BEGIN IMMEDIATE`` ... ``COMMIT``,
+        the vectors appended inside); it yields True when no other connection committed
+        since this store last loaded (its view is current). ModelSwappedError, the view
+        reloaded, when another process switched to a new model."""
+        if self._table.conn is None:
+            raise StoreError(f"{self.path}: the store is closed")
+        self._check_writable()
+        with self._table.transaction() as table:
+            swapped = int(table.meta_value(MODEL_GENERATION_KEY, "0")) != self.model_generation
+            if not swapped:
+                version = table.data_version()
+                generation = int(table.meta_value("generation"))
+                if generation != self._vectors.generation:  # another process compacted
+                    self._vectors.use_generation(generation)
+                yield version == self._data_version and generation == self._vectors.generation
+        if swapped:
+            self._reload()
+            raise model_swapped(self.location, self.model_name)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -927,47 +896,22 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
             conn.execute("COMMIT")
 
 
-class _StoreTransaction:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``: the write lock is held while vectors are appended."""
-
-    def __init__(self, store: LocalDocumentStore):
-        self.store = store
-        self.inner = None
-
-    def __enter__(self) -> bool:
-        """Take the write lock; True when no other connection committed since our last load."""
-        store = self.store
-        if store._table.conn is None:
-            raise StoreError(f"{store.path}: the store is closed")
-        store._check_writable()
-        self.inner = store._table.transaction()
-        self.inner.__enter__()
-        swapped = int(store._table.meta_value(MODEL_GENERATION_KEY, "0"))
-        if swapped != store.model_generation:  # another process switched to a new model
-            self.inner.__exit__(None, None, None)
-            store._reload()
-            raise model_swapped(store.location, store.model_name)
-        version = store._table.data_version()
-        generation = int(store._table.meta_value("generation"))
-        if generation != store._vectors.generation:  # another process compacted
-            store._vectors.use_generation(generation)
-        return version == store._data_version and generation == store._vectors.generation
-
-    def __exit__(self, exc_type, exc, tb):
-        return self.inner.__exit__(exc_type, exc, tb)
-
-
 def _check_new_folder(folder: Path) -> None:
     """Refuse to create a store where one is, or in a file, or in a folder holding other files."""
     if (folder / DB_NAME).exists():
         raise StoreError(f"{folder} already holds a store: open it instead of creating it")
     if folder.exists() and not folder.is_dir():
         raise StoreError(f"{folder} is a file; --store needs a folder")
-    if folder.is_dir() and any(p.name != LOCK_NAME for p in folder.iterdir()):
+    if _holds_files(folder):
         raise StoreError(
             f"{folder} exists and is not empty but holds no {DB_NAME}: pick a new or "
             "empty folder for the store"
         )
+
+
+def _holds_files(folder: Path) -> bool:
+    """Whether ``folder`` is a folder holding files besides the writer lock's."""
+    return folder.is_dir() and any(p.name != LOCK_NAME for p in folder.iterdir())
 
 
 def _not_a_store(folder: Path) -> str:
@@ -992,14 +936,7 @@ def _unwritable(folder: Path) -> str | None:
 
 def why_none(path: str | os.PathLike | None) -> str | None:
     """Why the folder ``path`` holds no store, when it holds something else."""
-    folder = Path(path) if path is not None else None
-    if (
-        folder is not None
-        and folder.is_dir()
-        and any(p.name != LOCK_NAME for p in folder.iterdir())
-    ):
-        return _not_a_store(folder)
-    return None
+    return _not_a_store(Path(path)) if path is not None and _holds_files(Path(path)) else None
 
 
 def open_existing(
@@ -1008,18 +945,17 @@ def open_existing(
     backend: str | Callable | None = None,
     rescore: int | None = None,
     lock_timeout: float | None = None,
-    read_only: bool = False,
 ) -> LocalDocumentStore | None:
-    """The store in the folder ``path`` (``read_only``: writes refused; a folder this
-    process may not write opens so anyway); None when there is none (creating one checks
-    that the folder is new or empty), StoreError when ``path`` is a file or Qdrant's folder."""
+    """The store in the folder ``path`` (read-only when this process may not write the
+    folder); None when there is none (creating one checks that the folder is new or empty),
+    StoreError when ``path`` is a file or Qdrant's folder."""
     if path is None:
         return None
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise StoreError(f"{folder} is a file; --store needs a folder")
     if (folder / DB_NAME).is_file():
-        return LocalDocumentStore(folder, backend=backend, rescore=rescore, read_only=read_only)
+        return LocalDocumentStore(folder, backend=backend, rescore=rescore)
     if (folder / "meta.json").is_file() and (folder / "collection").is_dir():
         raise StoreError(_not_a_store(folder))
     return None

@@ -1,37 +1,27 @@
 """A model swap: re-embed a store with another model while it keeps answering, then switch.
 
 ``densefit reembed --store TARGET --model NEW`` (and ``POST /admin/reembed`` of ``densefit
-serve``) builds the next generation of the store's vectors with the new model, beside the
+serve``) builds the next generation of the store's vectors with the new model beside the
 current one (blue/green), on every engine that declares
-:attr:`~densefit.retrieval.index.types.Capabilities.model_swap`:
-
-1. :meth:`SwapCoordinator.begin_swap` creates the next generation's storage and records the
-   new model (name, dimension, fingerprint, settings) as the swap under way, in the store's
-   own metadata, where every process finds it;
-2. :func:`~densefit.retrieval.index.reembed.reembed_store` embeds the documents in write order, a chunk per step
-   (:meth:`SwapCoordinator.swap_pending`, :meth:`SwapCoordinator.write_swap`). Searches keep
-   using the current generation. Documents written meanwhile are embedded for both
-   generations: by the writer when it has the new model (``densefit serve``'s does), else by
-   this pass (a write gives a document a later row, so the pass meets it); deletes and
-   metadata updates reach both;
-3. :meth:`SwapCoordinator.finish_swap` switches once every document has a current next
-   vector: the live generation, the model record and :attr:`model_generation` change together
-   (one transaction, or one alias operation). Searches and writes prepared for the old model
-   get :class:`~densefit.retrieval.index.types.ModelSwappedError` and embed again.
+:attr:`~densefit.retrieval.index.types.Capabilities.model_swap`: :meth:`SwapCoordinator.
+begin_swap` records the new model in the store's own metadata, where every process finds it,
+then :func:`~densefit.retrieval.index.reembed.reembed_store` embeds the documents
+in write order, a chunk per step, while searches keep using the current generation
+(documents written meanwhile are embedded for both generations: by the writer when it has
+the new model, else by this pass, which meets them at their later row; deletes and metadata
+updates reach both), then :meth:`SwapCoordinator.finish_swap` switches the live
+generation, the model record and ``model_generation`` together.
 
 A process killed at any point leaves the current generation serving (nothing of it changes
 before the switch) and the swap resumable: running it again with the same model goes on
 from the vectors written; with another model it starts afresh. ``cancel_swap`` drops it.
-
-The state machine is :class:`SwapCoordinator`, written once; an engine gives it a handful of
-primitives over its own storage (a next vector file, a second table, a collection behind an
-alias), listed in the class's docstring.
+The state machine is :class:`SwapCoordinator`, written once over a handful of primitives
+each engine gives (a next vector file, a second table, a collection behind an alias).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 
 import numpy as np
 
@@ -247,34 +237,5 @@ class SwapCoordinator:
             )
         return swap
 
-    # -- what each engine gives (see the class docstring) -------------------------------------
-
-    def _swap_transaction(self) -> AbstractContextManager:
-        raise NotImplementedError
-
-    def _save_swap(self, tx, swap: SwapTarget | None) -> None:
-        raise NotImplementedError
-
-    def _create_generation(self, tx, record: StoreRecord, generation: int | None) -> int:
-        raise NotImplementedError
-
-    def _drop_generation(self, tx, swap: SwapTarget) -> None:
-        raise NotImplementedError
-
-    def _pending_rows(self, swap: SwapTarget, after_row: int, limit: int) -> list:
-        raise NotImplementedError
-
-    def _count_pending(self, swap: SwapTarget) -> int:
-        raise NotImplementedError
-
-    def _put_next(self, tx, swap: SwapTarget, pending: list, vectors: np.ndarray) -> int:
-        raise NotImplementedError
-
-    def _switch(self, tx, swap: SwapTarget) -> None:
-        raise NotImplementedError
-
-    def _swap_changed(self) -> None:
-        raise NotImplementedError
-
-    def _before_switch(self, swap: SwapTarget) -> bool:
+    def _before_switch(self, swap: SwapTarget) -> bool:  # see the class docstring
         return True

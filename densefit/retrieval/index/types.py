@@ -92,15 +92,9 @@ class Capabilities:
     store and see each other's writes. ``filter_max_depth`` / ``filter_max_conditions``:
     the largest filter it takes (:class:`~densefit.retrieval.index.filters.Filter`'s
     ``depth`` and ``conditions``; None: no limit of its own), checked when a filter is
-    parsed for it.
-
-    The optional roles of :mod:`~densefit.retrieval.index.base` the engine's store
-    implements: ``model_swap`` (:class:`~densefit.retrieval.index.base.ModelSwap`: a new
-    model's vectors built beside the current ones and switched to atomically, ``densefit
-    reembed``), ``reembedding`` (:class:`~densefit.retrieval.index.base.Reembedding`:
-    ``densefit index --reembed``), ``upkeep`` (:class:`~densefit.retrieval.index.base.
-    Upkeep`: compaction, BM25 upkeep, metadata indexes) and ``metadata_stats``
-    (:class:`~densefit.retrieval.index.base.MetadataStats`).
+    parsed for it. ``model_swap``, ``reembedding``, ``upkeep`` and ``metadata_stats``: the
+    optional roles of :mod:`~densefit.retrieval.index.base` the engine's store implements
+    (:data:`~densefit.retrieval.index.base.ROLES`).
     """
 
     engine: str
@@ -278,11 +272,7 @@ class StoreRecord:
             self.fingerprint.shape != other.fingerprint.shape
         ):
             return False
-        if (
-            self.settings is not None
-            and other.settings is not None
-            and (self.settings.differences(other.settings))
-        ):
+        if self.settings and other.settings and self.settings.differences(other.settings):
             return False
         cosine = np.min(np.sum(self.fingerprint * other.fingerprint, axis=1))
         return bool(cosine >= SAME_WEIGHTS_COSINE)
@@ -292,9 +282,7 @@ class StoreRecord:
 
         A store made before settings were recorded accepts any settings.
         """
-        if self.settings is None:
-            return
-        differences = self.settings.differences(settings)
+        differences = self.settings.differences(settings) if self.settings else []
         if not differences:
             return
         name, stored, given = differences[0]
@@ -308,9 +296,8 @@ class StoreRecord:
 
 @dataclass
 class SwapTarget:
-    """The model a store is being re-embedded with (a model swap,
-    a model swap): its record, and the vector-file generation its
-    vectors go to. Kept in the store's meta table until the switch."""
+    """The model a store is being re-embedded with (a model swap): its record, and the
+    generation its vectors go to. Kept in the store's metadata until the switch."""
 
     record: StoreRecord
     generation: int

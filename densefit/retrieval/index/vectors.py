@@ -56,10 +56,6 @@ class VectorFile:
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.row_bytes = self.dim * self.dtype.itemsize
 
-    def rows_on_disk(self) -> int:
-        """Whole rows in the file (committed or not)."""
-        return self.path.stat().st_size // self.row_bytes if self.path.exists() else 0
-
     def write(self, start_row: int, vectors: np.ndarray) -> None:
         """Write ``vectors`` from ``start_row`` on, drop anything after them, and fsync."""
         data = np.ascontiguousarray(vectors, dtype=self.dtype)
@@ -91,7 +87,7 @@ class VectorFile:
         """A read-only ``(rows, dim)`` memory map of the first ``rows`` rows."""
         if rows == 0:
             return np.zeros((0, self.dim), dtype=self.dtype)
-        on_disk = self.rows_on_disk()
+        on_disk = self.path.stat().st_size // self.row_bytes if self.path.exists() else 0
         if on_disk < rows:
             raise DamagedFileError(
                 f"{self.path}: the file holds {on_disk:,} vectors but the store committed "
@@ -243,6 +239,10 @@ class CommittedVectors:
     def dead_rows(self) -> int:
         """Rows no document points at any more."""
         return int(self.n_rows - self.alive[: self.n_rows].sum())
+
+    def live_rows(self) -> np.ndarray:
+        """The committed rows documents point at, sorted."""
+        return np.flatnonzero(self.alive[: self.n_rows])
 
     def search(
         self, queries: np.ndarray, k: int, rows: np.ndarray | None = None
