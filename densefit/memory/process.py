@@ -45,8 +45,11 @@ __all__ = [
 # until it is wholly free), and the backward pass's one-time setup (the planner's probe runs
 # forward only). On the tiny model it outweighs the activations (tests/test_budget.py holds
 # the prediction to the measured peak there, under glibc and mimalloc); with the real model
-# it is within the activation headroom (bench/results/budget.md).
-STEP_SETUP_BYTES = 32 * 2**20
+# it is within the activation headroom (bench/results/budget.md). Under mimalloc the pages a
+# step frees are given back after a delay, later when another process keeps the CPU busy:
+# 32 MiB was exceeded by 4.4 MiB in two of about ten runs of that test beside a second busy
+# test worker, so the allowance is 40.
+STEP_SETUP_BYTES = 40 * 2**20
 
 
 def _status_bytes(key: str) -> int | None:
