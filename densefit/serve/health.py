@@ -25,9 +25,9 @@ class StoreProbe:
     """The store's document count, asked in a thread of its own and waited for ``timeout``
     seconds at most, so that a hung engine cannot hang ``/health`` (or ``/metrics``).
 
-    One question at a time: checks that come while one is still waiting share it, and a
-    question that never comes back keeps later checks answering 503 at once (no thread
-    piles up behind a hung engine) until it does.
+    One question at a time: checks that come while one is still waiting share it (no thread
+    piles up behind a hung engine), and each check waits up to ``timeout`` from its own
+    arrival, so a check that comes while an engine that was hung answers again sees the answer.
     """
 
     def __init__(self, store, timeout: float):
@@ -40,6 +40,7 @@ class StoreProbe:
     def count(self) -> int:
         """The store's document count; :class:`StoreUnavailableError` when the engine cannot
         be reached, fails the question, or does not answer within the timeout."""
+        arrived = time.monotonic()
         with self._lock:
             if self._asked is None or self._asked.done():
                 self._asked, self._since = Future(), time.monotonic()
@@ -47,7 +48,7 @@ class StoreProbe:
                     target=self._ask, args=(self._asked,), name="densefit-health", daemon=True
                 ).start()
             asked, since = self._asked, self._since
-        remaining = self._timeout - (time.monotonic() - since)
+        remaining = self._timeout - (time.monotonic() - arrived)
         if not asked.done() and remaining > 0:
             try:
                 asked.result(timeout=remaining)
