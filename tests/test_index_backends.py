@@ -94,20 +94,24 @@ def test_float16_vectors_are_widened(use_faiss):
     np.testing.assert_allclose(scores, ref_scores, rtol=1e-5, atol=1e-4)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     n=st.integers(1, 60),
     n_queries=st.integers(1, 12),
     k=st.integers(1, 70),
-    chunk=st.integers(1, 25),
+    chunk=st.one_of(st.none(), st.integers(1, 25)),  # None: one block
     seed=st.integers(0, 2**16),
+    dead=st.sampled_from([0.0, 0.2, 1.0]),
+    use_faiss=st.sampled_from([False, True] if HAS_FAISS else [False]),
 )
-def test_chunked_torch_path_equals_one_matrix(n, n_queries, k, chunk, seed):
+def test_chunked_paths_equal_one_matrix(n, n_queries, k, chunk, seed, dead, use_faiss):
     rng = np.random.default_rng(seed)
     vectors = rng.standard_normal((n, 8)).astype(np.float32)
     queries = rng.standard_normal((n_queries, 8)).astype(np.float32)
-    alive = rng.random(n) > 0.2
-    scores, rows = exact_search(vectors, queries, k, alive=alive, chunk_rows=chunk, use_faiss=False)
+    alive = rng.random(n) >= dead
+    options = {"chunk_rows": chunk, "use_faiss": use_faiss}
+    scores, rows = exact_search(vectors, queries, k, alive=alive, **options)
+    assert scores.shape == rows.shape == (n_queries, k) and scores.dtype == np.float32
     ref_scores, _ = brute_force(vectors, queries, k, alive)
     live = min(k, int(alive.sum()))
     # Ties could order differently; the scores must agree exactly, the rows must be live.

@@ -25,6 +25,7 @@ from densefit.retrieval.index.request import (
     in_rank_order,
     past_ties,
     ranked_order,
+    tie_groups,
 )
 from densefit.retrieval.index.types import StoreRecord
 
@@ -234,3 +235,30 @@ def test_ids_that_came_with_the_ranking_are_not_read_again():
     ranked = [Ranked(np.array([1, 2]), np.array([0.5, 0.5]), documents)]
     cut = in_rank_order(ranked, 2, lambda keys: pytest.fail(f"read {keys}"))
     assert cut[0].keys.tolist() == [2, 1] and cut[0].documents == documents
+
+
+@pytest.mark.parametrize("scale", [0.5, 7.0])  # TIE is relative above 1
+def test_scores_near_the_tie_width_cut_as_the_rule_orders_them(scale):
+    """Gaps around TIE (equal, inside, just outside, far) at every place of a ranking: each
+    ranking cut to k is the rule's order of the whole ranking cut to k, and a ranking asks
+    for more exactly when its last score ties with its k-th."""
+    rng = random.Random(7)
+    gaps = [0.0, 0.5, 0.99, 1.0, 1.005, 1.02, 1.5, 1.99, 2.0, 2.01, 3.0, 50.0]
+    for trial in range(400):
+        n, k = rng.randint(1, 14), rng.randint(1, 12)
+        steps = [rng.choice(gaps) * TIE * max(1.0, scale) for _ in range(n - 1)]
+        scores = scale - np.cumsum([0.0, *steps])
+        ids = [f"d{rng.randrange(10**6):06d}" for _ in range(n)]
+        ranking = Ranked(np.arange(n), scores)
+        cut = in_rank_order([ranking], k, lambda keys, ids=ids: {i: ids[i] for i in keys})
+        assert cut[0].keys.tolist() == ranked_order(ids, scores)[:k], (trial, scores.tolist(), k)
+        asked = []
+        past_ties(lambda at, depth, r=ranking, asked=asked: asked.append(depth) or [r], 1, k)
+        full_tie = n >= k + 1 and _ties(scores, k - 1, n - 1)
+        assert (len(asked) > 1) == full_tie, (trial, scores.tolist(), k)
+
+
+def _ties(scores, i: int, j: int) -> bool:
+    """Whether places ``i`` and ``j`` (best first) are in one group of the rule."""
+    groups = tie_groups(scores)
+    return groups[i] == groups[j]

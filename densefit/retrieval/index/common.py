@@ -213,22 +213,31 @@ def one_line(exc: BaseException) -> str:
     return " ".join(lines[0].split()) if lines else type(exc).__name__
 
 
-@contextmanager
-def translated(table: Sequence[Fault]) -> Iterator[None]:
+def translated(table: Sequence[Fault]) -> _Translated:
     """Run the block with an engine's native errors turned into densefit's: the first row of
     ``table`` that translates one gives the error raised instead (one line, naming the
     store); densefit's own errors (:class:`~densefit.retrieval.index.types.StoreError`,
     :class:`~densefit.errors.StorageFault`) and errors no row knows pass unchanged."""
-    try:
-        yield
-    except (StoreError, StorageFault):
-        raise
-    except Exception as exc:
-        for row in table:
+    return _Translated(table)
+
+
+class _Translated:
+    """:func:`translated`'s context manager (a class: every search enters one)."""
+
+    def __init__(self, table: Sequence[Fault]):
+        self._table = table
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if not isinstance(exc, Exception) or isinstance(exc, (StoreError, StorageFault)):
+            return False
+        for row in self._table:
             error = row.translate(exc)
             if error is not None:
                 raise error from None
-        raise
+        return False
 
 
 def _parameter_version(model) -> int:
@@ -441,6 +450,8 @@ class StoreCommon:
         document id, the same on every engine."""
 
         def ask(at: list[int], n: int) -> list:
+            if len(at) == len(inputs):  # every query (the first ask)
+                return hook(inputs, n, where)
             some = inputs[at] if isinstance(inputs, np.ndarray) else [inputs[i] for i in at]
             return hook(some, n, where)
 
@@ -453,12 +464,10 @@ class StoreCommon:
         with self._lock:
             yield
 
-    @contextmanager
-    def _errors(self) -> Iterator[None]:
+    def _errors(self) -> _Translated:
         """The engine's native errors raised in the block as densefit's, by its table
         ``_faults`` (:class:`Fault` rows, set when the store opens: they name its location)."""
-        with translated(self._faults):
-            yield
+        return translated(self._faults)
 
     # -- what each engine supplies ----------------------------------------------------------
 

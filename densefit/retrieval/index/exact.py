@@ -113,6 +113,8 @@ def exact_search(
     else:
         chunk = min(_MAX_CHUNK, max(_MIN_CHUNK, _SCORE_BUDGET // n_queries))
     chunk = min(chunk, n_rows)
+    if faiss is not None and chunk == n_rows and not widen:  # one block: FAISS's answer as is
+        return _faiss_top_k(faiss, queries, vectors, alive, k)
     # Buffers reused across chunks: fresh multi-megabyte allocations cost a page fault per
     # 4 KiB, which at a million rows costs more than the arithmetic.
     widened = torch.empty((chunk, queries.shape[1])) if widen else None  # (c, d)
@@ -124,7 +126,8 @@ def exact_search(
             continue
         block = _float_block(vectors[start : start + chunk], widened)  # (c, d) float32
         if faiss is not None:
-            top_scores, top_idx = _faiss_chunk_top_k(faiss, queries, block.numpy(), block_alive, k)
+            found = _faiss_chunk_top_k(faiss, queries, block.numpy(), block_alive, k)
+            top_scores, top_idx = map(torch.from_numpy, found)
         else:
             scores = scores_buffer[: n_queries * len(block)].view(n_queries, len(block))
             torch.mm(query_tensor, block.T, out=scores)  # (q, c)
@@ -164,7 +167,22 @@ def _faiss_chunk_top_k(faiss, queries, block, block_alive, k):
     missing = rows < 0
     scores[missing] = -np.inf
     rows[missing] = 0
-    return torch.from_numpy(scores), torch.from_numpy(rows)
+    return scores, rows
+
+
+def _faiss_top_k(faiss, queries, vectors, alive, k) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`exact_search`'s answer when ``vectors`` (float32) is one block for FAISS."""
+    scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+    rows = np.full((len(queries), k), -1, dtype=np.int64)
+    if alive is None or alive.any():
+        block = _float_block(vectors, None).numpy()
+        found_scores, found_rows = _faiss_chunk_top_k(faiss, queries, block, alive, k)
+        scores[:, : found_scores.shape[1]], rows[:, : found_rows.shape[1]] = (
+            found_scores,
+            found_rows,
+        )
+    rows[np.isinf(scores)] = -1
+    return scores, rows
 
 
 def faiss_module():

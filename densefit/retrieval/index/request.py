@@ -11,6 +11,7 @@ that orders equal scores on every engine (:func:`ranked_order`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -228,8 +229,19 @@ def past_ties(ask: Callable[[list[int], int], list], count: int, k: int) -> list
 def _open_tie(scores, k: int, depth: int) -> bool:
     """Whether the engine may hold more documents tied with the ``k``-th of ``scores``: it
     gave all ``depth`` asked for, and the last ties with the ``k``-th."""
-    scores = np.sort(np.asarray(scores, dtype=np.float64))[::-1]
-    return len(scores) >= depth and _through_ties(scores, k) == len(scores)
+    if len(scores) < depth:
+        return False
+    values = sorted(np.asarray(scores, dtype=np.float64).tolist(), reverse=True)
+    if _apart(values[k - 1], values[-1]):  # the usual case, decided without tie_groups
+        return False
+    return _through_ties(np.array(values), k) == len(values)
+
+
+def _apart(better: float, worse: float, times: float = 2.0) -> bool:
+    """Whether ``worse`` lies more than ``times`` :data:`TIE` (times ``better`` above 1)
+    below ``better``: two scores that can be in no group together (:func:`tie_groups`; with
+    ``times`` 1.01 a score that begins a group)."""
+    return better - worse > times * TIE * max(1.0, abs(better))
 
 
 def _through_ties(scores: np.ndarray, k: int) -> int:
@@ -265,6 +277,12 @@ def in_rank_order(
     for ranked in rankings:
         scores = np.asarray(ranked.scores, dtype=np.float64)
         keys = np.asarray(ranked.keys, dtype=np.int64)
+        values = scores[: k + 1].tolist()
+        if all(_apart(a, b, 1.01) for a, b in itertools.pairwise(values)) and (
+            len(scores) <= k + 1 or scores[k + 1 :].max() <= values[-1]
+        ):  # best first and no two of the k + 1 best close: no tie to order (the usual case)
+            cut.append((ranked, keys[:k], scores[:k], None))
+            continue
         if (np.diff(scores) > 0).any():  # not best first
             best = np.argsort(-scores, kind="stable")
             scores, keys = scores[best], keys[best]

@@ -10,6 +10,7 @@ model framework. What needs a model (a record made from one, the fingerprint che
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -261,7 +262,7 @@ class StoreRecord:
             similarity=meta["similarity"],
             # "dtype": the key of stores made before int8 and binary vectors existed
             vector_kind=meta.get("vectors", meta.get("dtype", "float32")),
-            fingerprint=np.asarray(json.loads(meta["fingerprint"]), dtype=np.float32),
+            fingerprint=_fingerprint(meta["fingerprint"]),
             settings=VectorSettings.from_meta(meta),
         )
 
@@ -292,6 +293,15 @@ class StoreRecord:
             f"embeds with {name}={given!r}: {fix}, or pass --reembed (reembed=True in Python) to "
             "re-embed every document with the new settings, or index into a new --store"
         )
+
+
+@functools.lru_cache(maxsize=16)
+def _fingerprint(text: str) -> np.ndarray:
+    """A record's fingerprint from its JSON (tens of kilobytes, parsed once: a database
+    store reads its record at every search), read-only since records share it."""
+    fingerprint = np.asarray(json.loads(text), dtype=np.float32)
+    fingerprint.flags.writeable = False
+    return fingerprint
 
 
 @dataclass
