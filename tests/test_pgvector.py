@@ -559,6 +559,21 @@ def test_concurrent_creators_make_one_store(target, model):
         store.close()
 
 
+def test_a_creator_gives_up_after_its_lock_timeout_naming_the_holder(server, model, capsys):
+    target = _new_target(server)
+    with psycopg.connect(server, application_name="another creator") as other:
+        with other.transaction():  # holds the database's create lock, as a creator does
+            other.execute("SELECT pg_advisory_xact_lock(%s)", (engine._lock_key("create"),))
+            with pytest.raises(StoreLockedError) as error:
+                open_store(target, model, lock_timeout=0.3)
+    message = str(error.value)
+    assert "\n" not in message and "(another creator) is still creating a store" in message
+    assert "after 0.3s" in message and "--lock-timeout" in message
+    assert "waiting for it to finish (up to 0.3s)" in capsys.readouterr().err
+    with open_store(target, model, lock_timeout=0.3) as store:  # free again: made now
+        assert store.count() == 0
+
+
 # -- crashes: a writer killed mid-transaction --------------------------------------------------
 
 
