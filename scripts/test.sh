@@ -18,6 +18,9 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/ruff format --check . || { echo "fix: .venv/bin/ruff format ." >&2; exit 1; }
 # The layers (docs/architecture.md): no module imports a layer above its own, even in a function.
 .venv/bin/lint-imports --no-cache || { echo "fix the import named above (docs/architecture.md)" >&2; exit 1; }
+# One OpenMP/MKL thread per process unless set: two workers of two threads each on two cores
+# spin against each other (a 2-thread torch step runs ~4x slower beside a busy process).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
 # -rs: each skipped test with its reason (a missing extra, dataset or device says which).
 # Two worker processes (pytest-xdist), a test file's tests in one worker: the suite's time
 # halves on 2 cores; DENSEFIT_TEST_WORKERS=0 runs it in one process.
