@@ -450,8 +450,6 @@ class StoreCommon:
         document id, the same on every engine."""
 
         def ask(at: list[int], n: int) -> list:
-            if len(at) == len(inputs):  # every query (the first ask)
-                return hook(inputs, n, where)
             some = inputs[at] if isinstance(inputs, np.ndarray) else [inputs[i] for i in at]
             return hook(some, n, where)
 

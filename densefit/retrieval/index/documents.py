@@ -9,11 +9,10 @@ shared by a store's threads; the store serialises calls on it.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
@@ -228,16 +227,13 @@ class DocumentTable:
         """The number of documents."""
         return int(self.conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0])
 
-    def _where_in(self, columns: str, key: str, values: Sequence, rest: str = "") -> Iterable:
+    def _where_in(self, columns: str, key: str, values: Sequence, rest: str = "") -> Iterator:
         """The rows ``SELECT columns FROM documents WHERE key IN (values) rest``, asked in
-        parts of at most :data:`SQL_VARS` values (a search's few: one cursor, read as is)."""
-        values = list(values)
-        answers = []
-        for part in parts(values):
+        parts of at most :data:`SQL_VARS` values."""
+        for part in parts(list(values)):
             marks = ",".join("?" * len(part))
             query = f"SELECT {columns} FROM documents WHERE {key} IN ({marks}) {rest}"
-            answers.append(self.conn.execute(query, part).fetchall())
-        return answers[0] if len(answers) == 1 else itertools.chain.from_iterable(answers)
+            yield from self.conn.execute(query, part)
 
     def get(self, ids: Sequence[str]) -> dict[str, Document]:
         """``{id: Document}`` for the ids that are stored."""

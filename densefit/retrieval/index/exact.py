@@ -177,10 +177,8 @@ def _faiss_top_k(faiss, queries, vectors, alive, k) -> tuple[np.ndarray, np.ndar
     if alive is None or alive.any():
         block = _float_block(vectors, None).numpy()
         found_scores, found_rows = _faiss_chunk_top_k(faiss, queries, block, alive, k)
-        scores[:, : found_scores.shape[1]], rows[:, : found_rows.shape[1]] = (
-            found_scores,
-            found_rows,
-        )
+        n = found_scores.shape[1]  # k, or fewer rows
+        scores[:, :n], rows[:, :n] = found_scores, found_rows
     rows[np.isinf(scores)] = -1
     return scores, rows
 

@@ -11,7 +11,6 @@ that orders equal scores on every engine (:func:`ranked_order`).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -162,8 +161,7 @@ def tie_groups(scores: Sequence[float]) -> list[int]:
     values = np.asarray(scores, dtype=np.float64)
     if len(values) < 2:
         return list(range(len(values)))
-    # a score this far below the one before begins a group whatever the group's first score
-    fresh = values[:-1] - values[1:] > 1.01 * TIE * np.maximum(1.0, np.abs(values[:-1]))
+    fresh = _fresh(values)
     if fresh.all():  # no two close: the usual case
         return list(range(len(values)))
     groups, anchor, group = [], 0.0, -1
@@ -172,6 +170,12 @@ def tie_groups(scores: Sequence[float]) -> list[int]:
             anchor, group = score, group + 1
         groups.append(group)
     return groups
+
+
+def _fresh(values: np.ndarray) -> np.ndarray:
+    """For ``values`` best first, whether each after the first lies so far below the one
+    before that it begins a group (:func:`tie_groups`) whatever the group's first score."""
+    return values[:-1] - values[1:] > 1.01 * TIE * np.maximum(1.0, np.abs(values[:-1]))
 
 
 def _near(scores: np.ndarray, k: int) -> int:
@@ -231,17 +235,8 @@ def _open_tie(scores, k: int, depth: int) -> bool:
     gave all ``depth`` asked for, and the last ties with the ``k``-th."""
     if len(scores) < depth:
         return False
-    values = sorted(np.asarray(scores, dtype=np.float64).tolist(), reverse=True)
-    if _apart(values[k - 1], values[-1]):  # the usual case, decided without tie_groups
-        return False
-    return _through_ties(np.array(values), k) == len(values)
-
-
-def _apart(better: float, worse: float, times: float = 2.0) -> bool:
-    """Whether ``worse`` lies more than ``times`` :data:`TIE` (times ``better`` above 1)
-    below ``better``: two scores that can be in no group together (:func:`tie_groups`; with
-    ``times`` 1.01 a score that begins a group)."""
-    return better - worse > times * TIE * max(1.0, abs(better))
+    scores = np.sort(np.asarray(scores, dtype=np.float64))[::-1]
+    return _through_ties(scores, k) == len(scores)
 
 
 def _through_ties(scores: np.ndarray, k: int) -> int:
@@ -277,10 +272,9 @@ def in_rank_order(
     for ranked in rankings:
         scores = np.asarray(ranked.scores, dtype=np.float64)
         keys = np.asarray(ranked.keys, dtype=np.int64)
-        values = scores[: k + 1].tolist()
-        if all(_apart(a, b, 1.01) for a, b in itertools.pairwise(values)) and (
-            len(scores) <= k + 1 or scores[k + 1 :].max() <= values[-1]
-        ):  # best first and no two of the k + 1 best close: no tie to order (the usual case)
+        head = scores[: k + 1]
+        if _fresh(head).all() and (len(scores) <= k + 1 or scores[k + 1 :].max() <= head[-1]):
+            # best first and no two of the k + 1 best close: no tie to order (the usual case)
             cut.append((ranked, keys[:k], scores[:k], None))
             continue
         if (np.diff(scores) > 0).any():  # not best first
