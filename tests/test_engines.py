@@ -409,3 +409,26 @@ def find_circles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return sorted(circles)
+
+
+@pytest.mark.parametrize("engine", [*STORE_ENGINES, "milvus"])
+def test_a_record_no_store_can_search_is_refused_in_one_line_on_every_engine(
+    engine, new_target, tmp_path
+):
+    import numpy as np
+
+    from densefit.retrieval.index.types import NoStoreError, StoreError, StoreRecord
+
+    if engine == "milvus":
+        pytest.importorskip("pymilvus", reason="pymilvus is not installed (densefit[milvus])")
+        pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
+        target = f"milvus:{tmp_path}/m.db"
+    else:
+        target = new_target(engine)
+    record = StoreRecord("random", 8, "euclidean", "float32", np.zeros((3, 8), np.float32), None)
+    with pytest.raises(StoreError) as caught:
+        open_store(target, record=record)
+    message = str(caught.value)
+    assert "\n" not in message and "similarity 'euclidean' is not supported" in message
+    with pytest.raises(NoStoreError):
+        open_store(target, create=False)  # nothing was made

@@ -44,7 +44,6 @@ from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
-from densefit.choices import SIMILARITIES
 from densefit.data.types import Document
 from densefit.retrieval.index.database import (
     DatabaseStore,
@@ -296,8 +295,8 @@ class AliasedStore(SwapCoordinator, DatabaseStore):
         """The engine's ``open_existing`` (``record`` None: the store at ``target``, None when
         there is none) and ``create`` (the store created for ``record``; one another process
         created meanwhile is opened): the target parsed (the engine's ``_parse_target``), the
-        ``backend`` (None: the engine's default) and the record refused in one line when the
-        engine cannot use them, a connection (``_connect``); ``_local_files(target)`` says
+        ``backend`` (None: the engine's default) refused in one line when the engine has no
+        such search (the record was checked by ``open_store``), a connection (``_connect``); ``_local_files(target)`` says
         whether the in-process mode's files hold a store yet (and refuses files of another
         kind)."""
         capabilities = cls.capabilities
@@ -311,15 +310,6 @@ class AliasedStore(SwapCoordinator, DatabaseStore):
         if backend is not None:
             backend = str(backend)
             require(capabilities, "backends", f"search by {backend!r}", backend, target.location)
-        if record is not None and record.similarity not in SIMILARITIES:
-            raise StoreError(
-                f"{target.location}: similarity {record.similarity!r} is not supported: the "
-                f"store searches by inner product, which serves {' and '.join(SIMILARITIES)} "
-                "models"
-            )
-        if record is not None:
-            kind = record.vector_kind
-            require(capabilities, "vector_kinds", f"store {kind} vectors", kind, target.location)
         if target.local and not cls._local_files(target) and record is None:
             return None
         connection = cls._connect(target)

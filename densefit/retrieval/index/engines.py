@@ -95,6 +95,7 @@ def open_store(
             # the settings module loads the model's framework (torch): the package exports
             # record_for lazily (densefit/_lazy.py), so listing and opening stores loads none
             record = index_package.record_for(model, vectors)
+        record.check_searchable(location)
         require(
             capabilities,
             "vector_kinds",

@@ -47,7 +47,6 @@ from pathlib import Path
 
 import numpy as np
 
-from densefit.choices import SIMILARITIES, VECTOR_KINDS
 from densefit.data.types import Document
 from densefit.errors import (
     FREE_SPACE,
@@ -242,16 +241,7 @@ class LocalDocumentStore(SwapCoordinator, StoreCommon):
         similarity, vector kind, settings) in the folder ``path`` (None: a temporary one).
         The caller holds the folder's writer lock when others may create it too
         (:func:`create` does)."""
-        if record.similarity not in SIMILARITIES:
-            raise StoreError(
-                f"similarity {record.similarity!r} is not supported by the store: it searches "
-                f"by inner product, which serves {' and '.join(SIMILARITIES)} models"
-            )
-        if record.vector_kind not in VECTOR_KINDS:
-            raise StoreError(
-                f"vector kind {record.vector_kind!r} is not supported: use one of "
-                f"{', '.join(VECTOR_KINDS)}"
-            )
+        record.check_searchable(str(path) if path is not None else "a temporary store")
         backend = backend or CAPABILITIES.backends[0]
         make_backend(backend, record.dim, kind=record.vector_kind, rescore=rescore)  # fails first
         temporary = path is None

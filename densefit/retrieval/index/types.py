@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from densefit.choices import SIMILARITIES, VECTOR_KINDS
 from densefit.retrieval.vector_source import VectorSource, disagreement
 
 __all__ = [
@@ -265,6 +266,21 @@ class StoreRecord:
             fingerprint=_fingerprint(meta["fingerprint"]),
             settings=VectorSettings.from_meta(meta),
         )
+
+    def check_searchable(self, where: str) -> None:
+        """StoreError (one line, ``where`` first) for vectors no store can hold: a similarity
+        other than :data:`~densefit.choices.SIMILARITIES` (every engine searches by inner
+        product) or a kind other than :data:`~densefit.choices.VECTOR_KINDS`."""
+        if self.similarity not in SIMILARITIES:
+            raise StoreError(
+                f"{where}: similarity {self.similarity!r} is not supported: the store searches "
+                f"by inner product, which serves {' and '.join(SIMILARITIES)} models"
+            )
+        if self.vector_kind not in VECTOR_KINDS:
+            raise StoreError(
+                f"{where}: vector kind {self.vector_kind!r} is not supported: use one of "
+                f"{', '.join(VECTOR_KINDS)}"
+            )
 
     def same_vectors(self, other: StoreRecord) -> bool:
         """Whether ``other`` records the same vectors: same size, similarity and settings,
