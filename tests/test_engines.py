@@ -432,3 +432,32 @@ def test_a_record_no_store_can_search_is_refused_in_one_line_on_every_engine(
     assert "\n" not in message and "similarity 'euclidean' is not supported" in message
     with pytest.raises(NoStoreError):
         open_store(target, create=False)  # nothing was made
+
+
+@pytest.mark.parametrize("engine", [*STORE_ENGINES, "milvus"])
+def test_a_backend_the_engine_lacks_is_refused_in_one_line_before_anything_is_made(
+    engine, new_target, tmp_path
+):
+    import numpy as np
+
+    from densefit.retrieval.index.types import NoStoreError, StoreError, StoreRecord
+    from densefit.retrieval.index.vectors import ExactBackend
+
+    if engine == "milvus":
+        pytest.importorskip("pymilvus", reason="pymilvus is not installed (densefit[milvus])")
+        pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
+        target = f"milvus:{tmp_path}/m.db"
+    else:
+        target = new_target(engine)
+    record = StoreRecord("random", 8, "cosine", "float32", np.zeros((3, 8), np.float32), None)
+    for backend in ("annoy", lambda dim: ExactBackend()):
+        if engine == "embedded" and callable(backend):
+            continue  # the embedded store's own vector search takes a factory
+        with pytest.raises(StoreError) as caught:
+            open_store(target, record=record, backend=backend)
+        assert "\n" not in str(caught.value)
+        assert "not a backend factory" in str(caught.value) or "cannot search by" in str(
+            caught.value
+        )
+    with pytest.raises(NoStoreError):
+        open_store(target, create=False)  # nothing was made

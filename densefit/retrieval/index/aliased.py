@@ -54,7 +54,7 @@ from densefit.retrieval.index.database import (
 from densefit.retrieval.index.documents import meta_hash
 from densefit.retrieval.index.filters import Filter, parse_filters, typed_fields
 from densefit.retrieval.index.locking import StoreLockedError
-from densefit.retrieval.index.registry import redacted, require
+from densefit.retrieval.index.registry import redacted
 from densefit.retrieval.index.request import Ranked
 from densefit.retrieval.index.swap import MODEL_GENERATION_KEY, SWAP_KEY, SwapCoordinator
 from densefit.retrieval.index.types import StoreError, StoreRecord, SwapTarget, VectorSettings
@@ -294,22 +294,11 @@ class AliasedStore(SwapCoordinator, DatabaseStore):
     def opened(cls, target: str, backend, record: StoreRecord | None):
         """The engine's ``open_existing`` (``record`` None: the store at ``target``, None when
         there is none) and ``create`` (the store created for ``record``; one another process
-        created meanwhile is opened): the target parsed (the engine's ``_parse_target``), the
-        ``backend`` (None: the engine's default) refused in one line when the engine has no
-        such search (the record was checked by ``open_store``), a connection (``_connect``); ``_local_files(target)`` says
-        whether the in-process mode's files hold a store yet (and refuses files of another
-        kind)."""
-        capabilities = cls.capabilities
-        if callable(backend):
-            offered = " or ".join(repr(b) for b in capabilities.backends)
-            raise StoreError(
-                f"the {capabilities.engine} engine searches with its own index: pass "
-                f"backend={offered}, not a backend factory"
-            )
+        created meanwhile is opened), with the ``backend`` and the record ``open_store``
+        checked: the target parsed (the engine's ``_parse_target``), a connection
+        (``_connect``); ``_local_files(target)`` says whether the in-process mode's files
+        hold a store yet (and refuses files of another kind)."""
         target = cls._parse_target(target)
-        if backend is not None:
-            backend = str(backend)
-            require(capabilities, "backends", f"search by {backend!r}", backend, target.location)
         if target.local and not cls._local_files(target) and record is None:
             return None
         connection = cls._connect(target)

@@ -1153,9 +1153,7 @@ def create(
 
 
 def _open(target, record: StoreRecord | None, backend, rescore, lock_timeout):
-    parsed = parse_target(target)
-    if backend is not None:
-        require(CAPABILITIES, "backends", f"search by {backend!r}", str(backend), parsed.location)
+    parsed = parse_target(target)  # the backend: checked by open_store
     if record is not None:
         checked_rescore(rescore, record.vector_kind, parsed.location)
     conn = _connect(parsed)
