@@ -411,53 +411,42 @@ def find_circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(circles)
 
 
-@pytest.mark.parametrize("engine", [*STORE_ENGINES, "milvus"])
-def test_a_record_no_store_can_search_is_refused_in_one_line_on_every_engine(
-    engine, new_target, tmp_path
-):
-    import numpy as np
-
-    from densefit.retrieval.index.types import NoStoreError, StoreError, StoreRecord
-
-    if engine == "milvus":
-        pytest.importorskip("pymilvus", reason="pymilvus is not installed (densefit[milvus])")
-        pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
-        target = f"milvus:{tmp_path}/m.db"
-    else:
-        target = new_target(engine)
-    record = StoreRecord("random", 8, "euclidean", "float32", np.zeros((3, 8), np.float32), None)
-    with pytest.raises(StoreError) as caught:
-        open_store(target, record=record)
-    message = str(caught.value)
-    assert "\n" not in message and "similarity 'euclidean' is not supported" in message
-    with pytest.raises(NoStoreError):
-        open_store(target, create=False)  # nothing was made
-
-
-@pytest.mark.parametrize("engine", [*STORE_ENGINES, "milvus"])
-def test_a_backend_the_engine_lacks_is_refused_in_one_line_before_anything_is_made(
-    engine, new_target, tmp_path
-):
-    import numpy as np
-
-    from densefit.retrieval.index.types import NoStoreError, StoreError, StoreRecord
+def _factory(dim):
     from densefit.retrieval.index.vectors import ExactBackend
 
+    return ExactBackend()
+
+
+@pytest.mark.parametrize(
+    ("asked", "refusal"),
+    [
+        ({"similarity": "euclidean"}, "similarity 'euclidean' is not supported"),
+        ({"backend": "annoy"}, "cannot search by 'annoy'"),
+        ({"backend": _factory}, "searches with its own index: pass backend="),
+    ],
+    ids=["euclidean", "unknown-backend", "backend-factory"],
+)
+@pytest.mark.parametrize("engine", [*STORE_ENGINES, "milvus"])
+def test_what_no_store_of_the_engine_can_do_is_refused_in_one_line_before_anything_is_made(
+    engine, asked, refusal, new_target, tmp_path
+):
+    import numpy as np
+
+    from densefit.retrieval.index.types import NoStoreError, StoreError, StoreRecord
+
+    if engine == "embedded" and asked.get("backend") is _factory:
+        pytest.skip("the embedded store's own vector search takes a backend factory")
     if engine == "milvus":
         pytest.importorskip("pymilvus", reason="pymilvus is not installed (densefit[milvus])")
         pytest.importorskip("milvus_lite", reason="milvus-lite is not installed")
         target = f"milvus:{tmp_path}/m.db"
     else:
         target = new_target(engine)
-    record = StoreRecord("random", 8, "cosine", "float32", np.zeros((3, 8), np.float32), None)
-    for backend in ("annoy", lambda dim: ExactBackend()):
-        if engine == "embedded" and callable(backend):
-            continue  # the embedded store's own vector search takes a factory
-        with pytest.raises(StoreError) as caught:
-            open_store(target, record=record, backend=backend)
-        assert "\n" not in str(caught.value)
-        assert "not a backend factory" in str(caught.value) or "cannot search by" in str(
-            caught.value
-        )
+    similarity = asked.get("similarity", "cosine")
+    record = StoreRecord("random", 8, similarity, "float32", np.zeros((3, 8), np.float32), None)
+    with pytest.raises(StoreError) as caught:
+        open_store(target, record=record, backend=asked.get("backend"))
+    message = str(caught.value)
+    assert "\n" not in message and refusal in message
     with pytest.raises(NoStoreError):
         open_store(target, create=False)  # nothing was made
