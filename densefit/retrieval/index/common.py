@@ -398,9 +398,10 @@ class StoreCommon:
                 "embed the queries with it"
             )
         top_k, mode = request.top_k, request.mode
-        texts = checked_query_texts(query_texts, mode) if request.reads_texts else None
+        embeds, reads_texts = request.embeds, request.reads_texts
+        texts = checked_query_texts(query_texts, mode) if reads_texts else None
         queries = None
-        if request.embeds:
+        if embeds:
             if query_embeddings is None:
                 raise ValueError(f"{mode} search needs the query embeddings")
             queries = checked_queries(self._record, query_embeddings)
@@ -413,18 +414,18 @@ class StoreCommon:
             dense_filters = Filter.all_of(filters, dense_filters).within(self.capabilities)
         where = None if filters is None else self._where(filters)
         dense_where = where if dense_filters is None else self._where(dense_filters)
-        fusion = request.fusion or Fusion()
-        fused = request.embeds and request.reads_texts
+        fused = embeds and reads_texts
+        fusion = (request.fusion or Fusion()) if fused else None
         depth = max(top_k, fusion.depth) if fused else top_k
         sides = []  # each side's rankings, holding every document tied with its last
-        if request.embeds:
+        if embeds:
             sides.append(self._past_ties(self._dense, queries, depth, dense_where))
-        if request.reads_texts:
+        if reads_texts:
             sides.append(self._past_ties(self._lexical, texts, depth, where))
         known: dict[int, str] = {}  # a tied document's id read once per search
         ordered = in_rank_order([r for side in sides for r in side], depth, self._ids_at, known)
         if not fused:
-            similarity = self.similarity if request.embeds else "bm25"
+            similarity = self.similarity if embeds else "bm25"
             if request.scale_score:
                 ordered = [r._replace(scores=scaled_scores(r.scores, similarity)) for r in ordered]
             return self._hits(ordered)
@@ -450,7 +451,9 @@ class StoreCommon:
         document id, the same on every engine."""
 
         def ask(at: list[int], n: int) -> list:
-            some = inputs[at] if isinstance(inputs, np.ndarray) else [inputs[i] for i in at]
+            some = inputs  # the first ask: every query
+            if len(at) < len(inputs):  # the queries whose last document still ties
+                some = inputs[at] if isinstance(inputs, np.ndarray) else [inputs[i] for i in at]
             return hook(some, n, where)
 
         return past_ties(ask, len(inputs), depth)

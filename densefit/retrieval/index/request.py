@@ -182,8 +182,12 @@ def _near(scores: np.ndarray, k: int) -> int:
     """How many of ``scores`` (best first) may tie with the ``k``-th: those not below it by
     more than twice :data:`TIE` (its group lies within :data:`TIE` of a first score that is
     at most :data:`TIE` above it)."""
-    kth = scores[k - 1]
-    return int(np.searchsorted(-scores, -(kth - 2 * TIE * max(1.0, abs(kth))), side="right"))
+    return int(np.searchsorted(-scores, -_tie_floor(float(scores[k - 1])), side="right"))
+
+
+def _tie_floor(kth: float) -> float:
+    """The lowest score that may tie with ``kth`` (:func:`_near`)."""
+    return kth - 2 * TIE * max(1.0, abs(kth))
 
 
 def ranked_order(ids: Sequence[str], scores: Sequence[float]) -> list[int]:
@@ -235,8 +239,10 @@ def _open_tie(scores, k: int, depth: int) -> bool:
     gave all ``depth`` asked for, and the last ties with the ``k``-th."""
     if len(scores) < depth:
         return False
-    scores = np.sort(np.asarray(scores, dtype=np.float64))[::-1]
-    return _through_ties(scores, k) == len(scores)
+    ordered = sorted(np.asarray(scores, dtype=np.float64).tolist(), reverse=True)
+    if ordered[-1] < _tie_floor(ordered[k - 1]):  # the last lies well below the k-th
+        return False
+    return _through_ties(np.array(ordered), k) == len(ordered)
 
 
 def _through_ties(scores: np.ndarray, k: int) -> int:
@@ -290,10 +296,11 @@ def in_rank_order(
         tied = [sizes[group] > 1 for group in groups]
         cut.append((ranked, keys.tolist(), scores, tied))
     known = {} if known is None else known
-    known.update((key, doc[0]) for r, *_ in cut for key, doc in (r.documents or {}).items())
     missing = {key for _, keys, _, tied in cut if tied for key, t in zip(keys, tied) if t}
-    if missing - known.keys():
-        known.update(ids_at(sorted(missing - known.keys())))
+    if missing:
+        known.update((key, doc[0]) for r, *_ in cut for key, doc in (r.documents or {}).items())
+        if missing - known.keys():
+            known.update(ids_at(sorted(missing - known.keys())))
     answers = []
     for ranked, keys, scores, tied in cut:
         if tied is not None:  # the ids of the tied, in the one order of ranked_order
