@@ -72,13 +72,14 @@ def open_store(
     module = engine_module(engine)
     capabilities: Capabilities = ENGINES[engine].capabilities
     location = redacted(target)
-    if callable(backend) and engine != "embedded":  # a factory: densefit's own vector search
-        offered = " or ".join(repr(b) for b in capabilities.backends)
-        raise StoreError(
-            f"the {engine} engine searches with its own index: pass backend={offered}, "
-            "not a backend factory"
-        )
-    if backend is not None and not callable(backend):
+    if callable(backend):  # a factory of densefit's own vector search: the embedded store's
+        if engine != "embedded":
+            offered = " or ".join(repr(b) for b in capabilities.backends)
+            raise StoreError(
+                f"the {engine} engine searches with its own index: pass backend={offered}, "
+                "not a backend factory"
+            )
+    elif backend is not None:
         name = str(backend).split(":", 1)[0]  # faiss:IVF4096,Flat names faiss
         require(capabilities, "backends", f"search by {backend!r}", name, location)
     options = {"backend": backend, "rescore": rescore, "lock_timeout": lock_timeout}
